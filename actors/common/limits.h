@@ -1,0 +1,47 @@
+#pragma once
+/// Every bound in the runtime lives here: mailboxes, queues, pools, batch sizes, bodies.
+/// `tandem serve` fills this from flags/config; nothing else invents a limit.
+#include <cstdint>
+#include <string>
+
+namespace tandem {
+
+struct limits {
+  // --- mailboxes (messages waiting per actor before senders get `overloaded`)
+  int32_t router_mailbox = 4096;
+  int32_t prefill_mailbox = 1024;
+  int32_t decode_mailbox = 1024;
+  int32_t worker_mailbox = 256;
+  int32_t cache_tier_mailbox = 1024;
+
+  // --- admission
+  int32_t max_queued_requests = 256;     ///< per prefill scheduler
+  int64_t max_queued_tokens = 262144;    ///< prompt tokens waiting for prefill
+  int32_t max_inflight_requests = 1024;  ///< router's in-flight table
+  int32_t request_timeout_ms = 600000;   ///< default deadline of a request
+
+  // --- batching
+  int32_t prefill_chunk_tokens = 256;    ///< chunked prefill: tokens per forward step
+  int32_t max_running_seqs = 32;         ///< decode continuous batch size
+  int32_t max_prefill_batch_seqs = 8;
+
+  // --- KV cache
+  int32_t page_size = 16;                ///< tokens per KV page
+  int32_t device_pages = 0;              ///< 0 = derive from kv_cache_mb
+  int32_t kv_cache_mb = 256;
+  bool prefix_cache = true;
+
+  // --- requests
+  int32_t max_context = 0;               ///< 0 = the model's context length
+  int32_t max_new_tokens = 4096;
+  int64_t max_body_bytes = 4 << 20;      ///< HTTP request body
+
+  // --- compute
+  int32_t threads = 1;                   ///< kernel threads of the worker
+  int32_t scheduler_threads = 2;         ///< CAF scheduler threads
+
+  /// Empty if consistent, else a message naming the field, value and fix.
+  std::string validate() const;
+};
+
+}  // namespace tandem

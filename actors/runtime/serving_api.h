@@ -1,0 +1,83 @@
+#pragma once
+/// What the front ends (HTTP, RPC) see of a cluster: submit a tokenized request, get a
+/// stream of events, abort, and read health/stats/metrics. Implemented by
+/// `embedded_cluster` (all roles in one process) and later by a remote router client.
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "actors/common/error.h"
+#include "kernels/model/sampler.h"
+
+namespace tandem {
+
+class tokenizer;
+
+struct completion_request {
+  std::string request_id;            ///< unique per request; set by the front end
+  std::vector<int32_t> prompt;       ///< token ids (BOS included if wanted)
+  sampling_params sampling;
+  int32_t max_tokens = 16;
+  std::vector<int32_t> stop_tokens;  ///< generation ends when one is produced (EOS by default)
+  bool ignore_eos = false;
+  /// Absolute deadline; the request ends with an `overloaded`/timeout error past it.
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+};
+
+enum class finish_reason : uint8_t { none = 0, stop = 1, length = 2, abort = 3, error = 4 };
+
+/// One event of a request's stream. Exactly one event per accepted request has
+/// `finished == true` (a completion or an error); no event follows it.
+struct token_event {
+  std::string request_id;
+  std::vector<int32_t> tokens;  ///< new tokens since the previous event
+  bool finished = false;
+  finish_reason reason = finish_reason::none;
+  std::optional<tandem::error> err;  ///< set iff reason == error
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;     ///< total so far
+  int32_t cached_tokens = 0;         ///< prompt tokens served from the prefix cache
+};
+
+/// Called on an actor thread: must be quick and thread-safe (post to your own loop).
+using event_callback = std::function<void(token_event)>;
+
+struct health_info {
+  bool ok = false;
+  std::string status;  ///< "ok" or the reason it is not
+  int64_t uptime_ms = 0;
+};
+
+struct stats_info {
+  int64_t requests_total = 0;
+  int64_t requests_running = 0;
+  int64_t requests_queued = 0;
+  int64_t tokens_generated = 0;
+  int64_t kv_pages_total = 0;
+  int64_t kv_pages_free = 0;
+  int64_t rejected_overloaded = 0;
+};
+
+class serving_api {
+ public:
+  virtual ~serving_api() = default;
+  /// Submits a request. Every call ends in exactly one finished event (possibly an
+  /// immediate `overloaded` or `failed` error), delivered through `cb`.
+  virtual void submit(completion_request req, event_callback cb) = 0;
+  /// Best effort: a running or queued request ends with reason `abort`.
+  virtual void abort(const std::string& request_id) = 0;
+  virtual health_info health() const = 0;
+  virtual stats_info stats() const = 0;
+  /// Prometheus text exposition of every metric of this node.
+  virtual std::string metrics_text() const = 0;
+  virtual const tokenizer& tok() const = 0;
+  /// Model id as shown in /v1/models.
+  virtual std::string model_id() const = 0;
+  /// Longest prompt + completion the cluster accepts.
+  virtual int32_t max_context() const = 0;
+};
+
+}  // namespace tandem

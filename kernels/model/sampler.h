@@ -1,0 +1,32 @@
+#pragma once
+/// Token sampling: greedy, temperature, top-k, top-p, seeded.
+#include <cstdint>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace tandem {
+
+struct sampling_params {
+  float temperature = 1.0f;  ///< 0 = greedy (argmax, ties to the lowest id)
+  int32_t top_k = 0;         ///< 0 = off
+  float top_p = 1.0f;        ///< 1 = off
+  uint64_t seed = 0;
+  /// Empty if valid, else a message naming the parameter, its value and the valid range.
+  std::string validate() const;
+};
+
+/// One sampler per sequence; the same seed and logits give the same tokens.
+class sampler {
+ public:
+  explicit sampler(const sampling_params& p);
+  int32_t sample(std::span<const float> logits);
+
+ private:
+  sampling_params p_;
+  std::mt19937_64 rng_;
+  std::vector<std::pair<float, int32_t>> scratch_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,18 @@
+#pragma once
+/// Subcommands of the `tandem` binary. Each takes the arguments after its name and
+/// returns the process exit code.
+#include <span>
+#include <string>
+
+namespace tandem::cli {
+
+using args = std::span<const std::string>;
+
+int serve(args a);         ///< run a node (embedded single-process cluster without --config)
+int check_config(args a);  ///< validate a config without starting anything
+int inspect(args a);       ///< show the actors of a running node
+int bench(args a);         ///< benchmarks (model, transfer, cache, serve)
+int make_model(args a);    ///< write a random-weight Llama GGUF
+int generate(args a);      ///< RPC client: stream a completion from a running node
+
+}  // namespace tandem::cli
