@@ -1,0 +1,44 @@
+#include "actors/common/limits.h"
+
+#include <fmt/format.h>
+
+namespace tandem {
+
+namespace {
+std::string positive(const char* name, int64_t v, const char* fix) {
+  if (v > 0) return "";
+  return fmt::format("limits.{} = {} must be > 0; {}", name, v, fix);
+}
+}  // namespace
+
+std::string limits::validate() const {
+  for (auto msg : {
+           positive("router_mailbox", router_mailbox, "set a mailbox bound such as 4096"),
+           positive("prefill_mailbox", prefill_mailbox, "set a mailbox bound such as 1024"),
+           positive("decode_mailbox", decode_mailbox, "set a mailbox bound such as 1024"),
+           positive("worker_mailbox", worker_mailbox, "set a mailbox bound such as 256"),
+           positive("cache_tier_mailbox", cache_tier_mailbox, "set a mailbox bound such as 1024"),
+           positive("max_queued_requests", max_queued_requests, "allow at least one queued request"),
+           positive("max_queued_tokens", max_queued_tokens, "allow at least one prompt's tokens"),
+           positive("max_inflight_requests", max_inflight_requests, "allow at least one request"),
+           positive("request_timeout_ms", request_timeout_ms, "use e.g. 600000 (10 minutes)"),
+           positive("prefill_chunk_tokens", prefill_chunk_tokens, "use e.g. 256"),
+           positive("max_running_seqs", max_running_seqs, "use e.g. 32"),
+           positive("max_prefill_batch_seqs", max_prefill_batch_seqs, "use e.g. 8"),
+           positive("page_size", page_size, "use 16 tokens per page"),
+           positive("max_new_tokens", max_new_tokens, "use e.g. 4096"),
+           positive("max_body_bytes", max_body_bytes, "use e.g. 4194304 (4 MiB)"),
+           positive("threads", threads, "use the number of cores to compute on"),
+           positive("scheduler_threads", scheduler_threads, "use 2 or more"),
+       }) {
+    if (!msg.empty()) return msg;
+  }
+  if (device_pages < 0) return fmt::format("limits.device_pages = {} must be >= 0 (0 derives it from kv_cache_mb)", device_pages);
+  if (device_pages == 0 && kv_cache_mb <= 0)
+    return fmt::format("limits.kv_cache_mb = {} must be > 0 when device_pages is 0; set one of them", kv_cache_mb);
+  if (max_context < 0) return fmt::format("limits.max_context = {} must be >= 0 (0 = the model's)", max_context);
+  if (page_size > 4096) return fmt::format("limits.page_size = {} is too large; use 16..256 tokens", page_size);
+  return "";
+}
+
+}  // namespace tandem

@@ -1,0 +1,1 @@
+// Placeholder translation unit; the HTTP front end lands here.
