@@ -1,0 +1,43 @@
+#pragma once
+/// All roles (router, prefill scheduler, decode scheduler, worker, cache tier) in one process.
+/// The request still goes router -> prefill -> KV handoff -> decode through the same
+/// serialized messages that cross nodes in a disaggregated deployment.
+#include <memory>
+#include <string>
+
+#include "actors/common/limits.h"
+#include "actors/runtime/serving_api.h"
+
+namespace tandem {
+
+struct cluster_options {
+  std::string model_path;           ///< GGUF file
+  limits lim;
+  std::string log_level = "info";   ///< spdlog level name
+  bool log_json = false;
+};
+
+class embedded_cluster : public serving_api {
+ public:
+  /// Loads the model, validates limits, spawns and wires the actors. Throws tandem::error.
+  static std::unique_ptr<embedded_cluster> start(const cluster_options& opt);
+  /// Stops the actors; requests still running end with a `disconnected` error event.
+  ~embedded_cluster() override;
+
+  void submit(completion_request req, event_callback cb) override;
+  void abort(const std::string& request_id) override;
+  health_info health() const override;
+  stats_info stats() const override;
+  std::string metrics_text() const override;
+  const tokenizer& tok() const override;
+  std::string model_id() const override;
+  int32_t max_context() const override;
+
+  struct impl;
+
+ private:
+  explicit embedded_cluster(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace tandem
