@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The test command: builds the `dev` preset (-Werror) and runs every test, then the unit tests
+# under ASan+UBSan. Usage: tests/run.sh [--no-asan]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+asan=1
+for a in "$@"; do
+  case "$a" in
+    --no-asan) asan=0 ;;
+    *) echo "usage: tests/run.sh [--no-asan]" >&2; exit 2 ;;
+  esac
+done
+
+jobs=$(nproc)
+# The openai npm client used by the end-to-end test (lock file committed; no network at test time).
+if [[ -f tests/e2e/openai/package-lock.json && ! -d tests/e2e/openai/node_modules ]]; then
+  (cd tests/e2e/openai && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
+cmake --preset dev >/dev/null
+cmake --build --preset dev -j "$jobs"
+ctest --preset dev -j "$jobs" --timeout 600
+
+# CUDA kernels must compile for sm_90 wherever nvcc exists (they run only on a GPU machine:
+# tests/gpu/run.sh).
+if [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  cmake --preset cuda -DTANDEM_BUILD_TESTS=OFF >/dev/null
+  cmake --build --preset cuda -j "$jobs" --target test_cuda_ops
+fi
+
+if ((asan)); then
+  cmake --preset asan >/dev/null
+  # Only the unit-test executables: the end-to-end suite runs above.
+  cmake --build --preset asan -j "$jobs" --target test_kernels test_actors test_transport
+  ctest --preset asan -j "$jobs" --timeout 900 -L 'test_kernels|test_actors|test_transport'
+fi
