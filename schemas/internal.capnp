@@ -1,4 +1,206 @@
 @0xf38861b72eb303ba;
 # Messages between actors (router, schedulers, worker, cache tier). Every actor message is
 # one of these structs, serialized; the same bytes cross nodes later.
+# Every actor message is an `Envelope` (one union), carried as bytes in `tandem::wire`.
 $import "/capnp/c++.capnp".namespace("tandem::schema");
+
+enum ErrorKind {
+  failed @0;
+  overloaded @1;
+  disconnected @2;
+  unimplemented @3;
+}
+
+struct Error {
+  kind @0 :ErrorKind;
+  message @1 :Text;
+}
+
+struct SamplingParams {
+  temperature @0 :Float32 = 1.0;
+  topK @1 :Int32 = 0;
+  topP @2 :Float32 = 1.0;
+  seed @3 :UInt64 = 0;
+}
+
+# A request accepted by the router, on its way to (or back to) the prefill scheduler.
+struct SubmitRequest {
+  id @0 :Text;
+  prompt @1 :List(Int32);
+  sampling @2 :SamplingParams;
+  maxTokens @3 :Int32;
+  stopTokens @4 :List(Int32);
+  ignoreEos @5 :Bool;
+  deadlineMs @6 :Int64;       # absolute, on the cluster clock
+  # Preempted sequences come back for recompute with the tokens they already produced
+  # (all emitted); the prefill runs prompt ++ generated and samples token index |generated|.
+  generated @7 :List(Int32);
+  admitOrder @8 :UInt64;      # arrival order (kept across preemption: "youngest" = largest)
+  cachedTokens @9 :Int32;     # prompt tokens served from the prefix cache at first prefill
+}
+
+# Where KV pages live; a cross-node version ships pages between pools using these fields.
+struct KvLayout {
+  nLayers @0 :Int32;
+  nKvHeads @1 :Int32;
+  headDim @2 :Int32;
+  pageSize @3 :Int32;
+}
+
+struct PageDescriptor {
+  poolId @0 :Text;            # which pool holds the pages ("node/worker")
+  node @1 :Text;
+  pageIds @2 :List(Int32);
+  layout @3 :KvLayout;
+  validTokens @4 :Int32;      # positions [0, validTokens) hold KV
+}
+
+# Prefill -> decode: the sequence with its KV pages (ownership of the page refs moves).
+struct KvHandoff {
+  request @0 :SubmitRequest;  # generated includes the first token sampled by the prefill
+  kv @1 :PageDescriptor;
+}
+
+# One sequence of a forward batch (prefill chunk or decode step).
+struct SeqStep {
+  id @0 :Text;
+  tokens @1 :List(Int32);     # new tokens
+  pos @2 :Int32;              # position of tokens[0]
+  pages @3 :List(Int32);      # page table covering [0, pos + |tokens|)
+  sample @4 :Bool;            # sample a token from the last new token's logits
+  sampling @5 :SamplingParams;
+  tokenIndex @6 :Int32;       # index of the sampled token in the completion (seeds the sampler)
+}
+
+# Scheduler -> worker; the reply is a ForwardResult.
+struct ForwardBatch {
+  seqs @0 :List(SeqStep);
+  phase @1 :Text;             # "prefill" or "decode" (for logs and metrics)
+}
+
+struct ForwardResult {
+  tokens @0 :List(Int32);     # one per seq, -1 where sample was false
+  error @1 :Error;            # set when `failed` is true
+  failed @2 :Bool;
+  elapsedUs @3 :Int64;
+}
+
+# Compatibility names of the design: a prefill batch is a ForwardBatch of prefill chunks.
+using PrefillBatch = ForwardBatch;
+using PrefillResult = ForwardResult;
+using DecodeStep = ForwardBatch;
+
+enum FinishReason {
+  none @0;
+  stop @1;
+  length @2;
+  abort @3;
+  error @4;
+}
+
+# Stage -> router: new tokens of a request and, at most once, its end.
+struct TokenEvent {
+  id @0 :Text;
+  tokens @1 :List(Int32);
+  finished @2 :Bool;
+  reason @3 :FinishReason;
+  error @4 :Error;            # meaningful iff reason == error
+  promptTokens @5 :Int32;
+  cachedTokens @6 :Int32;
+  state @7 :Text;             # where the request is now ("queued", "prefill", "decode")
+}
+
+# Router -> prefill -> decode (-> prefill ...): drop the request and free its pages.
+# It follows the request between stages; `hops` bounds the chase.
+struct Abort {
+  id @0 :Text;
+  hops @1 :Int32;
+}
+
+# Cache tier: pages for a prompt (longest cached prefix + fresh pages for the rest).
+struct AcquireRequest {
+  id @0 :Text;
+  tokens @1 :List(Int32);
+  usePrefixCache @2 :Bool;
+}
+
+struct AcquireReply {
+  id @0 :Text;
+  ok @1 :Bool;
+  pages @2 :List(Int32);      # covering every token; the first cachedTokens/pageSize are shared
+  cachedTokens @3 :Int32;
+  error @4 :Error;
+  retryable @5 :Bool;         # the pool could fit it once other requests free pages
+}
+
+struct AllocRequest {
+  id @0 :Text;
+  count @1 :Int32;
+}
+
+struct AllocReply {
+  ok @0 :Bool;
+  pages @1 :List(Int32);
+  error @2 :Error;
+  free @3 :Int32;
+}
+
+struct FreePages {
+  id @0 :Text;
+  pages @1 :List(Int32);
+}
+
+# Caches the full pages of `tokens` (the cache takes its own reference).
+struct InsertPrefix {
+  id @0 :Text;
+  tokens @1 :List(Int32);
+  pages @2 :List(Int32);
+}
+
+struct Metric {
+  name @0 :Text;              # without the tandem_ prefix
+  labels @1 :Text;            # `reason="x"` or empty
+  value @2 :Float64;
+  kind @3 :Text;              # "counter" or "gauge"
+  help @4 :Text;
+}
+
+struct Histogram {
+  name @0 :Text;
+  help @1 :Text;
+  bounds @2 :List(Float64);   # upper bounds, +Inf implied
+  counts @3 :List(UInt64);    # per bucket (not cumulative), |bounds| + 1
+  sum @4 :Float64;
+  count @5 :UInt64;
+}
+
+struct StatsQuery {
+  from @0 :Text;
+}
+
+struct StatsReply {
+  actor @0 :Text;
+  metrics @1 :List(Metric);
+  histograms @2 :List(Histogram);
+}
+
+struct Envelope {
+  union {
+    submit @0 :SubmitRequest;
+    handoff @1 :KvHandoff;
+    forward @2 :ForwardBatch;
+    forwardResult @3 :ForwardResult;
+    event @4 :TokenEvent;
+    abort @5 :Abort;
+    acquire @6 :AcquireRequest;
+    acquireReply @7 :AcquireReply;
+    alloc @8 :AllocRequest;
+    allocReply @9 :AllocReply;
+    free @10 :FreePages;
+    insert @11 :InsertPrefix;
+    statsQuery @12 :StatsQuery;
+    statsReply @13 :StatsReply;
+    requeue @14 :SubmitRequest;   # decode -> prefill after preemption
+    error @15 :Error;
+  }
+}

@@ -35,6 +35,7 @@ struct limits {
   int32_t max_context = 0;               ///< 0 = the model's context length
   int32_t max_new_tokens = 4096;
   int64_t max_body_bytes = 4 << 20;      ///< HTTP request body
+  int32_t max_rpc_connections = 256;     ///< open Cap'n Proto RPC connections; more are closed at accept
 
   // --- compute
   int32_t threads = 1;                   ///< kernel threads of the worker

@@ -133,6 +133,9 @@ class writer {
   void set_array_string(const std::string& key, const std::vector<std::string>& v);
   void set_array_f32(const std::string& key, const std::vector<float>& v);
   void set_array_i32(const std::string& key, const std::vector<int32_t>& v);
+  /// Any value, including nested arrays (replaces an existing key, keeping its position).
+  /// Setting `general.alignment` (u32 power of two) also changes the data alignment.
+  void set_value(const std::string& key, value v);
   /// `dims` innermost first; `data` must hold row_bytes(type, dims[0]) * rows bytes.
   void add_tensor(const std::string& name, ggml_type type, std::vector<int64_t> dims,
                   std::vector<uint8_t> data);

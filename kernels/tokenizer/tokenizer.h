@@ -26,9 +26,11 @@ class tokenizer {
   /// The raw bytes a token stands for (byte tokens give their byte, control tokens "").
   /// May be an incomplete UTF-8 sequence: use stream_decoder for display.
   virtual std::string token_bytes(int32_t id) const = 0;
-  /// Whole sequence to text (drops a leading space SentencePiece adds after BOS).
+  /// Whole sequence to valid UTF-8 text (drops the leading space SentencePiece adds after
+  /// BOS; invalid byte sequences become U+FFFD).
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
-  /// The vocabulary string of a token (e.g. "▁Hello", "<0x0A>").
+  /// The vocabulary string of a token (e.g. "▁Hello", "<0x0A>"); "" if `id` is outside the
+  /// vocabulary.
   virtual const std::string& piece(int32_t id) const = 0;
 
   virtual int32_t n_vocab() const = 0;
@@ -42,7 +44,11 @@ class tokenizer {
 /// U+FFFD rather than being passed through.
 class stream_decoder {
  public:
-  explicit stream_decoder(const tokenizer& tok) : tok_(&tok) {}
+  /// `at_sequence_start`: the ids start a sequence (a prompt), so the space SentencePiece
+  /// puts before the first word is dropped once, as tokenizer::decode does. Leave it false
+  /// (default) for a continuation (generated tokens), whose leading space is real text.
+  explicit stream_decoder(const tokenizer& tok, bool at_sequence_start = false)
+      : tok_(&tok), strip_leading_space_(at_sequence_start && tok.model_name() == "llama") {}
   /// Text that became complete with this token (may be empty).
   std::string push(int32_t id);
   /// Whatever is held back at the end of the stream (invalid bytes become U+FFFD).
@@ -52,6 +58,7 @@ class stream_decoder {
   const tokenizer* tok_;
   std::string pending_;
   bool first_ = true;
+  bool strip_leading_space_ = false;
 };
 
 }  // namespace tandem

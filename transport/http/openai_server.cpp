@@ -1,1 +1,705 @@
-// Placeholder translation unit; the HTTP front end lands here.
+#include "transport/http/openai_server.h"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <ctime>
+#include <map>
+#include <optional>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "kernels/tokenizer/tokenizer.h"
+#include "transport/http/generation.h"
+#include "transport/http/json.h"
+
+namespace tandem {
+
+using transport::event_channel;
+using transport::generation_params;
+using transport::text_assembler;
+
+std::vector<int32_t> render_chat_llama2(const tokenizer& tok, const std::vector<chat_message>& messages) {
+  std::string system;
+  struct turn {
+    std::string user, assistant;
+    bool has_assistant = false;
+  };
+  std::vector<turn> turns;
+  auto join = [](std::string& into, const std::string& s) {
+    if (!into.empty()) into += "\n\n";
+    into += s;
+  };
+  for (auto& m : messages) {
+    if (m.role == "system" || m.role == "developer") {
+      join(system, m.content);
+    } else if (m.role == "user") {
+      if (turns.empty() || turns.back().has_assistant) turns.emplace_back();
+      join(turns.back().user, m.content);
+    } else if (m.role == "assistant") {
+      if (turns.empty()) turns.emplace_back();  // assistant speaks first: empty user turn
+      join(turns.back().assistant, m.content);
+      turns.back().has_assistant = true;
+    } else {
+      throw error(error_kind::failed,
+                  fmt::format("messages: role \"{}\" is not supported; use system, user or assistant", m.role));
+    }
+  }
+  if (turns.empty() && system.empty()) throw error(error_kind::failed, "messages is empty; send at least one message");
+  // The model answers an open user turn; end with one even if the last message was the assistant's.
+  if (turns.empty() || turns.back().has_assistant) turns.emplace_back();
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < turns.size(); ++i) {
+    std::string text = "[INST] ";
+    if (i == 0 && !system.empty()) text += "<<SYS>>\n" + system + "\n<</SYS>>\n\n";
+    text += turns[i].user + " [/INST]";
+    if (turns[i].has_assistant) text += " " + turns[i].assistant + " ";
+    auto seg = tok.encode(text, true);
+    ids.insert(ids.end(), seg.begin(), seg.end());
+    if (turns[i].has_assistant && tok.eos_id() >= 0) ids.push_back(tok.eos_id());
+  }
+  return ids;
+}
+
+namespace {
+
+/// Fixed route labels keep the metric table bounded whatever URLs clients send.
+constexpr std::string_view route_labels[] = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
+                                             "/metrics", "other"};
+enum route_id { r_completions, r_chat, r_models, r_health, r_metrics, r_other };
+
+/// An error that becomes a JSON error response.
+struct http_error {
+  unsigned status;
+  std::string message;
+  std::string type;
+  std::string param;  ///< "" = null
+  std::string code;   ///< "" = null
+  std::optional<int> retry_after_s;
+};
+
+http_error bad_request(std::string msg, std::string param = "", std::string code = "invalid_request") {
+  return {400, std::move(msg), "invalid_request_error", std::move(param), std::move(code), std::nullopt};
+}
+
+http_error from_engine(const error& e) {
+  switch (e.kind()) {
+    case error_kind::overloaded: return {503, e.what(), "overloaded_error", "", "overloaded", 1};
+    case error_kind::disconnected: return {502, e.what(), "server_error", "", "disconnected", std::nullopt};
+    case error_kind::unimplemented: return {501, e.what(), "server_error", "", "unimplemented", std::nullopt};
+    case error_kind::failed: break;
+  }
+  return {500, e.what(), "server_error", "", "failed", std::nullopt};
+}
+
+std::string error_json(const http_error& e) {
+  json::writer w;
+  w.begin_object().key("error").begin_object();
+  w.key("message").str(e.message).key("type").str(e.type);
+  w.key("param");
+  if (e.param.empty()) w.null();
+  else w.str(e.param);
+  w.key("code");
+  if (e.code.empty()) w.null();
+  else w.str(e.code);
+  w.end_object().end_object();
+  return w.take();
+}
+
+kj::StringPtr status_text(unsigned s) {
+  switch (s) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 413: return "Payload Too Large";
+    case 422: return "Unprocessable Entity";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 502: return "Bad Gateway";
+    case 503: return "Service Unavailable";
+  }
+  return "Error";
+}
+
+// ---- typed access to request fields: wrong types are 400s naming the field.
+
+const json::value* field(const json::value& o, std::string_view k) {
+  auto* v = o.find(k);
+  return (v && v->k == json::kind::null) ? nullptr : v;
+}
+
+[[noreturn]] void wrong_type(std::string_view name, std::string_view want, const json::value& v) {
+  throw bad_request(fmt::format("'{}' must be {}, got {}", name, want, json::kind_name(v.k)), std::string(name),
+                    "invalid_type");
+}
+
+std::optional<double> get_number(const json::value& o, std::string_view k) {
+  auto* v = field(o, k);
+  if (!v) return std::nullopt;
+  if (v->k != json::kind::number) wrong_type(k, "a number", *v);
+  return v->num;
+}
+
+std::optional<int64_t> get_int(const json::value& o, std::string_view k) {
+  auto* v = field(o, k);
+  if (!v) return std::nullopt;
+  if (v->k == json::kind::number && !v->is_int)
+    throw bad_request(fmt::format("'{}' must be an integer, got {}", k, v->num), std::string(k), "invalid_type");
+  if (v->k != json::kind::number) wrong_type(k, "an integer", *v);
+  return v->i;
+}
+
+std::optional<bool> get_bool(const json::value& o, std::string_view k) {
+  auto* v = field(o, k);
+  if (!v) return std::nullopt;
+  if (v->k != json::kind::boolean) wrong_type(k, "a boolean", *v);
+  return v->b;
+}
+
+int32_t clamp_i32(int64_t v) { return static_cast<int32_t>(std::clamp<int64_t>(v, INT32_MIN, INT32_MAX)); }
+
+/// What both POST routes accept.
+struct parsed_request {
+  generation_params gen;
+  bool stream = false;
+  bool include_usage = false;
+  std::vector<int32_t> prompt;
+};
+
+void parse_common(const json::value& body, parsed_request& r, bool chat) {
+  if (auto t = get_number(body, "temperature")) r.gen.sampling.temperature = static_cast<float>(*t);
+  if (auto t = get_number(body, "top_p")) r.gen.sampling.top_p = static_cast<float>(*t);
+  if (auto t = get_int(body, "top_k")) {
+    // OpenAI-style clients send -1 for "off".
+    r.gen.sampling.top_k = *t == -1 ? 0 : clamp_i32(*t);
+  }
+  if (auto t = get_int(body, "seed")) r.gen.sampling.seed = static_cast<uint64_t>(*t);
+  std::optional<int64_t> mt = get_int(body, "max_tokens");
+  if (chat && !mt) mt = get_int(body, "max_completion_tokens");
+  if (mt) r.gen.max_tokens = clamp_i32(*mt);
+  if (auto* s = field(body, "stop")) {
+    if (s->k == json::kind::string) {
+      r.gen.stop.push_back(s->s);
+    } else if (s->k == json::kind::array) {
+      for (auto& e : s->arr) {
+        if (e.k != json::kind::string) wrong_type("stop", "a string or a list of strings", e);
+        r.gen.stop.push_back(e.s);
+      }
+    } else {
+      wrong_type("stop", "a string or a list of strings", *s);
+    }
+  }
+  if (auto b = get_bool(body, "stream")) r.stream = *b;
+  if (auto* so = field(body, "stream_options")) {
+    if (so->k != json::kind::object) wrong_type("stream_options", "an object", *so);
+    if (auto b = get_bool(*so, "include_usage")) r.include_usage = *b;
+  }
+  if (auto b = get_bool(body, "ignore_eos")) r.gen.ignore_eos = *b;
+  if (auto* m = field(body, "model"); m && m->k != json::kind::string) wrong_type("model", "a string", *m);
+}
+
+std::string unix_now_s() { return std::to_string(static_cast<int64_t>(std::time(nullptr))); }
+
+struct gen_state;
+
+}  // namespace
+
+// ============================================================================================
+
+struct openai_server::impl {
+  impl(serving_api& a, const limits& l, kj::Timer& t)
+      : api(a), lim(l), timer(t), header_table(make_table()), ids("cmpl"), chat_ids("chatcmpl") {
+    server = kj::heap<kj::HttpServer>(
+        timer, *header_table,
+        [this](kj::AsyncIoStream& conn) -> kj::Own<kj::HttpService> { return kj::heap<connection_service>(*this, conn); });
+  }
+
+  kj::Own<kj::HttpHeaderTable> make_table() {
+    kj::HttpHeaderTable::Builder b;
+    h_content_type = b.add("Content-Type");
+    h_retry_after = b.add("Retry-After");
+    h_cache_control = b.add("Cache-Control");
+    h_allow = b.add("Allow");
+    return b.build();
+  }
+
+  /// Forwards to impl::handle with the connection, so requests can watch for disconnects.
+  struct connection_service final : kj::HttpService {
+    connection_service(impl& s, kj::AsyncIoStream& c) : srv(s), conn(c) {}
+    kj::Promise<void> request(kj::HttpMethod method, kj::StringPtr url, const kj::HttpHeaders& headers,
+                              kj::AsyncInputStream& body, Response& response) override {
+      return srv.handle(method, url, headers, body, response, conn);
+    }
+    impl& srv;
+    kj::AsyncIoStream& conn;
+  };
+
+  // ---- metrics (kj thread only)
+  void count(route_id r, unsigned status) { ++requests[{r, status}]; }
+
+  std::string metrics() const {
+    std::string out;
+    auto head = [&](const char* name, const char* type, const char* help) {
+      out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+    };
+    head("tandem_http_requests_total", "counter", "HTTP requests by route and status.");
+    for (auto& [k, n] : requests)
+      out += fmt::format("tandem_http_requests_total{{route=\"{}\",status=\"{}\"}} {}\n", route_labels[k.first], k.second, n);
+    head("tandem_http_requests_in_flight", "gauge", "Generation requests being served.");
+    out += fmt::format("tandem_http_requests_in_flight {}\n", in_flight);
+    head("tandem_http_client_disconnects_total", "counter", "Requests aborted because the client went away.");
+    out += fmt::format("tandem_http_client_disconnects_total {}\n", client_disconnects);
+    head("tandem_http_timeouts_total", "counter", "Requests that ran past limits.request_timeout_ms.");
+    out += fmt::format("tandem_http_timeouts_total {}\n", timeouts);
+    head("tandem_http_stream_events_total", "counter", "SSE data events sent.");
+    out += fmt::format("tandem_http_stream_events_total {}\n", stream_events);
+    head("tandem_http_completion_tokens_total", "counter", "Completion tokens returned over HTTP.");
+    out += fmt::format("tandem_http_completion_tokens_total {}\n", completion_tokens);
+    return out;
+  }
+
+  // ---- responses
+  kj::Promise<void> send_body(kj::HttpService::Response& response, unsigned status, kj::StringPtr content_type,
+                              std::string body, route_id r, std::optional<int> retry_after = std::nullopt,
+                              kj::StringPtr allow = nullptr) {
+    count(r, status);
+    kj::HttpHeaders h(*header_table);
+    h.set(h_content_type, content_type);
+    kj::String ra;
+    if (retry_after) {
+      ra = kj::str(*retry_after);
+      h.set(h_retry_after, ra);
+    }
+    if (allow != nullptr) h.set(h_allow, allow);
+    auto out = response.send(status, status_text(status), h, static_cast<uint64_t>(body.size()));
+    auto owned = kj::heapString(body.data(), body.size());
+    auto p = out->write(owned.begin(), owned.size());
+    return p.attach(kj::mv(out), kj::mv(owned));
+  }
+
+  kj::Promise<void> send_error(kj::HttpService::Response& response, const http_error& e, route_id r,
+                               kj::StringPtr allow = nullptr) {
+    return send_body(response, e.status, "application/json", error_json(e), r, e.retry_after_s, allow);
+  }
+
+  kj::Promise<void> handle(kj::HttpMethod method, kj::StringPtr url, const kj::HttpHeaders& headers,
+                           kj::AsyncInputStream& body, kj::HttpService::Response& response, kj::AsyncIoStream& conn) {
+    std::string path(url.cStr());
+    if (auto q = path.find('?'); q != std::string::npos) path.resize(q);
+    route_id r = r_other;
+    bool post = false;
+    if (path == "/v1/completions") r = r_completions, post = true;
+    else if (path == "/v1/chat/completions") r = r_chat, post = true;
+    else if (path == "/v1/models") r = r_models;
+    else if (path == "/health") r = r_health;
+    else if (path == "/metrics") r = r_metrics;
+    if (r == r_other)
+      return send_error(response,
+                        {404, fmt::format("no route for {}; see /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics", path),
+                         "invalid_request_error", "", "not_found", std::nullopt},
+                        r);
+    kj::HttpMethod want = post ? kj::HttpMethod::POST : kj::HttpMethod::GET;
+    if (method != want)
+      return send_error(response,
+                        {405, fmt::format("method {} is not allowed on {}; use {}", kj::str(method).cStr(), path, post ? "POST" : "GET"),
+                         "invalid_request_error", "", "method_not_allowed", std::nullopt},
+                        r, post ? "POST" : "GET");
+
+    if (r == r_models) {
+      json::writer w;
+      w.begin_object().key("object").str("list").key("data").begin_array();
+      w.begin_object().key("id").str(api.model_id()).key("object").str("model").key("created").raw(unix_now_s());
+      w.key("owned_by").str("tandem").key("max_model_len").num(api.max_context()).end_object();
+      w.end_array().end_object();
+      return send_body(response, 200, "application/json", w.take(), r);
+    }
+    if (r == r_health) {
+      auto h = api.health();
+      json::writer w;
+      w.begin_object().key("status").str(h.status).key("ok").boolean(h.ok).key("uptime_ms").num(h.uptime_ms);
+      w.key("model").str(api.model_id()).end_object();
+      return send_body(response, h.ok ? 200 : 503, "application/json", w.take(), r);
+    }
+    if (r == r_metrics) {
+      std::string text = api.metrics_text();
+      if (!text.empty() && text.back() != '\n') text += '\n';
+      text += metrics();
+      return send_body(response, 200, "text/plain; version=0.0.4; charset=utf-8", std::move(text), r);
+    }
+
+    // POST: check the declared size before reading, then cap the read.
+    uint64_t max = static_cast<uint64_t>(lim.max_body_bytes);
+    auto too_large = [this, &response, r, max](std::string got) {
+      return send_error(response,
+                        {413, fmt::format("request body is {} bytes; the limit is {} bytes (limits.max_body_bytes)", got, max),
+                         "invalid_request_error", "", "body_too_large", std::nullopt},
+                        r);
+    };
+    KJ_IF_MAYBE(cl, headers.get(kj::HttpHeaderId::CONTENT_LENGTH)) {
+      char* end = nullptr;
+      unsigned long long n = std::strtoull(cl->cStr(), &end, 10);
+      if (end && *end == '\0' && n > max) return too_large(std::to_string(n));
+    }
+    return body.readAllBytes(max + 1).then(
+        [this, &response, r, &conn, too_large, max](kj::Array<kj::byte> bytes) -> kj::Promise<void> {
+          if (bytes.size() > max) return too_large("more than " + std::to_string(max));
+          std::string text(reinterpret_cast<const char*>(bytes.begin()), bytes.size());
+          try {
+            return generate(r, text, response, conn);
+          } catch (const http_error& e) {
+            return send_error(response, e, r);
+          }
+        },
+        [too_large, max](kj::Exception&& e) -> kj::Promise<void> {
+          // readAllBytes() fails this way once the cap is hit (chunked bodies have no length).
+          if (e.getDescription().startsWith("Reached limit")) return too_large("more than " + std::to_string(max));
+          return kj::mv(e);
+        });
+  }
+
+  kj::Promise<void> generate(route_id r, const std::string& text, kj::HttpService::Response& response,
+                             kj::AsyncIoStream& conn);
+
+  /// Resolves if the client closes the connection (write side gone, or EOF on read).
+  kj::Promise<void> watch_disconnect(kj::AsyncIoStream& conn) {
+    return conn.whenWriteDisconnected().exclusiveJoin(poll_eof(conn));
+  }
+  /// kj-http does not read the socket while a request is being served, so a client that
+  /// closes before the response starts is only visible by peeking (does not consume bytes).
+  kj::Promise<void> poll_eof(kj::AsyncIoStream& conn) {
+    KJ_IF_MAYBE(fd, conn.getFd()) {
+      int f = *fd;
+      return timer.afterDelay(50 * kj::MILLISECONDS).then([this, f, &conn]() -> kj::Promise<void> {
+        char c;
+        ssize_t n = ::recv(f, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return kj::READY_NOW;
+        if (n > 0) return kj::NEVER_DONE;  // pipelined bytes: the client is still there
+        return poll_eof(conn);
+      });
+    }
+    return kj::NEVER_DONE;
+  }
+
+  serving_api& api;
+  limits lim;
+  kj::Timer& timer;
+  kj::HttpHeaderId h_content_type = kj::HttpHeaderId::HOST, h_retry_after = kj::HttpHeaderId::HOST,
+                   h_cache_control = kj::HttpHeaderId::HOST, h_allow = kj::HttpHeaderId::HOST;
+  kj::Own<kj::HttpHeaderTable> header_table;
+  transport::request_ids ids, chat_ids;
+  kj::Own<kj::HttpServer> server;
+
+  std::map<std::pair<int, unsigned>, int64_t> requests;
+  int64_t in_flight = 0, client_disconnects = 0, timeouts = 0, stream_events = 0, completion_tokens = 0;
+};
+
+namespace {
+
+/// One generation request from submit to the last byte. Aborts the engine request if it is
+/// destroyed before the engine finished it (client gone, stop string, server shutdown).
+struct gen_state {
+  gen_state(openai_server::impl& s, const tokenizer& tok, std::vector<std::string> stop)
+      : srv(s), text(tok, std::move(stop)) {
+    ++srv.in_flight;
+  }
+  ~gen_state() {
+    ch.close();
+    if (submitted && !engine_done) srv.api.abort(id);
+    --srv.in_flight;
+  }
+
+  /// Consumes events; returns the new text. Sets `done` when the response is complete.
+  std::string consume(std::vector<token_event>& evs) {
+    std::string delta;
+    for (auto& ev : evs) {
+      if (done) break;
+      if (ev.prompt_tokens > 0) prompt_tokens = ev.prompt_tokens;
+      cached_tokens = ev.cached_tokens;
+      delta += text.push(ev.tokens);
+      if (text.stopped()) {
+        done = true;
+        reason = finish_reason::stop;
+        completion_tokens = text.tokens_consumed();
+        engine_done = engine_done || ev.finished;
+        break;
+      }
+      if (ev.finished) {
+        engine_done = true;
+        done = true;
+        reason = ev.reason;
+        err = ev.err;
+        completion_tokens = ev.completion_tokens;
+        if (!err) {
+          delta += text.finish();
+          if (text.stopped()) reason = finish_reason::stop;
+        } else if (reason != finish_reason::error) {
+          reason = finish_reason::error;
+        }
+      }
+    }
+    return delta;
+  }
+
+  /// Next events, or a synthetic timeout event once the deadline (plus a grace period in
+  /// which the engine may report its own deadline error) has passed.
+  kj::Promise<std::vector<token_event>> next() {
+    auto now = std::chrono::steady_clock::now();
+    int64_t left = deadline > now ? std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count() : 0;
+    auto timeout = srv.timer.afterDelay(left * kj::MILLISECONDS).then([this] {
+      ++srv.timeouts;
+      token_event ev;
+      ev.finished = true;
+      ev.reason = finish_reason::error;
+      ev.err = error(error_kind::overloaded,
+                     fmt::format("request {} ran past its deadline of {} ms (limits.request_timeout_ms); "
+                                 "retry with fewer max_tokens or when the server is less busy",
+                                 id, srv.lim.request_timeout_ms));
+      ev.prompt_tokens = prompt_tokens;
+      ev.completion_tokens = text.tokens_consumed();
+      std::vector<token_event> v;
+      v.push_back(std::move(ev));
+      return v;
+    });
+    return ch.next().exclusiveJoin(kj::mv(timeout));
+  }
+
+  openai_server::impl& srv;
+  event_channel ch;
+  text_assembler text;
+  std::string id, model, created;
+  bool chat = false, include_usage = false;
+  bool submitted = false, engine_done = false, done = false;
+  std::chrono::steady_clock::time_point deadline;
+  finish_reason reason = finish_reason::none;
+  std::optional<error> err;
+  int32_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+  std::string full;
+  bool first_chunk = true;
+  kj::Own<kj::AsyncOutputStream> out;
+};
+
+void write_usage(json::writer& w, const gen_state& g) {
+  w.key("usage").begin_object();
+  w.key("prompt_tokens").num(g.prompt_tokens).key("completion_tokens").num(g.completion_tokens);
+  w.key("total_tokens").num(g.prompt_tokens + g.completion_tokens);
+  if (g.cached_tokens > 0) w.key("prompt_tokens_details").begin_object().key("cached_tokens").num(g.cached_tokens).end_object();
+  w.end_object();
+}
+
+void write_head(json::writer& w, const gen_state& g, bool chunk) {
+  w.key("id").str(g.id);
+  w.key("object").str(g.chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion");
+  w.key("created").raw(g.created).key("model").str(g.model);
+}
+
+/// One SSE chunk carrying `delta` (and the finish reason when `final`).
+std::string chunk_json(gen_state& g, const std::string& delta, bool final) {
+  json::writer w;
+  w.begin_object();
+  write_head(w, g, true);
+  w.key("choices").begin_array().begin_object().key("index").num(0);
+  if (g.chat) {
+    w.key("delta").begin_object();
+    if (g.first_chunk) w.key("role").str("assistant");
+    if (!final || !delta.empty() || g.first_chunk) w.key("content").str(delta);
+    w.end_object();
+  } else {
+    w.key("text").str(delta);
+  }
+  g.first_chunk = false;
+  w.key("logprobs").null().key("finish_reason");
+  if (final) w.str(transport::finish_reason_name(g.reason));
+  else w.null();
+  w.end_object().end_array();
+  if (g.include_usage) w.key("usage").null();
+  w.end_object();
+  return w.take();
+}
+
+std::string sse(const std::string& json) { return "data: " + json + "\n\n"; }
+
+kj::Promise<void> collect(gen_state& g) {
+  if (g.done) return kj::READY_NOW;
+  return g.next().then([&g](std::vector<token_event> evs) {
+    g.full += g.consume(evs);
+    return collect(g);
+  });
+}
+
+/// Writes `delta` (and the end of the stream once done), then waits for more.
+kj::Promise<void> stream_step(gen_state& g, std::string delta) {
+  std::string data;
+  if (!g.done) {
+    if (!delta.empty() || (g.chat && g.first_chunk)) data = sse(chunk_json(g, delta, false));
+  } else if (g.err) {
+    if (!delta.empty()) data = sse(chunk_json(g, delta, false));
+    data += sse(error_json(from_engine(*g.err))) + "data: [DONE]\n\n";
+  } else {
+    g.srv.completion_tokens += g.completion_tokens;
+    data = sse(chunk_json(g, delta, true));
+    if (g.include_usage) {
+      json::writer w;
+      w.begin_object();
+      write_head(w, g, true);
+      w.key("choices").begin_array().end_array();
+      write_usage(w, g);
+      w.end_object();
+      data += sse(w.take());
+    }
+    data += "data: [DONE]\n\n";
+  }
+  kj::Promise<void> wrote = kj::READY_NOW;
+  if (!data.empty()) {
+    ++g.srv.stream_events;
+    auto s = kj::heapString(data.data(), data.size());
+    auto p = g.out->write(s.begin(), s.size());
+    wrote = p.attach(kj::mv(s));
+  }
+  if (g.done) return wrote;
+  return wrote.then([&g] { return g.next(); }).then([&g](std::vector<token_event> evs) {
+    std::string d = g.consume(evs);
+    return stream_step(g, std::move(d));
+  });
+}
+
+}  // namespace
+
+kj::Promise<void> openai_server::impl::generate(route_id r, const std::string& text, kj::HttpService::Response& response,
+                                                kj::AsyncIoStream& conn) {
+  json::value body;
+  try {
+    body = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw bad_request(fmt::format("malformed JSON: {}", e.what()), "", "invalid_json");
+  }
+  if (body.k != json::kind::object)
+    throw bad_request(fmt::format("the request body must be a JSON object, got {}", json::kind_name(body.k)), "", "invalid_type");
+  const bool chat = r == r_chat;
+  parsed_request pr;
+  parse_common(body, pr, chat);
+  const tokenizer& tok = api.tok();
+  auto invalid = [](std::string param, std::string msg) {
+    return http_error{422, std::move(msg), "invalid_request_error", std::move(param), "invalid_value", std::nullopt};
+  };
+  if (auto n = get_int(body, "n"); n && *n != 1) throw invalid("n", fmt::format("n = {} is not supported; only n = 1 is allowed", *n));
+
+  if (chat) {
+    auto* m = field(body, "messages");
+    if (!m) throw bad_request("'messages' is required", "messages", "missing_field");
+    if (m->k != json::kind::array) wrong_type("messages", "an array", *m);
+    std::vector<chat_message> msgs;
+    for (auto& e : m->arr) {
+      if (e.k != json::kind::object) wrong_type("messages[]", "an object", e);
+      auto* role = field(e, "role");
+      if (!role || role->k != json::kind::string) throw bad_request("each message needs a string 'role'", "messages", "invalid_type");
+      chat_message cm{role->s, ""};
+      if (auto* c = field(e, "content")) {
+        if (c->k == json::kind::string) {
+          cm.content = c->s;
+        } else if (c->k == json::kind::array) {
+          for (auto& part : c->arr) {
+            auto* t = part.k == json::kind::object ? field(part, "text") : nullptr;
+            auto* ty = part.k == json::kind::object ? field(part, "type") : nullptr;
+            if (!t || t->k != json::kind::string || (ty && (ty->k != json::kind::string || ty->s != "text")))
+              throw bad_request("message content parts must be {\"type\":\"text\",\"text\":...}", "messages", "invalid_type");
+            cm.content += t->s;
+          }
+        } else {
+          wrong_type("messages[].content", "a string or an array of text parts", *c);
+        }
+      }
+      msgs.push_back(std::move(cm));
+    }
+    try {
+      pr.prompt = render_chat_llama2(tok, msgs);
+    } catch (const error& e) {
+      throw invalid("messages", e.what());
+    }
+  } else {
+    auto* p = field(body, "prompt");
+    if (!p) throw bad_request("'prompt' is required", "prompt", "missing_field");
+    const json::value* pv = p;
+    if (p->k == json::kind::array && p->arr.size() == 1 && p->arr[0].k == json::kind::string) pv = &p->arr[0];
+    if (pv->k == json::kind::string) {
+      pr.prompt = tok.encode(pv->s, true);
+    } else if (pv->k == json::kind::array) {
+      for (auto& e : pv->arr) {
+        if (e.k != json::kind::number || !e.is_int) wrong_type("prompt", "a string or an array of token ids", e);
+        if (e.i < 0 || e.i >= tok.n_vocab())
+          throw invalid("prompt", fmt::format("prompt token id {} is out of range; ids are 0 to {}", e.i, tok.n_vocab() - 1));
+        pr.prompt.push_back(static_cast<int32_t>(e.i));
+      }
+    } else {
+      wrong_type("prompt", "a string or an array of token ids", *pv);
+    }
+  }
+  if (auto pe = transport::check_params(pr.gen, pr.prompt.size(), api.max_context(), lim)) throw invalid(pe->param, pe->message);
+
+  auto g = kj::heap<gen_state>(*this, tok, pr.gen.stop);
+  g->id = chat ? chat_ids.next() : ids.next();
+  g->chat = chat;
+  g->include_usage = pr.include_usage;
+  g->model = api.model_id();
+  g->created = unix_now_s();
+  g->prompt_tokens = static_cast<int32_t>(pr.prompt.size());
+  auto req = transport::make_request(g->id, std::move(pr.prompt), pr.gen, tok, lim);
+  g->deadline = req.deadline + std::chrono::milliseconds(std::min(2000, lim.request_timeout_ms));
+  g->submitted = true;
+  api.submit(std::move(req), g->ch.callback());
+  auto& gs = *g;
+
+  auto disconnected = watch_disconnect(conn).then([this, &gs]() {
+    ++client_disconnects;
+    spdlog::info("http: client went away; aborting {}", gs.id);
+  });
+
+  if (!pr.stream) {
+    auto work = collect(gs).then([this, &gs, &response, r]() -> kj::Promise<void> {
+      if (gs.err) return send_error(response, from_engine(*gs.err), r);
+      completion_tokens += gs.completion_tokens;
+      json::writer w;
+      w.begin_object();
+      write_head(w, gs, false);
+      w.key("choices").begin_array().begin_object().key("index").num(0);
+      if (gs.chat) w.key("message").begin_object().key("role").str("assistant").key("content").str(gs.full).end_object();
+      else w.key("text").str(gs.full);
+      w.key("logprobs").null().key("finish_reason").str(transport::finish_reason_name(gs.reason));
+      w.end_object().end_array();
+      write_usage(w, gs);
+      w.end_object();
+      return send_body(response, 200, "application/json", w.take(), r);
+    });
+    return work.exclusiveJoin(kj::mv(disconnected)).attach(kj::mv(g));
+  }
+
+  // Streaming: wait for the first event so an immediate engine error still gets its status.
+  auto work = gs.next().then([this, &gs, &response, r](std::vector<token_event> evs) -> kj::Promise<void> {
+    std::string delta = gs.consume(evs);
+    if (gs.err) return send_error(response, from_engine(*gs.err), r);
+    count(r, 200);
+    kj::HttpHeaders h(*header_table);
+    h.set(h_content_type, "text/event-stream");
+    h.set(h_cache_control, "no-cache");
+    gs.out = response.send(200, "OK", h);
+    return stream_step(gs, std::move(delta));
+  });
+  return work.exclusiveJoin(kj::mv(disconnected)).attach(kj::mv(g));
+}
+
+openai_server::openai_server(serving_api& api, const limits& lim, kj::Timer& timer)
+    : impl_(std::make_unique<impl>(api, lim, timer)) {}
+
+openai_server::~openai_server() = default;
+
+kj::Promise<void> openai_server::listen(kj::ConnectionReceiver& listener) { return impl_->server->listenHttp(listener); }
+
+kj::Promise<void> openai_server::drain() { return impl_->server->drain(); }
+
+std::string openai_server::http_metrics_text() const { return impl_->metrics(); }
+
+}  // namespace tandem

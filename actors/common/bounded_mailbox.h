@@ -1,0 +1,76 @@
+#pragma once
+/// Bounded mailboxes. CAF mailboxes grow without bound, so every actor handle carries an
+/// admission gate: a sender must pass the gate before it enqueues a message; the receiving
+/// actor leaves the gate when it dequeues. A sender that would exceed the bound gets an
+/// explicit `overloaded` error instead of silent growth.
+///
+/// Work-creating messages (submissions, handoffs, forward batches, allocations) use
+/// `try_enter` and can be rejected. Messages that release resources (free pages, aborts,
+/// events of already accepted requests) use `enter_control`: rejecting them would leak
+/// pages or lose a finished event, and they are bounded by the number of live requests.
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <caf/actor.hpp>
+
+#include "actors/common/error.h"
+
+namespace tandem {
+
+class mailbox_gate {
+ public:
+  mailbox_gate(std::string actor_name, int32_t bound);
+
+  /// Counts the message in if the bound allows; false (and a counted rejection) otherwise.
+  bool try_enter();
+  /// Counts a control message in unconditionally (see the file comment).
+  void enter_control();
+  /// Called by the receiving actor when it dequeues a gated message.
+  void leave();
+
+  int32_t depth() const { return depth_.load(std::memory_order_relaxed); }
+  int32_t bound() const { return bound_; }
+  int32_t high_water() const { return high_water_.load(std::memory_order_relaxed); }
+  int64_t rejected() const { return rejected_.load(std::memory_order_relaxed); }
+  int64_t accepted() const { return accepted_.load(std::memory_order_relaxed); }
+  const std::string& actor_name() const { return name_; }
+  /// The error a rejected sender reports.
+  tandem::error overloaded_error() const;
+
+ private:
+  void note_depth(int32_t d);
+  std::string name_;
+  int32_t bound_;
+  std::atomic<int32_t> depth_{0};
+  std::atomic<int32_t> high_water_{0};
+  std::atomic<int64_t> rejected_{0};
+  std::atomic<int64_t> accepted_{0};
+};
+
+/// An actor handle together with the gate of its mailbox.
+struct bounded_actor {
+  caf::actor handle;
+  std::shared_ptr<mailbox_gate> gate;
+
+  explicit operator bool() const { return static_cast<bool>(handle) && gate != nullptr; }
+};
+
+}  // namespace tandem
+
+namespace tandem {
+
+/// Wiring of a scheduler to the other roles (local message, sent once after spawning).
+struct peer_set {
+  bounded_actor router, prefill, decode, worker, cache;
+};
+
+}  // namespace tandem
+
+#include <caf/allowed_unsafe_message_type.hpp>
+#include <caf/atom.hpp>
+namespace tandem {
+using peers_atom = caf::atom_constant<caf::atom("peers")>;
+}
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::peer_set)

@@ -1,0 +1,95 @@
+#include "actors/common/request.h"
+
+#include <algorithm>
+
+namespace tandem {
+
+seq_request seq_request::read(schema::SubmitRequest::Reader r) {
+  seq_request s;
+  s.id = r.getId().cStr();
+  s.prompt = to_vector(r.getPrompt());
+  s.generated = to_vector(r.getGenerated());
+  s.stop_tokens = to_vector(r.getStopTokens());
+  auto sp = r.getSampling();
+  s.sampling.temperature = sp.getTemperature();
+  s.sampling.top_k = sp.getTopK();
+  s.sampling.top_p = sp.getTopP();
+  s.sampling.seed = sp.getSeed();
+  s.max_tokens = r.getMaxTokens();
+  s.ignore_eos = r.getIgnoreEos();
+  s.deadline_ms = r.getDeadlineMs();
+  s.admit_order = r.getAdmitOrder();
+  s.cached_tokens = r.getCachedTokens();
+  return s;
+}
+
+void seq_request::write(schema::SubmitRequest::Builder b) const {
+  b.setId(id);
+  fill_list([&](unsigned n) { return b.initPrompt(n); }, prompt);
+  fill_list([&](unsigned n) { return b.initGenerated(n); }, generated);
+  fill_list([&](unsigned n) { return b.initStopTokens(n); }, stop_tokens);
+  auto sp = b.initSampling();
+  sp.setTemperature(sampling.temperature);
+  sp.setTopK(sampling.top_k);
+  sp.setTopP(sampling.top_p);
+  sp.setSeed(sampling.seed);
+  b.setMaxTokens(max_tokens);
+  b.setIgnoreEos(ignore_eos);
+  b.setDeadlineMs(deadline_ms);
+  b.setAdmitOrder(admit_order);
+  b.setCachedTokens(cached_tokens);
+}
+
+std::vector<int32_t> seq_request::all_tokens() const {
+  std::vector<int32_t> t = prompt;
+  t.insert(t.end(), generated.begin(), generated.end());
+  return t;
+}
+
+finish_reason apply_token(seq_request& r, int32_t token, const model_facts& m) {
+  if (std::find(r.stop_tokens.begin(), r.stop_tokens.end(), token) != r.stop_tokens.end()) return finish_reason::stop;
+  if (!r.ignore_eos && m.eos_id >= 0 && token == m.eos_id) return finish_reason::stop;
+  r.generated.push_back(token);
+  if (static_cast<int32_t>(r.generated.size()) >= r.max_tokens) return finish_reason::length;
+  if (m.max_context > 0 && r.total_len() >= m.max_context) return finish_reason::length;
+  return finish_reason::none;
+}
+
+schema::FinishReason to_schema(finish_reason r) {
+  switch (r) {
+    case finish_reason::none: return schema::FinishReason::NONE;
+    case finish_reason::stop: return schema::FinishReason::STOP;
+    case finish_reason::length: return schema::FinishReason::LENGTH;
+    case finish_reason::abort: return schema::FinishReason::ABORT;
+    case finish_reason::error: return schema::FinishReason::ERROR;
+  }
+  return schema::FinishReason::NONE;
+}
+
+finish_reason from_schema(schema::FinishReason r) {
+  switch (r) {
+    case schema::FinishReason::NONE: return finish_reason::none;
+    case schema::FinishReason::STOP: return finish_reason::stop;
+    case schema::FinishReason::LENGTH: return finish_reason::length;
+    case schema::FinishReason::ABORT: return finish_reason::abort;
+    case schema::FinishReason::ERROR: return finish_reason::error;
+  }
+  return finish_reason::none;
+}
+
+wire make_event(const std::string& id, const std::vector<int32_t>& tokens, finish_reason reason,
+                const tandem::error* err, int32_t prompt_tokens, int32_t cached_tokens, const std::string& state) {
+  return make_wire([&](schema::Envelope::Builder env) {
+    auto e = env.initEvent();
+    e.setId(id);
+    fill_list([&](unsigned n) { return e.initTokens(n); }, tokens);
+    e.setFinished(reason != finish_reason::none);
+    e.setReason(to_schema(reason));
+    if (err) set_error(e.initError(), *err);
+    e.setPromptTokens(prompt_tokens);
+    e.setCachedTokens(cached_tokens);
+    e.setState(state);
+  });
+}
+
+}  // namespace tandem

@@ -1,0 +1,53 @@
+#pragma once
+/// A request as the schedulers keep it, with its conversion to and from the wire, and the
+/// stop rules shared by the prefill (first token) and the decode (every later token).
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "actors/common/wire.h"
+#include "actors/runtime/serving_api.h"
+#include "kernels/model/sampler.h"
+
+namespace tandem {
+
+struct seq_request {
+  std::string id;
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> generated;  ///< tokens already produced (and emitted)
+  std::vector<int32_t> stop_tokens;
+  sampling_params sampling;
+  int32_t max_tokens = 16;
+  bool ignore_eos = false;
+  int64_t deadline_ms = 0;
+  uint64_t admit_order = 0;
+  int32_t cached_tokens = 0;
+
+  static seq_request read(schema::SubmitRequest::Reader r);
+  void write(schema::SubmitRequest::Builder b) const;
+  /// prompt ++ generated
+  std::vector<int32_t> all_tokens() const;
+  int32_t total_len() const { return static_cast<int32_t>(prompt.size() + generated.size()); }
+};
+
+/// What the stop rules need to know about the model.
+struct model_facts {
+  int32_t eos_id = -1;
+  int32_t max_context = 0;
+  int32_t n_vocab = 0;
+};
+
+/// Applies a newly sampled token: appends it unless it is a stop token (stop tokens and EOS
+/// end the request and are not part of the completion). Returns the finish reason, or
+/// finish_reason::none if the request continues.
+finish_reason apply_token(seq_request& r, int32_t token, const model_facts& m);
+
+/// A TokenEvent envelope.
+wire make_event(const std::string& id, const std::vector<int32_t>& tokens, finish_reason reason,
+                const tandem::error* err, int32_t prompt_tokens, int32_t cached_tokens, const std::string& state);
+
+schema::FinishReason to_schema(finish_reason r);
+finish_reason from_schema(schema::FinishReason r);
+
+}  // namespace tandem

@@ -1,0 +1,78 @@
+#include "actors/common/wire.h"
+
+#include <capnp/serialize.h>
+#include <kj/exception.h>
+
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace tandem {
+
+wire make_wire(capnp::MessageBuilder& mb) {
+  auto words = capnp::messageToFlatArray(mb);
+  auto bytes = words.asBytes();
+  return wire{std::vector<uint8_t>(bytes.begin(), bytes.end())};
+}
+
+wire make_wire(const std::function<void(schema::Envelope::Builder)>& fill) {
+  capnp::MallocMessageBuilder mb;
+  fill(mb.initRoot<schema::Envelope>());
+  return make_wire(mb);
+}
+
+wire_reader::wire_reader(const wire& w, const wire_limits& lim) {
+  if (w.bytes.empty() || w.bytes.size() % sizeof(capnp::word) != 0)
+    throw tandem::error(error_kind::failed,
+                        fmt::format("malformed actor message: {} bytes is not a whole number of 8-byte words",
+                                    w.bytes.size()));
+  // The vector's bytes need not be word-aligned: copy before reading.
+  words_ = kj::heapArray<capnp::word>(w.bytes.size() / sizeof(capnp::word));
+  std::memcpy(words_.begin(), w.bytes.data(), w.bytes.size());
+  capnp::ReaderOptions opts;
+  opts.traversalLimitInWords = lim.traversal_limit_words;
+  opts.nestingLimit = static_cast<int>(lim.nesting_limit);
+  try {
+    reader_ = kj::heap<capnp::FlatArrayMessageReader>(words_.asPtr(), opts);
+  } catch (const kj::Exception& e) {
+    throw tandem::error(error_kind::failed, fmt::format("malformed actor message: {}", e.getDescription().cStr()));
+  }
+}
+
+std::vector<int32_t> to_vector(capnp::List<int32_t>::Reader l) {
+  std::vector<int32_t> v;
+  v.reserve(l.size());
+  for (auto x : l) v.push_back(x);
+  return v;
+}
+
+schema::ErrorKind to_schema(error_kind k) {
+  switch (k) {
+    case error_kind::failed: return schema::ErrorKind::FAILED;
+    case error_kind::overloaded: return schema::ErrorKind::OVERLOADED;
+    case error_kind::disconnected: return schema::ErrorKind::DISCONNECTED;
+    case error_kind::unimplemented: return schema::ErrorKind::UNIMPLEMENTED;
+  }
+  return schema::ErrorKind::FAILED;
+}
+
+error_kind from_schema(schema::ErrorKind k) {
+  switch (k) {
+    case schema::ErrorKind::FAILED: return error_kind::failed;
+    case schema::ErrorKind::OVERLOADED: return error_kind::overloaded;
+    case schema::ErrorKind::DISCONNECTED: return error_kind::disconnected;
+    case schema::ErrorKind::UNIMPLEMENTED: return error_kind::unimplemented;
+  }
+  return error_kind::failed;
+}
+
+void set_error(schema::Error::Builder b, const tandem::error& e) {
+  b.setKind(to_schema(e.kind()));
+  b.setMessage(e.what());
+}
+
+tandem::error read_error(schema::Error::Reader r) {
+  return tandem::error(from_schema(r.getKind()), std::string(r.getMessage().cStr()));
+}
+
+}  // namespace tandem

@@ -1,0 +1,83 @@
+#pragma once
+/// The one message payload actors exchange: a serialized `schema::Envelope` (Cap'n Proto).
+/// Build with `make_wire`, read with `wire_reader` (explicit ReaderOptions), so no actor
+/// repeats the framing. The same bytes cross nodes later.
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+#include <kj/array.h>
+
+#include <caf/allowed_unsafe_message_type.hpp>
+#include <caf/atom.hpp>
+#include <caf/meta/type_name.hpp>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "actors/common/error.h"
+#include "schemas/internal.capnp.h"
+
+namespace tandem {
+
+/// Tags every actor message carrying a wire payload.
+using wire_atom = caf::atom_constant<caf::atom("wire")>;
+/// Tags a request/reply exchange (the handler replies with a wire); `wire_atom` messages
+/// get no reply.
+using call_atom = caf::atom_constant<caf::atom("call")>;
+/// Periodic self-message (deadline checks, retries).
+using tick_atom = caf::atom_constant<caf::atom("tick")>;
+/// Stats query (bypasses mailbox gates: bounded by the caller's timeout).
+using stats_atom = caf::atom_constant<caf::atom("stats")>;
+/// Cluster shutdown: the router ends every running request with `disconnected`.
+using stop_atom = caf::atom_constant<caf::atom("stop")>;
+/// Local-only submission carrying the event callback (never crosses nodes).
+using submit_atom = caf::atom_constant<caf::atom("submit")>;
+
+/// Serialized Envelope bytes.
+struct wire {
+  std::vector<uint8_t> bytes;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, wire& x) {
+  return f(caf::meta::type_name("tandem_wire"), x.bytes);
+}
+
+/// Limits applied to every read: hostile or corrupt bytes cannot make us traverse without bound.
+struct wire_limits {
+  uint64_t traversal_limit_words = uint64_t(1) << 23;  ///< 64 MiB
+  unsigned nesting_limit = 16;
+};
+
+/// Serializes a builder's message.
+wire make_wire(capnp::MessageBuilder& mb);
+
+/// Builds an Envelope with `fill(envelope_builder)` and serializes it.
+wire make_wire(const std::function<void(schema::Envelope::Builder)>& fill);
+
+/// Holds aligned words and a reader over them; read `root()` while this lives.
+class wire_reader {
+ public:
+  /// Throws tandem::error (failed) on malformed bytes.
+  explicit wire_reader(const wire& w, const wire_limits& lim = {});
+  schema::Envelope::Reader root() { return reader_->getRoot<schema::Envelope>(); }
+
+ private:
+  kj::Array<capnp::word> words_;
+  kj::Own<capnp::FlatArrayMessageReader> reader_;
+};
+
+// --- small conversions shared by the actors
+std::vector<int32_t> to_vector(capnp::List<int32_t>::Reader l);
+template <class Init>
+void fill_list(Init&& init, std::span<const int32_t> v) {
+  auto l = init(static_cast<unsigned>(v.size()));
+  for (size_t i = 0; i < v.size(); ++i) l.set(static_cast<unsigned>(i), v[i]);
+}
+schema::ErrorKind to_schema(error_kind k);
+error_kind from_schema(schema::ErrorKind k);
+void set_error(schema::Error::Builder b, const tandem::error& e);
+tandem::error read_error(schema::Error::Reader r);
+
+}  // namespace tandem

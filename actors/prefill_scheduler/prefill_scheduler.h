@@ -1,0 +1,34 @@
+#pragma once
+/// Prefill scheduler actor: admission (bounded queue of requests and of prompt tokens,
+/// explicit `overloaded` beyond), prefix-cache lookup and page acquisition through the
+/// cache tier, chunked prefill (prefill_chunk_tokens per forward step, up to
+/// max_prefill_batch_seqs sequences per batch), first-token sampling, then a KvHandoff to
+/// the decode scheduler. Also takes back preempted sequences for recompute.
+#include <memory>
+#include <string>
+
+#include <caf/actor_system.hpp>
+#include <spdlog/logger.h>
+
+#include "actors/common/bounded_mailbox.h"
+#include "actors/common/clock.h"
+#include "actors/common/limits.h"
+#include "actors/common/request.h"
+#include "kernels/model/kv_pool.h"
+
+namespace tandem {
+
+struct scheduler_options {
+  limits lim;
+  model_facts model;
+  kv_layout layout;
+  std::string pool_id = "local/worker0";
+  std::string node = "local";
+  int32_t retry_ms = 2;  ///< real-time wait before retrying an allocation that found no pages
+};
+
+/// Messages: (peers_atom, peer_set) first; (wire_atom, wire{submit|requeue|abort}); (stats_atom) -> wire.
+bounded_actor spawn_prefill_scheduler(caf::actor_system& sys, const scheduler_options& opt,
+                                      std::shared_ptr<const cluster_clock> clk, std::shared_ptr<spdlog::logger> log);
+
+}  // namespace tandem

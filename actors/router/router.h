@@ -1,0 +1,43 @@
+#pragma once
+/// Router actor: the front door. Holds the bounded in-flight table with each request's
+/// event callback, validates and stamps requests (deadline, arrival order), forwards them
+/// to the prefill scheduler, and turns TokenEvents from the stages into callback calls.
+/// It is the authority on a request's end: exactly one finished event per accepted
+/// request (completion, abort, deadline, error, or `disconnected` at shutdown).
+#include <memory>
+#include <string>
+
+#include <caf/actor_system.hpp>
+#include <caf/allowed_unsafe_message_type.hpp>
+#include <spdlog/logger.h>
+
+#include "actors/common/bounded_mailbox.h"
+#include "actors/common/clock.h"
+#include "actors/common/limits.h"
+#include "actors/common/request.h"
+#include "actors/runtime/serving_api.h"
+
+namespace tandem {
+
+/// The local-only part of a submission (never serialized).
+struct callback_box {
+  event_callback cb;
+};
+
+struct router_options {
+  limits lim;
+  model_facts model;
+  int32_t tick_ms = 5;  ///< how often deadlines are checked (real time)
+};
+
+/// Messages: (submit_atom, wire{submit}, callback_box), (wire_atom, wire{event|abort}),
+/// (stats_atom) -> wire, (stop_atom) -> bool. `prefill` must be set before traffic arrives.
+bounded_actor spawn_router(caf::actor_system& sys, const router_options& opt, bounded_actor prefill,
+                           std::shared_ptr<const cluster_clock> clk, std::shared_ptr<spdlog::logger> log);
+
+/// Converts an API error into the finished event a rejected submission gets.
+token_event error_event(const std::string& request_id, const tandem::error& e, int32_t prompt_tokens = 0);
+
+}  // namespace tandem
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::callback_box)

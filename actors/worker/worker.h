@@ -1,0 +1,32 @@
+#pragma once
+/// Worker actor: owns the llama_model and the device KV pool, runs forward batches and
+/// samples. Replies with sampled token ids only (logits never leave the worker).
+/// Runs detached (its own thread) because a forward pass blocks for milliseconds.
+#include <memory>
+#include <string>
+
+#include <caf/actor_system.hpp>
+#include <spdlog/logger.h>
+
+#include "actors/common/bounded_mailbox.h"
+#include "actors/common/limits.h"
+#include "kernels/model/llama.h"
+
+namespace tandem {
+
+struct worker_options {
+  std::string pool_id = "local/worker0";  ///< names the pool in page descriptors
+  int32_t n_pages = 0;
+  int32_t page_size = 16;
+  int32_t mailbox_bound = 256;
+};
+
+/// Seed of the sampler of one token: depends only on the request seed and the token's index
+/// in the completion, so any node can sample any token without shared state.
+uint64_t token_seed(uint64_t request_seed, int32_t token_index);
+
+/// Spawns the worker; the model moves into the actor.
+bounded_actor spawn_worker(caf::actor_system& sys, std::shared_ptr<llama_model> model, const worker_options& opt,
+                           std::shared_ptr<spdlog::logger> log);
+
+}  // namespace tandem

@@ -1,0 +1,29 @@
+#pragma once
+/// The CPU Llama model built from tensor views, so it can be fed by a GGUF file
+/// (llama_model::load) or by weights held in memory (tests, converters).
+#include <memory>
+#include <vector>
+
+#include "kernels/model/llama.h"
+#include "kernels/tensor.h"
+
+namespace tandem {
+
+/// Every weight of a Llama model as views; the memory they point to must outlive the model.
+struct llama_weights {
+  struct layer {
+    tensor_view attn_norm, attn_q, attn_k, attn_v, attn_output;
+    tensor_view ffn_norm, ffn_gate, ffn_up, ffn_down;
+  };
+  model_config config;
+  tensor_view token_embd;   ///< [n_vocab][n_embd]
+  tensor_view output_norm;  ///< [n_embd]
+  tensor_view output;       ///< [n_vocab][n_embd]; data == nullptr means tied to token_embd
+  std::vector<layer> layers;
+};
+
+/// Builds the CPU model. Throws tandem::error naming the tensor whose shape or type does
+/// not match the config.
+std::unique_ptr<llama_model> make_cpu_llama(const llama_weights& w, const cpu_options& opt = {});
+
+}  // namespace tandem

@@ -1,0 +1,304 @@
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/thread_pool.h"
+
+#include <fmt/format.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "actors/common/error.h"
+
+namespace tandem::cpu {
+
+namespace {
+
+// Checked once per process; a const after initialisation, not mutable state.
+bool has_avx2_fma() {
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return ok;
+}
+bool has_f16c() {
+  static const bool ok = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  return ok;
+}
+
+float dot_generic(const float* a, const float* b, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += a[k + j] * b[k + j];
+  float tail = 0.0f;
+  for (; k < n; ++k) tail += a[k] * b[k];
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail;
+}
+
+__attribute__((target("avx2,fma"))) float dot_avx2(const float* a, const float* b, int64_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(),
+         s3 = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 32 <= n; k += 32) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k + 8), _mm256_loadu_ps(b + k + 8), s1);
+    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k + 16), _mm256_loadu_ps(b + k + 16), s2);
+    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k + 24), _mm256_loadu_ps(b + k + 24), s3);
+  }
+  for (; k + 8 <= n; k += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), s0);
+  __m256 s = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  float r = _mm_cvtss_f32(h);
+  float tail = 0.0f;
+  for (; k < n; ++k) tail += a[k] * b[k];
+  return r + tail;
+}
+
+__attribute__((target("avx,f16c"))) void f16_row_f16c(const uint16_t* in, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
+  for (; i < n; ++i) out[i] = fp16_to_fp32(in[i]);
+}
+
+// Same values as the scalar path (d * float(q) is exact-rounded either way).
+__attribute__((target("avx2,f16c"))) void q8_0_row_avx2(const block_q8_0* blocks, float* out, int64_t nb) {
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m256 d = _mm256_set1_ps(_cvtsh_ss(blocks[b].d));
+    for (int j = 0; j < q8_0_block; j += 8) {
+      __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blocks[b].qs + j));
+      _mm256_storeu_ps(out + b * q8_0_block + j, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q))));
+    }
+  }
+}
+
+}  // namespace
+
+float fp16_to_fp32(uint16_t h) {
+  uint32_t sign = uint32_t(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1f;
+  uint32_t mant = h & 0x3ff;
+  uint32_t u;
+  if (exp == 0) {
+    if (mant == 0) {
+      u = sign;
+    } else {  // subnormal: normalise
+      int e = -1;
+      do {
+        mant <<= 1;
+        ++e;
+      } while (!(mant & 0x400));
+      u = sign | uint32_t(127 - 15 - e) << 23 | (mant & 0x3ff) << 13;
+    }
+  } else if (exp == 31) {
+    u = sign | 0x7f800000u | mant << 13;
+  } else {
+    u = sign | (exp + 112) << 23 | mant << 13;
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+uint16_t fp32_to_fp16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  uint16_t sign = uint16_t((u >> 16) & 0x8000);
+  uint32_t abs = u & 0x7fffffffu;
+  if (abs >= 0x7f800000u) return sign | 0x7c00 | (abs > 0x7f800000u ? 0x200 | ((abs >> 13) & 0x3ff) : 0);
+  if (abs >= 0x477ff000u) return sign | 0x7c00;  // rounds to >= 65520: overflow
+  if (abs < 0x38800000u) {                       // below the smallest normal half
+    if (abs < 0x33000000u) return sign;          // < half of the smallest subnormal
+    uint32_t e = abs >> 23;
+    uint32_t m = (abs & 0x7fffff) | 0x800000;
+    const uint32_t shift = 126 - e;  // half subnormal = m * 2^(e - 150 + 24)
+    uint32_t r = m >> shift;
+    uint32_t rem = m & ((1u << shift) - 1);
+    uint32_t halfway = 1u << (shift - 1);
+    if (rem > halfway || (rem == halfway && (r & 1))) ++r;
+    return sign | uint16_t(r);
+  }
+  uint32_t r = ((abs - 0x38000000u) >> 13);
+  uint32_t rem = abs & 0x1fff;
+  if (rem > 0x1000 || (rem == 0x1000 && (r & 1))) ++r;
+  return sign | uint16_t(r);
+}
+
+uint16_t fp32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  u += 0x7fff + ((u >> 16) & 1);
+  return uint16_t(u >> 16);
+}
+
+void dequantize_row(ggml_type t, const void* row, float* out, int64_t n) {
+  switch (t) {
+    case ggml_type::f32: std::memcpy(out, row, size_t(n) * 4); return;
+    case ggml_type::f16: {
+      auto in = static_cast<const uint16_t*>(row);
+      if (has_f16c()) {
+        f16_row_f16c(in, out, n);
+      } else {
+        for (int64_t i = 0; i < n; ++i) out[i] = fp16_to_fp32(in[i]);
+      }
+      return;
+    }
+    case ggml_type::bf16: {
+      auto in = static_cast<const uint16_t*>(row);
+      for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_fp32(in[i]);
+      return;
+    }
+    case ggml_type::q8_0: {
+      if (n % q8_0_block != 0)
+        throw tandem::error(fmt::format("q8_0 row of {} elements is not a multiple of {}", n, q8_0_block));
+      auto blocks = static_cast<const block_q8_0*>(row);
+      if (has_avx2_fma() && has_f16c()) {
+        q8_0_row_avx2(blocks, out, n / q8_0_block);
+        return;
+      }
+      for (int64_t b = 0; b < n / q8_0_block; ++b) {
+        float d = fp16_to_fp32(blocks[b].d);
+        for (int j = 0; j < q8_0_block; ++j) out[b * q8_0_block + j] = d * float(blocks[b].qs[j]);
+      }
+      return;
+    }
+    default:
+      throw tandem::error(fmt::format("tensor type {} is not supported for compute; use f32, f16, bf16 or q8_0",
+                                      to_string(t)));
+  }
+}
+
+void get_rows(const tensor_view& table, std::span<const int32_t> ids, float* out) {
+  const int64_t n = table.cols();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= table.rows())
+      throw tandem::error(fmt::format("token id {} is out of range [0, {})", ids[i], table.rows()));
+    dequantize_row(table.type, table.row(ids[i]), out + i * n, n);
+  }
+}
+
+float dot(const float* a, const float* b, int64_t n) {
+  return has_avx2_fma() ? dot_avx2(a, b, n) : dot_generic(a, b, n);
+}
+
+namespace {
+void matmul_rows(const tensor_view& w, const float* x, int64_t batch, float* y, float* buf, int64_t r0,
+                 int64_t r1) {
+  const int64_t k = w.cols(), n = w.rows();
+  const bool avx = has_avx2_fma();
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* wr;
+    if (w.type == ggml_type::f32) {
+      wr = reinterpret_cast<const float*>(w.row(r));
+    } else {
+      dequantize_row(w.type, w.row(r), buf, k);
+      wr = buf;
+    }
+    for (int64_t b = 0; b < batch; ++b)
+      y[b * n + r] = avx ? dot_avx2(wr, x + b * k, k) : dot_generic(wr, x + b * k, k);
+  }
+}
+}  // namespace
+
+void matmul(const tensor_view& w, const float* x, int64_t batch, float* y, std::vector<float>& scratch,
+            thread_pool* pool) {
+  const int64_t k = w.cols(), n = w.rows();
+  if (!is_supported(w.type))
+    throw tandem::error(fmt::format("matmul: weight type {} is not supported; use f32, f16, bf16 or q8_0",
+                                    to_string(w.type)));
+  // Small products are not worth waking the workers.
+  if (pool == nullptr || pool->size() == 1 || n * k * batch < (int64_t(1) << 16)) {
+    if (scratch.size() < size_t(k)) scratch.resize(size_t(k));
+    matmul_rows(w, x, batch, y, scratch.data(), 0, n);
+    return;
+  }
+  pool->parallel_for(n, [&](int64_t r0, int64_t r1) {
+    // One dequantization buffer per chunk: k floats, noise next to the chunk's work.
+    std::vector<float> buf(w.type == ggml_type::f32 ? 0 : size_t(k));
+    matmul_rows(w, x, batch, y, buf.data(), r0, r1);
+  });
+}
+
+void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * n;
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; ++i) ss += double(xr[i]) * xr[i];
+    const float scale = float(1.0 / std::sqrt(ss / double(n) + double(eps)));
+    float* yr = y + r * n;
+    for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * scale * w[i];
+  }
+}
+
+void rope(float* x, const int32_t* pos, int64_t rows, int n_heads, int head_dim, float freq_base) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int i = 0; i < head_dim / 2; ++i) {
+      const double theta = double(pos[r]) * std::pow(double(freq_base), -2.0 * i / double(head_dim));
+      const float c = float(std::cos(theta)), s = float(std::sin(theta));
+      for (int h = 0; h < n_heads; ++h) {
+        float* p = x + (r * n_heads + h) * head_dim + 2 * i;
+        const float a = p[0], b = p[1];
+        p[0] = a * c - b * s;
+        p[1] = a * s + b * c;
+      }
+    }
+  }
+}
+
+void swiglu(const float* gate, const float* up, float* out, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+void softmax(float* x, size_t n) {
+  if (n == 0) return;
+  const float mx = *std::max_element(x, x + n);
+  double sum = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - mx);
+    sum += x[i];
+  }
+  const float inv = float(1.0 / sum);
+  for (size_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+void paged_attention(const float* q, int64_t n_tokens, int32_t pos0, int n_heads, const kv_pool& pool,
+                     int32_t layer, std::span<const int32_t> pages, float* out, std::vector<float>& scratch) {
+  const kv_layout& L = pool.layout();
+  const int hd = L.head_dim, n_kv = L.n_kv_heads, ps = L.page_size;
+  if (n_kv <= 0 || n_heads % n_kv != 0)
+    throw tandem::error(fmt::format("attention: {} query heads do not group over {} KV heads", n_heads, n_kv));
+  const int64_t n_ctx = int64_t(pos0) + n_tokens;
+  if (int64_t(pages.size()) * ps < n_ctx)
+    throw tandem::error(fmt::format("attention: {} pages of {} tokens cannot hold {} positions", pages.size(),
+                                    ps, n_ctx));
+  const int group = n_heads / n_kv;
+  const float scale = 1.0f / std::sqrt(float(hd));
+  if (scratch.size() < size_t(n_ctx)) scratch.resize(size_t(n_ctx));
+  float* att = scratch.data();
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const int64_t len = int64_t(pos0) + t + 1;  // causal: positions [0, pos]
+    for (int h = 0; h < n_heads; ++h) {
+      const int kvh = h / group;
+      const float* qh = q + (t * n_heads + h) * hd;
+      for (int64_t p = 0; p < len; ++p) {
+        const float* kp = pool.k(pages[size_t(p / ps)], layer) + (size_t(p % ps) * n_kv + kvh) * hd;
+        att[p] = dot(qh, kp, hd) * scale;
+      }
+      softmax(att, size_t(len));
+      float* oh = out + (t * n_heads + h) * hd;
+      std::fill(oh, oh + hd, 0.0f);
+      for (int64_t p = 0; p < len; ++p) {
+        const float* vp = pool.v(pages[size_t(p / ps)], layer) + (size_t(p % ps) * n_kv + kvh) * hd;
+        const float a = att[p];
+        for (int d = 0; d < hd; ++d) oh[d] += a * vp[d];
+      }
+    }
+  }
+}
+
+}  // namespace tandem::cpu

@@ -1,0 +1,70 @@
+#pragma once
+/// CPU kernels for the Llama forward pass. All activations are f32, row-major.
+/// Every kernel computes each output element with an accumulation order that depends only
+/// on that element's inputs, never on the batch size, so batch 1 and batch N agree bit for bit.
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kernels/model/kv_pool.h"
+#include "kernels/tensor.h"
+
+namespace tandem::cpu {
+
+class thread_pool;
+
+/// IEEE half bits -> float (exact).
+float fp16_to_fp32(uint16_t h);
+/// float -> IEEE half bits, round to nearest even (overflow to inf, NaN kept).
+uint16_t fp32_to_fp16(float f);
+/// bfloat16 bits -> float (exact).
+inline float bf16_to_fp32(uint16_t h) {
+  uint32_t u = uint32_t(h) << 16;
+  float f;
+  __builtin_memcpy(&f, &u, 4);
+  return f;
+}
+/// float -> bfloat16 bits, round to nearest even (NaN kept quiet).
+uint16_t fp32_to_bf16(float f);
+
+/// Converts `n` elements of one row of type `t` (n a multiple of 32 for q8_0) to f32.
+/// Throws tandem::error for an unsupported type.
+void dequantize_row(ggml_type t, const void* row, float* out, int64_t n);
+
+/// Embedding lookup: out[i][:] = row ids[i] of `table` as f32 (table is [n_vocab][n_embd]).
+/// Throws tandem::error naming the id if it is out of range.
+void get_rows(const tensor_view& table, std::span<const int32_t> ids, float* out);
+
+/// y[b][n] = sum_k W[n][k] x[b][k] for b < batch, n < W.rows(), k < W.cols().
+/// Each weight row is read (and dequantized) once for the whole batch.
+/// `scratch` is reused between calls to avoid allocations. With `pool`, output rows are split
+/// across its threads; the result is the same bits for any thread count.
+void matmul(const tensor_view& w, const float* x, int64_t batch, float* y, std::vector<float>& scratch,
+            thread_pool* pool = nullptr);
+
+/// Dot product of n floats with a fixed 8-lane accumulation order.
+float dot(const float* a, const float* b, int64_t n);
+
+/// y[r][i] = x[r][i] * w[i] / sqrt(mean(x[r]^2) + eps), rows of n floats (y may equal x).
+void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps);
+
+/// In place: rotate adjacent pairs (x[2i], x[2i+1]) of each head by pos[r] * base^(-2i/head_dim)
+/// (llama.cpp "normal" RoPE). x is [rows][n_heads][head_dim].
+void rope(float* x, const int32_t* pos, int64_t rows, int n_heads, int head_dim, float freq_base);
+
+/// out[i] = silu(gate[i]) * up[i] (out may equal gate).
+void swiglu(const float* gate, const float* up, float* out, size_t n);
+
+/// In place numerically stable softmax of n floats.
+void softmax(float* x, size_t n);
+
+/// Causal grouped-query attention for one sequence over paged KV.
+/// q is [n_tokens][n_heads][head_dim] for positions pos0 .. pos0+n_tokens-1; K/V for positions
+/// [0, pos0+n_tokens) must already be in `pages` of layer `layer` (position p lives in page
+/// pages[p / page_size], slot p % page_size). out is [n_tokens][n_heads][head_dim].
+/// Scale is 1/sqrt(head_dim); query head h reads KV head h / (n_heads / n_kv_heads).
+void paged_attention(const float* q, int64_t n_tokens, int32_t pos0, int n_heads, const kv_pool& pool,
+                     int32_t layer, std::span<const int32_t> pages, float* out, std::vector<float>& scratch);
+
+}  // namespace tandem::cpu

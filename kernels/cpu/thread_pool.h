@@ -1,0 +1,40 @@
+#pragma once
+/// A small fork-join pool for the CPU kernels: parallel_for splits a range into one
+/// contiguous chunk per thread; the calling thread runs the first chunk. Owned by a model
+/// (no global pool). Not re-entrant: one parallel_for at a time.
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace tandem::cpu {
+
+class thread_pool {
+ public:
+  /// `n_threads` total including the caller; values < 1 mean 1 (no workers).
+  explicit thread_pool(int32_t n_threads);
+  ~thread_pool();
+  thread_pool(const thread_pool&) = delete;
+  thread_pool& operator=(const thread_pool&) = delete;
+
+  int32_t size() const { return int32_t(workers_.size()) + 1; }
+  /// Calls fn(begin, end) over disjoint chunks covering [0, n) and returns when all are done.
+  /// An exception thrown by a chunk is rethrown here (the first one).
+  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn);
+
+ private:
+  void worker(int32_t index);
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable start_cv_, done_cv_;
+  const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
+  int64_t n_ = 0;
+  uint64_t generation_ = 0;
+  int32_t pending_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+};
+
+}  // namespace tandem::cpu

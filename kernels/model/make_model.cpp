@@ -1,0 +1,322 @@
+// Random-weight Llama GGUF writer with a SentencePiece-style vocabulary learned by BPE over a
+// built-in corpus (so it works on machines without any model files).
+#include "kernels/model/make_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <unordered_map>
+
+#include "actors/common/error.h"
+#include "kernels/gguf/gguf.h"
+#include "kernels/gguf/half.h"
+#include "kernels/model/make_model_corpus.h"
+
+namespace tandem {
+
+namespace {
+
+struct preset {
+  const char* name;
+  int32_t n_embd, n_layer, n_head, n_head_kv, n_ff, n_ctx, n_vocab_target;
+};
+
+constexpr preset k_presets[] = {
+    {"tiny-15m", 288, 6, 6, 6, 768, 2048, 8000},
+    {"small-110m", 768, 12, 12, 12, 2048, 2048, 8000},
+    {"micro", 64, 2, 4, 2, 128, 512, 1000},
+};
+
+const std::string k_space = "\xE2\x96\x81";  // U+2581
+
+struct vocab_out {
+  std::vector<std::string> tokens;
+  std::vector<float> scores;
+  std::vector<int32_t> types;
+};
+
+bool is_alpha(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '\''; }
+
+/// Splits the corpus like SentencePiece would see it: "▁" marks a preceding space, letter runs
+/// stay together, digits and punctuation are pieces of their own.
+std::map<std::string, int64_t> corpus_words() {
+  std::map<std::string, int64_t> words;
+  const std::string text = make_model_detail::k_corpus;
+  bool space = true;
+  for (size_t i = 0; i < text.size();) {
+    const char c = text[i];
+    if (c == ' ' || c == '\n' || c == '\t') {
+      space = true;
+      ++i;
+      continue;
+    }
+    std::string w = space ? k_space : "";
+    space = false;
+    if (is_alpha(c)) {
+      while (i < text.size() && is_alpha(text[i])) w += text[i++];
+    } else {
+      w += text[i++];
+    }
+    ++words[w];
+  }
+  return words;
+}
+
+/// BPE over the corpus words; returns pieces in merge order plus the initial characters.
+vocab_out learn_vocab(int32_t target) {
+  vocab_out v;
+  v.tokens = {"<unk>", "<s>", "</s>"};
+  v.scores = {0, 0, 0};
+  v.types = {2, 3, 3};
+  for (int b = 0; b < 256; ++b) {
+    char buf[8];
+    std::snprintf(buf, sizeof buf, "<0x%02X>", b);
+    v.tokens.push_back(buf);
+    v.scores.push_back(0);
+    v.types.push_back(6);
+  }
+  // symbol table: id -> string
+  std::vector<std::string> sym;
+  std::unordered_map<std::string, int32_t> sym_id;
+  auto intern = [&](const std::string& s) {
+    auto [it, fresh] = sym_id.emplace(s, int32_t(sym.size()));
+    if (fresh) sym.push_back(s);
+    return it->second;
+  };
+  struct word {
+    std::vector<int32_t> s;
+    int64_t count;
+  };
+  std::vector<word> words;
+  for (auto& [w, n] : corpus_words()) {
+    word x{{}, n};
+    for (size_t i = 0; i < w.size();) {
+      const size_t len = (uint8_t(w[i]) & 0xE0) == 0xE0 ? 3 : 1;  // "▁" or ASCII
+      x.s.push_back(intern(w.substr(i, len)));
+      i += len;
+    }
+    words.push_back(std::move(x));
+  }
+  std::vector<std::string> chars(sym.begin(), sym.end());
+  std::sort(chars.begin(), chars.end());
+
+  std::unordered_map<std::string, bool> in_vocab;
+  for (auto& t : v.tokens) in_vocab[t] = true;
+  const int32_t budget = target - int32_t(v.tokens.size()) - int32_t(chars.size());
+  std::vector<std::string> merged;
+  auto key = [](int32_t a, int32_t b) { return (uint64_t(uint32_t(a)) << 32) | uint32_t(b); };
+  std::unordered_map<uint64_t, int64_t> counts;
+  for (auto& w : words)
+    for (size_t i = 0; i + 1 < w.s.size(); ++i) counts[key(w.s[i], w.s[i + 1])] += w.count;
+  while (int32_t(merged.size()) < budget) {
+    // most frequent pair; ties by the strings so the result does not depend on hashing
+    uint64_t best = 0;
+    int64_t best_n = 0;
+    for (auto& [k, n] : counts) {
+      if (n <= 0) continue;
+      if (n > best_n) {
+        best = k;
+        best_n = n;
+      } else if (n == best_n) {
+        const auto& a = sym[k >> 32], &b = sym[uint32_t(k)];
+        const auto& ba = sym[best >> 32], &bb = sym[uint32_t(best)];
+        if (std::tie(a, b) < std::tie(ba, bb)) best = k;
+      }
+    }
+    if (best_n == 0) break;  // every word is a single piece
+    const int32_t a = int32_t(best >> 32), b = int32_t(uint32_t(best));
+    const std::string joined = sym[a] + sym[b];
+    const int32_t m = intern(joined);
+    if (!in_vocab[joined]) {
+      in_vocab[joined] = true;
+      merged.push_back(joined);
+    }
+    for (auto& w : words) {
+      bool has = false;
+      for (size_t i = 0; i + 1 < w.s.size(); ++i)
+        if (w.s[i] == a && w.s[i + 1] == b) {
+          has = true;
+          break;
+        }
+      if (!has) continue;
+      for (size_t i = 0; i + 1 < w.s.size(); ++i) counts[key(w.s[i], w.s[i + 1])] -= w.count;
+      std::vector<int32_t> out;
+      out.reserve(w.s.size());
+      for (size_t i = 0; i < w.s.size();) {
+        if (i + 1 < w.s.size() && w.s[i] == a && w.s[i + 1] == b) {
+          out.push_back(m);
+          i += 2;
+        } else {
+          out.push_back(w.s[i++]);
+        }
+      }
+      w.s = std::move(out);
+      for (size_t i = 0; i + 1 < w.s.size(); ++i) counts[key(w.s[i], w.s[i + 1])] += w.count;
+    }
+    counts.erase(best);
+  }
+  // Merged pieces score -rank so SentencePiece's highest-score-first replays the merges.
+  for (size_t r = 0; r < merged.size(); ++r) {
+    v.tokens.push_back(merged[r]);
+    v.scores.push_back(-float(r));
+    v.types.push_back(1);
+  }
+  for (size_t i = 0; i < chars.size(); ++i) {
+    if (in_vocab[chars[i]]) continue;
+    in_vocab[chars[i]] = true;
+    v.tokens.push_back(chars[i]);
+    v.scores.push_back(-float(merged.size() + i));
+    v.types.push_back(1);
+  }
+  return v;
+}
+
+/// splitmix64: a small, fast, well-mixed generator whose output is the same everywhere
+/// (std::normal_distribution is implementation-defined).
+struct rng {
+  uint64_t s;
+  uint64_t next() {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return double((next() >> 11) + 1) * (1.0 / 9007199254740993.0); }  // (0, 1]
+};
+
+uint64_t hash_name(const std::string& s, uint64_t seed) {
+  uint64_t h = 1469598103934665603ull ^ seed;
+  for (char c : s) h = (h ^ uint8_t(c)) * 1099511628211ull;
+  return h;
+}
+
+std::vector<float> normal(size_t n, float std_dev, uint64_t seed) {
+  std::vector<float> x(n);
+  rng r{seed};
+  for (size_t i = 0; i < n; i += 2) {
+    // Box-Muller: two normals per pair of uniforms
+    const double u1 = r.uniform(), u2 = r.uniform();
+    const double rad = std::sqrt(-2.0 * std::log(u1));
+    x[i] = float(rad * std::cos(6.283185307179586 * u2)) * std_dev;
+    if (i + 1 < n) x[i + 1] = float(rad * std::sin(6.283185307179586 * u2)) * std_dev;
+  }
+  return x;
+}
+
+std::vector<uint8_t> encode(const std::vector<float>& x, ggml_type t) {
+  std::vector<uint8_t> out(row_bytes(t, int64_t(x.size())));
+  switch (t) {
+    case ggml_type::f32: std::memcpy(out.data(), x.data(), out.size()); break;
+    case ggml_type::f16:
+      for (size_t i = 0; i < x.size(); ++i) {
+        const uint16_t h = gguf::fp32_to_fp16(x[i]);
+        std::memcpy(out.data() + 2 * i, &h, 2);
+      }
+      break;
+    case ggml_type::bf16:
+      for (size_t i = 0; i < x.size(); ++i) {
+        const uint16_t h = gguf::fp32_to_bf16(x[i]);
+        std::memcpy(out.data() + 2 * i, &h, 2);
+      }
+      break;
+    case ggml_type::q8_0: {
+      // ggml's quantize_row_q8_0_ref
+      for (size_t blk = 0; blk < x.size() / q8_0_block; ++blk) {
+        const float* v = x.data() + blk * q8_0_block;
+        float amax = 0.0f;
+        for (int j = 0; j < q8_0_block; ++j) amax = std::max(amax, std::fabs(v[j]));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        block_q8_0 b;
+        b.d = gguf::fp32_to_fp16(d);
+        for (int j = 0; j < q8_0_block; ++j) b.qs[j] = int8_t(std::roundf(v[j] * id));
+        std::memcpy(out.data() + blk * sizeof(block_q8_0), &b, sizeof b);
+      }
+      break;
+    }
+    default: break;
+  }
+  return out;
+}
+
+uint32_t file_type(ggml_type t) {
+  switch (t) {
+    case ggml_type::f16: return 1;   // LLAMA_FTYPE_MOSTLY_F16
+    case ggml_type::q8_0: return 7;  // LLAMA_FTYPE_MOSTLY_Q8_0
+    case ggml_type::bf16: return 32; // LLAMA_FTYPE_MOSTLY_BF16
+    default: return 0;               // LLAMA_FTYPE_ALL_F32
+  }
+}
+
+}  // namespace
+
+void write_random_llama(const make_model_options& opt, const std::string& path) {
+  const preset* p = nullptr;
+  for (auto& x : k_presets)
+    if (opt.preset == x.name) p = &x;
+  if (p == nullptr)
+    throw tandem::error(error_kind::failed,
+                        "unknown model preset '" + opt.preset + "': use tiny-15m, small-110m or micro");
+  if (opt.dtype != ggml_type::f32 && opt.dtype != ggml_type::f16 && opt.dtype != ggml_type::bf16 &&
+      opt.dtype != ggml_type::q8_0)
+    throw tandem::error(error_kind::failed, "unsupported weight type '" + std::string(to_string(opt.dtype)) +
+                                                "' for make-model: use f32, f16, bf16 or q8_0");
+
+  const vocab_out voc = learn_vocab(p->n_vocab_target);
+  const int32_t n_vocab = int32_t(voc.tokens.size());
+  const int32_t head_dim = p->n_embd / p->n_head;
+
+  gguf::writer w;
+  w.set_string("general.architecture", "llama");
+  w.set_string("general.name", "tandem-random-" + opt.preset);
+  w.set_u32("general.alignment", 32);
+  w.set_u32("general.file_type", file_type(opt.dtype));
+  w.set_u32("llama.context_length", uint32_t(p->n_ctx));
+  w.set_u32("llama.embedding_length", uint32_t(p->n_embd));
+  w.set_u32("llama.block_count", uint32_t(p->n_layer));
+  w.set_u32("llama.feed_forward_length", uint32_t(p->n_ff));
+  w.set_u32("llama.attention.head_count", uint32_t(p->n_head));
+  w.set_u32("llama.attention.head_count_kv", uint32_t(p->n_head_kv));
+  w.set_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  w.set_f32("llama.rope.freq_base", 10000.0f);
+  w.set_u32("llama.rope.dimension_count", uint32_t(head_dim));
+  w.set_u32("llama.vocab_size", uint32_t(n_vocab));
+  w.set_string("tokenizer.ggml.model", "llama");
+  w.set_array_string("tokenizer.ggml.tokens", voc.tokens);
+  w.set_array_f32("tokenizer.ggml.scores", voc.scores);
+  w.set_array_i32("tokenizer.ggml.token_type", voc.types);
+  w.set_u32("tokenizer.ggml.bos_token_id", 1);
+  w.set_u32("tokenizer.ggml.eos_token_id", 2);
+  w.set_u32("tokenizer.ggml.unknown_token_id", 0);
+  w.set_bool("tokenizer.ggml.add_bos_token", true);
+  w.set_bool("tokenizer.ggml.add_eos_token", false);
+
+  const float std_dev = 0.02f;
+  auto matrix = [&](const std::string& name, int64_t ne0, int64_t ne1) {
+    const auto x = normal(size_t(ne0 * ne1), std_dev, hash_name(name, opt.seed));
+    w.add_tensor(name, opt.dtype, {ne0, ne1}, encode(x, opt.dtype));
+  };
+  auto norm = [&](const std::string& name, int64_t n) {
+    w.add_tensor(name, ggml_type::f32, {n}, encode(std::vector<float>(size_t(n), 1.0f), ggml_type::f32));
+  };
+  const int64_t e = p->n_embd, kv = int64_t(head_dim) * p->n_head_kv, ff = p->n_ff;
+  matrix("token_embd.weight", e, n_vocab);
+  for (int32_t l = 0; l < p->n_layer; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    norm(b + "attn_norm.weight", e);
+    matrix(b + "attn_q.weight", e, e);
+    matrix(b + "attn_k.weight", e, kv);
+    matrix(b + "attn_v.weight", e, kv);
+    matrix(b + "attn_output.weight", e, e);
+    norm(b + "ffn_norm.weight", e);
+    matrix(b + "ffn_gate.weight", e, ff);
+    matrix(b + "ffn_up.weight", e, ff);
+    matrix(b + "ffn_down.weight", ff, e);
+  }
+  norm("output_norm.weight", e);
+  if (!opt.tied_output) matrix("output.weight", e, n_vocab);
+  w.write(path);
+}
+
+}  // namespace tandem

@@ -1,0 +1,354 @@
+// CPU Llama forward vs a naive contiguous-KV reference, batch independence, chunked prefill.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/llama_cpu.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/gguf/gguf.h"
+
+using namespace tandem;
+
+namespace {
+
+/// A tiny random model (GQA: 4 heads over 2 KV heads) whose bytes live in this struct.
+struct tiny_model {
+  model_config cfg;
+  ggml_type type;
+  std::vector<std::vector<uint8_t>> store;
+  llama_weights w;
+
+  explicit tiny_model(ggml_type t = ggml_type::f32, uint64_t seed = 7) : type(t) {
+    cfg.name = "tiny";
+    cfg.n_vocab = 50;
+    cfg.n_embd = 32;
+    cfg.n_layer = 2;
+    cfg.n_head = 4;
+    cfg.n_head_kv = 2;
+    cfg.n_ff = 64;
+    cfg.n_ctx = 128;
+    cfg.head_dim = 8;
+    store.reserve(64);
+    std::mt19937_64 rng(seed);
+    w.config = cfg;
+    const int64_t e = cfg.n_embd, qd = 32, kd = 16;
+    w.token_embd = make(rng, t, e, cfg.n_vocab, 1.0f);
+    w.output_norm = make_norm(rng, e);
+    w.output = make(rng, t, e, cfg.n_vocab, 0.3f);
+    for (int l = 0; l < cfg.n_layer; ++l) {
+      llama_weights::layer L;
+      L.attn_norm = make_norm(rng, e);
+      L.attn_q = make(rng, t, e, qd, 0.3f);
+      L.attn_k = make(rng, t, e, kd, 0.3f);
+      L.attn_v = make(rng, t, e, kd, 0.3f);
+      L.attn_output = make(rng, t, qd, e, 0.3f);
+      L.ffn_norm = make_norm(rng, e);
+      L.ffn_gate = make(rng, t, e, cfg.n_ff, 0.3f);
+      L.ffn_up = make(rng, t, e, cfg.n_ff, 0.3f);
+      L.ffn_down = make(rng, t, cfg.n_ff, e, 0.3f);
+      w.layers.push_back(L);
+    }
+  }
+
+  tensor_view make(std::mt19937_64& rng, ggml_type t, int64_t cols, int64_t rows, float scale) {
+    std::uniform_real_distribution<float> d(-scale, scale);
+    std::vector<uint8_t> bytes(row_bytes(t, cols) * size_t(rows));
+    for (int64_t i = 0; i < cols * rows; ++i) {
+      const float f = d(rng);
+      if (t == ggml_type::f32) std::memcpy(bytes.data() + i * 4, &f, 4);
+      else {
+        const uint16_t h = t == ggml_type::f16 ? cpu::fp32_to_fp16(f) : cpu::fp32_to_bf16(f);
+        std::memcpy(bytes.data() + i * 2, &h, 2);
+      }
+    }
+    store.push_back(std::move(bytes));
+    tensor_view v;
+    v.type = t;
+    v.ne[0] = cols;
+    v.ne[1] = rows;
+    v.n_dims = 2;
+    v.data = store.back().data();
+    v.nbytes = store.back().size();
+    return v;
+  }
+  tensor_view make_norm(std::mt19937_64& rng, int64_t n) {
+    tensor_view v = make(rng, ggml_type::f32, n, 1, 0.5f);
+    auto* f = static_cast<float*>(const_cast<void*>(v.data));
+    for (int64_t i = 0; i < n; ++i) f[i] += 1.0f;  // around 1, like trained norms
+    v.n_dims = 1;
+    return v;
+  }
+};
+
+std::vector<double> dense(const tensor_view& t) {
+  std::vector<float> f(size_t(t.cols() * t.rows()));
+  for (int64_t r = 0; r < t.rows(); ++r) cpu::dequantize_row(t.type, t.row(r), f.data() + r * t.cols(), t.cols());
+  return {f.begin(), f.end()};
+}
+
+/// Naive double-precision forward over a contiguous KV cache: returns logits of every token.
+std::vector<std::vector<double>> reference_logits(const tiny_model& m, const std::vector<int32_t>& toks) {
+  const auto& c = m.cfg;
+  const int e = c.n_embd, hd = c.head_dim, nh = c.n_head, nkv = c.n_head_kv, ff = c.n_ff;
+  const auto emb = dense(m.w.token_embd);
+  auto norm = [&](const std::vector<double>& x, const tensor_view& w) {
+    const auto wd = dense(w);
+    double ss = 0;
+    for (double v : x) ss += v * v;
+    const double s = 1.0 / std::sqrt(ss / e + double(c.rms_eps));
+    std::vector<double> y(x.size());
+    for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] * s * wd[i];
+    return y;
+  };
+  auto mv = [](const tensor_view& w, const std::vector<double>& x) {
+    const auto wd = dense(w);
+    std::vector<double> y(size_t(w.rows()));
+    for (int64_t r = 0; r < w.rows(); ++r)
+      for (int64_t k = 0; k < w.cols(); ++k) y[size_t(r)] += wd[size_t(r * w.cols() + k)] * x[size_t(k)];
+    return y;
+  };
+  auto rope = [&](std::vector<double>& v, int heads, int pos) {
+    for (int h = 0; h < heads; ++h)
+      for (int i = 0; i < hd / 2; ++i) {
+        const double th = pos * std::pow(double(c.rope_freq_base), -2.0 * i / hd);
+        double& a = v[size_t(h * hd + 2 * i)];
+        double& b = v[size_t(h * hd + 2 * i + 1)];
+        const double a0 = a, b0 = b;
+        a = a0 * std::cos(th) - b0 * std::sin(th);
+        b = a0 * std::sin(th) + b0 * std::cos(th);
+      }
+  };
+  std::vector<std::vector<std::vector<double>>> K(size_t(c.n_layer)), V(size_t(c.n_layer));
+  std::vector<std::vector<double>> out;
+  for (size_t p = 0; p < toks.size(); ++p) {
+    std::vector<double> x(emb.begin() + toks[p] * e, emb.begin() + (toks[p] + 1) * e);
+    for (int l = 0; l < c.n_layer; ++l) {
+      const auto& W = m.w.layers[size_t(l)];
+      auto xn = norm(x, W.attn_norm);
+      auto q = mv(W.attn_q, xn), k = mv(W.attn_k, xn), v = mv(W.attn_v, xn);
+      rope(q, nh, int(p));
+      rope(k, nkv, int(p));
+      K[size_t(l)].push_back(k);
+      V[size_t(l)].push_back(v);
+      std::vector<double> att(size_t(nh * hd));
+      for (int h = 0; h < nh; ++h) {
+        const int g = h / (nh / nkv);
+        std::vector<double> s(p + 1);
+        double mx = -1e300, tot = 0;
+        for (size_t j = 0; j <= p; ++j) {
+          for (int d = 0; d < hd; ++d) s[j] += q[size_t(h * hd + d)] * K[size_t(l)][j][size_t(g * hd + d)];
+          s[j] /= std::sqrt(double(hd));
+          mx = std::max(mx, s[j]);
+        }
+        for (auto& z : s) tot += z = std::exp(z - mx);
+        for (size_t j = 0; j <= p; ++j)
+          for (int d = 0; d < hd; ++d) att[size_t(h * hd + d)] += s[j] / tot * V[size_t(l)][j][size_t(g * hd + d)];
+      }
+      const auto o = mv(W.attn_output, att);
+      for (int i = 0; i < e; ++i) x[size_t(i)] += o[size_t(i)];
+      xn = norm(x, W.ffn_norm);
+      auto g = mv(W.ffn_gate, xn);
+      const auto u = mv(W.ffn_up, xn);
+      for (int i = 0; i < ff; ++i) g[size_t(i)] = g[size_t(i)] / (1 + std::exp(-g[size_t(i)])) * u[size_t(i)];
+      const auto d = mv(W.ffn_down, g);
+      for (int i = 0; i < e; ++i) x[size_t(i)] += d[size_t(i)];
+    }
+    out.push_back(mv(m.w.output, norm(x, m.w.output_norm)));
+  }
+  return out;
+}
+
+const std::vector<int32_t> prompt = {3, 17, 42, 0, 49, 8, 8, 21, 5, 33, 11};
+
+}  // namespace
+
+TEST_CASE("llama: forward matches a naive contiguous-KV reference (prefill then decode)") {
+  for (ggml_type t : {ggml_type::f32, ggml_type::f16, ggml_type::bf16}) {
+    CAPTURE(to_string(t));
+    tiny_model m(t);
+    auto model = make_cpu_llama(m.w);
+    kv_pool pool(model->layout(4), 8);
+    const std::vector<int32_t> pages = {6, 1, 3, 0};  // scattered, 16 positions
+    const auto ref = reference_logits(m, prompt);
+    std::vector<float> logits;
+    auto check_row = [&](const std::vector<double>& want) {
+      REQUIRE(logits.size() == want.size());
+      for (size_t i = 0; i < want.size(); ++i) REQUIRE(logits[i] == doctest::Approx(want[i]).epsilon(1e-4).scale(1.0));
+    };
+    // Prefill 8 tokens, then decode the remaining 3 one at a time.
+    batch_seq s{std::span(prompt).first(8), 0, pages, true};
+    model->forward(std::span(&s, 1), pool, logits);
+    check_row(ref[7]);
+    for (int32_t p = 8; p < int32_t(prompt.size()); ++p) {
+      batch_seq d{std::span(prompt).subspan(size_t(p), 1), p, pages, true};
+      model->forward(std::span(&d, 1), pool, logits);
+      check_row(ref[size_t(p)]);
+    }
+  }
+}
+
+TEST_CASE("llama: a sequence alone and inside a mixed batch gives bit-identical logits") {
+  tiny_model m(ggml_type::f16);
+  auto model = make_cpu_llama(m.w);
+  const std::vector<int32_t> pa = {0, 1, 2}, pb = {3, 4}, pc = {5, 6, 7};
+  const std::vector<int32_t> ta(prompt.begin(), prompt.begin() + 9), tb = {1, 2, 3}, tc = {9, 8, 7, 6, 5};
+  kv_pool alone(model->layout(4), 8), mixed(model->layout(4), 8);
+  std::vector<float> la, lm;
+  batch_seq a{ta, 0, pa, true};
+  model->forward(std::span(&a, 1), alone, la);
+  // In the mixed batch: b is a prefill without logits, c is prefilled then decoded alongside a.
+  batch_seq c0{std::span(tc).first(4), 0, pc, false};
+  model->forward(std::span(&c0, 1), mixed, lm);
+  CHECK(lm.empty());
+  const batch_seq batch[] = {{tb, 0, pb, false}, {std::span(tc).subspan(4), 4, pc, true}, {ta, 0, pa, true}};
+  model->forward(batch, mixed, lm);
+  REQUIRE(lm.size() == 2 * size_t(m.cfg.n_vocab));
+  CHECK(std::memcmp(la.data(), lm.data() + m.cfg.n_vocab, la.size() * sizeof(float)) == 0);
+  // Threads split matmul rows only: same bits with 2 threads.
+  auto threaded = make_cpu_llama(m.w, cpu_options{.threads = 2});
+  kv_pool tp(model->layout(4), 8);
+  std::vector<float> lt;
+  threaded->forward(std::span(&a, 1), tp, lt);
+  CHECK(std::memcmp(la.data(), lt.data(), la.size() * sizeof(float)) == 0);
+  CHECK_THROWS_WITH(make_cpu_llama(m.w, cpu_options{.threads = 0}), doctest::Contains("threads 0"));
+  // The KV written for a is the same bits too.
+  CHECK(std::memcmp(alone.k(2, 1), mixed.k(2, 1), alone.layout().layer_floats() * sizeof(float)) == 0);
+}
+
+TEST_CASE("llama: prefill in one chunk or two gives the same logits") {
+  tiny_model m(ggml_type::bf16);
+  auto model = make_cpu_llama(m.w);
+  const std::vector<int32_t> pages = {2, 0, 1};
+  kv_pool one(model->layout(4), 3), two(model->layout(4), 3);
+  std::vector<float> l1, l2;
+  batch_seq s{prompt, 0, pages, true};
+  model->forward(std::span(&s, 1), one, l1);
+  batch_seq c1{std::span(prompt).first(5), 0, pages, false};
+  model->forward(std::span(&c1, 1), two, l2);
+  batch_seq c2{std::span(prompt).subspan(5), 5, pages, true};
+  model->forward(std::span(&c2, 1), two, l2);
+  REQUIRE(l1.size() == l2.size());
+  for (size_t i = 0; i < l1.size(); ++i) REQUIRE(std::fabs(l1[i] - l2[i]) <= 1e-4f);
+}
+
+TEST_CASE("llama: bad batches and bad weights are rejected with a message") {
+  tiny_model m;
+  auto model = make_cpu_llama(m.w);
+  kv_pool pool(model->layout(4), 2);
+  std::vector<float> logits;
+  const std::vector<int32_t> one_page = {0}, bad_page = {0, 5};
+  batch_seq s{prompt, 0, one_page, true};
+  CHECK_THROWS_WITH(model->forward(std::span(&s, 1), pool, logits), doctest::Contains("allocate more pages"));
+  batch_seq b{std::span(prompt).first(6), 0, bad_page, true};
+  CHECK_THROWS_WITH(model->forward(std::span(&b, 1), pool, logits), doctest::Contains("page id 5"));
+  const std::vector<int32_t> bad_tok = {50};
+  batch_seq t{bad_tok, 0, one_page, true};
+  CHECK_THROWS_WITH(model->forward(std::span(&t, 1), pool, logits), doctest::Contains("token id 50"));
+  kv_pool wrong(kv_layout{.n_layers = 2, .n_kv_heads = 4, .head_dim = 8, .page_size = 4}, 2);
+  batch_seq ok{bad_tok.empty() ? bad_tok : std::span(prompt).first(1), 0, one_page, true};
+  CHECK_THROWS_WITH(model->forward(std::span(&ok, 1), wrong, logits), doctest::Contains("does not match"));
+
+  llama_weights w = m.w;
+  w.layers[1].attn_k.ne[1] = 32;
+  CHECK_THROWS_WITH(make_cpu_llama(w), doctest::Contains("blk.1.attn_k.weight"));
+  // Tied output: no output tensor means token_embd is used.
+  w = m.w;
+  w.output = {};
+  CHECK_NOTHROW(make_cpu_llama(w));
+}
+
+TEST_CASE("llama: load reads a GGUF file and computes the same bits as the in-memory model") {
+  tiny_model m(ggml_type::f16);
+  gguf::writer wr;
+  wr.set_string("general.architecture", "llama");
+  wr.set_string("general.name", "tiny-gguf");
+  wr.set_u32("llama.embedding_length", uint32_t(m.cfg.n_embd));
+  wr.set_u32("llama.block_count", uint32_t(m.cfg.n_layer));
+  wr.set_u32("llama.attention.head_count", uint32_t(m.cfg.n_head));
+  wr.set_u32("llama.attention.head_count_kv", uint32_t(m.cfg.n_head_kv));
+  wr.set_u32("llama.feed_forward_length", uint32_t(m.cfg.n_ff));
+  wr.set_u32("llama.context_length", uint32_t(m.cfg.n_ctx));
+  wr.set_f32("llama.rope.freq_base", m.cfg.rope_freq_base);
+  wr.set_f32("llama.attention.layer_norm_rms_epsilon", m.cfg.rms_eps);
+  auto add = [&](const std::string& name, const tensor_view& v) {
+    const auto* p = static_cast<const uint8_t*>(v.data);
+    std::vector<int64_t> dims = {v.ne[0]};
+    if (v.n_dims > 1) dims.push_back(v.ne[1]);
+    wr.add_tensor(name, v.type, dims, std::vector<uint8_t>(p, p + v.nbytes));
+  };
+  add("token_embd.weight", m.w.token_embd);
+  add("output_norm.weight", m.w.output_norm);
+  add("output.weight", m.w.output);
+  for (int l = 0; l < m.cfg.n_layer; ++l) {
+    const auto& L = m.w.layers[size_t(l)];
+    const std::string b = "blk." + std::to_string(l) + ".";
+    add(b + "attn_norm.weight", L.attn_norm);
+    add(b + "attn_q.weight", L.attn_q);
+    add(b + "attn_k.weight", L.attn_k);
+    add(b + "attn_v.weight", L.attn_v);
+    add(b + "attn_output.weight", L.attn_output);
+    add(b + "ffn_norm.weight", L.ffn_norm);
+    add(b + "ffn_gate.weight", L.ffn_gate);
+    add(b + "ffn_up.weight", L.ffn_up);
+    if (l == 0) add(b + "ffn_down.weight", L.ffn_down);
+  }
+  // Layer 1 lacks ffn_down: the error names it.
+  {
+    const auto bytes = wr.bytes();
+    auto f = gguf::file::parse(bytes);
+    CHECK_THROWS_WITH(llama_model::load(f), doctest::Contains("blk.1.ffn_down.weight"));
+  }
+  add("blk.1.ffn_down.weight", m.w.layers[1].ffn_down);
+  const auto bytes = wr.bytes();
+  auto f = gguf::file::parse(bytes);
+  auto loaded = llama_model::load(f);
+  CHECK(loaded->config().name == "tiny-gguf");
+  CHECK(loaded->config().n_vocab == m.cfg.n_vocab);
+  CHECK(loaded->config().head_dim == m.cfg.head_dim);
+  auto direct = make_cpu_llama(m.w);
+  const std::vector<int32_t> pages = {0, 1, 2};
+  kv_pool p1(direct->layout(4), 3), p2(loaded->layout(4), 3);
+  std::vector<float> l1, l2;
+  batch_seq s{prompt, 0, pages, true};
+  direct->forward(std::span(&s, 1), p1, l1);
+  loaded->forward(std::span(&s, 1), p2, l2);
+  REQUIRE(l1.size() == l2.size());
+  CHECK(std::memcmp(l1.data(), l2.data(), l1.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("llama: the r15m fixtures load and decode") {
+  for (const char* file : {"r15m-f16.gguf", "r15m-q8_0.gguf"}) {
+    CAPTURE(file);
+    auto f = gguf::file::open(std::string(TANDEM_SHARED_MODELS) + "/" + file);
+    auto model = llama_model::load(f, cpu_options{.threads = 2});
+    const auto& c = model->config();
+    CHECK(c.n_vocab == 32000);
+    CHECK(c.n_embd == 288);
+    CHECK(c.n_layer == 6);
+    CHECK(c.n_head == 6);
+    CHECK(c.n_head_kv == 6);
+    CHECK(c.n_ff == 768);
+    CHECK(c.n_ctx == 2048);
+    CHECK(c.head_dim == 48);
+    kv_pool pool(model->layout(16), 2);
+    const std::vector<int32_t> pages = {1, 0}, toks = {1, 450, 4996, 17354, 1701};
+    std::vector<float> logits;
+    batch_seq s{toks, 0, pages, true};
+    model->forward(std::span(&s, 1), pool, logits);
+    REQUIRE(logits.size() == 32000);
+    for (float v : logits) REQUIRE(std::isfinite(v));
+    CHECK(*std::max_element(logits.begin(), logits.end()) > *std::min_element(logits.begin(), logits.end()));
+    // Greedy decode a few steps.
+    for (int32_t p = 5; p < 10; ++p) {
+      const int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      batch_seq d{std::span(&next, 1), p, pages, true};
+      model->forward(std::span(&d, 1), pool, logits);
+      for (float v : logits) REQUIRE(std::isfinite(v));
+    }
+  }
+}

@@ -1,0 +1,256 @@
+// CPU kernels vs naive double-precision references (tolerances like ggml's backend tests).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/thread_pool.h"
+
+using namespace tandem;
+
+namespace {
+
+std::vector<float> random_floats(size_t n, uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> d(-scale, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+/// Encodes f32 rows [rows][cols] as `t`.
+std::vector<uint8_t> encode(ggml_type t, const std::vector<float>& w, int64_t rows, int64_t cols) {
+  std::vector<uint8_t> out(row_bytes(t, cols) * size_t(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* src = w.data() + r * cols;
+    uint8_t* dst = out.data() + size_t(r) * row_bytes(t, cols);
+    if (t == ggml_type::f32) {
+      std::memcpy(dst, src, size_t(cols) * 4);
+    } else if (t == ggml_type::f16 || t == ggml_type::bf16) {
+      auto d = reinterpret_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < cols; ++i) d[i] = t == ggml_type::f16 ? cpu::fp32_to_fp16(src[i]) : cpu::fp32_to_bf16(src[i]);
+    } else {
+      auto b = reinterpret_cast<block_q8_0*>(dst);
+      for (int64_t k = 0; k < cols / 32; ++k) {
+        float amax = 0;
+        for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(src[k * 32 + j]));
+        const float d = amax / 127.0f;
+        b[k].d = cpu::fp32_to_fp16(d);
+        for (int j = 0; j < 32; ++j) b[k].qs[j] = int8_t(std::lround(d ? src[k * 32 + j] / d : 0.0f));
+      }
+    }
+  }
+  return out;
+}
+
+tensor_view view_of(ggml_type t, const std::vector<uint8_t>& bytes, int64_t rows, int64_t cols) {
+  tensor_view v;
+  v.type = t;
+  v.ne[0] = cols;
+  v.ne[1] = rows;
+  v.n_dims = 2;
+  v.data = bytes.data();
+  v.nbytes = bytes.size();
+  return v;
+}
+
+/// Normalised mean squared error, as ggml's test-backend-ops uses.
+double nmse(const std::vector<float>& a, const std::vector<double>& ref) {
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    err += (a[i] - ref[i]) * (a[i] - ref[i]);
+    norm += ref[i] * ref[i];
+  }
+  return err / norm;
+}
+
+}  // namespace
+
+TEST_CASE("ops: fp16 and bf16 conversions round-trip and round to nearest even") {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const uint16_t hb = uint16_t(h);
+    const float f = cpu::fp16_to_fp32(hb);
+    if (std::isnan(f)) {
+      CHECK(std::isnan(cpu::fp16_to_fp32(cpu::fp32_to_fp16(f))));
+      continue;
+    }
+    REQUIRE(cpu::fp32_to_fp16(f) == hb);
+    REQUIRE(cpu::bf16_to_fp32(cpu::fp32_to_bf16(cpu::bf16_to_fp32(hb))) == cpu::bf16_to_fp32(hb));
+  }
+  CHECK(cpu::fp16_to_fp32(0x3c00) == 1.0f);
+  CHECK(cpu::fp16_to_fp32(0x0001) == std::ldexp(1.0f, -24));
+  CHECK(cpu::fp32_to_fp16(1.0f + std::ldexp(1.0f, -11)) == 0x3c00);      // tie -> even
+  CHECK(cpu::fp32_to_fp16(1.0f + 3 * std::ldexp(1.0f, -11)) == 0x3c02);  // tie -> even (up)
+  CHECK(cpu::fp32_to_fp16(1e6f) == 0x7c00);
+  CHECK(cpu::fp32_to_bf16(1.0f) == 0x3f80);
+  CHECK(cpu::bf16_to_fp32(0x4049) == doctest::Approx(3.140625f));
+}
+
+TEST_CASE("ops: matmul matches a naive reference for every weight type") {
+  const int64_t n = 37, k = 96, batch = 5;
+  const auto wf = random_floats(size_t(n * k), 1);
+  const auto x = random_floats(size_t(batch * k), 2);
+  for (ggml_type t : {ggml_type::f32, ggml_type::f16, ggml_type::bf16, ggml_type::q8_0}) {
+    CAPTURE(to_string(t));
+    const auto bytes = encode(t, wf, n, k);
+    const auto w = view_of(t, bytes, n, k);
+    // Reference from the dequantized weights, so only the arithmetic is compared.
+    std::vector<float> wd(static_cast<size_t>(n * k));
+    for (int64_t r = 0; r < n; ++r) cpu::dequantize_row(t, w.row(r), wd.data() + r * k, k);
+    std::vector<double> ref(static_cast<size_t>(batch * n));
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t r = 0; r < n; ++r) {
+        double s = 0;
+        for (int64_t i = 0; i < k; ++i) s += double(wd[size_t(r * k + i)]) * x[size_t(b * k + i)];
+        ref[size_t(b * n + r)] = s;
+      }
+    std::vector<float> y(static_cast<size_t>(batch * n)), scratch;
+    cpu::matmul(w, x.data(), batch, y.data(), scratch);
+    CHECK(nmse(y, ref) < 1e-10);
+    // Dequantization itself is close to the original weights.
+    const double tol = t == ggml_type::f32 ? 0 : t == ggml_type::f16 ? 1e-3 : 1e-2;
+    for (size_t i = 0; i < wd.size(); ++i) REQUIRE(std::fabs(wd[i] - wf[i]) <= tol);
+    // Batch 1 gives the same bits as batch N.
+    for (int64_t b = 0; b < batch; ++b) {
+      std::vector<float> y1(static_cast<size_t>(n));
+      cpu::matmul(w, x.data() + b * k, 1, y1.data(), scratch);
+      REQUIRE(std::memcmp(y1.data(), y.data() + b * n, size_t(n) * 4) == 0);
+    }
+  }
+}
+
+TEST_CASE("ops: get_rows reads any type and rejects bad ids") {
+  const int64_t rows = 10, cols = 64;
+  const auto wf = random_floats(size_t(rows * cols), 3);
+  for (ggml_type t : {ggml_type::f32, ggml_type::f16, ggml_type::bf16, ggml_type::q8_0}) {
+    const auto bytes = encode(t, wf, rows, cols);
+    const auto v = view_of(t, bytes, rows, cols);
+    const int32_t ids[] = {7, 0, 7};
+    std::vector<float> out(3 * size_t(cols)), want(static_cast<size_t>(cols));
+    cpu::get_rows(v, ids, out.data());
+    cpu::dequantize_row(t, v.row(7), want.data(), cols);
+    CHECK(std::memcmp(out.data(), want.data(), size_t(cols) * 4) == 0);
+    CHECK(std::memcmp(out.data() + 2 * cols, want.data(), size_t(cols) * 4) == 0);
+    const int32_t bad[] = {10};
+    CHECK_THROWS_WITH(cpu::get_rows(v, bad, out.data()), doctest::Contains("token id 10"));
+  }
+}
+
+TEST_CASE("ops: rms_norm, rope, swiglu, softmax match naive references") {
+  const int64_t rows = 3, n = 64;
+  auto x = random_floats(size_t(rows * n), 4, 3.0f);
+  const auto w = random_floats(size_t(n), 5);
+  std::vector<float> y(x.size());
+  cpu::rms_norm(x.data(), w.data(), y.data(), rows, n, 1e-5f);
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int64_t i = 0; i < n; ++i) ss += double(x[size_t(r * n + i)]) * x[size_t(r * n + i)];
+    const double s = 1.0 / std::sqrt(ss / n + 1e-5);
+    for (int64_t i = 0; i < n; ++i) REQUIRE(y[size_t(r * n + i)] == doctest::Approx(x[size_t(r * n + i)] * s * w[size_t(i)]).epsilon(1e-5));
+  }
+
+  const int n_heads = 2, hd = 32;
+  const int32_t pos[] = {0, 5, 1000};
+  auto q = x;
+  cpu::rope(q.data(), pos, rows, n_heads, hd, 10000.0f);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int h = 0; h < n_heads; ++h)
+      for (int i = 0; i < hd / 2; ++i) {
+        const size_t o = size_t((r * n_heads + h) * hd + 2 * i);
+        const double th = pos[r] * std::pow(10000.0, -2.0 * i / hd);
+        const double a = x[o], b = x[o + 1];
+        REQUIRE(q[o] == doctest::Approx(a * std::cos(th) - b * std::sin(th)).epsilon(1e-5));
+        REQUIRE(q[o + 1] == doctest::Approx(a * std::sin(th) + b * std::cos(th)).epsilon(1e-5));
+      }
+  // Position 0 is the identity.
+  for (int i = 0; i < n; ++i) CHECK(q[size_t(i)] == x[size_t(i)]);
+
+  std::vector<float> s(static_cast<size_t>(n));
+  cpu::swiglu(x.data(), w.data(), s.data(), size_t(n));
+  for (int i = 0; i < n; ++i) {
+    const double g = x[size_t(i)];
+    REQUIRE(s[size_t(i)] == doctest::Approx(g / (1 + std::exp(-g)) * w[size_t(i)]).epsilon(1e-5));
+  }
+
+  std::vector<float> sm(x.begin(), x.begin() + n);
+  sm[3] = 80.0f;  // large value: must not overflow
+  std::vector<double> e(static_cast<size_t>(n));
+  double tot = 0;
+  for (int i = 0; i < n; ++i) tot += e[size_t(i)] = std::exp(double(sm[size_t(i)]) - 80.0);
+  cpu::softmax(sm.data(), size_t(n));
+  for (int i = 0; i < n; ++i) REQUIRE(sm[size_t(i)] == doctest::Approx(e[size_t(i)] / tot).epsilon(1e-5));
+}
+
+TEST_CASE("ops: paged attention (GQA, causal) matches contiguous attention") {
+  kv_layout L{.n_layers = 2, .n_kv_heads = 2, .head_dim = 16, .page_size = 4};
+  kv_pool pool(L, 8);
+  const int n_heads = 4, layer = 1;
+  const int64_t n_ctx = 11;
+  const std::vector<int32_t> pages = {5, 2, 7};  // scattered on purpose
+  const auto k = random_floats(size_t(n_ctx * L.n_kv_heads * L.head_dim), 6);
+  const auto v = random_floats(size_t(n_ctx * L.n_kv_heads * L.head_dim), 7);
+  const size_t row = size_t(L.n_kv_heads * L.head_dim);
+  for (int64_t p = 0; p < n_ctx; ++p) {
+    std::memcpy(pool.k(pages[size_t(p / 4)], layer) + size_t(p % 4) * row, k.data() + size_t(p) * row, row * 4);
+    std::memcpy(pool.v(pages[size_t(p / 4)], layer) + size_t(p % 4) * row, v.data() + size_t(p) * row, row * 4);
+  }
+  const int64_t n_tok = 3;
+  const int32_t pos0 = int32_t(n_ctx - n_tok);
+  const auto q = random_floats(size_t(n_tok * n_heads * L.head_dim), 8);
+  std::vector<float> out(q.size()), scratch;
+  cpu::paged_attention(q.data(), n_tok, pos0, n_heads, pool, layer, pages, out.data(), scratch);
+  std::vector<double> ref(q.size());
+  for (int64_t t = 0; t < n_tok; ++t)
+    for (int h = 0; h < n_heads; ++h) {
+      const int kvh = h / 2;
+      const int64_t len = pos0 + t + 1;
+      std::vector<double> a(static_cast<size_t>(len));
+      double mx = -1e300, tot = 0;
+      for (int64_t p = 0; p < len; ++p) {
+        double s = 0;
+        for (int d = 0; d < 16; ++d) s += double(q[size_t((t * n_heads + h) * 16 + d)]) * k[size_t(p) * row + size_t(kvh * 16 + d)];
+        a[size_t(p)] = s / 4.0;
+        mx = std::max(mx, a[size_t(p)]);
+      }
+      for (auto& z : a) tot += z = std::exp(z - mx);
+      for (int d = 0; d < 16; ++d) {
+        double o = 0;
+        for (int64_t p = 0; p < len; ++p) o += a[size_t(p)] / tot * v[size_t(p) * row + size_t(kvh * 16 + d)];
+        ref[size_t((t * n_heads + h) * 16 + d)] = o;
+      }
+    }
+  CHECK(nmse(out, ref) < 1e-10);
+  CHECK_THROWS(cpu::paged_attention(q.data(), n_tok, 20, n_heads, pool, layer, pages, out.data(), scratch));
+}
+
+TEST_CASE("ops: thread_pool covers the range once and rethrows; threaded matmul is bit-identical") {
+  cpu::thread_pool pool(3);
+  CHECK(pool.size() == 3);
+  for (int64_t n : {1, 2, 3, 10, 1000}) {
+    std::vector<int> hits(size_t(n), 0);
+    pool.parallel_for(n, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) ++hits[size_t(i)];
+    });
+    CHECK(std::count(hits.begin(), hits.end(), 1) == n);
+  }
+  CHECK_THROWS_WITH(pool.parallel_for(100, [](int64_t b, int64_t) {
+                      if (b > 0) throw std::runtime_error("chunk failed");
+                    }),
+                    "chunk failed");
+  const int64_t n = 300, k = 128, batch = 4;
+  const auto wf = random_floats(size_t(n * k), 9);
+  const auto x = random_floats(size_t(batch * k), 10);
+  for (ggml_type t : {ggml_type::f32, ggml_type::q8_0}) {
+    const auto bytes = encode(t, wf, n, k);
+    const auto w = view_of(t, bytes, n, k);
+    std::vector<float> y1(static_cast<size_t>(batch * n)), y3(y1.size()), scratch;
+    cpu::matmul(w, x.data(), batch, y1.data(), scratch);
+    cpu::matmul(w, x.data(), batch, y3.data(), scratch, &pool);
+    CHECK(std::memcmp(y1.data(), y3.data(), y1.size() * 4) == 0);
+  }
+}

@@ -1,0 +1,73 @@
+#pragma once
+/// A small strict JSON reader and writer for the HTTP front end. Strict on purpose: the
+/// request bodies are untrusted, so the parser rejects invalid UTF-8, lone surrogates,
+/// control characters in strings, trailing garbage and nesting deeper than a bound, and it
+/// keeps integers exact (token ids, seeds) instead of going through double.
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace tandem::json {
+
+/// Thrown by parse(); `what()` says what is wrong and at which byte offset.
+class parse_error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class kind : uint8_t { null, boolean, number, string, array, object };
+
+/// Lower-case JSON type name ("string", "number", ...) for error messages.
+std::string_view kind_name(kind k);
+
+struct value {
+  kind k = kind::null;
+  bool b = false;
+  double num = 0;
+  bool is_int = false;  ///< number written without fraction/exponent that fits int64
+  int64_t i = 0;        ///< valid iff is_int
+  std::string s;
+  std::vector<value> arr;
+  std::vector<std::pair<std::string, value>> obj;  ///< in document order; duplicates rejected
+
+  /// Member of an object, or nullptr (also when this is not an object).
+  const value* find(std::string_view key) const;
+};
+
+/// Parses one JSON document. Throws parse_error.
+value parse(std::string_view text, int max_depth = 64);
+
+/// True if `s` is valid UTF-8 (no overlongs, no surrogates, <= U+10FFFF).
+bool valid_utf8(std::string_view s);
+
+/// `s` as a JSON string literal, quotes included.
+std::string quote(std::string_view s);
+
+/// Builds JSON text; the caller is responsible for calling in a valid order.
+class writer {
+ public:
+  writer& begin_object();
+  writer& end_object();
+  writer& begin_array();
+  writer& end_array();
+  writer& key(std::string_view k);
+  writer& str(std::string_view v);
+  writer& num(int64_t v);
+  writer& real(double v);
+  writer& boolean(bool v);
+  writer& null();
+  /// Inserts already-encoded JSON as one value.
+  writer& raw(std::string_view json);
+  const std::string& text() const { return out_; }
+  std::string take() { return std::move(out_); }
+
+ private:
+  void sep();
+  std::string out_;
+  bool need_comma_ = false;
+};
+
+}  // namespace tandem::json

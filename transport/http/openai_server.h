@@ -1,0 +1,60 @@
+#pragma once
+/// OpenAI-compatible HTTP front end on kj-http.
+///
+/// Routes: POST /v1/completions, POST /v1/chat/completions (both with `stream`), GET /v1/models,
+/// GET /health, GET /metrics. Runs on the kj event loop of the thread that creates it; engine
+/// events arrive from actor threads through transport::event_channel.
+///
+/// Chat template: our GGUF files carry no `tokenizer.chat_template`, so every chat request is
+/// rendered in the Llama-2 format, one BOS-prefixed segment per turn:
+///   <s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant} </s>
+///   <s>[INST] {user} [/INST]
+/// (system messages are joined and go into the first turn; consecutive messages of one role
+/// are joined with "\n\n"; the prompt ends with an open [INST] turn for the model to answer).
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <kj/async-io.h>
+#include <kj/compat/http.h>
+#include <kj/timer.h>
+
+#include "actors/common/limits.h"
+#include "actors/runtime/serving_api.h"
+
+namespace tandem {
+
+/// One chat message (role "system", "user" or "assistant").
+struct chat_message {
+  std::string role;
+  std::string content;
+};
+
+/// Renders messages with the Llama-2 fallback template above into token ids.
+/// Throws tandem::error (failed) naming a bad role or an empty conversation.
+std::vector<int32_t> render_chat_llama2(const tokenizer& tok, const std::vector<chat_message>& messages);
+
+class openai_server {
+ public:
+  /// `api` and `timer` must outlive the server. `lim` supplies max_body_bytes,
+  /// max_new_tokens and request_timeout_ms.
+  openai_server(serving_api& api, const limits& lim, kj::Timer& timer);
+  ~openai_server();
+  openai_server(const openai_server&) = delete;
+  openai_server& operator=(const openai_server&) = delete;
+
+  /// Accepts and serves connections; never resolves normally (drop it to stop listening).
+  kj::Promise<void> listen(kj::ConnectionReceiver& listener);
+  /// Stops accepting requests and resolves when running ones have finished.
+  kj::Promise<void> drain();
+  /// Prometheus text of the HTTP metrics alone (tandem_http_*).
+  std::string http_metrics_text() const;
+
+  struct impl;
+
+ private:
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,50 @@
+#pragma once
+/// Runs the HTTP and RPC front ends of one node on a single kj event loop (the calling
+/// thread's), until stop() or, if asked, SIGINT/SIGTERM.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "actors/common/limits.h"
+#include "actors/runtime/serving_api.h"
+
+namespace tandem {
+
+struct front_end_options {
+  std::string host = "127.0.0.1";  ///< never 0.0.0.0 unless asked
+  int http_port = 8080;            ///< 0 picks a free port; -1 disables HTTP
+  int rpc_port = 8081;             ///< 0 picks a free port; -1 disables RPC
+  limits lim;
+  /// Stop on SIGINT/SIGTERM. The caller must have called kj::UnixEventPort::captureSignal()
+  /// for both before starting any thread.
+  bool handle_signals = false;
+};
+
+/// A bound listener, reported once it accepts connections.
+struct listener_info {
+  std::string what;  ///< "http" or "rpc"
+  std::string host;
+  uint16_t port = 0;
+};
+
+class front_end {
+ public:
+  front_end(serving_api& api, front_end_options opt);
+  ~front_end();
+
+  /// Binds, reports each listener through `on_listening`, then serves until stop().
+  /// Must be called on a thread without a kj event loop. Throws tandem::error if binding fails.
+  void run(const std::function<void(const listener_info&)>& on_listening);
+  /// Thread-safe; also fine before run() (which then returns right after binding).
+  void stop();
+
+ private:
+  struct stopper;
+  serving_api& api_;
+  front_end_options opt_;
+  std::shared_ptr<stopper> stop_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,281 @@
+#include "transport/rpc/rpc_server.h"
+
+#include <capnp/rpc-twoparty.h>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <optional>
+
+#include "kernels/tokenizer/tokenizer.h"
+#include "schemas/api.capnp.h"
+#include "transport/http/generation.h"
+
+namespace tandem {
+
+namespace {
+
+kj::Exception to_kj(error_kind k, const std::string& msg) {
+  kj::Exception::Type t = kj::Exception::Type::FAILED;
+  if (k == error_kind::overloaded) t = kj::Exception::Type::OVERLOADED;
+  if (k == error_kind::disconnected) t = kj::Exception::Type::DISCONNECTED;
+  if (k == error_kind::unimplemented) t = kj::Exception::Type::UNIMPLEMENTED;
+  return kj::Exception(t, __FILE__, __LINE__, kj::heapString(msg.data(), msg.size()));
+}
+
+api::ErrorKind to_api(error_kind k) {
+  switch (k) {
+    case error_kind::overloaded: return api::ErrorKind::OVERLOADED;
+    case error_kind::disconnected: return api::ErrorKind::DISCONNECTED;
+    case error_kind::unimplemented: return api::ErrorKind::UNIMPLEMENTED;
+    case error_kind::failed: break;
+  }
+  return api::ErrorKind::FAILED;
+}
+
+api::FinishReason to_api(finish_reason r) {
+  switch (r) {
+    case finish_reason::stop: return api::FinishReason::STOP;
+    case finish_reason::length: return api::FinishReason::LENGTH;
+    case finish_reason::abort: return api::FinishReason::ABORT;
+    case finish_reason::error: return api::FinishReason::ERROR;
+    case finish_reason::none: break;
+  }
+  return api::FinishReason::NONE;
+}
+
+}  // namespace
+
+struct rpc_server::impl {
+  impl(serving_api& a, const limits& l, kj::Timer& t) : api(a), lim(l), timer(t), ids("rpc"), tasks(error_handler) {}
+
+  /// One streaming request: engine events -> TokenSink calls. Destroying it before the
+  /// engine finished aborts the engine request (sink gone, server shutting down).
+  struct stream_state {
+    stream_state(impl& s, api::TokenSink::Client k, std::vector<std::string> stop)
+        : srv(s), sink(kj::mv(k)), text(s.api.tok(), std::move(stop)) {}
+    ~stream_state() {
+      ch.close();
+      if (!engine_done) srv.api.abort(id);
+    }
+    impl& srv;
+    api::TokenSink::Client sink;
+    transport::event_channel ch;
+    transport::text_assembler text;
+    std::string id;
+    std::chrono::steady_clock::time_point deadline;
+    bool engine_done = false, done = false;
+    finish_reason reason = finish_reason::none;
+    std::optional<error> err;
+    int32_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+  };
+
+  kj::Promise<void> pump(stream_state& st) {
+    auto now = std::chrono::steady_clock::now();
+    int64_t left = st.deadline > now ? std::chrono::duration_cast<std::chrono::milliseconds>(st.deadline - now).count() : 0;
+    auto timeout = timer.afterDelay(left * kj::MILLISECONDS).then([this, &st] {
+      token_event ev;
+      ev.finished = true;
+      ev.reason = finish_reason::error;
+      ev.err = error(error_kind::overloaded, fmt::format("request {} ran past its deadline of {} ms (limits.request_timeout_ms)",
+                                                         st.id, lim.request_timeout_ms));
+      ev.prompt_tokens = st.prompt_tokens;
+      ev.completion_tokens = st.text.tokens_consumed();
+      std::vector<token_event> v;
+      v.push_back(std::move(ev));
+      return v;
+    });
+    return st.ch.next().exclusiveJoin(kj::mv(timeout)).then([this, &st](std::vector<token_event> evs) -> kj::Promise<void> {
+      std::vector<int32_t> new_ids;
+      std::string delta;
+      for (auto& ev : evs) {
+        if (st.done) break;
+        if (ev.prompt_tokens > 0) st.prompt_tokens = ev.prompt_tokens;
+        st.cached_tokens = ev.cached_tokens;
+        size_t before = static_cast<size_t>(st.text.tokens_consumed());
+        delta += st.text.push(ev.tokens);
+        size_t used = static_cast<size_t>(st.text.tokens_consumed()) - before;
+        new_ids.insert(new_ids.end(), ev.tokens.begin(), ev.tokens.begin() + static_cast<ptrdiff_t>(used));
+        if (st.text.stopped()) {
+          st.done = true;
+          st.reason = finish_reason::stop;
+          st.completion_tokens = st.text.tokens_consumed();
+          st.engine_done = st.engine_done || ev.finished;
+          break;
+        }
+        if (ev.finished) {
+          st.engine_done = st.done = true;
+          st.reason = ev.err ? finish_reason::error : ev.reason;
+          st.err = ev.err;
+          st.completion_tokens = ev.completion_tokens;
+          if (!ev.err) {
+            delta += st.text.finish();
+            if (st.text.stopped()) st.reason = finish_reason::stop;
+          }
+        }
+      }
+      kj::Promise<void> sent = kj::READY_NOW;
+      if (!new_ids.empty() || !delta.empty()) {
+        auto req = st.sink.tokensRequest();
+        auto l = req.initIds(static_cast<unsigned>(new_ids.size()));
+        for (size_t i = 0; i < new_ids.size(); ++i) l.set(static_cast<unsigned>(i), new_ids[i]);
+        req.setText(delta);
+        sent = req.send();
+      }
+      if (!st.done) return sent.then([this, &st] { return pump(st); });
+      return sent.then([&st] {
+        auto req = st.sink.doneRequest();
+        req.setReason(to_api(st.reason));
+        auto u = req.initUsage();
+        u.setPromptTokens(st.prompt_tokens);
+        u.setCompletionTokens(st.completion_tokens);
+        u.setCachedTokens(st.cached_tokens);
+        if (st.err) {
+          auto e = req.initError();
+          e.setKind(to_api(st.err->kind()));
+          e.setMessage(st.err->what());
+        }
+        return req.send().ignoreResult();
+      });
+    });
+  }
+
+  class node_impl final : public api::Node::Server {
+   public:
+    explicit node_impl(impl& s) : srv_(s) {}
+
+    kj::Promise<void> generate(GenerateContext ctx) override {
+      auto p = ctx.getParams();
+      auto r = p.getRequest();
+      const tokenizer& tok = srv_.api.tok();
+      std::vector<int32_t> prompt;
+      if (r.getPrompt().isText()) {
+        auto t = r.getPrompt().getText();
+        prompt = tok.encode(std::string_view(t.cStr(), t.size()), true);
+      } else {
+        for (int32_t id : r.getPrompt().getTokens()) {
+          if (id < 0 || id >= tok.n_vocab())
+            throw to_kj(error_kind::failed, fmt::format("prompt token id {} is out of range; ids are 0 to {}", id, tok.n_vocab() - 1));
+          prompt.push_back(id);
+        }
+      }
+      transport::generation_params g;
+      auto s = r.getSampling();
+      g.sampling.temperature = s.getTemperature();
+      g.sampling.top_k = s.getTopK();
+      g.sampling.top_p = s.getTopP();
+      g.sampling.seed = s.getSeed();
+      g.max_tokens = r.getMaxTokens();
+      g.ignore_eos = r.getIgnoreEos();
+      if (r.getStop().size() > transport::max_stop_strings)
+        throw to_kj(error_kind::failed, fmt::format("stop has {} strings; at most {} are allowed", r.getStop().size(),
+                                                    transport::max_stop_strings));
+      for (auto st : r.getStop()) g.stop.emplace_back(st.cStr(), st.size());
+      if (auto pe = transport::check_params(g, prompt.size(), srv_.api.max_context(), srv_.lim))
+        throw to_kj(error_kind::failed, pe->message);
+
+      auto st = kj::heap<stream_state>(srv_, p.getSink(), g.stop);
+      st->id = srv_.ids.next();
+      st->prompt_tokens = static_cast<int32_t>(prompt.size());
+      auto req = transport::make_request(st->id, std::move(prompt), g, tok, srv_.lim);
+      st->deadline = req.deadline + std::chrono::milliseconds(std::min(2000, srv_.lim.request_timeout_ms));
+      srv_.api.submit(std::move(req), st->ch.callback());
+      ctx.getResults().setRequestId(st->id);
+      auto& ref = *st;
+      srv_.tasks.add(srv_.pump(ref).attach(kj::mv(st)));
+      return kj::READY_NOW;
+    }
+
+    kj::Promise<void> abort(AbortContext ctx) override {
+      auto id = ctx.getParams().getRequestId();
+      srv_.api.abort(std::string(id.cStr(), id.size()));
+      return kj::READY_NOW;
+    }
+
+    kj::Promise<void> health(HealthContext ctx) override {
+      auto h = srv_.api.health();
+      auto o = ctx.getResults().initHealth();
+      o.setOk(h.ok);
+      o.setStatus(h.status);
+      o.setUptimeMs(h.uptime_ms);
+      o.setModelId(srv_.api.model_id());
+      o.setMaxContext(srv_.api.max_context());
+      return kj::READY_NOW;
+    }
+
+    kj::Promise<void> stats(StatsContext ctx) override {
+      auto s = srv_.api.stats();
+      auto o = ctx.getResults().initStats();
+      o.setRequestsTotal(s.requests_total);
+      o.setRequestsRunning(s.requests_running);
+      o.setRequestsQueued(s.requests_queued);
+      o.setTokensGenerated(s.tokens_generated);
+      o.setKvPagesTotal(s.kv_pages_total);
+      o.setKvPagesFree(s.kv_pages_free);
+      o.setRejectedOverloaded(s.rejected_overloaded);
+      return kj::READY_NOW;
+    }
+
+   private:
+    impl& srv_;
+  };
+
+  struct connection {
+    connection(kj::Own<kj::AsyncIoStream> s, const capnp::ReaderOptions& opt, capnp::Capability::Client bootstrap)
+        : stream(kj::mv(s)),
+          network(*stream, capnp::rpc::twoparty::Side::SERVER, opt),
+          rpc(capnp::makeRpcServer(network, kj::mv(bootstrap))) {}
+    kj::Own<kj::AsyncIoStream> stream;
+    capnp::TwoPartyVatNetwork network;
+    capnp::RpcSystem<capnp::rpc::twoparty::VatId> rpc;
+  };
+
+  kj::Promise<void> accept_loop(kj::ConnectionReceiver& listener) {
+    return listener.accept().then([this, &listener](kj::Own<kj::AsyncIoStream> s) {
+      if (open >= lim.max_rpc_connections) {
+        ++rejected;
+        spdlog::warn("rpc: {} connections open (limits.max_rpc_connections); closing a new one", open);
+      } else {
+        capnp::ReaderOptions opt;
+        // Words of 8 bytes, with headroom for the message framing.
+        opt.traversalLimitInWords = static_cast<uint64_t>(lim.max_body_bytes) / 8 + 1024;
+        opt.nestingLimit = 64;
+        auto c = kj::heap<connection>(kj::mv(s), opt, bootstrap);
+        ++open;
+        auto done = c->network.onDisconnect();
+        tasks.add(done.attach(kj::mv(c), kj::defer([this] { --open; })));
+      }
+      return accept_loop(listener);
+    });
+  }
+
+  struct log_errors final : kj::TaskSet::ErrorHandler {
+    void taskFailed(kj::Exception&& e) override {
+      // A sink that went away is routine (client closed); the request was aborted.
+      if (e.getType() == kj::Exception::Type::DISCONNECTED) spdlog::debug("rpc: {}", e.getDescription().cStr());
+      else spdlog::warn("rpc: {}", e.getDescription().cStr());
+    }
+  };
+
+  serving_api& api;
+  limits lim;
+  kj::Timer& timer;
+  transport::request_ids ids;
+  log_errors error_handler;
+  int open = 0;
+  int64_t rejected = 0;
+  capnp::Capability::Client bootstrap = nullptr;
+  kj::TaskSet tasks;  // last: its tasks reference the members above
+};
+
+rpc_server::rpc_server(serving_api& api, const limits& lim, kj::Timer& timer) : impl_(std::make_unique<impl>(api, lim, timer)) {
+  impl_->bootstrap = kj::heap<impl::node_impl>(*impl_);
+}
+
+rpc_server::~rpc_server() = default;
+
+kj::Promise<void> rpc_server::listen(kj::ConnectionReceiver& listener) { return impl_->accept_loop(listener); }
+
+int rpc_server::connections() const { return impl_->open; }
+
+}  // namespace tandem
