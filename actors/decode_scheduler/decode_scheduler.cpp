@@ -386,7 +386,7 @@ caf::behavior decode_actor(decode_actor_t* self, scheduler_options opt, std::sha
              "Sequences preempted on KV page exhaustion (requeued for recompute)"},
         };
         for (const auto& [r, n] : s.rejected)
-          m.push_back({"rejections_total", fmt::format("reason=\"{}\"", r), double(n), "counter",
+          m.push_back({"rejections_total", fmt::format("actor=\"decode\",reason=\"{}\"", r), double(n), "counter",
                        "Requests refused or ended early, by reason"});
         return make_stats_wire("decode", m, {});
       },

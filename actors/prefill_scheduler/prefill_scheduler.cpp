@@ -440,7 +440,7 @@ caf::behavior prefill_actor(prefill_actor_t* self, scheduler_options opt, std::s
             {"kv_handoffs_total", "", double(s.handoffs), "counter", "KV handoffs to the decode scheduler"},
         };
         for (const auto& [r, n] : s.rejected)
-          m.push_back({"rejections_total", fmt::format("reason=\"{}\"", r), double(n), "counter",
+          m.push_back({"rejections_total", fmt::format("actor=\"prefill\",reason=\"{}\"", r), double(n), "counter",
                        "Requests refused or ended early, by reason"});
         return make_stats_wire("prefill", m, {});
       },

@@ -310,7 +310,7 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, bounded_act
           m.push_back({"requests_finished_total", fmt::format("reason=\"{}\"", r), double(n), "counter",
                        "Requests ended, by finish reason"});
         for (const auto& [r, n] : s.rejected_by_reason)
-          m.push_back({"rejections_total", fmt::format("reason=\"{}\"", r), double(n), "counter",
+          m.push_back({"rejections_total", fmt::format("actor=\"router\",reason=\"{}\"", r), double(n), "counter",
                        "Requests refused or ended early, by reason"});
         return make_stats_wire("router", m, {&s.ttft, &s.tpot, &s.e2e});
       },

@@ -343,6 +343,12 @@ TEST_CASE("llama: the r15m fixtures load and decode") {
     REQUIRE(logits.size() == 32000);
     for (float v : logits) REQUIRE(std::isfinite(v));
     CHECK(*std::max_element(logits.begin(), logits.end()) > *std::min_element(logits.begin(), logits.end()));
+    // These matmuls are big enough to be split across the 2 threads: same bits as 1 thread.
+    auto single = llama_model::load(f);
+    kv_pool pool1(single->layout(16), 2);
+    std::vector<float> logits1;
+    single->forward(std::span(&s, 1), pool1, logits1);
+    CHECK(std::memcmp(logits.data(), logits1.data(), logits.size() * sizeof(float)) == 0);
     // Greedy decode a few steps.
     for (int32_t p = 5; p < 10; ++p) {
       const int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());

@@ -342,7 +342,7 @@ inline http_response parse_response(const std::string& raw) {
 }
 
 /// Sends raw request bytes and reads until the server closes (Connection: close).
-inline http_response exchange(uint16_t port, const std::string& raw_request) {
+inline http_response http_exchange(uint16_t port, const std::string& raw_request) {
   int fd = connect_to(port);
   if (fd < 0) return {};
   send_all(fd, raw_request);
@@ -365,9 +365,9 @@ inline std::string request_text(const std::string& method, const std::string& pa
 }
 
 inline http_response post(uint16_t port, const std::string& path, const std::string& body) {
-  return exchange(port, request_text("POST", path, body));
+  return http_exchange(port, request_text("POST", path, body));
 }
-inline http_response get(uint16_t port, const std::string& path) { return exchange(port, request_text("GET", path)); }
+inline http_response get(uint16_t port, const std::string& path) { return http_exchange(port, request_text("GET", path)); }
 
 /// The JSON payloads of an SSE body; checks framing (every event is "data: ...\n\n", the
 /// last one is [DONE]) and sets `framing_ok`.

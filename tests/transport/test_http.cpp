@@ -266,7 +266,7 @@ TEST_CASE("http: bad requests get JSON errors with status and a message naming t
   char hex[16];
   std::snprintf(hex, sizeof hex, "%zx", payload.size());
   chunked += std::string(hex) + "\r\n" + payload + "\r\n0\r\n\r\n";
-  CHECK(exchange(s.http_port, chunked).status == 413);
+  CHECK(http_exchange(s.http_port, chunked).status == 413);
 
   // Routes and methods.
   auto nf = get(s.http_port, "/v2/nothing");
@@ -275,7 +275,7 @@ TEST_CASE("http: bad requests get JSON errors with status and a message naming t
   auto wm = get(s.http_port, "/v1/completions");
   CHECK(wm.status == 405);
   CHECK(wm.headers["allow"] == "POST");
-  CHECK(exchange(s.http_port, request_text("POST", "/health", "{}")).status == 405);
+  CHECK(http_exchange(s.http_port, request_text("POST", "/health", "{}")).status == 405);
 
   auto met = get(s.http_port, "/metrics");
   CHECK(met.body.find("tandem_http_requests_total{route=\"/v1/completions\",status=\"422\"}") != std::string::npos);

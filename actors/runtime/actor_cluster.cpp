@@ -1,0 +1,249 @@
+#include "actors/runtime/actor_cluster.h"
+
+#include <caf/all.hpp>
+#include <fmt/format.h>
+
+#include <atomic>
+#include <mutex>
+
+#include "actors/cache_tier/cache_tier.h"
+#include "actors/common/logging.h"
+#include "actors/common/wire.h"
+#include "actors/decode_scheduler/decode_scheduler.h"
+#include "actors/prefill_scheduler/prefill_scheduler.h"
+#include "actors/router/router.h"
+#include "actors/worker/worker.h"
+
+namespace tandem {
+
+struct actor_cluster::state {
+  caf::actor_system_config cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  bounded_actor router, prefill, decode, worker, cache;
+  std::shared_ptr<const cluster_clock> clk;
+  std::shared_ptr<spdlog::logger> log;
+  std::atomic<bool> stopped{false};
+  std::mutex stop_mu;
+  int64_t start_ms = 0;
+  model_facts facts;
+};
+
+namespace {
+
+int64_t pages_from_limits(const limits& lim, const kv_layout& layout) {
+  if (lim.device_pages > 0) return lim.device_pages;
+  return (int64_t(lim.kv_cache_mb) * 1024 * 1024) / int64_t(layout.page_bytes());
+}
+
+}  // namespace
+
+actor_cluster::actor_cluster(std::shared_ptr<llama_model> model, actor_cluster_options opt)
+    : opt_(std::move(opt)), st_(std::make_unique<state>()) {
+  if (!model) throw tandem::error(error_kind::failed, "actor_cluster needs a model");
+  auto bad = opt_.lim.validate();
+  if (!bad.empty()) throw tandem::error(error_kind::failed, bad);
+  const auto& mc = model->config();
+  const auto layout = model->layout(opt_.lim.page_size);
+  max_context_ = mc.n_ctx > 0 ? mc.n_ctx : opt_.lim.max_context;
+  if (opt_.lim.max_context > 0) max_context_ = std::min(max_context_, opt_.lim.max_context);
+  if (max_context_ <= 1)
+    throw tandem::error(error_kind::failed, fmt::format("context length {} is too small; set limits.max_context > 1",
+                                                        max_context_));
+  const int64_t pages = pages_from_limits(opt_.lim, layout);
+  if (pages < 1 || pages > (int64_t(1) << 30))
+    throw tandem::error(error_kind::failed,
+                        fmt::format("KV pool of {} pages ({} bytes each, {}) from limits.kv_cache_mb = {} / "
+                                    "device_pages = {}; give at least one page",
+                                    pages, layout.page_bytes(), layout.describe(), opt_.lim.kv_cache_mb,
+                                    opt_.lim.device_pages));
+  n_pages_ = static_cast<int32_t>(pages);
+
+  auto& s = *st_;
+  s.clk = opt_.clock ? opt_.clock : std::make_shared<steady_cluster_clock>();
+  auto sink = opt_.sink ? opt_.sink : make_stderr_sink(opt_.log_json);
+  s.log = make_actor_logger("cluster", sink, opt_.log_level);
+  s.start_ms = s.clk->now_ms();
+  s.facts = model_facts{opt_.eos_id, max_context_, mc.n_vocab};
+
+  s.cfg.set("scheduler.max-threads", static_cast<size_t>(opt_.lim.scheduler_threads));
+  s.cfg.add_message_type<wire>("tandem_wire");
+  s.sys = std::make_unique<caf::actor_system>(s.cfg);
+
+  worker_options wo;
+  wo.n_pages = n_pages_;
+  wo.page_size = opt_.lim.page_size;
+  wo.mailbox_bound = opt_.lim.worker_mailbox;
+  s.worker = spawn_worker(*s.sys, std::move(model), wo, make_actor_logger("worker", sink, opt_.log_level));
+
+  cache_tier_options co;
+  co.n_pages = n_pages_;
+  co.page_size = opt_.lim.page_size;
+  co.prefix_cache = opt_.lim.prefix_cache;
+  co.mailbox_bound = opt_.lim.cache_tier_mailbox;
+  s.cache = spawn_cache_tier(*s.sys, co, make_actor_logger("cache_tier", sink, opt_.log_level));
+
+  scheduler_options so;
+  so.lim = opt_.lim;
+  so.model = s.facts;
+  so.layout = layout;
+  so.pool_id = wo.pool_id;
+  s.prefill = spawn_prefill_scheduler(*s.sys, so, s.clk, make_actor_logger("prefill", sink, opt_.log_level));
+  s.decode = spawn_decode_scheduler(*s.sys, so, s.clk, make_actor_logger("decode", sink, opt_.log_level));
+
+  router_options ro;
+  ro.lim = opt_.lim;
+  ro.model = s.facts;
+  ro.tick_ms = opt_.router_tick_ms;
+  s.router = spawn_router(*s.sys, ro, s.prefill, s.clk, make_actor_logger("router", sink, opt_.log_level));
+
+  peer_set peers{s.router, s.prefill, s.decode, s.worker, s.cache};
+  caf::anon_send(s.prefill.handle, peers_atom::value, peers);
+  caf::anon_send(s.decode.handle, peers_atom::value, peers);
+  s.log->info("cluster up: model {}, {} KV pages of {} ({:.1f} MiB), context {}, prefix cache {}", opt_.model_id,
+              n_pages_, layout.describe(), double(n_pages_) * double(layout.page_bytes()) / (1024.0 * 1024.0),
+              max_context_, opt_.lim.prefix_cache ? "on" : "off");
+}
+
+actor_cluster::~actor_cluster() { shutdown(); }
+
+void actor_cluster::shutdown() {
+  auto& s = *st_;
+  std::lock_guard<std::mutex> lk(s.stop_mu);
+  if (!s.sys) return;
+  s.stopped = true;
+  {
+    caf::scoped_actor self{*s.sys};
+    self->request(s.router.handle, std::chrono::milliseconds(opt_.query_timeout_ms), stop_atom::value)
+        .receive([](bool) {},
+                 [&](caf::error& e) { s.log->warn("router did not confirm shutdown: {}", s.sys->render(e)); });
+    for (auto* a : {&s.router, &s.prefill, &s.decode, &s.cache, &s.worker})
+      self->send_exit(a->handle, caf::exit_reason::user_shutdown);
+  }
+  s.sys->await_all_actors_done();
+  s.router = s.prefill = s.decode = s.cache = s.worker = bounded_actor{};
+  s.sys.reset();
+  s.log->info("cluster stopped");
+}
+
+void actor_cluster::submit(completion_request req, event_callback cb) {
+  auto& s = *st_;
+  if (s.stopped) {
+    if (cb)
+      cb(error_event(req.request_id,
+                     tandem::error(error_kind::disconnected, "the cluster is shut down; retry on another node"),
+                     static_cast<int32_t>(req.prompt.size())));
+    return;
+  }
+  seq_request r;
+  r.id = std::move(req.request_id);
+  r.prompt = std::move(req.prompt);
+  r.stop_tokens = std::move(req.stop_tokens);
+  r.sampling = req.sampling;
+  r.max_tokens = req.max_tokens;
+  r.ignore_eos = req.ignore_eos;
+  if (req.deadline != std::chrono::steady_clock::time_point::max()) {
+    // The API deadline is steady_clock; the cluster clock may be another (tests): carry the remaining time.
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(req.deadline - std::chrono::steady_clock::now());
+    r.deadline_ms = s.clk->now_ms() + std::max<int64_t>(left.count(), 1);
+  }
+  if (!s.router.gate->try_enter()) {
+    if (cb) cb(error_event(r.id, s.router.gate->overloaded_error(), static_cast<int32_t>(r.prompt.size())));
+    return;
+  }
+  caf::anon_send(s.router.handle, submit_atom::value,
+                 make_wire([&](schema::Envelope::Builder env) { r.write(env.initSubmit()); }),
+                 callback_box{std::move(cb)});
+}
+
+void actor_cluster::abort(const std::string& request_id) {
+  auto& s = *st_;
+  if (s.stopped) return;
+  s.router.gate->enter_control();
+  caf::anon_send(s.router.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
+                   auto a = env.initAbort();
+                   a.setId(request_id);
+                 }));
+}
+
+std::vector<stats_snapshot> actor_cluster::snapshots() const {
+  auto& s = *st_;
+  std::vector<stats_snapshot> out;
+  if (s.stopped || !s.sys) return out;
+  caf::scoped_actor self{*s.sys};
+  stats_snapshot boxes;
+  boxes.actor = "mailboxes";
+  for (const auto* a : {&s.router, &s.prefill, &s.decode, &s.worker, &s.cache}) {
+    const auto& g = *a->gate;
+    auto lbl = fmt::format("actor=\"{}\"", g.actor_name());
+    boxes.metrics.push_back({"mailbox_depth", lbl, double(g.depth()), "gauge", "Messages waiting in the mailbox"});
+    boxes.metrics.push_back({"mailbox_bound", lbl, double(g.bound()), "gauge", "Mailbox bound (limits.*_mailbox)"});
+    boxes.metrics.push_back({"mailbox_high_water", lbl, double(g.high_water()), "gauge", "Deepest mailbox seen"});
+    boxes.metrics.push_back(
+        {"mailbox_rejected_total", lbl, double(g.rejected()), "counter", "Messages refused at a full mailbox"});
+    self->request(a->handle, std::chrono::milliseconds(opt_.query_timeout_ms), stats_atom::value)
+        .receive([&](const wire& w) { out.push_back(read_stats(w)); },
+                 [&](caf::error& e) { s.log->warn("stats from {} failed: {}", g.actor_name(), s.sys->render(e)); });
+  }
+  stats_snapshot up;
+  up.actor = "cluster";
+  up.metrics.push_back({"uptime_seconds", "", double(s.clk->now_ms() - s.start_ms) / 1000.0, "gauge",
+                        "Seconds since the cluster started"});
+  out.push_back(std::move(boxes));
+  out.push_back(std::move(up));
+  return out;
+}
+
+namespace {
+double total(const std::vector<stats_snapshot>& v, const std::string& name, const std::string* labels = nullptr) {
+  double t = 0;
+  for (const auto& s : v) t += labels ? s.value(name, *labels) : s.value(name);
+  return t;
+}
+}  // namespace
+
+stats_info actor_cluster::stats() const {
+  auto v = snapshots();
+  stats_info i;
+  i.requests_total = int64_t(total(v, "requests_total"));
+  i.requests_queued = int64_t(total(v, "prefill_queued_requests"));
+  i.requests_running =
+      int64_t(total(v, "prefill_active_requests") + total(v, "decode_running_requests") + total(v, "decode_waiting_requests"));
+  i.tokens_generated = int64_t(total(v, "tokens_generated_total"));
+  i.kv_pages_total = int64_t(total(v, "kv_pages_total"));
+  i.kv_pages_free = int64_t(total(v, "kv_pages_free"));
+  double rej = 0;
+  for (const auto& s : v)
+    for (const auto& m : s.metrics)
+      if (m.name == "rejections_total" || m.name == "mailbox_rejected_total") rej += m.value;
+  i.rejected_overloaded = int64_t(rej);
+  return i;
+}
+
+health_info actor_cluster::health() const {
+  auto& s = *st_;
+  health_info h;
+  h.uptime_ms = s.clk->now_ms() - s.start_ms;
+  if (s.stopped || !s.sys) {
+    h.status = "stopped";
+    return h;
+  }
+  caf::scoped_actor self{*s.sys};
+  bool ok = true;
+  std::string why;
+  for (const auto* a : {&s.router, &s.prefill, &s.decode, &s.cache}) {
+    self->request(a->handle, std::chrono::milliseconds(opt_.query_timeout_ms), stats_atom::value)
+        .receive([](const wire&) {},
+                 [&](caf::error& e) {
+                   ok = false;
+                   why = fmt::format("{} actor does not answer: {}", a->gate->actor_name(), s.sys->render(e));
+                 });
+    if (!ok) break;
+  }
+  h.ok = ok;
+  h.status = ok ? "ok" : why;
+  return h;
+}
+
+std::string actor_cluster::metrics_text() const { return render_prometheus(snapshots()); }
+
+}  // namespace tandem

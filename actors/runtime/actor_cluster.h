@@ -1,0 +1,66 @@
+#pragma once
+/// The actors of one node wired together around an already loaded model: router ->
+/// prefill scheduler -> (KvHandoff) -> decode scheduler, sharing one worker and one cache
+/// tier (same pool, so the handoff moves page ownership without copying).
+/// `embedded_cluster` wraps this with model loading; tests build it with a fake model.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <spdlog/sinks/sink.h>
+
+#include "actors/common/clock.h"
+#include "actors/common/limits.h"
+#include "actors/common/metrics.h"
+#include "actors/runtime/serving_api.h"
+#include "kernels/model/llama.h"
+
+namespace tandem {
+
+struct actor_cluster_options {
+  limits lim;
+  std::string model_id = "model";
+  int32_t eos_id = -1;
+  std::string log_level = "info";
+  bool log_json = false;
+  std::shared_ptr<spdlog::sinks::sink> sink;    ///< default: stderr
+  std::shared_ptr<const cluster_clock> clock;   ///< default: steady_clock
+  int32_t router_tick_ms = 5;                   ///< deadline check period (real time)
+  int32_t query_timeout_ms = 5000;              ///< stats/health requests to the actors
+};
+
+class actor_cluster {
+ public:
+  /// Validates limits (throws tandem::error with limits::validate's message), sizes the
+  /// KV pool, spawns and wires the actors.
+  actor_cluster(std::shared_ptr<llama_model> model, actor_cluster_options opt);
+  /// shutdown() and wait for every actor.
+  ~actor_cluster();
+  actor_cluster(const actor_cluster&) = delete;
+  actor_cluster& operator=(const actor_cluster&) = delete;
+
+  /// Thread-safe. Exactly one finished event per call, through `cb`.
+  void submit(completion_request req, event_callback cb);
+  /// Thread-safe, best effort.
+  void abort(const std::string& request_id);
+  health_info health() const;
+  stats_info stats() const;
+  std::string metrics_text() const;
+  /// Every actor's metrics plus the mailbox gates (actor "mailboxes").
+  std::vector<stats_snapshot> snapshots() const;
+  int32_t max_context() const { return max_context_; }
+  int32_t n_pages() const { return n_pages_; }
+  const std::string& model_id() const { return opt_.model_id; }
+  /// Ends running requests with `disconnected`, stops the actors. Idempotent.
+  void shutdown();
+
+  struct state;
+
+ private:
+  actor_cluster_options opt_;
+  int32_t max_context_ = 0;
+  int32_t n_pages_ = 0;
+  std::unique_ptr<state> st_;
+};
+
+}  // namespace tandem

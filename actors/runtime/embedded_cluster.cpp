@@ -1,0 +1,59 @@
+#include "actors/runtime/embedded_cluster.h"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+
+#include "actors/runtime/actor_cluster.h"
+#include "kernels/gguf/gguf.h"
+#include "kernels/model/llama.h"
+#include "kernels/tokenizer/tokenizer.h"
+
+namespace tandem {
+
+struct embedded_cluster::impl {
+  // Declaration order matters: the cluster (and the model inside its worker) goes first,
+  // the mmapped file last.
+  gguf::file file;
+  std::unique_ptr<tokenizer> tok;
+  std::string model_id;
+  std::unique_ptr<actor_cluster> cluster;
+
+  explicit impl(gguf::file f) : file(std::move(f)) {}
+  ~impl() { cluster.reset(); }
+};
+
+std::unique_ptr<embedded_cluster> embedded_cluster::start(const cluster_options& opt) {
+  auto bad = opt.lim.validate();
+  if (!bad.empty()) throw tandem::error(error_kind::failed, bad);
+  auto p = std::make_unique<impl>(gguf::file::open(opt.model_path));
+  p->tok = tokenizer::from_gguf(p->file);
+  cpu_options co;
+  co.threads = opt.lim.threads;
+  std::shared_ptr<llama_model> model = llama_model::load(p->file, co);
+  p->model_id = model->config().name.empty() ? std::filesystem::path(opt.model_path).stem().string()
+                                             : model->config().name;
+  actor_cluster_options ao;
+  ao.lim = opt.lim;
+  ao.model_id = p->model_id;
+  ao.eos_id = p->tok->eos_id();
+  ao.log_level = opt.log_level;
+  ao.log_json = opt.log_json;
+  p->cluster = std::make_unique<actor_cluster>(std::move(model), ao);
+  return std::unique_ptr<embedded_cluster>(new embedded_cluster(std::move(p)));
+}
+
+embedded_cluster::embedded_cluster(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+
+embedded_cluster::~embedded_cluster() = default;
+
+void embedded_cluster::submit(completion_request req, event_callback cb) { impl_->cluster->submit(std::move(req), std::move(cb)); }
+void embedded_cluster::abort(const std::string& request_id) { impl_->cluster->abort(request_id); }
+health_info embedded_cluster::health() const { return impl_->cluster->health(); }
+stats_info embedded_cluster::stats() const { return impl_->cluster->stats(); }
+std::string embedded_cluster::metrics_text() const { return impl_->cluster->metrics_text(); }
+const tokenizer& embedded_cluster::tok() const { return *impl_->tok; }
+std::string embedded_cluster::model_id() const { return impl_->model_id; }
+int32_t embedded_cluster::max_context() const { return impl_->cluster->max_context(); }
+
+}  // namespace tandem

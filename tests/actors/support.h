@@ -1,0 +1,180 @@
+#pragma once
+// Test support for the actor layer: a deterministic fake llama_model, a forward gate that
+// pauses the worker at a chosen call, and an event collector to wait on.
+#include <doctest/doctest.h>
+#include <spdlog/sinks/null_sink.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "actors/common/error.h"
+#include "actors/runtime/actor_cluster.h"
+#include "kernels/model/llama.h"
+
+namespace tandem::test {
+
+/// Pauses the forward call number `pause_at` (0-based) until release().
+struct forward_gate {
+  std::mutex m;
+  std::condition_variable cv;
+  int pause_at = -1;
+  bool paused = false;
+  bool released = false;
+  int calls = 0;
+
+  void on_forward() {
+    std::unique_lock lk(m);
+    int c = calls++;
+    if (c != pause_at) return;
+    paused = true;
+    cv.notify_all();
+    cv.wait(lk, [&] { return released; });
+  }
+  bool wait_paused(std::chrono::milliseconds t = std::chrono::milliseconds(20000)) {
+    std::unique_lock lk(m);
+    return cv.wait_for(lk, t, [&] { return paused; });
+  }
+  void release() {
+    std::lock_guard lk(m);
+    released = true;
+    cv.notify_all();
+  }
+};
+
+/// Deterministic model: K of each position stores (token, position); the next token is
+/// (last token + 1 + sum of every stored token) % n_vocab, read back from the pages, so a
+/// wrong page table, a bad handoff or a stale cached page changes (or fails) the output.
+class fake_model : public llama_model {
+ public:
+  explicit fake_model(std::shared_ptr<forward_gate> gate = nullptr, int32_t n_vocab = 64, int32_t n_ctx = 512)
+      : gate_(std::move(gate)) {
+    cfg_.name = "fake";
+    cfg_.n_vocab = n_vocab;
+    cfg_.n_embd = 8;
+    cfg_.n_layer = 1;
+    cfg_.n_head = 1;
+    cfg_.n_head_kv = 1;
+    cfg_.head_dim = 4;
+    cfg_.n_ctx = n_ctx;
+  }
+  const model_config& config() const override { return cfg_; }
+  kv_layout layout(int32_t page_size) const override { return kv_layout{1, 1, 4, page_size}; }
+  void forward(std::span<const batch_seq> batch, kv_pool& pool, std::vector<float>& logits) override {
+    if (gate_) gate_->on_forward();
+    const int32_t ps = pool.layout().page_size;
+    const int32_t V = cfg_.n_vocab;
+    logits.clear();
+    for (const auto& s : batch) {
+      for (size_t i = 0; i < s.tokens.size(); ++i) {
+        const int32_t p = s.pos + static_cast<int32_t>(i);
+        float* k = pool.k(s.pages[static_cast<size_t>(p / ps)], 0) + size_t(p % ps) * 4;
+        k[0] = float(s.tokens[i]);
+        k[1] = float(p);
+        k[2] = 1.0f;
+      }
+      if (!s.want_logits) continue;
+      const int32_t last_pos = s.pos + static_cast<int32_t>(s.tokens.size()) - 1;
+      int64_t sum = 0;
+      for (int32_t q = 0; q <= last_pos; ++q) {
+        const float* k = pool.k(s.pages[static_cast<size_t>(q / ps)], 0) + size_t(q % ps) * 4;
+        if (k[1] != float(q) || k[2] != 1.0f)
+          throw tandem::error(error_kind::failed, "fake model: KV page content does not match its position");
+        sum += int64_t(k[0]);
+      }
+      const int32_t h = static_cast<int32_t>((int64_t(s.tokens.back()) + 1 + sum) % V);
+      for (int32_t j = 0; j < V; ++j) logits.push_back(j == h ? 8.0f : float((j * 7) % 13) / 4.0f);
+    }
+  }
+
+ private:
+  model_config cfg_;
+  std::shared_ptr<forward_gate> gate_;
+};
+
+/// Collects events per request; wait for finished ones with a generous timeout.
+struct collector {
+  std::mutex m;
+  std::condition_variable cv;
+  std::map<std::string, std::vector<token_event>> events;
+  int finished = 0;
+  int duplicate_finishes = 0;
+  std::function<void(const token_event&)> on_event;
+
+  event_callback cb() {
+    return [this](token_event ev) {
+      std::lock_guard lk(m);
+      auto& v = events[ev.request_id];
+      if (!v.empty() && v.back().finished) ++duplicate_finishes;
+      if (ev.finished) ++finished;
+      if (on_event) on_event(ev);
+      v.push_back(std::move(ev));
+      cv.notify_all();
+    };
+  }
+  bool wait_finished(int n, std::chrono::milliseconds t = std::chrono::milliseconds(30000)) {
+    std::unique_lock lk(m);
+    return cv.wait_for(lk, t, [&] { return finished >= n; });
+  }
+  bool wait_tokens(const std::string& id, size_t n, std::chrono::milliseconds t = std::chrono::milliseconds(30000)) {
+    std::unique_lock lk(m);
+    return cv.wait_for(lk, t, [&] {
+      size_t c = 0;
+      for (auto& e : events[id]) c += e.tokens.size();
+      return c >= n;
+    });
+  }
+  std::vector<int32_t> tokens(const std::string& id) {
+    std::lock_guard lk(m);
+    std::vector<int32_t> out;
+    for (auto& e : events[id]) out.insert(out.end(), e.tokens.begin(), e.tokens.end());
+    return out;
+  }
+  token_event last(const std::string& id) {
+    std::lock_guard lk(m);
+    return events[id].back();
+  }
+};
+
+inline std::shared_ptr<spdlog::sinks::sink> quiet_sink() { return std::make_shared<spdlog::sinks::null_sink_mt>(); }
+
+inline limits small_limits() {
+  limits l;
+  l.page_size = 4;
+  l.device_pages = 64;
+  l.prefill_chunk_tokens = 16;
+  l.scheduler_threads = 2;
+  return l;
+}
+
+inline completion_request make_req(const std::string& id, std::vector<int32_t> prompt, int32_t max_tokens,
+                                   float temperature = 0.0f, uint64_t seed = 0) {
+  completion_request r;
+  r.request_id = id;
+  r.prompt = std::move(prompt);
+  r.max_tokens = max_tokens;
+  r.sampling.temperature = temperature;
+  r.sampling.seed = seed;
+  r.ignore_eos = true;
+  return r;
+}
+
+/// Polls the cluster until `pred(stats)` holds (state changes land asynchronously after
+/// the finished event); bounded, checks the condition each round.
+template <class Pred>
+bool wait_stats(const actor_cluster& c, Pred pred, std::chrono::milliseconds t = std::chrono::milliseconds(20000)) {
+  auto until = std::chrono::steady_clock::now() + t;
+  while (std::chrono::steady_clock::now() < until) {
+    if (pred(c.stats())) return true;
+    std::this_thread::yield();
+  }
+  return pred(c.stats());
+}
+
+}  // namespace tandem::test
