@@ -1,7 +1,8 @@
 #include "actors/cache_tier/cache_tier.h"
 
-#include <caf/all.hpp>
 #include <fmt/format.h>
+
+#include <caf/all.hpp>
 
 #include "actors/cache_tier/page_allocator.h"
 #include "actors/cache_tier/radix_cache.h"
@@ -30,10 +31,11 @@ struct cache_state {
   }
 
   tandem::error exhausted(const std::string& id, int32_t n) const {
-    return tandem::error(error_kind::overloaded,
-                         fmt::format("request {}: KV cache exhausted ({} pages wanted, {} of {} free, {} cached and "
-                                     "in use); retry later or raise limits.kv_cache_mb / device_pages",
-                                     id, n, alloc->n_free(), alloc->n_pages(), cache->cached_pages()));
+    return tandem::error(
+        error_kind::overloaded,
+        fmt::format("request {}: KV cache exhausted ({} pages wanted, {} of {} free, {} cached and "
+                    "in use); retry later or raise limits.kv_cache_mb / device_pages",
+                    id, n, alloc->n_free(), alloc->n_pages(), cache->cached_pages()));
   }
 
   wire acquire(schema::AcquireRequest::Reader rq) {
@@ -134,6 +136,10 @@ caf::behavior cache_tier_actor(caf::stateful_actor<cache_state>* self, cache_tie
           throw tandem::error(error_kind::unimplemented, "cache tier: unexpected request message");
         } catch (const tandem::error& e) {
           return make_wire([&](schema::Envelope::Builder env) { set_error(env.initError(), e); });
+        } catch (const kj::Exception& e) {
+          tandem::error te(error_kind::failed,
+                           fmt::format("malformed request: {}", e.getDescription().cStr()));
+          return make_wire([&](schema::Envelope::Builder env) { set_error(env.initError(), te); });
         }
       },
       [self](wire_atom, const wire& w) {
@@ -150,6 +156,8 @@ caf::behavior cache_tier_actor(caf::stateful_actor<cache_state>* self, cache_tie
             s.log->error("cache tier: unexpected message dropped");
         } catch (const tandem::error& e) {
           s.log->error("cache tier: {}", e.what());
+        } catch (const kj::Exception& e) {
+          s.log->error("cache tier: malformed message: {}", e.getDescription().cStr());
         }
       },
       [self](stats_atom) -> wire {
@@ -157,17 +165,21 @@ caf::behavior cache_tier_actor(caf::stateful_actor<cache_state>* self, cache_tie
         std::vector<metric_sample> m = {
             {"kv_pages_total", "", double(s.alloc->n_pages()), "gauge", "KV pages in the device pool"},
             {"kv_pages_free", "", double(s.alloc->n_free()), "gauge", "KV pages on the free list"},
-            {"kv_pages_cached", "", double(s.cache->cached_pages()), "gauge", "KV pages held by the prefix cache"},
+            {"kv_pages_cached", "", double(s.cache->cached_pages()), "gauge",
+             "KV pages held by the prefix cache"},
             {"kv_pages_evictable", "", double(s.cache->evictable_pages()), "gauge",
              "Cached KV pages no request uses (reclaimable)"},
             {"prefix_cache_lookups_total", "", double(s.lookups), "counter", "Prefix cache lookups"},
-            {"prefix_cache_hits_total", "", double(s.hits), "counter", "Lookups that reused at least one page"},
+            {"prefix_cache_hits_total", "", double(s.hits), "counter",
+             "Lookups that reused at least one page"},
             {"prefix_cache_hit_tokens_total", "", double(s.hit_tokens), "counter",
              "Prompt tokens served from the prefix cache"},
-            {"prefix_cache_evictions_total", "", double(s.cache->evictions()), "counter", "Cached pages evicted"},
+            {"prefix_cache_evictions_total", "", double(s.cache->evictions()), "counter",
+             "Cached pages evicted"},
             {"kv_alloc_failures_total", "", double(s.alloc_failures), "counter",
              "Page allocations that failed (overloaded)"},
-            {"kv_bad_frees_total", "", double(s.bad_frees), "counter", "Frees of pages that were not allocated (bugs)"},
+            {"kv_bad_frees_total", "", double(s.bad_frees), "counter",
+             "Frees of pages that were not allocated (bugs)"},
         };
         return make_stats_wire("cache_tier", m, {});
       },

@@ -5,10 +5,10 @@
 ///    the last prompt token is always computed) + fresh pages for the rest -> AcquireReply.
 ///  - call Alloc{count} -> AllocReply (evicts unreferenced cached pages if needed).
 ///  - send Free{pages}, Insert{tokens, pages} (no reply).
-#include <memory>
+#include <spdlog/logger.h>
 
 #include <caf/actor_system.hpp>
-#include <spdlog/logger.h>
+#include <memory>
 
 #include "actors/common/bounded_mailbox.h"
 

@@ -6,9 +6,10 @@ namespace tandem {
 
 page_allocator::page_allocator(int32_t n_pages) {
   if (n_pages <= 0)
-    throw tandem::error(error_kind::failed,
-                        fmt::format("page allocator needs > 0 pages, got {}; raise limits.device_pages or kv_cache_mb",
-                                    n_pages));
+    throw tandem::error(
+        error_kind::failed,
+        fmt::format("page allocator needs > 0 pages, got {}; raise limits.device_pages or kv_cache_mb",
+                    n_pages));
   refs_.assign(static_cast<size_t>(n_pages), 0);
   free_.reserve(static_cast<size_t>(n_pages));
   for (int32_t p = n_pages - 1; p >= 0; --p) free_.push_back(p);
@@ -33,22 +34,25 @@ std::optional<std::vector<int32_t>> page_allocator::try_alloc(int32_t n) {
 std::vector<int32_t> page_allocator::alloc(int32_t n) {
   auto r = try_alloc(n);
   if (!r)
-    throw tandem::error(error_kind::overloaded,
-                        fmt::format("KV cache exhausted: {} pages wanted, {} of {} free; retry later or raise "
-                                    "limits.kv_cache_mb / device_pages",
-                                    n, n_free(), n_pages()));
+    throw tandem::error(
+        error_kind::overloaded,
+        fmt::format("KV cache exhausted: {} pages wanted, {} of {} free; retry later or raise "
+                    "limits.kv_cache_mb / device_pages",
+                    n, n_free(), n_pages()));
   return std::move(*r);
 }
 
 void page_allocator::check(int32_t page) const {
   if (page < 0 || page >= n_pages())
-    throw tandem::error(error_kind::failed, fmt::format("page id {} is out of range [0, {})", page, n_pages()));
+    throw tandem::error(error_kind::failed,
+                        fmt::format("page id {} is out of range [0, {})", page, n_pages()));
 }
 
 void page_allocator::ref(int32_t page) {
   check(page);
   auto& r = refs_[static_cast<size_t>(page)];
-  if (r == 0) throw tandem::error(error_kind::failed, fmt::format("reference to free page {} (use after free)", page));
+  if (r == 0)
+    throw tandem::error(error_kind::failed, fmt::format("reference to free page {} (use after free)", page));
   ++r;
 }
 

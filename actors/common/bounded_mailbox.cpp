@@ -4,10 +4,12 @@
 
 namespace tandem {
 
-mailbox_gate::mailbox_gate(std::string actor_name, int32_t bound) : name_(std::move(actor_name)), bound_(bound) {
+mailbox_gate::mailbox_gate(std::string actor_name, int32_t bound)
+    : name_(std::move(actor_name)), bound_(bound) {
   if (bound <= 0)
-    throw tandem::error(error_kind::failed,
-                        fmt::format("mailbox bound of {} is {}; it must be > 0 (see limits.*_mailbox)", name_, bound));
+    throw tandem::error(
+        error_kind::failed,
+        fmt::format("mailbox bound of {} is {}; it must be > 0 (see limits.*_mailbox)", name_, bound));
 }
 
 bool mailbox_gate::try_enter() {
@@ -39,10 +41,11 @@ void mailbox_gate::note_depth(int32_t d) {
 }
 
 tandem::error mailbox_gate::overloaded_error() const {
-  return tandem::error(error_kind::overloaded,
-                       fmt::format("mailbox of the {} actor is full ({} messages waiting, bound {}); retry later "
-                                   "or raise limits.{}_mailbox",
-                                   name_, depth(), bound_, name_));
+  return tandem::error(
+      error_kind::overloaded,
+      fmt::format("mailbox of the {} actor is full ({} messages waiting, bound {}); retry later "
+                  "or raise limits.{}_mailbox",
+                  name_, depth(), bound_, name_));
 }
 
 }  // namespace tandem

@@ -9,11 +9,10 @@
 /// events of already accepted requests) use `enter_control`: rejecting them would leak
 /// pages or lose a finished event, and they are bounded by the number of live requests.
 #include <atomic>
+#include <caf/actor.hpp>
 #include <cstdint>
 #include <memory>
 #include <string>
-
-#include <caf/actor.hpp>
 
 #include "actors/common/error.h"
 

@@ -17,7 +17,8 @@ class cluster_clock {
 class steady_cluster_clock final : public cluster_clock {
  public:
   int64_t now_ms() const override {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
         .count();
   }
 };

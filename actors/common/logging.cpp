@@ -4,7 +4,8 @@
 
 namespace tandem {
 
-std::shared_ptr<spdlog::logger> make_actor_logger(const std::string& name, std::shared_ptr<spdlog::sinks::sink> sink,
+std::shared_ptr<spdlog::logger> make_actor_logger(const std::string& name,
+                                                  std::shared_ptr<spdlog::sinks::sink> sink,
                                                   const std::string& level) {
   auto lg = std::make_shared<spdlog::logger>(name, std::move(sink));
   lg->set_level(spdlog::level::from_str(level));

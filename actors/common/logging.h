@@ -1,15 +1,16 @@
 #pragma once
 /// One spdlog logger per actor, all writing to a sink the cluster owns (no global registry).
-#include <memory>
-#include <string>
-
 #include <spdlog/logger.h>
 #include <spdlog/sinks/sink.h>
+
+#include <memory>
+#include <string>
 
 namespace tandem {
 
 /// A logger named `name` on `sink` at `level` ("trace".."off"); never registered globally.
-std::shared_ptr<spdlog::logger> make_actor_logger(const std::string& name, std::shared_ptr<spdlog::sinks::sink> sink,
+std::shared_ptr<spdlog::logger> make_actor_logger(const std::string& name,
+                                                  std::shared_ptr<spdlog::sinks::sink> sink,
                                                   const std::string& level);
 
 /// A sink writing to stderr; `json` selects one JSON object per line.

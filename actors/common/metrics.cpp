@@ -9,7 +9,10 @@
 namespace tandem {
 
 histogram::histogram(std::string name, std::string help, std::vector<double> bounds)
-    : name_(std::move(name)), help_(std::move(help)), bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+    : name_(std::move(name)),
+      help_(std::move(help)),
+      bounds_(std::move(bounds)),
+      counts_(bounds_.size() + 1, 0) {}
 
 void histogram::observe(double v) {
   size_t i = static_cast<size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin());
@@ -71,7 +74,8 @@ stats_snapshot read_stats(const wire& w) {
   stats_snapshot s;
   s.actor = r.getActor().cStr();
   for (auto m : r.getMetrics())
-    s.metrics.push_back({m.getName().cStr(), m.getLabels().cStr(), m.getValue(), m.getKind().cStr(), m.getHelp().cStr()});
+    s.metrics.push_back(
+        {m.getName().cStr(), m.getLabels().cStr(), m.getValue(), m.getKind().cStr(), m.getHelp().cStr()});
   for (auto h : r.getHistograms()) {
     histogram_sample hs;
     hs.name = h.getName().cStr();

@@ -47,7 +47,8 @@ std::vector<int32_t> seq_request::all_tokens() const {
 }
 
 finish_reason apply_token(seq_request& r, int32_t token, const model_facts& m) {
-  if (std::find(r.stop_tokens.begin(), r.stop_tokens.end(), token) != r.stop_tokens.end()) return finish_reason::stop;
+  if (std::find(r.stop_tokens.begin(), r.stop_tokens.end(), token) != r.stop_tokens.end())
+    return finish_reason::stop;
   if (!r.ignore_eos && m.eos_id >= 0 && token == m.eos_id) return finish_reason::stop;
   r.generated.push_back(token);
   if (static_cast<int32_t>(r.generated.size()) >= r.max_tokens) return finish_reason::length;
@@ -57,28 +58,39 @@ finish_reason apply_token(seq_request& r, int32_t token, const model_facts& m) {
 
 schema::FinishReason to_schema(finish_reason r) {
   switch (r) {
-    case finish_reason::none: return schema::FinishReason::NONE;
-    case finish_reason::stop: return schema::FinishReason::STOP;
-    case finish_reason::length: return schema::FinishReason::LENGTH;
-    case finish_reason::abort: return schema::FinishReason::ABORT;
-    case finish_reason::error: return schema::FinishReason::ERROR;
+    case finish_reason::none:
+      return schema::FinishReason::NONE;
+    case finish_reason::stop:
+      return schema::FinishReason::STOP;
+    case finish_reason::length:
+      return schema::FinishReason::LENGTH;
+    case finish_reason::abort:
+      return schema::FinishReason::ABORT;
+    case finish_reason::error:
+      return schema::FinishReason::ERROR;
   }
   return schema::FinishReason::NONE;
 }
 
 finish_reason from_schema(schema::FinishReason r) {
   switch (r) {
-    case schema::FinishReason::NONE: return finish_reason::none;
-    case schema::FinishReason::STOP: return finish_reason::stop;
-    case schema::FinishReason::LENGTH: return finish_reason::length;
-    case schema::FinishReason::ABORT: return finish_reason::abort;
-    case schema::FinishReason::ERROR: return finish_reason::error;
+    case schema::FinishReason::NONE:
+      return finish_reason::none;
+    case schema::FinishReason::STOP:
+      return finish_reason::stop;
+    case schema::FinishReason::LENGTH:
+      return finish_reason::length;
+    case schema::FinishReason::ABORT:
+      return finish_reason::abort;
+    case schema::FinishReason::ERROR:
+      return finish_reason::error;
   }
   return finish_reason::none;
 }
 
 wire make_event(const std::string& id, const std::vector<int32_t>& tokens, finish_reason reason,
-                const tandem::error* err, int32_t prompt_tokens, int32_t cached_tokens, const std::string& state) {
+                const tandem::error* err, int32_t prompt_tokens, int32_t cached_tokens,
+                const std::string& state) {
   return make_wire([&](schema::Envelope::Builder env) {
     auto e = env.initEvent();
     e.setId(id);

@@ -45,7 +45,8 @@ finish_reason apply_token(seq_request& r, int32_t token, const model_facts& m);
 
 /// A TokenEvent envelope.
 wire make_event(const std::string& id, const std::vector<int32_t>& tokens, finish_reason reason,
-                const tandem::error* err, int32_t prompt_tokens, int32_t cached_tokens, const std::string& state);
+                const tandem::error* err, int32_t prompt_tokens, int32_t cached_tokens,
+                const std::string& state);
 
 schema::FinishReason to_schema(finish_reason r);
 finish_reason from_schema(schema::FinishReason r);

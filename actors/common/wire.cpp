@@ -1,11 +1,10 @@
 #include "actors/common/wire.h"
 
 #include <capnp/serialize.h>
+#include <fmt/format.h>
 #include <kj/exception.h>
 
 #include <cstring>
-
-#include <fmt/format.h>
 
 namespace tandem {
 
@@ -35,7 +34,8 @@ wire_reader::wire_reader(const wire& w, const wire_limits& lim) {
   try {
     reader_ = kj::heap<capnp::FlatArrayMessageReader>(words_.asPtr(), opts);
   } catch (const kj::Exception& e) {
-    throw tandem::error(error_kind::failed, fmt::format("malformed actor message: {}", e.getDescription().cStr()));
+    throw tandem::error(error_kind::failed,
+                        fmt::format("malformed actor message: {}", e.getDescription().cStr()));
   }
 }
 
@@ -48,20 +48,28 @@ std::vector<int32_t> to_vector(capnp::List<int32_t>::Reader l) {
 
 schema::ErrorKind to_schema(error_kind k) {
   switch (k) {
-    case error_kind::failed: return schema::ErrorKind::FAILED;
-    case error_kind::overloaded: return schema::ErrorKind::OVERLOADED;
-    case error_kind::disconnected: return schema::ErrorKind::DISCONNECTED;
-    case error_kind::unimplemented: return schema::ErrorKind::UNIMPLEMENTED;
+    case error_kind::failed:
+      return schema::ErrorKind::FAILED;
+    case error_kind::overloaded:
+      return schema::ErrorKind::OVERLOADED;
+    case error_kind::disconnected:
+      return schema::ErrorKind::DISCONNECTED;
+    case error_kind::unimplemented:
+      return schema::ErrorKind::UNIMPLEMENTED;
   }
   return schema::ErrorKind::FAILED;
 }
 
 error_kind from_schema(schema::ErrorKind k) {
   switch (k) {
-    case schema::ErrorKind::FAILED: return error_kind::failed;
-    case schema::ErrorKind::OVERLOADED: return error_kind::overloaded;
-    case schema::ErrorKind::DISCONNECTED: return error_kind::disconnected;
-    case schema::ErrorKind::UNIMPLEMENTED: return error_kind::unimplemented;
+    case schema::ErrorKind::FAILED:
+      return error_kind::failed;
+    case schema::ErrorKind::OVERLOADED:
+      return error_kind::overloaded;
+    case schema::ErrorKind::DISCONNECTED:
+      return error_kind::disconnected;
+    case schema::ErrorKind::UNIMPLEMENTED:
+      return error_kind::unimplemented;
   }
   return error_kind::failed;
 }

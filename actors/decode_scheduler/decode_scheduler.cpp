@@ -1,9 +1,9 @@
 #include "actors/decode_scheduler/decode_scheduler.h"
 
-#include <caf/all.hpp>
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <caf/all.hpp>
 #include <deque>
 #include <unordered_map>
 
@@ -85,18 +85,20 @@ void on_handoff(decode_actor_t* self, schema::KvHandoff::Reader h) {
   kv_layout got{l.getNLayers(), l.getNKvHeads(), l.getHeadDim(), l.getPageSize()};
   if (std::string(kv.getPoolId().cStr()) != s.opt.pool_id || !(got == s.opt.layout)) {
     // Cross-pool handoff needs a KV transfer this build does not do; the pages stay where they are.
-    tandem::error e(error_kind::unimplemented,
-                    fmt::format("KV handoff from pool {} ({}) to pool {} ({}) needs a page transfer, which is not "
-                                "implemented; run prefill and decode on the same worker",
-                                kv.getPoolId().cStr(), got.describe(), s.opt.pool_id, s.opt.layout.describe()));
+    tandem::error e(
+        error_kind::unimplemented,
+        fmt::format("KV handoff from pool {} ({}) to pool {} ({}) needs a page transfer, which is not "
+                    "implemented; run prefill and decode on the same worker",
+                    kv.getPoolId().cStr(), got.describe(), s.opt.pool_id, s.opt.layout.describe()));
     d.pages.clear();
     s.fail(d, e, "handoff");
     return;
   }
   if (d.kv_len != d.total_len() - 1) {
     s.fail(d,
-           tandem::error(error_kind::failed, fmt::format("handoff with {} valid tokens for {} tokens of sequence",
-                                                         d.kv_len, d.total_len())),
+           tandem::error(error_kind::failed,
+                         fmt::format("handoff with {} valid tokens for {} tokens of sequence", d.kv_len,
+                                     d.total_len())),
            "handoff");
     return;
   }
@@ -114,7 +116,8 @@ void preempt_or_fail(decode_actor_t* self) {
   bool in_waiting = false;
   size_t idx = 0;
   for (size_t i = 0; i < s.running.size(); ++i)
-    if (s.running[i].req.admit_order >= best) best = s.running[i].req.admit_order, idx = i, in_waiting = false;
+    if (s.running[i].req.admit_order >= best)
+      best = s.running[i].req.admit_order, idx = i, in_waiting = false;
   for (size_t i = 0; i < s.waiting.size(); ++i)
     if (s.waiting[i].req.admit_order >= best) best = s.waiting[i].req.admit_order, idx = i, in_waiting = true;
   if (candidates == 0) return;
@@ -124,12 +127,13 @@ void preempt_or_fail(decode_actor_t* self) {
   else
     s.running.erase(s.running.begin() + static_cast<std::ptrdiff_t>(idx));
   if (candidates == 1) {
-    s.fail(victim,
-           tandem::error(error_kind::overloaded,
-                         fmt::format("request {}: KV cache exhausted at {} tokens and no other sequence can be "
-                                     "preempted; lower max_tokens or raise limits.kv_cache_mb / device_pages",
-                                     victim.req.id, victim.total_len())),
-           "kv_pages");
+    s.fail(
+        victim,
+        tandem::error(error_kind::overloaded,
+                      fmt::format("request {}: KV cache exhausted at {} tokens and no other sequence can be "
+                                  "preempted; lower max_tokens or raise limits.kv_cache_mb / device_pages",
+                                  victim.req.id, victim.total_len())),
+        "kv_pages");
     return;
   }
   s.preemptions += 1;
@@ -168,7 +172,8 @@ void on_step_done(decode_actor_t* self, const wire* w, const tandem::error* tran
     }
   }
   for (size_t i = 0; i < batch.size(); ++i) {
-    auto it = std::find_if(s.running.begin(), s.running.end(), [&](const dseq& d) { return d.req.id == batch[i]; });
+    auto it =
+        std::find_if(s.running.begin(), s.running.end(), [&](const dseq& d) { return d.req.id == batch[i]; });
     if (it == s.running.end()) continue;
     if (it->aborted) {
       s.free_pages(it->req.id, it->pages);
@@ -176,7 +181,8 @@ void on_step_done(decode_actor_t* self, const wire* w, const tandem::error* tran
       continue;
     }
     if (err || i >= sampled.size()) {
-      s.fail(*it, err ? *err : tandem::error(error_kind::failed, "worker returned too few tokens"), "worker_error");
+      s.fail(*it, err ? *err : tandem::error(error_kind::failed, "worker returned too few tokens"),
+             "worker_error");
       s.running.erase(it);
       continue;
     }
@@ -234,7 +240,8 @@ void start_step(decode_actor_t* self) {
             });
 }
 
-void on_alloc(decode_actor_t* self, const wire& w, const std::vector<std::pair<std::string, int32_t>>& wants) {
+void on_alloc(decode_actor_t* self, const wire& w,
+              const std::vector<std::pair<std::string, int32_t>>& wants) {
   auto& s = self->state;
   s.busy = false;
   std::vector<int32_t> pages;
@@ -371,13 +378,17 @@ caf::behavior decode_actor(decode_actor_t* self, scheduler_options opt, std::sha
             s.log->error("decode: unexpected message dropped");
         } catch (const tandem::error& e) {
           s.log->error("decode: {}", e.what());
+        } catch (const kj::Exception& e) {
+          s.log->error("decode: malformed message: {}", e.getDescription().cStr());
         }
       },
       [self](stats_atom) -> wire {
         auto& s = self->state;
         std::vector<metric_sample> m = {
-            {"decode_running_requests", "", double(s.running.size()), "gauge", "Sequences in the decode batch"},
-            {"decode_running_bound", "", double(s.opt.lim.max_running_seqs), "gauge", "limits.max_running_seqs"},
+            {"decode_running_requests", "", double(s.running.size()), "gauge",
+             "Sequences in the decode batch"},
+            {"decode_running_bound", "", double(s.opt.lim.max_running_seqs), "gauge",
+             "limits.max_running_seqs"},
             {"decode_waiting_requests", "", double(s.waiting.size()), "gauge",
              "Handed-off sequences waiting for a batch slot"},
             {"decode_steps_total", "", double(s.steps), "counter", "Decode forward steps"},
@@ -386,8 +397,8 @@ caf::behavior decode_actor(decode_actor_t* self, scheduler_options opt, std::sha
              "Sequences preempted on KV page exhaustion (requeued for recompute)"},
         };
         for (const auto& [r, n] : s.rejected)
-          m.push_back({"rejections_total", fmt::format("actor=\"decode\",reason=\"{}\"", r), double(n), "counter",
-                       "Requests refused or ended early, by reason"});
+          m.push_back({"rejections_total", fmt::format("actor=\"decode\",reason=\"{}\"", r), double(n),
+                       "counter", "Requests refused or ended early, by reason"});
         return make_stats_wire("decode", m, {});
       },
   };
@@ -396,7 +407,8 @@ caf::behavior decode_actor(decode_actor_t* self, scheduler_options opt, std::sha
 }  // namespace
 
 bounded_actor spawn_decode_scheduler(caf::actor_system& sys, const scheduler_options& opt,
-                                     std::shared_ptr<const cluster_clock> clk, std::shared_ptr<spdlog::logger> log) {
+                                     std::shared_ptr<const cluster_clock> clk,
+                                     std::shared_ptr<spdlog::logger> log) {
   auto gate = std::make_shared<mailbox_gate>("decode", opt.lim.decode_mailbox);
   auto h = sys.spawn(decode_actor, opt, gate, std::move(clk), std::move(log));
   return bounded_actor{h, gate};

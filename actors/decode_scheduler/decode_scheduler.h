@@ -7,10 +7,10 @@
 /// prefill scheduler for recompute (sampling is seeded per token, so the output is the
 /// same). If the sequence that needs the page is the only one left, it fails with
 /// `overloaded`.
-#include <memory>
+#include <spdlog/logger.h>
 
 #include <caf/actor_system.hpp>
-#include <spdlog/logger.h>
+#include <memory>
 
 #include "actors/common/bounded_mailbox.h"
 #include "actors/common/clock.h"
@@ -20,6 +20,7 @@ namespace tandem {
 
 /// Messages: (peers_atom, peer_set) first; (wire_atom, wire{handoff|abort}); (stats_atom) -> wire.
 bounded_actor spawn_decode_scheduler(caf::actor_system& sys, const scheduler_options& opt,
-                                     std::shared_ptr<const cluster_clock> clk, std::shared_ptr<spdlog::logger> log);
+                                     std::shared_ptr<const cluster_clock> clk,
+                                     std::shared_ptr<spdlog::logger> log);
 
 }  // namespace tandem

@@ -1,9 +1,9 @@
 #include "actors/prefill_scheduler/prefill_scheduler.h"
 
-#include <caf/all.hpp>
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <caf/all.hpp>
 #include <deque>
 #include <unordered_map>
 
@@ -18,9 +18,9 @@ struct pseq {
   seq_request req;
   std::vector<int32_t> tokens;  ///< prompt ++ generated: everything to compute
   std::vector<int32_t> pages;
-  int32_t computed = 0;         ///< tokens whose KV is in the pages
+  int32_t computed = 0;  ///< tokens whose KV is in the pages
   bool aborted = false;
-  bool requeued = false;        ///< came back from decode (already admitted)
+  bool requeued = false;  ///< came back from decode (already admitted)
 };
 
 struct prefill_state {
@@ -30,10 +30,10 @@ struct prefill_state {
   std::shared_ptr<const cluster_clock> clk;
   std::shared_ptr<spdlog::logger> log;
   std::deque<pseq> waiting;
-  int64_t queued_tokens = 0;    ///< tokens of `waiting` that count against max_queued_tokens
+  int64_t queued_tokens = 0;      ///< tokens of `waiting` that count against max_queued_tokens
   std::optional<pseq> acquiring;  ///< the one request whose pages are being acquired
-  std::vector<pseq> active;     ///< holding pages, being prefilled
-  bool busy = false;            ///< a forward batch is at the worker
+  std::vector<pseq> active;       ///< holding pages, being prefilled
+  bool busy = false;              ///< a forward batch is at the worker
   std::vector<std::pair<std::string, int32_t>> in_flight;  ///< (id, tokens) of that batch
   bool retry_wait = false;
   int64_t admitted = 0, requeues = 0, prompt_tokens_computed = 0, handoffs = 0, batches = 0;
@@ -46,10 +46,10 @@ struct prefill_state {
     peers.router.gate->enter_control();
     caf::anon_send(peers.router.handle, wire_atom::value, w);
   }
-  void emit_event(const pseq& s, const std::vector<int32_t>& toks, finish_reason reason, const tandem::error* err,
-                  const char* state) {
-    emit(make_event(s.req.id, toks, reason, err, static_cast<int32_t>(s.req.prompt.size()), s.req.cached_tokens,
-                    state));
+  void emit_event(const pseq& s, const std::vector<int32_t>& toks, finish_reason reason,
+                  const tandem::error* err, const char* state) {
+    emit(make_event(s.req.id, toks, reason, err, static_cast<int32_t>(s.req.prompt.size()),
+                    s.req.cached_tokens, state));
   }
   void free_pages(const std::string& id, std::vector<int32_t>& pages) {
     if (pages.empty()) return;
@@ -98,10 +98,11 @@ void on_submit(prefill_actor_t* self, seq_request r, bool requeue) {
   const int64_t n = static_cast<int64_t>(q.tokens.size());
   if (static_cast<int32_t>(s.waiting.size()) >= lim.max_queued_requests) {
     s.fail(q,
-           tandem::error(error_kind::overloaded,
-                         fmt::format("prefill queue is full ({} requests waiting, limits.max_queued_requests = {}); "
-                                     "retry later",
-                                     s.waiting.size(), lim.max_queued_requests)),
+           tandem::error(
+               error_kind::overloaded,
+               fmt::format("prefill queue is full ({} requests waiting, limits.max_queued_requests = {}); "
+                           "retry later",
+                           s.waiting.size(), lim.max_queued_requests)),
            "queue_requests");
     return;
   }
@@ -142,7 +143,8 @@ void on_acquired(prefill_actor_t* self, const wire& w) {
       }
       q.computed = r.getCachedTokens();
       if (!q.requeued) q.req.cached_tokens = r.getCachedTokens();
-      s.log->debug("request {}: prefill starts ({} tokens, {} cached)", q.req.id, q.tokens.size(), q.computed);
+      s.log->debug("request {}: prefill starts ({} tokens, {} cached)", q.req.id, q.tokens.size(),
+                   q.computed);
       s.emit_event(q, {}, finish_reason::none, nullptr, "prefill");
       s.active.push_back(std::move(q));
       return;
@@ -236,7 +238,8 @@ void on_forward_done(prefill_actor_t* self, const wire* w, const tandem::error* 
     }
   }
   for (size_t i = 0; i < batch.size(); ++i) {
-    auto it = std::find_if(s.active.begin(), s.active.end(), [&](const pseq& q) { return q.req.id == batch[i].first; });
+    auto it = std::find_if(s.active.begin(), s.active.end(),
+                           [&](const pseq& q) { return q.req.id == batch[i].first; });
     if (it == s.active.end()) continue;
     if (it->aborted) {
       s.free_pages(it->req.id, it->pages);
@@ -371,7 +374,8 @@ void on_abort(prefill_actor_t* self, const std::string& id, int32_t hops) {
   for (auto it = s.active.begin(); it != s.active.end(); ++it) {
     if (it->req.id != id) continue;
     s.log->info("request {}: prefill aborted at {}/{} tokens", id, it->computed, it->tokens.size());
-    const bool running = std::any_of(s.in_flight.begin(), s.in_flight.end(), [&](auto& p) { return p.first == id; });
+    const bool running =
+        std::any_of(s.in_flight.begin(), s.in_flight.end(), [&](auto& p) { return p.first == id; });
     if (running) {
       it->aborted = true;  // freed when the batch returns
     } else {
@@ -416,6 +420,8 @@ caf::behavior prefill_actor(prefill_actor_t* self, scheduler_options opt, std::s
             s.log->error("prefill: unexpected message dropped");
         } catch (const tandem::error& e) {
           s.log->error("prefill: {}", e.what());
+        } catch (const kj::Exception& e) {
+          s.log->error("prefill: malformed message: {}", e.getDescription().cStr());
         }
       },
       [self](tick_atom) {
@@ -425,23 +431,28 @@ caf::behavior prefill_actor(prefill_actor_t* self, scheduler_options opt, std::s
       [self](stats_atom) -> wire {
         auto& s = self->state;
         std::vector<metric_sample> m = {
-            {"prefill_queued_requests", "", double(s.waiting.size()), "gauge", "Requests waiting for prefill"},
+            {"prefill_queued_requests", "", double(s.waiting.size()), "gauge",
+             "Requests waiting for prefill"},
             {"prefill_queued_requests_bound", "", double(s.opt.lim.max_queued_requests), "gauge",
              "limits.max_queued_requests"},
-            {"prefill_queued_tokens", "", double(s.queued_tokens), "gauge", "Prompt tokens waiting for prefill"},
+            {"prefill_queued_tokens", "", double(s.queued_tokens), "gauge",
+             "Prompt tokens waiting for prefill"},
             {"prefill_queued_tokens_bound", "", double(s.opt.lim.max_queued_tokens), "gauge",
              "limits.max_queued_tokens"},
             {"prefill_active_requests", "", double(s.active.size() + (s.acquiring ? 1 : 0)), "gauge",
              "Requests being prefilled"},
-            {"prefill_admitted_total", "", double(s.admitted), "counter", "Requests admitted to the prefill queue"},
-            {"prefill_requeues_total", "", double(s.requeues), "counter", "Preempted sequences taken back for recompute"},
-            {"prefill_tokens_total", "", double(s.prompt_tokens_computed), "counter", "Tokens computed by prefill"},
+            {"prefill_admitted_total", "", double(s.admitted), "counter",
+             "Requests admitted to the prefill queue"},
+            {"prefill_requeues_total", "", double(s.requeues), "counter",
+             "Preempted sequences taken back for recompute"},
+            {"prefill_tokens_total", "", double(s.prompt_tokens_computed), "counter",
+             "Tokens computed by prefill"},
             {"prefill_batches_total", "", double(s.batches), "counter", "Prefill forward batches"},
             {"kv_handoffs_total", "", double(s.handoffs), "counter", "KV handoffs to the decode scheduler"},
         };
         for (const auto& [r, n] : s.rejected)
-          m.push_back({"rejections_total", fmt::format("actor=\"prefill\",reason=\"{}\"", r), double(n), "counter",
-                       "Requests refused or ended early, by reason"});
+          m.push_back({"rejections_total", fmt::format("actor=\"prefill\",reason=\"{}\"", r), double(n),
+                       "counter", "Requests refused or ended early, by reason"});
         return make_stats_wire("prefill", m, {});
       },
   };
@@ -450,7 +461,8 @@ caf::behavior prefill_actor(prefill_actor_t* self, scheduler_options opt, std::s
 }  // namespace
 
 bounded_actor spawn_prefill_scheduler(caf::actor_system& sys, const scheduler_options& opt,
-                                      std::shared_ptr<const cluster_clock> clk, std::shared_ptr<spdlog::logger> log) {
+                                      std::shared_ptr<const cluster_clock> clk,
+                                      std::shared_ptr<spdlog::logger> log) {
   auto gate = std::make_shared<mailbox_gate>("prefill", opt.lim.prefill_mailbox);
   auto h = sys.spawn(prefill_actor, opt, gate, std::move(clk), std::move(log));
   return bounded_actor{h, gate};

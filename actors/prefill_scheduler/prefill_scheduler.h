@@ -4,11 +4,11 @@
 /// cache tier, chunked prefill (prefill_chunk_tokens per forward step, up to
 /// max_prefill_batch_seqs sequences per batch), first-token sampling, then a KvHandoff to
 /// the decode scheduler. Also takes back preempted sequences for recompute.
-#include <memory>
-#include <string>
+#include <spdlog/logger.h>
 
 #include <caf/actor_system.hpp>
-#include <spdlog/logger.h>
+#include <memory>
+#include <string>
 
 #include "actors/common/bounded_mailbox.h"
 #include "actors/common/clock.h"
@@ -29,6 +29,7 @@ struct scheduler_options {
 
 /// Messages: (peers_atom, peer_set) first; (wire_atom, wire{submit|requeue|abort}); (stats_atom) -> wire.
 bounded_actor spawn_prefill_scheduler(caf::actor_system& sys, const scheduler_options& opt,
-                                      std::shared_ptr<const cluster_clock> clk, std::shared_ptr<spdlog::logger> log);
+                                      std::shared_ptr<const cluster_clock> clk,
+                                      std::shared_ptr<spdlog::logger> log);
 
 }  // namespace tandem

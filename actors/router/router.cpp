@@ -1,9 +1,9 @@
 #include "actors/router/router.h"
 
-#include <caf/all.hpp>
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <caf/all.hpp>
 #include <unordered_map>
 
 #include "actors/common/metrics.h"
@@ -61,8 +61,8 @@ struct router_state {
     }
   }
 
-  void reject(const std::string& id, const event_callback& cb, const tandem::error& e, const std::string& reason,
-              int32_t prompt_tokens) {
+  void reject(const std::string& id, const event_callback& cb, const tandem::error& e,
+              const std::string& reason, int32_t prompt_tokens) {
     rejected_by_reason[reason] += 1;
     finished_by_reason["error"] += 1;
     log->info("request {}: rejected ({}): {}", id, reason, e.what());
@@ -99,16 +99,18 @@ struct router_state {
   std::string validate(const seq_request& r) const {
     const auto& m = opt.model;
     if (r.id.empty()) return "request_id is empty; the front end must set a unique id";
-    if (r.prompt.empty()) return fmt::format("request {}: the prompt has no tokens; send at least one token", r.id);
+    if (r.prompt.empty())
+      return fmt::format("request {}: the prompt has no tokens; send at least one token", r.id);
     for (auto t : r.prompt)
       if (t < 0 || t >= m.n_vocab)
-        return fmt::format("request {}: prompt token id {} is outside the vocabulary [0, {})", r.id, t, m.n_vocab);
+        return fmt::format("request {}: prompt token id {} is outside the vocabulary [0, {})", r.id, t,
+                           m.n_vocab);
     if (m.max_context > 0 && static_cast<int32_t>(r.prompt.size()) >= m.max_context)
-      return fmt::format("request {}: prompt of {} tokens does not fit the context of {} tokens; shorten it", r.id,
-                         r.prompt.size(), m.max_context);
+      return fmt::format("request {}: prompt of {} tokens does not fit the context of {} tokens; shorten it",
+                         r.id, r.prompt.size(), m.max_context);
     if (r.max_tokens <= 0 || r.max_tokens > opt.lim.max_new_tokens)
-      return fmt::format("request {}: max_tokens = {} must be in [1, {}] (limits.max_new_tokens)", r.id, r.max_tokens,
-                         opt.lim.max_new_tokens);
+      return fmt::format("request {}: max_tokens = {} must be in [1, {}] (limits.max_new_tokens)", r.id,
+                         r.max_tokens, opt.lim.max_new_tokens);
     auto sv = r.sampling.validate();
     if (!sv.empty()) return fmt::format("request {}: {}", r.id, sv);
     return "";
@@ -136,7 +138,8 @@ void on_submit(router_actor_t* self, const wire& w, event_callback cb) {
   }
   const auto prompt_len = static_cast<int32_t>(r.prompt.size());
   if (s.stopped) {
-    s.reject(r.id, cb, tandem::error(error_kind::disconnected, "the cluster is shutting down; retry on another node"),
+    s.reject(r.id, cb,
+             tandem::error(error_kind::disconnected, "the cluster is shutting down; retry on another node"),
              "shutdown", prompt_len);
     return;
   }
@@ -147,16 +150,18 @@ void on_submit(router_actor_t* self, const wire& w, event_callback cb) {
   }
   if (s.table.count(r.id)) {
     s.reject(r.id, cb,
-             tandem::error(error_kind::failed, fmt::format("request id {} is already in flight; use unique ids", r.id)),
+             tandem::error(error_kind::failed,
+                           fmt::format("request id {} is already in flight; use unique ids", r.id)),
              "duplicate_id", prompt_len);
     return;
   }
   if (static_cast<int32_t>(s.table.size()) >= s.opt.lim.max_inflight_requests) {
     s.reject(r.id, cb,
-             tandem::error(error_kind::overloaded,
-                           fmt::format("router in-flight table is full ({} requests, limits.max_inflight_requests); "
-                                       "retry later",
-                                       s.table.size())),
+             tandem::error(
+                 error_kind::overloaded,
+                 fmt::format("router in-flight table is full ({} requests, limits.max_inflight_requests); "
+                             "retry later",
+                             s.table.size())),
              "inflight_full", prompt_len);
     return;
   }
@@ -177,7 +182,8 @@ void on_submit(router_actor_t* self, const wire& w, event_callback cb) {
   s.requests_total += 1;
   s.log->debug("request {}: accepted ({} prompt tokens, max_tokens {}, deadline in {} ms)", r.id, prompt_len,
                r.max_tokens, r.deadline_ms - now);
-  self->send(s.prefill.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) { r.write(env.initSubmit()); }));
+  self->send(s.prefill.handle, wire_atom::value,
+             make_wire([&](schema::Envelope::Builder env) { r.write(env.initSubmit()); }));
   schedule_tick(self);
 }
 
@@ -240,10 +246,11 @@ void on_tick(router_actor_t* self) {
     if (now >= e.deadline_ms) expired.push_back(id);
   for (const auto& id : expired) {
     const auto& e = s.table.at(id);
-    tandem::error err(error_kind::overloaded,
-                      fmt::format("request deadline exceeded after {} ms in state {}; raise request_timeout_ms or "
-                                  "reduce load",
-                                  now - e.submit_ms, e.state));
+    tandem::error err(
+        error_kind::overloaded,
+        fmt::format("request deadline exceeded after {} ms in state {}; raise request_timeout_ms or "
+                    "reduce load",
+                    now - e.submit_ms, e.state));
     s.log->warn("request {}: {}", id, err.what());
     s.rejected_by_reason["deadline"] += 1;
     s.finish_here(id, finish_reason::error, &err);
@@ -285,6 +292,8 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, bounded_act
           }
         } catch (const tandem::error& e) {
           s.log->error("router: {}", e.what());
+        } catch (const kj::Exception& e) {
+          s.log->error("router: malformed message: {}", e.getDescription().cStr());
         }
       },
       [self](tick_atom) { on_tick(self); },
@@ -293,7 +302,8 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, bounded_act
         s.stopped = true;
         std::vector<std::string> ids;
         for (const auto& [id, e] : s.table) ids.push_back(id);
-        tandem::error err(error_kind::disconnected, "the cluster shut down before the request finished; retry");
+        tandem::error err(error_kind::disconnected,
+                          "the cluster shut down before the request finished; retry");
         for (const auto& id : ids) s.finish_here(id, finish_reason::error, &err);
         return true;
       },
@@ -301,17 +311,19 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, bounded_act
         auto& s = self->state;
         std::vector<metric_sample> m = {
             {"requests_total", "", double(s.requests_total), "counter", "Requests accepted by the router"},
-            {"requests_inflight", "", double(s.table.size()), "gauge", "Requests in the router's in-flight table"},
+            {"requests_inflight", "", double(s.table.size()), "gauge",
+             "Requests in the router's in-flight table"},
             {"requests_inflight_bound", "", double(s.opt.lim.max_inflight_requests), "gauge",
              "Bound of the in-flight table"},
-            {"tokens_generated_total", "", double(s.tokens_generated), "counter", "Completion tokens delivered"},
+            {"tokens_generated_total", "", double(s.tokens_generated), "counter",
+             "Completion tokens delivered"},
         };
         for (const auto& [r, n] : s.finished_by_reason)
           m.push_back({"requests_finished_total", fmt::format("reason=\"{}\"", r), double(n), "counter",
                        "Requests ended, by finish reason"});
         for (const auto& [r, n] : s.rejected_by_reason)
-          m.push_back({"rejections_total", fmt::format("actor=\"router\",reason=\"{}\"", r), double(n), "counter",
-                       "Requests refused or ended early, by reason"});
+          m.push_back({"rejections_total", fmt::format("actor=\"router\",reason=\"{}\"", r), double(n),
+                       "counter", "Requests refused or ended early, by reason"});
         return make_stats_wire("router", m, {&s.ttft, &s.tpot, &s.e2e});
       },
   };

@@ -4,12 +4,12 @@
 /// to the prefill scheduler, and turns TokenEvents from the stages into callback calls.
 /// It is the authority on a request's end: exactly one finished event per accepted
 /// request (completion, abort, deadline, error, or `disconnected` at shutdown).
-#include <memory>
-#include <string>
+#include <spdlog/logger.h>
 
 #include <caf/actor_system.hpp>
 #include <caf/allowed_unsafe_message_type.hpp>
-#include <spdlog/logger.h>
+#include <memory>
+#include <string>
 
 #include "actors/common/bounded_mailbox.h"
 #include "actors/common/clock.h"

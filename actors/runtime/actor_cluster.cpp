@@ -1,10 +1,11 @@
 #include "actors/runtime/actor_cluster.h"
 
-#include <caf/all.hpp>
 #include <fmt/format.h>
 
 #include <atomic>
+#include <caf/all.hpp>
 #include <mutex>
+#include <shared_mutex>
 
 #include "actors/cache_tier/cache_tier.h"
 #include "actors/common/logging.h"
@@ -24,6 +25,9 @@ struct actor_cluster::state {
   std::shared_ptr<spdlog::logger> log;
   std::atomic<bool> stopped{false};
   std::mutex stop_mu;
+  /// submit() holds it shared while sending, shutdown() exclusively while setting `stopped`:
+  /// every submission either reaches the router before its stop message or sees `stopped`.
+  std::shared_mutex submit_mu;
   int64_t start_ms = 0;
   model_facts facts;
 };
@@ -47,8 +51,9 @@ actor_cluster::actor_cluster(std::shared_ptr<llama_model> model, actor_cluster_o
   max_context_ = mc.n_ctx > 0 ? mc.n_ctx : opt_.lim.max_context;
   if (opt_.lim.max_context > 0) max_context_ = std::min(max_context_, opt_.lim.max_context);
   if (max_context_ <= 1)
-    throw tandem::error(error_kind::failed, fmt::format("context length {} is too small; set limits.max_context > 1",
-                                                        max_context_));
+    throw tandem::error(
+        error_kind::failed,
+        fmt::format("context length {} is too small; set limits.max_context > 1", max_context_));
   const int64_t pages = pages_from_limits(opt_.lim, layout);
   if (pages < 1 || pages > (int64_t(1) << 30))
     throw tandem::error(error_kind::failed,
@@ -99,9 +104,10 @@ actor_cluster::actor_cluster(std::shared_ptr<llama_model> model, actor_cluster_o
   peer_set peers{s.router, s.prefill, s.decode, s.worker, s.cache};
   caf::anon_send(s.prefill.handle, peers_atom::value, peers);
   caf::anon_send(s.decode.handle, peers_atom::value, peers);
-  s.log->info("cluster up: model {}, {} KV pages of {} ({:.1f} MiB), context {}, prefix cache {}", opt_.model_id,
-              n_pages_, layout.describe(), double(n_pages_) * double(layout.page_bytes()) / (1024.0 * 1024.0),
-              max_context_, opt_.lim.prefix_cache ? "on" : "off");
+  s.log->info("cluster up: model {}, {} KV pages of {} ({:.1f} MiB), context {}, prefix cache {}",
+              opt_.model_id, n_pages_, layout.describe(),
+              double(n_pages_) * double(layout.page_bytes()) / (1024.0 * 1024.0), max_context_,
+              opt_.lim.prefix_cache ? "on" : "off");
 }
 
 actor_cluster::~actor_cluster() { shutdown(); }
@@ -110,12 +116,16 @@ void actor_cluster::shutdown() {
   auto& s = *st_;
   std::lock_guard<std::mutex> lk(s.stop_mu);
   if (!s.sys) return;
-  s.stopped = true;
+  {
+    std::unique_lock<std::shared_mutex> sl(s.submit_mu);
+    s.stopped = true;
+  }
   {
     caf::scoped_actor self{*s.sys};
     self->request(s.router.handle, std::chrono::milliseconds(opt_.query_timeout_ms), stop_atom::value)
-        .receive([](bool) {},
-                 [&](caf::error& e) { s.log->warn("router did not confirm shutdown: {}", s.sys->render(e)); });
+        .receive(
+            [](bool) {},
+            [&](caf::error& e) { s.log->warn("router did not confirm shutdown: {}", s.sys->render(e)); });
     for (auto* a : {&s.router, &s.prefill, &s.decode, &s.cache, &s.worker})
       self->send_exit(a->handle, caf::exit_reason::user_shutdown);
   }
@@ -127,11 +137,13 @@ void actor_cluster::shutdown() {
 
 void actor_cluster::submit(completion_request req, event_callback cb) {
   auto& s = *st_;
+  std::shared_lock<std::shared_mutex> sl(s.submit_mu);
   if (s.stopped) {
     if (cb)
-      cb(error_event(req.request_id,
-                     tandem::error(error_kind::disconnected, "the cluster is shut down; retry on another node"),
-                     static_cast<int32_t>(req.prompt.size())));
+      cb(error_event(
+          req.request_id,
+          tandem::error(error_kind::disconnected, "the cluster is shut down; retry on another node"),
+          static_cast<int32_t>(req.prompt.size())));
     return;
   }
   seq_request r;
@@ -143,7 +155,8 @@ void actor_cluster::submit(completion_request req, event_callback cb) {
   r.ignore_eos = req.ignore_eos;
   if (req.deadline != std::chrono::steady_clock::time_point::max()) {
     // The API deadline is steady_clock; the cluster clock may be another (tests): carry the remaining time.
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(req.deadline - std::chrono::steady_clock::now());
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(req.deadline -
+                                                                      std::chrono::steady_clock::now());
     r.deadline_ms = s.clk->now_ms() + std::max<int64_t>(left.count(), 1);
   }
   if (!s.router.gate->try_enter()) {
@@ -165,7 +178,7 @@ void actor_cluster::abort(const std::string& request_id) {
                  }));
 }
 
-std::vector<stats_snapshot> actor_cluster::snapshots() const {
+std::vector<stats_snapshot> actor_cluster::snapshots(bool include_worker) const {
   auto& s = *st_;
   std::vector<stats_snapshot> out;
   if (s.stopped || !s.sys) return out;
@@ -175,17 +188,31 @@ std::vector<stats_snapshot> actor_cluster::snapshots() const {
   for (const auto* a : {&s.router, &s.prefill, &s.decode, &s.worker, &s.cache}) {
     const auto& g = *a->gate;
     auto lbl = fmt::format("actor=\"{}\"", g.actor_name());
-    boxes.metrics.push_back({"mailbox_depth", lbl, double(g.depth()), "gauge", "Messages waiting in the mailbox"});
-    boxes.metrics.push_back({"mailbox_bound", lbl, double(g.bound()), "gauge", "Mailbox bound (limits.*_mailbox)"});
-    boxes.metrics.push_back({"mailbox_high_water", lbl, double(g.high_water()), "gauge", "Deepest mailbox seen"});
     boxes.metrics.push_back(
-        {"mailbox_rejected_total", lbl, double(g.rejected()), "counter", "Messages refused at a full mailbox"});
+        {"mailbox_depth", lbl, double(g.depth()), "gauge", "Messages waiting in the mailbox"});
+    boxes.metrics.push_back(
+        {"mailbox_bound", lbl, double(g.bound()), "gauge", "Mailbox bound (limits.*_mailbox)"});
+    boxes.metrics.push_back(
+        {"mailbox_high_water", lbl, double(g.high_water()), "gauge", "Deepest mailbox seen"});
+    boxes.metrics.push_back({"mailbox_rejected_total", lbl, double(g.rejected()), "counter",
+                             "Messages refused at a full mailbox"});
+    if (a == &s.worker && !include_worker) continue;
     self->request(a->handle, std::chrono::milliseconds(opt_.query_timeout_ms), stats_atom::value)
         .receive([&](const wire& w) { out.push_back(read_stats(w)); },
-                 [&](caf::error& e) { s.log->warn("stats from {} failed: {}", g.actor_name(), s.sys->render(e)); });
+                 [&](caf::error& e) {
+                   s.log->warn("stats from {} failed: {}", g.actor_name(), s.sys->render(e));
+                 });
   }
   stats_snapshot up;
   up.actor = "cluster";
+  double queued = 0, running = 0;
+  for (const auto& x : out) {
+    queued += x.value("prefill_queued_requests");
+    running += x.value("prefill_active_requests") + x.value("decode_running_requests") +
+               x.value("decode_waiting_requests");
+  }
+  up.metrics.push_back({"requests_queued", "", queued, "gauge", "Requests waiting for prefill"});
+  up.metrics.push_back({"requests_running", "", running, "gauge", "Requests being prefilled or decoded"});
   up.metrics.push_back({"uptime_seconds", "", double(s.clk->now_ms() - s.start_ms) / 1000.0, "gauge",
                         "Seconds since the cluster started"});
   out.push_back(std::move(boxes));
@@ -194,7 +221,8 @@ std::vector<stats_snapshot> actor_cluster::snapshots() const {
 }
 
 namespace {
-double total(const std::vector<stats_snapshot>& v, const std::string& name, const std::string* labels = nullptr) {
+double total(const std::vector<stats_snapshot>& v, const std::string& name,
+             const std::string* labels = nullptr) {
   double t = 0;
   for (const auto& s : v) t += labels ? s.value(name, *labels) : s.value(name);
   return t;
@@ -202,19 +230,28 @@ double total(const std::vector<stats_snapshot>& v, const std::string& name, cons
 }  // namespace
 
 stats_info actor_cluster::stats() const {
-  auto v = snapshots();
+  auto v = snapshots(false);
   stats_info i;
   i.requests_total = int64_t(total(v, "requests_total"));
   i.requests_queued = int64_t(total(v, "prefill_queued_requests"));
-  i.requests_running =
-      int64_t(total(v, "prefill_active_requests") + total(v, "decode_running_requests") + total(v, "decode_waiting_requests"));
+  i.requests_running = int64_t(total(v, "prefill_active_requests") + total(v, "decode_running_requests") +
+                               total(v, "decode_waiting_requests"));
   i.tokens_generated = int64_t(total(v, "tokens_generated_total"));
   i.kv_pages_total = int64_t(total(v, "kv_pages_total"));
   i.kv_pages_free = int64_t(total(v, "kv_pages_free"));
+  // Everything that ended with `overloaded`: bounds hit inside the actors, plus submissions
+  // refused at the router's own mailbox (the only gate the front end passes directly).
+  static const char* overloaded_reasons[] = {"queue_requests", "queue_tokens",    "kv_pages",
+                                             "inflight_full",  "prefill_mailbox", "decode_mailbox",
+                                             "cache_mailbox",  "deadline"};
   double rej = 0;
   for (const auto& s : v)
-    for (const auto& m : s.metrics)
-      if (m.name == "rejections_total" || m.name == "mailbox_rejected_total") rej += m.value;
+    for (const auto& m : s.metrics) {
+      if (m.name == "mailbox_rejected_total" && m.labels == "actor=\"router\"") rej += m.value;
+      if (m.name != "rejections_total") continue;
+      for (const char* r : overloaded_reasons)
+        if (m.labels.find(fmt::format("reason=\"{}\"", r)) != std::string::npos) rej += m.value;
+    }
   i.rejected_overloaded = int64_t(rej);
   return i;
 }

@@ -3,11 +3,11 @@
 /// prefill scheduler -> (KvHandoff) -> decode scheduler, sharing one worker and one cache
 /// tier (same pool, so the handoff moves page ownership without copying).
 /// `embedded_cluster` wraps this with model loading; tests build it with a fake model.
+#include <spdlog/sinks/sink.h>
+
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <spdlog/sinks/sink.h>
 
 #include "actors/common/clock.h"
 #include "actors/common/limits.h"
@@ -23,10 +23,10 @@ struct actor_cluster_options {
   int32_t eos_id = -1;
   std::string log_level = "info";
   bool log_json = false;
-  std::shared_ptr<spdlog::sinks::sink> sink;    ///< default: stderr
-  std::shared_ptr<const cluster_clock> clock;   ///< default: steady_clock
-  int32_t router_tick_ms = 5;                   ///< deadline check period (real time)
-  int32_t query_timeout_ms = 5000;              ///< stats/health requests to the actors
+  std::shared_ptr<spdlog::sinks::sink> sink;   ///< default: stderr
+  std::shared_ptr<const cluster_clock> clock;  ///< default: steady_clock
+  int32_t router_tick_ms = 5;                  ///< deadline check period (real time)
+  int32_t query_timeout_ms = 5000;             ///< stats/health requests to the actors
 };
 
 class actor_cluster {
@@ -46,8 +46,9 @@ class actor_cluster {
   health_info health() const;
   stats_info stats() const;
   std::string metrics_text() const;
-  /// Every actor's metrics plus the mailbox gates (actor "mailboxes").
-  std::vector<stats_snapshot> snapshots() const;
+  /// Every actor's metrics plus the mailbox gates (actor "mailboxes"). The worker answers
+  /// between forward passes; `include_worker = false` skips it (stats() does).
+  std::vector<stats_snapshot> snapshots(bool include_worker = true) const;
   int32_t max_context() const { return max_context_; }
   int32_t n_pages() const { return n_pages_; }
   const std::string& model_id() const { return opt_.model_id; }

@@ -47,7 +47,9 @@ embedded_cluster::embedded_cluster(std::unique_ptr<impl> p) : impl_(std::move(p)
 
 embedded_cluster::~embedded_cluster() = default;
 
-void embedded_cluster::submit(completion_request req, event_callback cb) { impl_->cluster->submit(std::move(req), std::move(cb)); }
+void embedded_cluster::submit(completion_request req, event_callback cb) {
+  impl_->cluster->submit(std::move(req), std::move(cb));
+}
 void embedded_cluster::abort(const std::string& request_id) { impl_->cluster->abort(request_id); }
 health_info embedded_cluster::health() const { return impl_->cluster->health(); }
 stats_info embedded_cluster::stats() const { return impl_->cluster->stats(); }

@@ -1,8 +1,8 @@
 #include "actors/worker/worker.h"
 
-#include <caf/all.hpp>
 #include <fmt/format.h>
 
+#include <caf/all.hpp>
 #include <chrono>
 
 #include "actors/common/metrics.h"
@@ -60,14 +60,14 @@ wire run_forward(worker_state& st, const wire& w) {
     pages[i] = to_vector(s.getPages());
     for (auto t : toks[i])
       if (t < 0 || t >= n_vocab)
-        return fail_result(tandem::error(error_kind::failed,
-                                         fmt::format("request {}: token id {} is outside the vocabulary [0, {})",
-                                                     s.getId().cStr(), t, n_vocab)));
+        return fail_result(tandem::error(
+            error_kind::failed, fmt::format("request {}: token id {} is outside the vocabulary [0, {})",
+                                            s.getId().cStr(), t, n_vocab)));
     for (auto p : pages[i])
       if (p < 0 || p >= st.pool->n_pages())
-        return fail_result(tandem::error(
-            error_kind::failed, fmt::format("request {}: page id {} outside the pool of {} pages", s.getId().cStr(),
-                                            p, st.pool->n_pages())));
+        return fail_result(tandem::error(error_kind::failed,
+                                         fmt::format("request {}: page id {} outside the pool of {} pages",
+                                                     s.getId().cStr(), p, st.pool->n_pages())));
     const int64_t need = (int64_t(s.getPos()) + int64_t(toks[i].size()) + ps - 1) / ps;
     if (toks[i].empty() || s.getPos() < 0 || int64_t(pages[i].size()) < need)
       return fail_result(tandem::error(
@@ -96,7 +96,8 @@ wire run_forward(worker_state& st, const wire& w) {
     out[i] = smp.sample(lg);
     ++row;
   }
-  auto us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
+  auto us =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
   st.batches += 1;
   st.tokens += n_tok;
   st.forward_ms.observe(double(us) / 1000.0);
@@ -129,10 +130,15 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
           ++s.failures;
           s.log->error("forward failed: {}", e.what());
           return fail_result(e);
+        } catch (const kj::Exception& e) {
+          ++s.failures;
+          return fail_result(tandem::error(
+              error_kind::failed, fmt::format("malformed forward batch: {}", e.getDescription().cStr())));
         } catch (const std::exception& e) {
           ++s.failures;
           s.log->error("forward failed: {}", e.what());
-          return fail_result(tandem::error(error_kind::failed, fmt::format("forward pass failed: {}", e.what())));
+          return fail_result(
+              tandem::error(error_kind::failed, fmt::format("forward pass failed: {}", e.what())));
         }
       },
       [self](stats_atom) -> wire {
@@ -150,8 +156,8 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
 
 }  // namespace
 
-bounded_actor spawn_worker(caf::actor_system& sys, std::shared_ptr<llama_model> model, const worker_options& opt,
-                           std::shared_ptr<spdlog::logger> log) {
+bounded_actor spawn_worker(caf::actor_system& sys, std::shared_ptr<llama_model> model,
+                           const worker_options& opt, std::shared_ptr<spdlog::logger> log) {
   auto gate = std::make_shared<mailbox_gate>("worker", opt.mailbox_bound);
   auto h = sys.spawn<caf::detached>(worker_actor, std::move(model), opt, gate, std::move(log));
   return bounded_actor{caf::actor_cast<caf::actor>(h), gate};

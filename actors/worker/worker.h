@@ -2,11 +2,11 @@
 /// Worker actor: owns the llama_model and the device KV pool, runs forward batches and
 /// samples. Replies with sampled token ids only (logits never leave the worker).
 /// Runs detached (its own thread) because a forward pass blocks for milliseconds.
-#include <memory>
-#include <string>
+#include <spdlog/logger.h>
 
 #include <caf/actor_system.hpp>
-#include <spdlog/logger.h>
+#include <memory>
+#include <string>
 
 #include "actors/common/bounded_mailbox.h"
 #include "actors/common/limits.h"
@@ -26,7 +26,7 @@ struct worker_options {
 uint64_t token_seed(uint64_t request_seed, int32_t token_index);
 
 /// Spawns the worker; the model moves into the actor.
-bounded_actor spawn_worker(caf::actor_system& sys, std::shared_ptr<llama_model> model, const worker_options& opt,
-                           std::shared_ptr<spdlog::logger> log);
+bounded_actor spawn_worker(caf::actor_system& sys, std::shared_ptr<llama_model> model,
+                           const worker_options& opt, std::shared_ptr<spdlog::logger> log);
 
 }  // namespace tandem

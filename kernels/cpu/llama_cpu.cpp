@@ -113,8 +113,9 @@ void cpu_llama::forward(std::span<const batch_seq> batch, kv_pool& pool, std::ve
       throw tandem::error(fmt::format("batch sequence {}: {} pages of {} tokens cannot hold {} positions; "
                                       "allocate more pages",
                                       s, b.pages.size(), ps, end));
-    for (int64_t p = b.pos; p < end; ++p) {
-      const int32_t page = b.pages[size_t(p / ps)];
+    // Every page attention reads ([0, end)), not only the ones written now.
+    for (int64_t i = 0; i < (end + ps - 1) / ps; ++i) {
+      const int32_t page = b.pages[size_t(i)];
       if (page < 0 || page >= pool.n_pages())
         throw tandem::error(fmt::format("batch sequence {}: page id {} is outside the pool of {} pages", s, page,
                                         pool.n_pages()));

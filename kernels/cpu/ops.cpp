@@ -184,10 +184,11 @@ float dot(const float* a, const float* b, int64_t n) {
 }
 
 namespace {
-void matmul_rows(const tensor_view& w, const float* x, int64_t batch, float* y, float* buf, int64_t r0,
-                 int64_t r1) {
+
+// Portable path: dequantize one weight row, then one dot per activation row.
+void matmul_rows_generic(const tensor_view& w, const float* x, int64_t batch, float* y, float* buf, int64_t r0,
+                         int64_t r1) {
   const int64_t k = w.cols(), n = w.rows();
-  const bool avx = has_avx2_fma();
   for (int64_t r = r0; r < r1; ++r) {
     const float* wr;
     if (w.type == ggml_type::f32) {
@@ -196,10 +197,170 @@ void matmul_rows(const tensor_view& w, const float* x, int64_t batch, float* y, 
       dequantize_row(w.type, w.row(r), buf, k);
       wr = buf;
     }
-    for (int64_t b = 0; b < batch; ++b)
-      y[b * n + r] = avx ? dot_avx2(wr, x + b * k, k) : dot_generic(wr, x + b * k, k);
+    for (int64_t b = 0; b < batch; ++b) y[b * n + r] = dot_generic(wr, x + b * k, k);
   }
 }
+
+// AVX2 path. Every output element y[b][r] is computed the same way whatever tile it falls
+// in: one 8-lane FMA accumulator over k in steps of 8 (weights decoded in registers, exact),
+// a fixed horizontal reduction, then an FMA chain over the k % 8 tail. The tile shape only
+// decides how many accumulators run side by side (R weight rows x B activation rows), so
+// batch size, row split across threads and tile choice never change the bits.
+template <ggml_type T>
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load_w8(const uint8_t* row, int64_t i) {
+  if constexpr (T == ggml_type::f32) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + i);
+  } else if constexpr (T == ggml_type::f16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * i)));
+  } else if constexpr (T == ggml_type::bf16) {
+    const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * i)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+  } else {
+    const block_q8_0* b = reinterpret_cast<const block_q8_0*>(row) + i / q8_0_block;
+    const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b->qs + i % q8_0_block));
+    // d * q is exact in f32 (11-bit by 8-bit mantissas), so this equals dequantize_row.
+    return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b->d)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
+  }
+}
+
+template <ggml_type T>
+inline float load_w1(const uint8_t* row, int64_t i) {
+  if constexpr (T == ggml_type::f32) {
+    return reinterpret_cast<const float*>(row)[i];
+  } else if constexpr (T == ggml_type::f16) {
+    return fp16_to_fp32(reinterpret_cast<const uint16_t*>(row)[i]);
+  } else if constexpr (T == ggml_type::bf16) {
+    return bf16_to_fp32(reinterpret_cast<const uint16_t*>(row)[i]);
+  } else {
+    const block_q8_0* b = reinterpret_cast<const block_q8_0*>(row) + i / q8_0_block;
+    return fp16_to_fp32(b->d) * float(b->qs[i % q8_0_block]);
+  }
+}
+
+__attribute__((target("avx2,fma"))) inline float hsum8(__m256 s) {
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  return _mm_cvtss_f32(h);
+}
+
+// acc[r][b] += w[r] * x[b][i .. i+8) for every pair: one FMA per element per 8-wide step.
+template <int R, int B>
+__attribute__((target("avx2,fma"), always_inline)) inline void fma_step(__m256 (&acc)[R][B], const __m256* wv,
+                                                                      const float* const* xs, int64_t i) {
+#pragma GCC unroll 8
+  for (int b = 0; b < B; ++b) {
+    const __m256 xv = _mm256_loadu_ps(xs[b] + i);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[r][b] = _mm256_fmadd_ps(wv[r], xv, acc[r][b]);
+  }
+}
+
+template <ggml_type T, int R, int B>
+__attribute__((target("avx2,fma,f16c"))) void tile_avx2(const uint8_t* const* rows, int64_t k, const float* x,
+                                                        float* y, int64_t n, int64_t r0, int64_t b0) {
+  const int64_t k8 = k & ~int64_t(7);
+  const float* xs[B];
+#pragma GCC unroll 8
+  for (int b = 0; b < B; ++b) xs[b] = x + (b0 + b) * k;
+  __m256 acc[R][B];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int b = 0; b < B; ++b) acc[r][b] = _mm256_setzero_ps();
+  if constexpr (T == ggml_type::q8_0) {
+    // Same per-element FMA sequence as below; the block scale is just decoded once per block.
+    for (int64_t i = 0; i < k8; i += q8_0_block) {
+      __m256 d[R];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r)
+        d[r] = _mm256_set1_ps(_cvtsh_ss((reinterpret_cast<const block_q8_0*>(rows[r]) + i / q8_0_block)->d));
+#pragma GCC unroll 4
+      for (int j = 0; j < q8_0_block; j += 8) {
+        __m256 wv[R];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          const auto* blk = reinterpret_cast<const block_q8_0*>(rows[r]) + i / q8_0_block;
+          const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk->qs + j));
+          wv[r] = _mm256_mul_ps(d[r], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
+        }
+        fma_step<R, B>(acc, wv, xs, i + j);
+      }
+    }
+  } else {
+    for (int64_t i = 0; i < k8; i += 8) {
+      __m256 wv[R];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) wv[r] = load_w8<T>(rows[r], i);
+      fma_step<R, B>(acc, wv, xs, i);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) {
+      float tail = 0.0f;
+      for (int64_t i = k8; i < k; ++i) tail = std::fma(load_w1<T>(rows[r], i), xs[b][i], tail);
+      y[(b0 + b) * n + r0 + r] = hsum8(acc[r][b]) + tail;
+    }
+}
+
+// Rows [r0, r1). Batch 1 decodes the weights in registers (8 rows side by side). A larger
+// batch decodes a group of 4 rows once into `buf` (exact, so the same values) and runs f32
+// tiles of 4 rows x 2 activation rows over it while it sits in L1: the weights stream from
+// memory once per call for the whole batch and are decoded once, not once per activation row.
+template <ggml_type T>
+void rows_avx2(const tensor_view& w, const float* x, int64_t batch, float* y, int64_t r0, int64_t r1,
+               std::vector<float>& buf) {
+  const int64_t k = w.cols(), n = w.rows();
+  int64_t r = r0;
+  if (batch == 1) {
+    for (; r + 8 <= r1; r += 8) {
+      const uint8_t* rows[8];
+      for (int i = 0; i < 8; ++i) rows[i] = w.row(r + i);
+      tile_avx2<T, 8, 1>(rows, k, x, y, n, r, 0);
+    }
+  } else {
+    constexpr ggml_type D = ggml_type::f32;
+    if (T != D && buf.size() < size_t(4 * k)) buf.resize(size_t(4 * k));
+    for (; r + 4 <= r1; r += 4) {
+      const uint8_t* rows[4];
+      for (int i = 0; i < 4; ++i) {
+        if constexpr (T == D) {
+          rows[i] = w.row(r + i);
+        } else {
+          dequantize_row(T, w.row(r + i), buf.data() + i * k, k);
+          rows[i] = reinterpret_cast<const uint8_t*>(buf.data() + i * k);
+        }
+      }
+      int64_t b = 0;
+      for (; b + 4 <= batch; b += 4) {
+        tile_avx2<D, 2, 4>(rows, k, x, y, n, r, b);
+        tile_avx2<D, 2, 4>(rows + 2, k, x, y, n, r + 2, b);
+      }
+      for (; b + 2 <= batch; b += 2) tile_avx2<D, 4, 2>(rows, k, x, y, n, r, b);
+      if (b < batch) tile_avx2<D, 4, 1>(rows, k, x, y, n, r, b);
+    }
+  }
+  for (; r < r1; ++r) {
+    const uint8_t* row = w.row(r);
+    for (int64_t b = 0; b < batch; ++b) tile_avx2<T, 1, 1>(&row, k, x, y, n, r, b);
+  }
+}
+
+void matmul_rows(const tensor_view& w, const float* x, int64_t batch, float* y, std::vector<float>& buf,
+                 int64_t r0, int64_t r1) {
+  if (has_avx2_fma() && has_f16c()) {
+    switch (w.type) {
+      case ggml_type::f32: return rows_avx2<ggml_type::f32>(w, x, batch, y, r0, r1, buf);
+      case ggml_type::f16: return rows_avx2<ggml_type::f16>(w, x, batch, y, r0, r1, buf);
+      case ggml_type::bf16: return rows_avx2<ggml_type::bf16>(w, x, batch, y, r0, r1, buf);
+      case ggml_type::q8_0: return rows_avx2<ggml_type::q8_0>(w, x, batch, y, r0, r1, buf);
+      default: break;
+    }
+  }
+  if (buf.size() < size_t(w.cols())) buf.resize(size_t(w.cols()));
+  matmul_rows_generic(w, x, batch, y, buf.data(), r0, r1);
+}
+
 }  // namespace
 
 void matmul(const tensor_view& w, const float* x, int64_t batch, float* y, std::vector<float>& scratch,
@@ -208,16 +369,20 @@ void matmul(const tensor_view& w, const float* x, int64_t batch, float* y, std::
   if (!is_supported(w.type))
     throw tandem::error(fmt::format("matmul: weight type {} is not supported; use f32, f16, bf16 or q8_0",
                                     to_string(w.type)));
+  if (w.type == ggml_type::q8_0 && k % q8_0_block != 0)
+    throw tandem::error(fmt::format("matmul: q8_0 weight with {} columns is not a multiple of {}", k, q8_0_block));
+  if (batch <= 0) return;
   // Small products are not worth waking the workers.
   if (pool == nullptr || pool->size() == 1 || n * k * batch < (int64_t(1) << 16)) {
-    if (scratch.size() < size_t(k)) scratch.resize(size_t(k));
-    matmul_rows(w, x, batch, y, scratch.data(), 0, n);
+    matmul_rows(w, x, batch, y, scratch, 0, n);
     return;
   }
-  pool->parallel_for(n, [&](int64_t r0, int64_t r1) {
-    // One dequantization buffer per chunk: k floats, noise next to the chunk's work.
-    std::vector<float> buf(w.type == ggml_type::f32 ? 0 : size_t(k));
-    matmul_rows(w, x, batch, y, buf.data(), r0, r1);
+  // Chunks of whole 8-row groups so every thread runs the wide tiles (the bits do not depend
+  // on the split either way).
+  const int64_t groups = (n + 7) / 8;
+  pool->parallel_for(groups, [&](int64_t g0, int64_t g1) {
+    std::vector<float> buf;  // only the portable path uses it
+    matmul_rows(w, x, batch, y, buf, g0 * 8, std::min(n, g1 * 8));
   });
 }
 

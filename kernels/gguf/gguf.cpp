@@ -274,26 +274,30 @@ class parser {
     throw error(m + ": re-download or re-convert the model");
   }
   uint64_t remaining() const { return b_.size() - pos_; }
-  void need(uint64_t n, const std::string& what) const {
-    if (n > remaining()) truncated(b_.size(), "for " + what, n - remaining());
+  // `what` + `key` describe the field; they are only joined when the field is missing,
+  // so reading 32000 vocabulary strings builds no messages.
+  void need(uint64_t n, std::string_view what, std::string_view key = {}) const {
+    if (n > remaining())
+      truncated(b_.size(), "for " + std::string(what) + std::string(key), n - remaining());
   }
   template <class T>
-  T rd(const std::string& what) {
-    need(sizeof(T), what);
+  T rd(std::string_view what, std::string_view key = {}) {
+    need(sizeof(T), what, key);
     T x;
     std::memcpy(&x, b_.data() + pos_, sizeof(T));
     pos_ += sizeof(T);
     return x;
   }
-  uint32_t u32(const std::string& what) { return rd<uint32_t>(what); }
-  uint64_t u64(const std::string& what) { return rd<uint64_t>(what); }
-  std::string str(const std::string& what) {
+  uint32_t u32(std::string_view what) { return rd<uint32_t>(what); }
+  uint64_t u64(std::string_view what) { return rd<uint64_t>(what); }
+  std::string str(std::string_view what, std::string_view key = {}) {
     const uint64_t at = pos_;
-    const uint64_t n = u64("the length of " + what);
+    const uint64_t n = rd<uint64_t>(what, key);
     if (n > lim_.max_string_bytes)
-      fail(at, "has a string of " + std::to_string(n) + " bytes in " + what + " (limit " +
-                   std::to_string(lim_.max_string_bytes) + ")", "the file is corrupt; re-download or re-convert it");
-    need(n, what);
+      fail(at, "has a string of " + std::to_string(n) + " bytes in " + std::string(what) + std::string(key) +
+                   " (limit " + std::to_string(lim_.max_string_bytes) + ")",
+           "the file is corrupt; re-download or re-convert it");
+    need(n, what, key);
     std::string s(reinterpret_cast<const char*>(b_.data() + pos_), size_t(n));
     pos_ += n;
     return s;
@@ -302,25 +306,25 @@ class parser {
   value read_value(value_type t, const std::string& key, uint32_t depth) {
     value v;
     v.type = t;
-    const std::string what = "the value of '" + key + "'";
+    constexpr std::string_view what = "the value of ";
     switch (t) {
-      case value_type::u8: v.v = uint64_t(rd<uint8_t>(what)); break;
-      case value_type::i8: v.v = int64_t(rd<int8_t>(what)); break;
-      case value_type::u16: v.v = uint64_t(rd<uint16_t>(what)); break;
-      case value_type::i16: v.v = int64_t(rd<int16_t>(what)); break;
-      case value_type::u32: v.v = uint64_t(rd<uint32_t>(what)); break;
-      case value_type::i32: v.v = int64_t(rd<int32_t>(what)); break;
-      case value_type::u64: v.v = rd<uint64_t>(what); break;
-      case value_type::i64: v.v = rd<int64_t>(what); break;
-      case value_type::f32: v.v = double(rd<float>(what)); break;
-      case value_type::f64: v.v = rd<double>(what); break;
+      case value_type::u8: v.v = uint64_t(rd<uint8_t>(what, key)); break;
+      case value_type::i8: v.v = int64_t(rd<int8_t>(what, key)); break;
+      case value_type::u16: v.v = uint64_t(rd<uint16_t>(what, key)); break;
+      case value_type::i16: v.v = int64_t(rd<int16_t>(what, key)); break;
+      case value_type::u32: v.v = uint64_t(rd<uint32_t>(what, key)); break;
+      case value_type::i32: v.v = int64_t(rd<int32_t>(what, key)); break;
+      case value_type::u64: v.v = rd<uint64_t>(what, key); break;
+      case value_type::i64: v.v = rd<int64_t>(what, key); break;
+      case value_type::f32: v.v = double(rd<float>(what, key)); break;
+      case value_type::f64: v.v = rd<double>(what, key); break;
       case value_type::boolean: {
-        const uint8_t b = rd<uint8_t>(what);
+        const uint8_t b = rd<uint8_t>(what, key);
         if (b > 1) fail(pos_ - 1, "has bool value " + std::to_string(b) + " for '" + key + "'", "re-convert the model");
         v.v = b != 0;
         break;
       }
-      case value_type::string: v.v = str(what); break;
+      case value_type::string: v.v = str(what, key); break;
       case value_type::array: {
         if (depth >= lim_.max_array_depth)
           fail(pos_, "nests arrays deeper than " + std::to_string(lim_.max_array_depth) + " in '" + key + "'",

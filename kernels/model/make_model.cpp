@@ -3,6 +3,7 @@
 #include "kernels/model/make_model.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -59,6 +60,23 @@ std::map<std::string, int64_t> corpus_words() {
       w += text[i++];
     }
     ++words[w];
+  }
+  // The corpus is small, so widen it with the spellings real text has: Capitalized and
+  // UPPER-case forms, and words without the space marker (after punctuation). Variants
+  // count once so the corpus' own frequencies still decide the first merges.
+  std::map<std::string, int64_t> variants;
+  for (auto& [w, n] : words) {
+    const bool spaced = w.compare(0, k_space.size(), k_space) == 0;
+    const std::string body = spaced ? w.substr(k_space.size()) : w;
+    if (body.size() < 2 || !is_alpha(body[0])) continue;
+    std::string cap = body, upper = body;
+    cap[0] = char(std::toupper(uint8_t(cap[0])));
+    for (auto& c : upper) c = char(std::toupper(uint8_t(c)));
+    for (const std::string& v : {k_space + cap, k_space + upper, body, cap, k_space + body}) variants[v] += 0;
+  }
+  for (auto& [v, n] : variants) {
+    auto& c = words[v];
+    if (c == 0) c = 1;
   }
   return words;
 }

@@ -7,9 +7,9 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
-#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -122,7 +122,8 @@ struct collector {
     std::unique_lock lk(m);
     return cv.wait_for(lk, t, [&] { return finished >= n; });
   }
-  bool wait_tokens(const std::string& id, size_t n, std::chrono::milliseconds t = std::chrono::milliseconds(30000)) {
+  bool wait_tokens(const std::string& id, size_t n,
+                   std::chrono::milliseconds t = std::chrono::milliseconds(30000)) {
     std::unique_lock lk(m);
     return cv.wait_for(lk, t, [&] {
       size_t c = 0;
@@ -142,7 +143,9 @@ struct collector {
   }
 };
 
-inline std::shared_ptr<spdlog::sinks::sink> quiet_sink() { return std::make_shared<spdlog::sinks::null_sink_mt>(); }
+inline std::shared_ptr<spdlog::sinks::sink> quiet_sink() {
+  return std::make_shared<spdlog::sinks::null_sink_mt>();
+}
 
 inline limits small_limits() {
   limits l;
@@ -168,7 +171,8 @@ inline completion_request make_req(const std::string& id, std::vector<int32_t> p
 /// Polls the cluster until `pred(stats)` holds (state changes land asynchronously after
 /// the finished event); bounded, checks the condition each round.
 template <class Pred>
-bool wait_stats(const actor_cluster& c, Pred pred, std::chrono::milliseconds t = std::chrono::milliseconds(20000)) {
+bool wait_stats(const actor_cluster& c, Pred pred,
+                std::chrono::milliseconds t = std::chrono::milliseconds(20000)) {
   auto until = std::chrono::steady_clock::now() + t;
   while (std::chrono::steady_clock::now() < until) {
     if (pred(c.stats())) return true;

@@ -149,12 +149,7 @@ TEST_CASE("wire: request round trip and malformed bytes") {
   wire bad{{1, 2, 3}};
   CHECK_THROWS_AS(wire_reader{bad}, tandem::error);
   wire junk{std::vector<uint8_t>(64, 0xff)};
-  CHECK_THROWS_AS(
-      {
-        wire_reader jr(junk);
-        (void)jr.root().which();
-      },
-      kj::Exception);
+  CHECK_THROWS_AS(wire_reader{junk}, tandem::error);
 }
 
 TEST_CASE("stop rules: stop token, EOS, max_tokens, context") {

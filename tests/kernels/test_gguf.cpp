@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -90,6 +91,23 @@ TEST_CASE("gguf: reads the f16 fixture") {
   // norms are plausible f32 numbers
   const float* n = static_cast<const float*>(f.tensor("output_norm.weight").data);
   for (int i = 0; i < 288; ++i) CHECK(std::isfinite(n[i]));
+}
+
+TEST_CASE("gguf: a truncated fixture names the tensor and the missing bytes") {
+  std::vector<uint8_t> all;
+  {
+    std::FILE* fp = std::fopen(fixture("r15m-f16.gguf").c_str(), "rb");
+    REQUIRE(fp != nullptr);
+    all.resize(std::filesystem::file_size(fixture("r15m-f16.gguf")));
+    REQUIRE(std::fread(all.data(), 1, all.size(), fp) == all.size());
+    std::fclose(fp);
+  }
+  all.resize(all.size() - 1000);
+  const std::string m = parse_error(all);
+  CHECK(m.find("truncated at offset " + std::to_string(all.size())) != std::string::npos);
+  CHECK(m.find("expected 1000 more bytes for tensor 'output_norm.weight'") != std::string::npos);
+  all.resize(700000);  // inside the vocabulary
+  CHECK(parse_error(all).find("truncated") != std::string::npos);
 }
 
 TEST_CASE("gguf: reads the q8_0 fixture") {

@@ -58,10 +58,23 @@ struct tiny_model {
   tensor_view make(std::mt19937_64& rng, ggml_type t, int64_t cols, int64_t rows, float scale) {
     std::uniform_real_distribution<float> d(-scale, scale);
     std::vector<uint8_t> bytes(row_bytes(t, cols) * size_t(rows));
+    std::vector<float> q8;
     for (int64_t i = 0; i < cols * rows; ++i) {
       const float f = d(rng);
       if (t == ggml_type::f32) std::memcpy(bytes.data() + i * 4, &f, 4);
-      else {
+      else if (t == ggml_type::q8_0) {
+        q8.push_back(f);
+        if (q8.size() == size_t(q8_0_block)) {  // block full: scale by its max magnitude
+          float amax = 0;
+          for (float v : q8) amax = std::max(amax, std::fabs(v));
+          block_q8_0 blk;
+          const float d = amax / 127.0f;
+          blk.d = cpu::fp32_to_fp16(d);
+          for (int j = 0; j < q8_0_block; ++j) blk.qs[j] = int8_t(std::lround(d > 0 ? q8[size_t(j)] / d : 0.0f));
+          std::memcpy(bytes.data() + size_t(i / q8_0_block) * sizeof(block_q8_0), &blk, sizeof blk);
+          q8.clear();
+        }
+      } else {
         const uint16_t h = t == ggml_type::f16 ? cpu::fp32_to_fp16(f) : cpu::fp32_to_bf16(f);
         std::memcpy(bytes.data() + i * 2, &h, 2);
       }
@@ -168,7 +181,7 @@ const std::vector<int32_t> prompt = {3, 17, 42, 0, 49, 8, 8, 21, 5, 33, 11};
 }  // namespace
 
 TEST_CASE("llama: forward matches a naive contiguous-KV reference (prefill then decode)") {
-  for (ggml_type t : {ggml_type::f32, ggml_type::f16, ggml_type::bf16}) {
+  for (ggml_type t : {ggml_type::f32, ggml_type::f16, ggml_type::bf16, ggml_type::q8_0}) {
     CAPTURE(to_string(t));
     tiny_model m(t);
     auto model = make_cpu_llama(m.w);
@@ -233,7 +246,46 @@ TEST_CASE("llama: prefill in one chunk or two gives the same logits") {
   batch_seq c2{std::span(prompt).subspan(5), 5, pages, true};
   model->forward(std::span(&c2, 1), two, l2);
   REQUIRE(l1.size() == l2.size());
-  for (size_t i = 0; i < l1.size(); ++i) REQUIRE(std::fabs(l1[i] - l2[i]) <= 1e-4f);
+  // Each token's arithmetic does not depend on its chunk, so this is exact, not just close.
+  CHECK(std::memcmp(l1.data(), l2.data(), l1.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("llama: decode of 8 sequences of different lengths in one batch equals each run alone") {
+  tiny_model m(ggml_type::q8_0, 11);
+  auto model = make_cpu_llama(m.w, cpu_options{.threads = 2});
+  constexpr int n_seq = 8;
+  std::vector<std::vector<int32_t>> toks(n_seq), pages(n_seq);
+  for (int s = 0; s < n_seq; ++s) {
+    for (int i = 0; i < 2 + 3 * s; ++i) toks[size_t(s)].push_back(int32_t((s * 7 + i * 13) % m.cfg.n_vocab));
+    for (int p = 0; p < 8; ++p) pages[size_t(s)].push_back(s * 8 + p);
+  }
+  // Alone: prefill all but the last token, then decode the last one.
+  kv_pool alone(model->layout(4), 8 * n_seq), batched(model->layout(4), 8 * n_seq);
+  std::vector<std::vector<float>> want(n_seq);
+  std::vector<float> l;
+  for (int s = 0; s < n_seq; ++s) {
+    const auto& t = toks[size_t(s)];
+    batch_seq pre{std::span(t).first(t.size() - 1), 0, pages[size_t(s)], false};
+    model->forward(std::span(&pre, 1), alone, l);
+    batch_seq dec{std::span(t).last(1), int32_t(t.size() - 1), pages[size_t(s)], true};
+    model->forward(std::span(&dec, 1), alone, want[size_t(s)]);
+  }
+  // Batched: all prefills in one call, then all decodes in one call.
+  std::vector<batch_seq> pre, dec;
+  for (int s = 0; s < n_seq; ++s) {
+    const auto& t = toks[size_t(s)];
+    pre.push_back({std::span(t).first(t.size() - 1), 0, pages[size_t(s)], false});
+    dec.push_back({std::span(t).last(1), int32_t(t.size() - 1), pages[size_t(s)], true});
+  }
+  model->forward(pre, batched, l);
+  CHECK(l.empty());
+  model->forward(dec, batched, l);
+  REQUIRE(l.size() == size_t(n_seq) * size_t(m.cfg.n_vocab));
+  for (int s = 0; s < n_seq; ++s) {
+    CAPTURE(s);
+    CHECK(std::memcmp(want[size_t(s)].data(), l.data() + size_t(s) * size_t(m.cfg.n_vocab),
+                      size_t(m.cfg.n_vocab) * sizeof(float)) == 0);
+  }
 }
 
 TEST_CASE("llama: bad batches and bad weights are rejected with a message") {
@@ -322,6 +374,7 @@ TEST_CASE("llama: load reads a GGUF file and computes the same bits as the in-me
 }
 
 TEST_CASE("llama: the r15m fixtures load and decode") {
+  std::vector<std::vector<float>> first;  // prompt logits of each file
   for (const char* file : {"r15m-f16.gguf", "r15m-q8_0.gguf"}) {
     CAPTURE(file);
     auto f = gguf::file::open(std::string(TANDEM_SHARED_MODELS) + "/" + file);
@@ -349,12 +402,29 @@ TEST_CASE("llama: the r15m fixtures load and decode") {
     std::vector<float> logits1;
     single->forward(std::span(&s, 1), pool1, logits1);
     CHECK(std::memcmp(logits.data(), logits1.data(), logits.size() * sizeof(float)) == 0);
-    // Greedy decode a few steps.
-    for (int32_t p = 5; p < 10; ++p) {
+    first.push_back(logits);
+    // Greedy decode 16 tokens (positions 5..20 cross into the second page).
+    std::vector<int32_t> generated;
+    for (int32_t p = 5; p < 21; ++p) {
       const int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      REQUIRE(next >= 0);
+      REQUIRE(next < 32000);
+      generated.push_back(next);
       batch_seq d{std::span(&next, 1), p, pages, true};
       model->forward(std::span(&d, 1), pool, logits);
       for (float v : logits) REQUIRE(std::isfinite(v));
     }
+    CHECK(generated.size() == 16);
   }
+  // Q8_0 is the f16 model quantized: logits close (normalised squared error; loose, the
+  // quantization error passes through 6 layers).
+  REQUIRE(first.size() == 2);
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < first[0].size(); ++i) {
+    const double d = double(first[0][i]) - first[1][i];
+    err += d * d;
+    norm += double(first[0][i]) * first[0][i];
+  }
+  MESSAGE("r15m f16 vs q8_0 prompt logits nmse = " << err / norm);
+  CHECK(err / norm < 1e-2);
 }

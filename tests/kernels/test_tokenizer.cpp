@@ -247,3 +247,96 @@ TEST_CASE("tokenizer stream_decoder: holds back a split emoji, replaces invalid 
     CHECK(sd.push(hello) == " Hello");
   }
 }
+
+namespace {
+
+/// GPT-2's bytes_to_unicode image of one byte, as UTF-8.
+std::string gpt2_byte(int b) {
+  static std::vector<std::string> map = [] {
+    std::vector<std::string> m(256);
+    int n = 0;
+    for (int c = 0; c < 256; ++c) {
+      const bool printable = (c >= 33 && c <= 126) || (c >= 161 && c <= 172) || (c >= 174 && c <= 255);
+      const int cp = printable ? c : 256 + n++;
+      std::string s;
+      if (cp < 0x80) {
+        s += char(cp);
+      } else {
+        s += char(0xC0 | (cp >> 6));
+        s += char(0x80 | (cp & 0x3F));
+      }
+      m[size_t(c)] = s;
+    }
+    return m;
+  }();
+  return map[size_t(b)];
+}
+
+}  // namespace
+
+TEST_CASE("tokenizer gpt2: full byte vocabulary, pre-tokenizer boundaries, round trips") {
+  // 256 byte tokens, then merged pieces; "dĠ" would only form across a word boundary.
+  std::vector<std::string> toks;
+  for (int b = 0; b < 256; ++b) toks.push_back(gpt2_byte(b));
+  const std::string G = gpt2_byte(' ');
+  const std::vector<std::string> merges = {"h e", "l l", G + " w", "' s", "1 2", "12 3", "d " + G, "o " + G, G + " " + G};
+  for (const auto& m : merges) toks.push_back(m.substr(0, m.find(' ')) + m.substr(m.find(' ') + 1));
+  toks.push_back("<|endoftext|>");
+  std::vector<int32_t> types(toks.size(), 1);
+  types.back() = 3;
+  tandem::gguf::writer w;
+  w.set_string("tokenizer.ggml.model", "gpt2");
+  w.set_array_string("tokenizer.ggml.tokens", toks);
+  w.set_array_i32("tokenizer.ggml.token_type", types);
+  w.set_array_string("tokenizer.ggml.merges", merges);
+  w.set_u32("tokenizer.ggml.bos_token_id", uint32_t(toks.size() - 1));
+  w.set_bool("tokenizer.ggml.add_bos_token", false);
+  const auto bytes = w.bytes();
+  const auto f = tandem::gguf::file::parse(bytes);
+  const auto tok = tokenizer::from_gguf(f);
+  auto id = [&](const std::string& p) { return find_piece(*tok, p); };
+  auto pieces = [&](const std::string& text) {
+    std::vector<std::string> out;
+    for (int32_t t : tok->encode(text, false)) out.push_back(tok->piece(t));
+    return out;
+  };
+  // "'s" is a contraction word; " 123" one digit word; "d" and " " never merge across words.
+  CHECK(pieces("he world's 123") ==
+        std::vector<std::string>{"he", G + "w", "o", "r", "l", "d", "'s", G, "123"});
+  // whitespace runs: all but the last space form a word of their own
+  CHECK(pieces("o   x") == std::vector<std::string>{"o", G + G, G, "x"});
+  CHECK(pieces("\n\ny") == std::vector<std::string>{gpt2_byte('\n'), gpt2_byte('\n'), "y"});
+  CHECK(tok->encode("he", true) == std::vector<int32_t>{int32_t(toks.size() - 1), id("he")});
+  // non-ASCII bytes go through the byte map and come back
+  for (const std::string t : {"caf\xC3\xA9 \xF0\x9F\x98\x80!", "tabs\tand\r\nCRLF", "\xE4\xBD\xA0\xE5\xA5\xBD 12345"}) {
+    CAPTURE(t);
+    CHECK(tok->decode(tok->encode(t, false)) == t);
+    stream_decoder sd(*tok, true);
+    std::string s;
+    for (int32_t x : tok->encode(t, false)) {
+      const std::string chunk = sd.push(x);
+      CHECK(valid_utf8(chunk));
+      s += chunk;
+    }
+    CHECK(s + sd.flush() == t);
+  }
+  CHECK(tok->token_bytes(id(gpt2_byte(0xC3))) == "\xC3");
+  CHECK(tok->decode({int32_t(toks.size() - 1)}).empty());
+}
+
+TEST_CASE("tokenizer llama fixture: stream matches decode for a prompt and a continuation") {
+  const auto f = tandem::gguf::file::open(k_fixture);
+  const auto tok = tokenizer::from_gguf(f);
+  const std::string prompt = "Once upon a time \xF0\x9F\x90\x89 there was a dragon.";
+  const auto ids = tok->encode(prompt, true);
+  stream_decoder start(*tok, true);
+  std::string s;
+  for (int32_t t : ids) s += start.push(t);
+  CHECK(s + start.flush() == prompt);
+  // a continuation keeps the space of its first word
+  const auto more = tok->encode(" and it flew", false);
+  stream_decoder cont(*tok);
+  std::string c;
+  for (size_t i = 1; i < more.size(); ++i) c += cont.push(more[i]);  // skip the dummy-prefix "▁"
+  CHECK(c + cont.flush() == " and it flew");
+}

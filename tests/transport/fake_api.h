@@ -341,14 +341,25 @@ inline http_response parse_response(const std::string& raw) {
   return r;
 }
 
-/// Sends raw request bytes and reads until the server closes (Connection: close).
+/// True once `raw` holds a whole response (Content-Length or final chunk seen).
+inline bool response_complete(const std::string& raw) {
+  size_t he = raw.find("\r\n\r\n");
+  if (he == std::string::npos) return false;
+  auto r = parse_response(raw.substr(0, he + 4));
+  if (r.headers.count("content-length")) return raw.size() - he - 4 >= std::stoul(r.headers["content-length"]);
+  if (r.headers["transfer-encoding"] == "chunked") return raw.size() >= 5 && raw.compare(raw.size() - 5, 5, "0\r\n\r\n") == 0;
+  return false;
+}
+
+/// Sends raw request bytes and reads the response (or until the server closes).
 inline http_response http_exchange(uint16_t port, const std::string& raw_request) {
   int fd = connect_to(port);
   if (fd < 0) return {};
   send_all(fd, raw_request);
   std::string raw;
   char buf[65536];
-  while (true) {
+  // kj-http keeps the connection open for pipelining, so stop at the end of the response.
+  while (!response_complete(raw)) {
     ssize_t n = ::recv(fd, buf, sizeof buf, 0);
     if (n <= 0) break;
     raw.append(buf, static_cast<size_t>(n));

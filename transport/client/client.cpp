@@ -3,6 +3,7 @@
 #include <capnp/rpc-twoparty.h>
 #include <kj/async-io.h>
 
+#include <exception>
 #include <optional>
 
 #include "schemas/api.capnp.h"
@@ -63,9 +64,20 @@ class sink_impl final : public api::TokenSink::Server {
     auto t = p.getText();
     std::string_view text(t.cStr(), t.size());
     r_.text += text;
-    if (!text.empty() && cb_ && !aborted_ && !cb_(text)) {
-      aborted_ = true;
-      on_abort_();
+    if (!text.empty() && cb_ && !aborted_) {
+      bool go_on = true;
+      try {
+        go_on = cb_(text);
+      } catch (...) {
+        // The caller gives up: abort on the node and hand the exception to generate().
+        thrown_ = std::current_exception();
+        go_on = false;
+      }
+      if (!go_on) {
+        aborted_ = true;
+        on_abort_();
+        if (thrown_ && done_->isWaiting()) done_->fulfill();
+      }
     }
     return kj::READY_NOW;
   }
@@ -86,6 +98,7 @@ class sink_impl final : public api::TokenSink::Server {
   }
 
   std::optional<error> err_;
+  std::exception_ptr thrown_;
 
  private:
   client_result& r_;
@@ -141,12 +154,17 @@ client_result client::generate(const std::string& prompt, const client_params& p
   client_result r;
   auto paf = kj::newPromiseAndFulfiller<void>();
   auto* raw = impl_.get();
-  auto sink = kj::heap<sink_impl>(r, on_text, kj::mv(paf.fulfiller), [raw, &r] {
+  // Tokens may arrive before generate() returns the id: then the abort waits for the id.
+  bool abort_wanted = false;
+  auto send_abort = [raw, &r] {
     auto req = raw->node.abortRequest();
     req.setRequestId(r.request_id);
     // Fire and forget; the node answers with done(abort).
-    auto sent = req.send().ignoreResult().eagerlyEvaluate([](kj::Exception&&) {});
-    raw->pending_abort = kj::mv(sent);
+    raw->pending_abort = req.send().ignoreResult().eagerlyEvaluate([](kj::Exception&&) {});
+  };
+  auto sink = kj::heap<sink_impl>(r, on_text, kj::mv(paf.fulfiller), [&r, &abort_wanted, send_abort] {
+    if (r.request_id.empty()) abort_wanted = true;
+    else send_abort();
   });
   auto& sref = *sink;
   api::TokenSink::Client sink_cap = kj::mv(sink);
@@ -167,7 +185,19 @@ client_result client::generate(const std::string& prompt, const client_params& p
     return std::string(res.getRequestId().cStr());
   }));
   r.request_id = resp;
+  if (abort_wanted) send_abort();
   impl_->wait(kj::mv(paf.promise));
+  if (sref.thrown_) {
+    // Let the abort reach the node before the caller possibly drops the connection.
+    KJ_IF_MAYBE(pa, impl_->pending_abort) {
+      try {
+        impl_->wait(kj::mv(*pa));
+      } catch (const error&) {
+      }
+    }
+    impl_->pending_abort = nullptr;
+    std::rethrow_exception(sref.thrown_);
+  }
   impl_->pending_abort = nullptr;
   if (sref.err_) throw *sref.err_;
   return r;

@@ -11,6 +11,7 @@
 #include <optional>
 
 #include <fmt/format.h>
+#include <kj/debug.h>
 #include <spdlog/spdlog.h>
 
 #include "kernels/tokenizer/tokenizer.h"
@@ -345,21 +346,32 @@ struct openai_server::impl {
       unsigned long long n = std::strtoull(cl->cStr(), &end, 10);
       if (end && *end == '\0' && n > max) return too_large(std::to_string(n));
     }
-    return body.readAllBytes(max + 1).then(
-        [this, &response, r, &conn, too_large, max](kj::Array<kj::byte> bytes) -> kj::Promise<void> {
-          if (bytes.size() > max) return too_large("more than " + std::to_string(max));
-          std::string text(reinterpret_cast<const char*>(bytes.begin()), bytes.size());
+    auto buf = kj::heap<std::string>();
+    auto& bref = *buf;
+    return read_capped(body, bref, max + 1)
+        .then([this, &response, r, &conn, too_large, max, &bref]() -> kj::Promise<void> {
+          if (bref.size() > max) return too_large("more than " + std::to_string(max));
           try {
-            return generate(r, text, response, conn);
+            return generate(r, bref, response, conn);
           } catch (const http_error& e) {
             return send_error(response, e, r);
           }
-        },
-        [too_large, max](kj::Exception&& e) -> kj::Promise<void> {
-          // readAllBytes() fails this way once the cap is hit (chunked bodies have no length).
-          if (e.getDescription().startsWith("Reached limit")) return too_large("more than " + std::to_string(max));
-          return kj::mv(e);
-        });
+        })
+        .attach(kj::mv(buf));
+  }
+
+  /// Reads the body into `out` until EOF or until it holds `cap` bytes (chunked bodies have
+  /// no length to check up front).
+  static kj::Promise<void> read_capped(kj::AsyncInputStream& in, std::string& out, uint64_t cap) {
+    if (out.size() >= cap) return kj::READY_NOW;
+    size_t old = out.size();
+    size_t want = static_cast<size_t>(std::min<uint64_t>(cap - old, 65536));
+    out.resize(old + want);
+    return in.tryRead(out.data() + old, 1, want).then([&in, &out, cap, old](size_t n) -> kj::Promise<void> {
+      out.resize(old + n);
+      if (n == 0) return kj::READY_NOW;
+      return read_capped(in, out, cap);
+    });
   }
 
   kj::Promise<void> generate(route_id r, const std::string& text, kj::HttpService::Response& response,
@@ -413,35 +425,37 @@ struct gen_state {
     --srv.in_flight;
   }
 
-  /// Consumes events; returns the new text. Sets `done` when the response is complete.
-  std::string consume(std::vector<token_event>& evs) {
-    std::string delta;
-    for (auto& ev : evs) {
-      if (done) break;
-      if (ev.prompt_tokens > 0) prompt_tokens = ev.prompt_tokens;
-      cached_tokens = ev.cached_tokens;
-      delta += text.push(ev.tokens);
-      if (text.stopped()) {
-        done = true;
-        reason = finish_reason::stop;
-        completion_tokens = text.tokens_consumed();
-        engine_done = engine_done || ev.finished;
-        break;
-      }
-      if (ev.finished) {
-        engine_done = true;
-        done = true;
-        reason = ev.reason;
-        err = ev.err;
-        completion_tokens = ev.completion_tokens;
-        if (!err) {
-          delta += text.finish();
-          if (text.stopped()) reason = finish_reason::stop;
-        } else if (reason != finish_reason::error) {
-          reason = finish_reason::error;
-        }
+  /// Consumes one event; returns its new text. Sets `done` when the response is complete.
+  std::string consume_one(token_event& ev) {
+    if (done) return "";
+    if (ev.prompt_tokens > 0) prompt_tokens = ev.prompt_tokens;
+    cached_tokens = ev.cached_tokens;
+    std::string delta = text.push(ev.tokens);
+    if (text.stopped()) {
+      done = true;
+      reason = finish_reason::stop;
+      completion_tokens = text.tokens_consumed();
+      engine_done = engine_done || (ev.finished && !timed_out);
+      return delta;
+    }
+    if (ev.finished) {
+      engine_done = !timed_out;  // our own timeout event: the engine still runs it
+      done = true;
+      reason = ev.reason;
+      err = ev.err;
+      completion_tokens = ev.completion_tokens;
+      if (!err) {
+        delta += text.finish();
+        if (text.stopped()) reason = finish_reason::stop;
+      } else {
+        reason = finish_reason::error;
       }
     }
+    return delta;
+  }
+  std::string consume(std::vector<token_event>& evs) {
+    std::string delta;
+    for (auto& ev : evs) delta += consume_one(ev);
     return delta;
   }
 
@@ -452,6 +466,7 @@ struct gen_state {
     int64_t left = deadline > now ? std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count() : 0;
     auto timeout = srv.timer.afterDelay(left * kj::MILLISECONDS).then([this] {
       ++srv.timeouts;
+      timed_out = true;
       token_event ev;
       ev.finished = true;
       ev.reason = finish_reason::error;
@@ -473,7 +488,7 @@ struct gen_state {
   text_assembler text;
   std::string id, model, created;
   bool chat = false, include_usage = false;
-  bool submitted = false, engine_done = false, done = false;
+  bool submitted = false, engine_done = false, done = false, timed_out = false;
   std::chrono::steady_clock::time_point deadline;
   finish_reason reason = finish_reason::none;
   std::optional<error> err;
@@ -531,8 +546,8 @@ kj::Promise<void> collect(gen_state& g) {
   });
 }
 
-/// Writes `delta` (and the end of the stream once done), then waits for more.
-kj::Promise<void> stream_step(gen_state& g, std::string delta) {
+/// The SSE events for one engine event's text (and the end of the stream once done).
+std::string render_events(gen_state& g, const std::string& delta) {
   std::string data;
   if (!g.done) {
     if (!delta.empty() || (g.chat && g.first_chunk)) data = sse(chunk_json(g, delta, false));
@@ -553,18 +568,27 @@ kj::Promise<void> stream_step(gen_state& g, std::string delta) {
     }
     data += "data: [DONE]\n\n";
   }
+  if (!data.empty()) ++g.srv.stream_events;
+  return data;
+}
+
+/// Writes one SSE chunk per engine event (events that arrived together go out in one
+/// write), then waits for more.
+kj::Promise<void> stream_step(gen_state& g, std::vector<token_event> evs) {
+  std::string data;
+  for (auto& ev : evs) {
+    if (g.done) break;
+    std::string d = g.consume_one(ev);
+    data += render_events(g, d);
+  }
   kj::Promise<void> wrote = kj::READY_NOW;
   if (!data.empty()) {
-    ++g.srv.stream_events;
     auto s = kj::heapString(data.data(), data.size());
     auto p = g.out->write(s.begin(), s.size());
     wrote = p.attach(kj::mv(s));
   }
   if (g.done) return wrote;
-  return wrote.then([&g] { return g.next(); }).then([&g](std::vector<token_event> evs) {
-    std::string d = g.consume(evs);
-    return stream_step(g, std::move(d));
-  });
+  return wrote.then([&g] { return g.next(); }).then([&g](std::vector<token_event> evs) { return stream_step(g, kj::mv(evs)); });
 }
 
 }  // namespace
@@ -656,6 +680,7 @@ kj::Promise<void> openai_server::impl::generate(route_id r, const std::string& t
   auto disconnected = watch_disconnect(conn).then([this, &gs]() {
     ++client_disconnects;
     spdlog::info("http: client went away; aborting {}", gs.id);
+    kj::throwFatalException(KJ_EXCEPTION(DISCONNECTED, "client disconnected"));
   });
 
   if (!pr.stream) {
@@ -679,14 +704,16 @@ kj::Promise<void> openai_server::impl::generate(route_id r, const std::string& t
 
   // Streaming: wait for the first event so an immediate engine error still gets its status.
   auto work = gs.next().then([this, &gs, &response, r](std::vector<token_event> evs) -> kj::Promise<void> {
-    std::string delta = gs.consume(evs);
-    if (gs.err) return send_error(response, from_engine(*gs.err), r);
+    if (!evs.empty() && evs[0].finished && evs[0].err) {
+      gs.consume_one(evs[0]);
+      return send_error(response, from_engine(*gs.err), r);
+    }
     count(r, 200);
     kj::HttpHeaders h(*header_table);
     h.set(h_content_type, "text/event-stream");
     h.set(h_cache_control, "no-cache");
     gs.out = response.send(200, "OK", h);
-    return stream_step(gs, std::move(delta));
+    return stream_step(gs, kj::mv(evs));
   });
   return work.exclusiveJoin(kj::mv(disconnected)).attach(kj::mv(g));
 }

@@ -64,7 +64,7 @@ struct rpc_server::impl {
     transport::text_assembler text;
     std::string id;
     std::chrono::steady_clock::time_point deadline;
-    bool engine_done = false, done = false;
+    bool engine_done = false, done = false, timed_out = false;
     finish_reason reason = finish_reason::none;
     std::optional<error> err;
     int32_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
@@ -74,6 +74,7 @@ struct rpc_server::impl {
     auto now = std::chrono::steady_clock::now();
     int64_t left = st.deadline > now ? std::chrono::duration_cast<std::chrono::milliseconds>(st.deadline - now).count() : 0;
     auto timeout = timer.afterDelay(left * kj::MILLISECONDS).then([this, &st] {
+      st.timed_out = true;
       token_event ev;
       ev.finished = true;
       ev.reason = finish_reason::error;
@@ -86,25 +87,23 @@ struct rpc_server::impl {
       return v;
     });
     return st.ch.next().exclusiveJoin(kj::mv(timeout)).then([this, &st](std::vector<token_event> evs) -> kj::Promise<void> {
-      std::vector<int32_t> new_ids;
-      std::string delta;
+      // One tokens() call per engine event that produced tokens or text.
+      kj::Vector<kj::Promise<void>> sends;
       for (auto& ev : evs) {
         if (st.done) break;
         if (ev.prompt_tokens > 0) st.prompt_tokens = ev.prompt_tokens;
         st.cached_tokens = ev.cached_tokens;
         size_t before = static_cast<size_t>(st.text.tokens_consumed());
-        delta += st.text.push(ev.tokens);
+        std::string delta = st.text.push(ev.tokens);
         size_t used = static_cast<size_t>(st.text.tokens_consumed()) - before;
-        new_ids.insert(new_ids.end(), ev.tokens.begin(), ev.tokens.begin() + static_cast<ptrdiff_t>(used));
         if (st.text.stopped()) {
           st.done = true;
           st.reason = finish_reason::stop;
           st.completion_tokens = st.text.tokens_consumed();
-          st.engine_done = st.engine_done || ev.finished;
-          break;
-        }
-        if (ev.finished) {
-          st.engine_done = st.done = true;
+          st.engine_done = st.engine_done || (ev.finished && !st.timed_out);
+        } else if (ev.finished) {
+          st.engine_done = !st.timed_out;
+          st.done = true;
           st.reason = ev.err ? finish_reason::error : ev.reason;
           st.err = ev.err;
           st.completion_tokens = ev.completion_tokens;
@@ -113,15 +112,14 @@ struct rpc_server::impl {
             if (st.text.stopped()) st.reason = finish_reason::stop;
           }
         }
-      }
-      kj::Promise<void> sent = kj::READY_NOW;
-      if (!new_ids.empty() || !delta.empty()) {
+        if (used == 0 && delta.empty()) continue;
         auto req = st.sink.tokensRequest();
-        auto l = req.initIds(static_cast<unsigned>(new_ids.size()));
-        for (size_t i = 0; i < new_ids.size(); ++i) l.set(static_cast<unsigned>(i), new_ids[i]);
+        auto l = req.initIds(static_cast<unsigned>(used));
+        for (size_t i = 0; i < used; ++i) l.set(static_cast<unsigned>(i), ev.tokens[i]);
         req.setText(delta);
-        sent = req.send();
+        sends.add(req.send());
       }
+      kj::Promise<void> sent = kj::joinPromises(sends.releaseAsArray());
       if (!st.done) return sent.then([this, &st] { return pump(st); });
       return sent.then([&st] {
         auto req = st.sink.doneRequest();

@@ -1,0 +1,75 @@
+// Drives a running tandem server with the official openai npm client. Exits non-zero on any
+// mismatch. TANDEM_BASE_URL is like http://127.0.0.1:PORT/v1.
+import OpenAI from "openai";
+
+const baseURL = process.env.TANDEM_BASE_URL;
+if (!baseURL) {
+  console.error("set TANDEM_BASE_URL, e.g. http://127.0.0.1:8080/v1");
+  process.exit(2);
+}
+const client = new OpenAI({ baseURL, apiKey: "unused", maxRetries: 0, timeout: 30000 });
+let failures = 0;
+function check(cond, what) {
+  if (!cond) {
+    console.error("FAIL: " + what);
+    failures++;
+  } else {
+    console.log("ok: " + what);
+  }
+}
+
+const models = await client.models.list();
+const model = models.data[0]?.id;
+check(typeof model === "string" && model.length > 0, `models.list returns a model id (${model})`);
+
+const params = { model, max_tokens: 8, temperature: 0, seed: 1 };
+
+const c = await client.completions.create({ ...params, prompt: "Hello world" });
+check(c.object === "text_completion", "completion object");
+check(c.id.startsWith("cmpl-"), "completion id");
+check(c.choices.length === 1 && typeof c.choices[0].text === "string", "completion text");
+check(["stop", "length"].includes(c.choices[0].finish_reason), "completion finish_reason");
+check(c.usage && c.usage.total_tokens === c.usage.prompt_tokens + c.usage.completion_tokens, "completion usage");
+
+let streamed = "";
+let usage = null;
+let finish = null;
+const cs = await client.completions.create({ ...params, prompt: "Hello world", stream: true,
+                                             stream_options: { include_usage: true } });
+for await (const chunk of cs) {
+  if (chunk.usage) usage = chunk.usage;
+  for (const ch of chunk.choices) {
+    streamed += ch.text;
+    if (ch.finish_reason) finish = ch.finish_reason;
+  }
+}
+check(streamed === c.choices[0].text, `streamed completion equals the non-streamed one (${JSON.stringify(streamed)})`);
+check(finish === c.choices[0].finish_reason, "streamed finish_reason");
+check(usage && usage.completion_tokens === c.usage.completion_tokens, "streamed usage");
+
+const messages = [{ role: "system", content: "You are terse." }, { role: "user", content: "Say hi" }];
+const chat = await client.chat.completions.create({ ...params, messages });
+check(chat.object === "chat.completion", "chat object");
+check(chat.choices[0].message.role === "assistant", "chat role");
+check(typeof chat.choices[0].message.content === "string", "chat content");
+
+let chatStreamed = "";
+const chs = await client.chat.completions.create({ ...params, messages, stream: true });
+for await (const chunk of chs) {
+  for (const ch of chunk.choices) chatStreamed += ch.delta?.content ?? "";
+}
+check(chatStreamed === chat.choices[0].message.content, "streamed chat equals the non-streamed one");
+
+// Errors surface as APIError with the status.
+try {
+  await client.completions.create({ ...params, prompt: "x", temperature: 5 });
+  check(false, "temperature 5 is rejected");
+} catch (e) {
+  check(e instanceof OpenAI.APIError && e.status === 422 && /temperature/.test(e.message), `422 for temperature 5 (${e.message})`);
+}
+
+if (failures) {
+  console.error(`${failures} check(s) failed`);
+  process.exit(1);
+}
+console.log("all openai client checks passed");
