@@ -1,0 +1,43 @@
+#pragma once
+/// Settings of the hierarchical KV cache (device -> host -> disk). Filled from `tandem serve`
+/// flags or the `[cache]` table of a cluster config; checked by validate_cache_config() both in
+/// `tandem check-config` and at every start, before any actor exists.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/model/kv_pool.h"
+
+namespace tandem {
+
+/// When the host tier (L2) gets a copy of a device (L1) page.
+enum class cache_write_policy : uint8_t {
+  write_through,            ///< every page computed by prefill is backed up at once
+  write_through_selective,  ///< backed up after `write_through_threshold` hits
+  write_back,               ///< backed up on eviction from L1; the eviction waits for the copy
+};
+
+struct cache_config {
+  bool enabled = true;        ///< prefix reuse at all (L1 radix cache)
+  /// L2 size as a multiple of the device pool; 0 = no host tier. Exclusive with host_size_gb.
+  double host_ratio = 0;
+  /// L2 size in GiB; 0 = use host_ratio. Exclusive with host_ratio.
+  double host_size_gb = 0;
+  cache_write_policy write_policy = cache_write_policy::write_through_selective;
+  int32_t write_through_threshold = 2;  ///< hits before a write_through_selective backup
+  std::string disk_dir;                 ///< L3 directory; empty = no disk tier
+  double disk_size_gb = 0;              ///< L3 bound; required when disk_dir is set
+  int32_t min_load_back_tokens = 0;     ///< shorter L2/L3 hits are recomputed instead (0 = page_size)
+};
+
+/// Parses "write_through" / "write_through_selective" / "write_back"; false if unknown.
+bool parse_cache_write_policy(const std::string& s, cache_write_policy& out);
+const char* cache_write_policy_name(cache_write_policy p);
+
+/// One problem per entry, each naming the key (as `cache.<key>`), the value, why, and the fix;
+/// empty if `c` can be honoured for a model whose KV pages look like `layout` on a device pool of
+/// `device_pages` pages with `host_ram_bytes` of host memory available (0 = unknown, not checked).
+std::vector<std::string> validate_cache_config(const cache_config& c, const kv_layout& layout, int32_t device_pages,
+                                               uint64_t host_ram_bytes);
+
+}  // namespace tandem
