@@ -41,6 +41,7 @@ int generate(args a) {
     return true;
   });
   std::fputc('\n', stdout);
+  std::fflush(stdout);  // the summary on stderr must come after the text
   std::fprintf(stderr, "tandem generate: %s, finish_reason=%s, prompt_tokens=%d, completion_tokens=%d\n", r.request_id.c_str(),
                r.finish_reason.c_str(), r.prompt_tokens, r.completion_tokens);
   return 0;
