@@ -79,7 +79,11 @@ int serve(args a) {
                         "' is not a policy; use write_through, write_through_selective or write_back");
   co.cache.disk_dir = f.str("cache-disk-dir");
   co.cache.disk_size_gb = f.real("cache-disk-size-gb");
-  co.cache.min_load_back_tokens = static_cast<int32_t>(f.num("min-load-back-tokens"));  // validated at start
+  const int64_t min_lb = f.num("min-load-back-tokens");
+  if (min_lb < 0 || min_lb > INT32_MAX)
+    throw tandem::error("flag --min-load-back-tokens = " + std::to_string(min_lb) +
+                        " must be a token count >= 0 (0 = one page)");
+  co.cache.min_load_back_tokens = static_cast<int32_t>(min_lb);
   auto level = spdlog::level::from_str(co.log_level);
   if (level == spdlog::level::off && co.log_level != "off")
     throw tandem::error("flag --log-level = '" + co.log_level + "' is not a level; use trace, debug, info, warn or error");
