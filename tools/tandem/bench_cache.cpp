@@ -232,6 +232,7 @@ int bench_cache(args a) {
   std::vector<run_stats> runs;
   double l2_ms = 0, recompute_ms = 0, l2_load_s = 0;
   int32_t l2_tokens = 0, probe_tokens = 0;
+  double probe_host = 0, probe_disk = 0;
   const char* names[] = {"cache off", "L1 only", "L1+L2+L3"};
   for (int i = 0; i < 3; ++i) {
     auto o = i == 0 ? base(false) : i == 1 ? base(true) : hier;
@@ -252,11 +253,17 @@ int bench_cache(args a) {
         for (int j = 0; j < flood; ++j) other.push_back(src.next());
         run_one(*c, "flood" + std::to_string(k), other, 1);
       }
-      const double lb0 = metric(c->metrics_text(), "tandem_cache_load_back_seconds_total");
+      const auto before = c->metrics_text();
+      const double lb0 = metric(before, "tandem_cache_load_back_seconds_total");
+      const double host0 = metric(before, "tandem_cache_hit_tokens_total{tier=\"host\"}");
+      const double disk0 = metric(before, "tandem_cache_hit_tokens_total{tier=\"disk\"}");
       auto hot = run_one(*c, "probe-l2", probe, 1);
       l2_ms = hot.ttft_ms;
       l2_tokens = hot.cached;
-      l2_load_s = metric(c->metrics_text(), "tandem_cache_load_back_seconds_total") - lb0;
+      const auto after = c->metrics_text();
+      l2_load_s = metric(after, "tandem_cache_load_back_seconds_total") - lb0;
+      probe_host = metric(after, "tandem_cache_hit_tokens_total{tier=\"host\"}") - host0;
+      probe_disk = metric(after, "tandem_cache_hit_tokens_total{tier=\"disk\"}") - disk0;
     }
   }
 
@@ -285,9 +292,10 @@ int bench_cache(args a) {
               metric(h, "tandem_cache_backup_tokens_total{tier=\"host\"}"),
               metric(h, "tandem_cache_backup_tokens_total{tier=\"disk\"}"),
               metric(h, "tandem_cache_copy_bandwidth_bytes_per_second") / 1e9);
-  std::printf("L2 hit vs recompute, %d-token prompt: TTFT %.1f ms with %d tokens loaded back from host "
-              "(load-back %.2f ms) vs %.1f ms recomputing: %.2fx\n",
-              probe_tokens, l2_ms, l2_tokens, l2_load_s * 1000.0, recompute_ms, recompute_ms / std::max(l2_ms, 1e-9));
+  std::printf("L2 hit vs recompute, %d-token prompt: TTFT %.1f ms reusing %d tokens (%.0f from host, %.0f from disk; "
+              "load-back %.2f ms) vs %.1f ms recomputing: %.2fx\n",
+              probe_tokens, l2_ms, l2_tokens, probe_host, probe_disk, l2_load_s * 1000.0, recompute_ms,
+              recompute_ms / std::max(l2_ms, 1e-9));
   bool ok = true;
   for (const auto& r : runs) ok = ok && r.outputs == off.outputs;
   if (!ok) {
