@@ -157,6 +157,38 @@ struct InsertPrefix {
   pages @2 :List(Int32);
 }
 
+# Cache tier -> worker: page copies between the tiers of the hierarchical KV cache. The worker
+# owns the memory of the device pool (L1) and the host pool (L2) and the files of the disk
+# tier (L3); the cache tier owns the bookkeeping and asks for copies. Ops run in order.
+enum CacheOpKind {
+  deviceToHost @0;   # backup (write-through) or write-back on L1 eviction
+  hostToDevice @1;   # load-back of an L2 hit
+  hostToDisk @2;     # L3 write (write-through, or write-back on L2 eviction)
+  diskToHost @3;     # L3 hit: read, verify the checksum, place in a host page
+  dropDisk @4;       # L3 eviction: delete the file
+}
+
+struct CacheOp {
+  kind @0 :CacheOpKind;
+  device @1 :Int32;           # device page (deviceToHost, hostToDevice)
+  host @2 :Int32;             # host page (all but dropDisk)
+  hash @3 :UInt64;            # chain hash of the prefix ending with this page: names the file
+  parent @4 :UInt64;          # chain hash of the prefix before it (stored, checked on read)
+  tokens @5 :List(Int32);     # the page's tokens (stored, checked on read)
+}
+
+struct CacheCopy {
+  id @0 :Text;                # what asked (request id or "backup")
+  ops @1 :List(CacheOp);
+}
+
+struct CacheCopyReply {
+  failed @0 :List(UInt32);    # indices of ops that failed (bad checksum, missing file, I/O error)
+  error @1 :Text;             # the first failure, for the log
+  bytes @2 :UInt64;           # bytes copied
+  elapsedUs @3 :Int64;
+}
+
 struct Metric {
   name @0 :Text;              # without the tandem_ prefix
   labels @1 :Text;            # `reason="x"` or empty
@@ -202,5 +234,7 @@ struct Envelope {
     statsReply @13 :StatsReply;
     requeue @14 :SubmitRequest;   # decode -> prefill after preemption
     error @15 :Error;
+    cacheCopy @16 :CacheCopy;
+    cacheCopyReply @17 :CacheCopyReply;
   }
 }

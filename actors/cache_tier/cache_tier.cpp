@@ -3,8 +3,10 @@
 #include <fmt/format.h>
 
 #include <caf/all.hpp>
+#include <chrono>
 
 #include "actors/cache_tier/page_allocator.h"
+#include "actors/cache_tier/page_file.h"
 #include "actors/cache_tier/radix_cache.h"
 #include "actors/common/metrics.h"
 #include "actors/common/wire.h"
@@ -13,22 +15,31 @@ namespace tandem {
 
 namespace {
 
+constexpr const char* k_tier[3] = {"device", "host", "disk"};
+
+struct copy_done {
+  std::vector<uint32_t> failed;
+  uint64_t bytes = 0;
+  int64_t worker_us = 0;
+  double wall_s = 0;
+};
+
 struct cache_state {
   cache_tier_options opt;
+  bounded_actor worker;
   std::unique_ptr<page_allocator> alloc;
+  std::unique_ptr<page_allocator> host_alloc;
   std::unique_ptr<radix_cache> cache;
   std::shared_ptr<mailbox_gate> gate;
   std::shared_ptr<spdlog::logger> log;
   int64_t lookups = 0, hits = 0, hit_tokens = 0, alloc_failures = 0, bad_frees = 0;
+  int64_t tier_hits[3] = {0, 0, 0}, tier_hit_tokens[3] = {0, 0, 0};
+  int64_t load_back_tokens = 0, load_back_skipped_tokens = 0, copy_bytes = 0, copy_batches = 0;
+  double load_back_s = 0, copy_s = 0;
+  int64_t background_in_flight = 0, disk_restored = 0;
   static inline const char* name = "cache_tier";
 
-  /// n fresh pages, evicting unreferenced cached pages if the free list is short.
-  std::optional<std::vector<int32_t>> alloc_pages(int32_t n) {
-    if (alloc->n_free() < n) cache->evict_until_free(n);
-    auto r = alloc->try_alloc(n);
-    if (!r) ++alloc_failures;
-    return r;
-  }
+  bool tiers() const { return host_alloc != nullptr; }
 
   tandem::error exhausted(const std::string& id, int32_t n) const {
     return tandem::error(
@@ -37,102 +48,307 @@ struct cache_state {
                     "in use); retry later or raise limits.kv_cache_mb / device_pages",
                     id, n, alloc->n_free(), alloc->n_pages(), cache->cached_pages()));
   }
+};
 
-  wire acquire(schema::AcquireRequest::Reader rq) {
-    auto tokens = to_vector(rq.getTokens());
-    std::string id = rq.getId().cStr();
-    const int32_t ps = opt.page_size;
-    const int32_t total = (static_cast<int32_t>(tokens.size()) + ps - 1) / ps;
-    radix_cache::match_result m;
-    if (opt.prefix_cache && rq.getUsePrefixCache()) {
-      ++lookups;
-      m = cache->match(tokens, static_cast<int32_t>(tokens.size()) - 1);
-      for (auto p : m.pages) alloc->ref(p);  // pin before evicting for the rest
+using cache_actor_t = caf::stateful_actor<cache_state>;
+
+wire copy_wire(const std::string& id, const std::vector<copy_op>& ops) {
+  return make_wire([&](schema::Envelope::Builder env) {
+    auto cc = env.initCacheCopy();
+    cc.setId(id);
+    auto l = cc.initOps(static_cast<unsigned>(ops.size()));
+    for (unsigned i = 0; i < ops.size(); ++i) {
+      auto o = l[i];
+      const auto& op = ops[i];
+      switch (op.kind) {
+        case copy_op::device_to_host: o.setKind(schema::CacheOpKind::DEVICE_TO_HOST); break;
+        case copy_op::host_to_device: o.setKind(schema::CacheOpKind::HOST_TO_DEVICE); break;
+        case copy_op::host_to_disk: o.setKind(schema::CacheOpKind::HOST_TO_DISK); break;
+        case copy_op::disk_to_host: o.setKind(schema::CacheOpKind::DISK_TO_HOST); break;
+        case copy_op::drop_disk: o.setKind(schema::CacheOpKind::DROP_DISK); break;
+      }
+      o.setDevice(op.device);
+      o.setHost(op.host);
+      o.setHash(op.hash);
+      o.setParent(op.parent);
+      fill_list([&](unsigned n) { return o.initTokens(n); }, op.tokens);
     }
-    const int32_t fresh = total - static_cast<int32_t>(m.pages.size());
-    auto pages = alloc_pages(fresh);
-    if (!pages) {
-      alloc->unref_all(m.pages);
-      auto err = exhausted(id, fresh);
-      log->warn("{}", err.what());
+  });
+}
+
+/// Has the worker run `ops` (in order, after everything already in its mailbox) and calls
+/// `done` with the result; an unreachable worker fails every op.
+template <class F>
+void run_copies(cache_actor_t* self, const std::string& id, std::vector<copy_op> ops, F done) {
+  auto& s = self->state;
+  auto extra = s.cache->take_pending_ops();
+  ops.insert(ops.end(), extra.begin(), extra.end());
+  const size_t n = ops.size();
+  auto t0 = std::chrono::steady_clock::now();
+  s.worker.gate->enter_control();  // already decided: the copy must run (bounded by the callers' bounds)
+  s.copy_batches += 1;
+  self->request(s.worker.handle, caf::infinite, call_atom::value, copy_wire(id, ops))
+      .then(
+          [self, done, t0](const wire& w) mutable {
+            auto& st = self->state;
+            copy_done r;
+            r.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            try {
+              wire_reader rd(w);
+              auto env = rd.root();
+              if (!env.isCacheCopyReply()) throw tandem::error("worker sent an unexpected reply to a cache copy");
+              auto cr = env.getCacheCopyReply();
+              for (auto i : cr.getFailed()) r.failed.push_back(i);
+              r.bytes = cr.getBytes();
+              r.worker_us = cr.getElapsedUs();
+            } catch (const std::exception& e) {
+              st.log->error("cache copy: {}", e.what());
+            }
+            st.copy_bytes += static_cast<int64_t>(r.bytes);
+            st.copy_s += double(r.worker_us) / 1e6;
+            done(r);
+          },
+          [self, done, n, t0](caf::error& e) mutable {
+            self->state.log->warn("cache copy: worker unreachable: {}", self->system().render(e));
+            copy_done r;
+            r.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            for (uint32_t i = 0; i < n; ++i) r.failed.push_back(i);
+            done(r);
+          });
+}
+
+void run_background(cache_actor_t* self, const std::string& id, std::vector<copy_op> ops) {
+  auto& s = self->state;
+  s.background_in_flight += 1;
+  run_copies(self, id, std::move(ops), [self](const copy_done&) { self->state.background_in_flight -= 1; });
+}
+
+void flush_pending(cache_actor_t* self) {
+  auto ops = self->state.cache->take_pending_ops();
+  if (!ops.empty()) run_background(self, "drop", std::move(ops));
+}
+
+caf::result<wire> acquire(cache_actor_t* self, schema::AcquireRequest::Reader rq) {
+  auto& s = self->state;
+  auto tokens = to_vector(rq.getTokens());
+  std::string id = rq.getId().cStr();
+  const int32_t ps = s.opt.page_size;
+  const int32_t total = (static_cast<int32_t>(tokens.size()) + ps - 1) / ps;
+  std::vector<copy_op> ops;
+  auto m = std::make_shared<radix_cache::match_result>();
+  const bool use = s.opt.prefix_cache && rq.getUsePrefixCache();
+  if (use) {
+    ++s.lookups;
+    *m = s.cache->match(tokens, static_cast<int32_t>(tokens.size()) - 1, ops);
+  }
+  const int32_t fresh = total - static_cast<int32_t>(m->pages.size());
+  auto pages = std::make_shared<std::optional<std::vector<int32_t>>>(s.cache->alloc_device(fresh, ops));
+  auto finish = [self, m, pages, id, total, use](const copy_done& d) -> wire {
+    auto& st = self->state;
+    const int32_t cached = use ? st.cache->finish_match(*m, d.failed) : 0;
+    flush_pending(self);
+    if (!*pages) {
+      st.alloc->unref_all(m->pages);
+      ++st.alloc_failures;
+      auto err = st.exhausted(id, total - static_cast<int32_t>(m->pages.size()));
+      st.log->warn("{}", err.what());
       return make_wire([&](schema::Envelope::Builder env) {
         auto r = env.initAcquireReply();
         r.setId(id);
         r.setOk(false);
         set_error(r.initError(), err);
-        r.setRetryable(total <= alloc->n_pages());
+        r.setRetryable(total <= st.alloc->n_pages());
       });
     }
-    if (m.tokens > 0) {
-      ++hits;
-      hit_tokens += m.tokens;
+    if (use) {
+      const int32_t ps2 = st.opt.page_size;
+      int32_t left = cached;
+      const int32_t parts[3] = {m->device_tokens, m->host_tokens, m->disk_tokens};
+      for (int t = 0; t < 3; ++t) {
+        const int32_t got = std::min(left, parts[t]);
+        left -= got;
+        if (got > 0) {
+          st.tier_hits[t] += 1;
+          st.tier_hit_tokens[t] += got;
+        }
+      }
+      const int32_t loaded = cached - std::min(cached, m->device_tokens);
+      if (loaded > 0) {
+        st.load_back_tokens += loaded;
+        st.load_back_s += d.wall_s;
+      }
+      st.load_back_skipped_tokens += m->skipped_tokens;
+      if (cached > 0) {
+        ++st.hits;
+        st.hit_tokens += cached;
+      }
+      (void)ps2;
     }
-    std::vector<int32_t> all = m.pages;
-    all.insert(all.end(), pages->begin(), pages->end());
-    log->debug("request {}: acquired {} pages ({} cached tokens)", id, all.size(), m.tokens);
+    std::vector<int32_t> all = m->pages;
+    all.insert(all.end(), (*pages)->begin(), (*pages)->end());
+    st.log->debug("request {}: acquired {} pages ({} cached tokens: {} device, {} host, {} disk)", id, all.size(),
+                  cached, m->device_tokens, m->host_tokens, m->disk_tokens);
     return make_wire([&](schema::Envelope::Builder env) {
       auto r = env.initAcquireReply();
       r.setId(id);
       r.setOk(true);
       fill_list([&](unsigned n) { return r.initPages(n); }, all);
-      r.setCachedTokens(m.tokens);
+      r.setCachedTokens(cached);
     });
-  }
+  };
+  if (ops.empty()) return finish(copy_done{});
+  auto rp = self->make_response_promise<wire>();
+  run_copies(self, id, std::move(ops), [rp, finish](const copy_done& d) mutable { rp.deliver(finish(d)); });
+  return rp;
+}
 
-  wire alloc_reply(schema::AllocRequest::Reader rq) {
-    auto pages = alloc_pages(rq.getCount());
+caf::result<wire> alloc_reply(cache_actor_t* self, schema::AllocRequest::Reader rq) {
+  auto& s = self->state;
+  std::vector<copy_op> ops;
+  std::string id = rq.getId().cStr();
+  const int32_t count = rq.getCount();
+  auto pages = s.cache->alloc_device(count, ops);
+  if (!pages) ++s.alloc_failures;
+  auto reply = [self, pages, id, count]() {
+    auto& st = self->state;
     return make_wire([&](schema::Envelope::Builder env) {
       auto r = env.initAllocReply();
       r.setOk(pages.has_value());
       if (pages)
         fill_list([&](unsigned n) { return r.initPages(n); }, *pages);
       else
-        set_error(r.initError(), exhausted(rq.getId().cStr(), rq.getCount()));
-      r.setFree(alloc->n_free());
+        set_error(r.initError(), st.exhausted(id, count));
+      r.setFree(st.alloc->n_free());
     });
-  }
+  };
+  if (ops.empty()) return reply();
+  // write_back: the victims' copies run before the caller may overwrite their pages.
+  auto rp = self->make_response_promise<wire>();
+  run_copies(self, id, std::move(ops), [rp, reply](const copy_done&) mutable { rp.deliver(reply()); });
+  return rp;
+}
 
-  void free_pages(schema::FreePages::Reader f) {
-    for (auto p : f.getPages()) {
-      try {
-        alloc->unref(p);
-      } catch (const tandem::error& e) {
-        ++bad_frees;
-        log->error("request {}: {}", f.getId().cStr(), e.what());
-      }
-    }
-  }
-
-  void insert(schema::InsertPrefix::Reader ins) {
-    if (!opt.prefix_cache) return;
-    auto tokens = to_vector(ins.getTokens());
-    auto pages = to_vector(ins.getPages());
+void free_pages(cache_state& s, schema::FreePages::Reader f) {
+  for (auto p : f.getPages()) {
     try {
-      int32_t added = cache->insert(tokens, pages);
-      log->debug("request {}: cached {} new prefix pages", ins.getId().cStr(), added);
+      s.alloc->unref(p);
     } catch (const tandem::error& e) {
-      log->error("request {}: prefix insert failed: {}", ins.getId().cStr(), e.what());
+      ++s.bad_frees;
+      s.log->error("request {}: {}", f.getId().cStr(), e.what());
     }
   }
-};
+}
 
-caf::behavior cache_tier_actor(caf::stateful_actor<cache_state>* self, cache_tier_options opt,
-                               std::shared_ptr<mailbox_gate> gate, std::shared_ptr<spdlog::logger> log) {
+void insert(cache_actor_t* self, schema::InsertPrefix::Reader ins) {
+  auto& s = self->state;
+  if (!s.opt.prefix_cache) return;
+  auto tokens = to_vector(ins.getTokens());
+  auto pages = to_vector(ins.getPages());
+  std::vector<copy_op> ops;
+  try {
+    const bool allow = s.background_in_flight < s.opt.max_background_copies;
+    int32_t added = s.cache->insert(tokens, pages, ops, allow);
+    s.log->debug("request {}: cached {} new prefix pages", ins.getId().cStr(), added);
+  } catch (const tandem::error& e) {
+    s.log->error("request {}: prefix insert failed: {}", ins.getId().cStr(), e.what());
+  }
+  if (!ops.empty()) run_background(self, ins.getId().cStr(), std::move(ops));
+}
+
+std::vector<metric_sample> metrics(const cache_state& s) {
+  std::vector<metric_sample> m = {
+      {"kv_pages_total", "", double(s.alloc->n_pages()), "gauge", "KV pages in the device pool"},
+      {"kv_pages_free", "", double(s.alloc->n_free()), "gauge", "KV pages on the free list"},
+      {"kv_pages_cached", "", double(s.cache->cached_pages()), "gauge", "KV pages held by the prefix cache"},
+      {"kv_pages_evictable", "", double(s.cache->evictable_pages()), "gauge",
+       "Cached KV pages no request uses (reclaimable)"},
+      {"prefix_cache_lookups_total", "", double(s.lookups), "counter", "Prefix cache lookups"},
+      {"prefix_cache_hits_total", "", double(s.hits), "counter", "Lookups that reused at least one page"},
+      {"prefix_cache_hit_tokens_total", "", double(s.hit_tokens), "counter",
+       "Prompt tokens served from the prefix cache (any tier)"},
+      {"prefix_cache_evictions_total", "", double(s.cache->evictions(0)), "counter",
+       "Cached pages evicted from the device pool"},
+      {"kv_alloc_failures_total", "", double(s.alloc_failures), "counter",
+       "Page allocations that failed (overloaded)"},
+      {"kv_bad_frees_total", "", double(s.bad_frees), "counter", "Frees of pages that were not allocated (bugs)"},
+  };
+  const double used[3] = {double(s.alloc->n_pages() - s.alloc->n_free()),
+                          double(s.host_alloc ? s.host_alloc->n_pages() - s.host_alloc->n_free() : 0),
+                          double(s.cache->disk_pages())};
+  const double total[3] = {double(s.alloc->n_pages()), double(s.host_alloc ? s.host_alloc->n_pages() : 0),
+                           double(s.cache->disk_bound())};
+  for (int t = 0; t < 3; ++t) {
+    auto l = fmt::format("tier=\"{}\"", k_tier[t]);
+    m.push_back({"cache_hits_total", l, double(s.tier_hits[t]), "counter",
+                 "Lookups whose reused prefix includes pages of this tier"});
+    m.push_back({"cache_hit_tokens_total", l, double(s.tier_hit_tokens[t]), "counter",
+                 "Prompt tokens reused from this tier"});
+    m.push_back({"cache_evictions_total", l, double(s.cache->evictions(t)), "counter", "Pages evicted from this tier"});
+    m.push_back({"cache_pages_used", l, used[t], "gauge", "Pages of this tier in use (cached or by requests)"});
+    m.push_back({"cache_pages_total", l, total[t], "gauge", "Pages this tier can hold"});
+    const double cached[3] = {double(s.cache->cached_pages()), double(s.cache->host_cached_pages()),
+                              double(s.cache->disk_pages())};
+    m.push_back({"cache_pages_cached", l, cached[t], "gauge", "Pages of this tier held by the prefix cache"});
+  }
+  for (int t = 1; t < 3; ++t)
+    m.push_back({"cache_backup_tokens_total", fmt::format("tier=\"{}\"", k_tier[t]), double(s.cache->backup_tokens(t)),
+                 "counter", "Tokens copied into this tier (write-through, selective or write-back)"});
+  m.push_back({"cache_load_back_tokens_total", "", double(s.load_back_tokens), "counter",
+               "Tokens loaded back from host/disk into device pages"});
+  m.push_back({"cache_load_back_seconds_total", "", s.load_back_s, "counter",
+               "Seconds requests waited for load-back copies (round trip through the worker)"});
+  m.push_back({"cache_load_back_skipped_tokens_total", "", double(s.load_back_skipped_tokens), "counter",
+               "Host/disk hits shorter than cache.min_load_back_tokens, recomputed instead"});
+  m.push_back({"cache_copy_bytes_total", "", double(s.copy_bytes), "counter", "Bytes copied between the tiers"});
+  m.push_back({"cache_copy_seconds_total", "", s.copy_s, "counter",
+               "Worker seconds spent copying between the tiers (bytes / seconds = bandwidth)"});
+  m.push_back({"cache_copy_bandwidth_bytes_per_second", "", s.copy_s > 0 ? double(s.copy_bytes) / s.copy_s : 0.0,
+               "gauge", "Average copy bandwidth between the tiers"});
+  m.push_back({"cache_copy_batches_total", "", double(s.copy_batches), "counter", "Copy batches sent to the worker"});
+  m.push_back({"cache_backups_skipped_total", "", double(s.cache->backups_skipped()), "counter",
+               "Backups not made (copy queue full or no host page free)"});
+  m.push_back({"cache_background_copies", "", double(s.background_in_flight), "gauge", "Backup batches in flight"});
+  m.push_back({"cache_background_copies_bound", "", double(s.opt.max_background_copies), "gauge",
+               "Backup batches allowed in flight"});
+  m.push_back({"cache_disk_read_failures_total", "", double(s.cache->disk_read_failures()), "counter",
+               "Disk tier files that failed to read or verify (bad checksum): treated as misses"});
+  m.push_back({"cache_disk_restored_pages", "", double(s.disk_restored), "gauge",
+               "Disk tier files found at start (from an earlier process)"});
+  return m;
+}
+
+caf::behavior cache_tier_actor(cache_actor_t* self, cache_tier_options opt, bounded_actor worker,
+                               std::vector<page_file_entry> disk_found, std::shared_ptr<mailbox_gate> gate,
+                               std::shared_ptr<spdlog::logger> log) {
   auto& st = self->state;
   st.opt = opt;
+  st.worker = std::move(worker);
   st.alloc = std::make_unique<page_allocator>(opt.n_pages);
-  st.cache = std::make_unique<radix_cache>(*st.alloc, opt.page_size);
+  if (opt.host_pages > 0) st.host_alloc = std::make_unique<page_allocator>(opt.host_pages);
+  radix_cache::options ro;
+  ro.page_size = opt.page_size;
+  ro.policy = opt.cache.write_policy;
+  ro.write_through_threshold = opt.cache.write_through_threshold;
+  ro.min_load_back_tokens = opt.cache.min_load_back_tokens;
+  ro.disk_pages = opt.host_pages > 0 ? opt.disk_pages : 0;
+  st.cache = std::make_unique<radix_cache>(*st.alloc, st.host_alloc.get(), ro);
+  for (const auto& e : disk_found) st.cache->add_disk_entry(e.hash);
+  st.disk_restored = static_cast<int64_t>(disk_found.size());
   st.gate = std::move(gate);
   st.log = std::move(log);
+  if (st.tiers())
+    st.log->info("cache tiers: device {} pages, host {} pages, disk {} files in '{}' ({} found), policy {}",
+                 opt.n_pages, opt.host_pages, ro.disk_pages, opt.cache.disk_dir, disk_found.size(),
+                 cache_write_policy_name(opt.cache.write_policy));
   return {
-      [self](call_atom, const wire& w) -> wire {
+      [self](call_atom, const wire& w) -> caf::result<wire> {
         auto& s = self->state;
         s.gate->leave();
         try {
           wire_reader rd(w);
           auto env = rd.root();
-          if (env.isAcquire()) return s.acquire(env.getAcquire());
-          if (env.isAlloc()) return s.alloc_reply(env.getAlloc());
+          if (env.isAcquire()) return acquire(self, env.getAcquire());
+          if (env.isAlloc()) return alloc_reply(self, env.getAlloc());
           throw tandem::error(error_kind::unimplemented, "cache tier: unexpected request message");
         } catch (const tandem::error& e) {
           return make_wire([&](schema::Envelope::Builder env) { set_error(env.initError(), e); });
@@ -149,9 +365,9 @@ caf::behavior cache_tier_actor(caf::stateful_actor<cache_state>* self, cache_tie
           wire_reader rd(w);
           auto env = rd.root();
           if (env.isFree())
-            s.free_pages(env.getFree());
+            free_pages(s, env.getFree());
           else if (env.isInsert())
-            s.insert(env.getInsert());
+            insert(self, env.getInsert());
           else
             s.log->error("cache tier: unexpected message dropped");
         } catch (const tandem::error& e) {
@@ -160,38 +376,26 @@ caf::behavior cache_tier_actor(caf::stateful_actor<cache_state>* self, cache_tie
           s.log->error("cache tier: malformed message: {}", e.getDescription().cStr());
         }
       },
-      [self](stats_atom) -> wire {
-        auto& s = self->state;
-        std::vector<metric_sample> m = {
-            {"kv_pages_total", "", double(s.alloc->n_pages()), "gauge", "KV pages in the device pool"},
-            {"kv_pages_free", "", double(s.alloc->n_free()), "gauge", "KV pages on the free list"},
-            {"kv_pages_cached", "", double(s.cache->cached_pages()), "gauge",
-             "KV pages held by the prefix cache"},
-            {"kv_pages_evictable", "", double(s.cache->evictable_pages()), "gauge",
-             "Cached KV pages no request uses (reclaimable)"},
-            {"prefix_cache_lookups_total", "", double(s.lookups), "counter", "Prefix cache lookups"},
-            {"prefix_cache_hits_total", "", double(s.hits), "counter",
-             "Lookups that reused at least one page"},
-            {"prefix_cache_hit_tokens_total", "", double(s.hit_tokens), "counter",
-             "Prompt tokens served from the prefix cache"},
-            {"prefix_cache_evictions_total", "", double(s.cache->evictions()), "counter",
-             "Cached pages evicted"},
-            {"kv_alloc_failures_total", "", double(s.alloc_failures), "counter",
-             "Page allocations that failed (overloaded)"},
-            {"kv_bad_frees_total", "", double(s.bad_frees), "counter",
-             "Frees of pages that were not allocated (bugs)"},
-        };
-        return make_stats_wire("cache_tier", m, {});
-      },
+      [self](stats_atom) -> wire { return make_stats_wire("cache_tier", metrics(self->state), {}); },
   };
 }
 
 }  // namespace
 
-bounded_actor spawn_cache_tier(caf::actor_system& sys, const cache_tier_options& opt,
+bounded_actor spawn_cache_tier(caf::actor_system& sys, const cache_tier_options& opt, bounded_actor worker,
                                std::shared_ptr<spdlog::logger> log) {
+  std::vector<page_file_entry> found;
+  if (opt.host_pages > 0 && opt.disk_pages > 0 && !opt.cache.disk_dir.empty()) {
+    const uint64_t fp = opt.layout.fingerprint();
+    found = scan_page_files(opt.cache.disk_dir, fp, cache_disk_file_bytes(opt.layout));
+    // Over the bound (a smaller disk_size_gb than last time): the oldest files go.
+    while (static_cast<int64_t>(found.size()) > opt.disk_pages) {
+      remove_page_file(opt.cache.disk_dir, fp, found.front().hash);
+      found.erase(found.begin());
+    }
+  }
   auto gate = std::make_shared<mailbox_gate>("cache_tier", opt.mailbox_bound);
-  auto h = sys.spawn(cache_tier_actor, opt, gate, std::move(log));
+  auto h = sys.spawn(cache_tier_actor, opt, std::move(worker), std::move(found), gate, std::move(log));
   return bounded_actor{h, gate};
 }
 

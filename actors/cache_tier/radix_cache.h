@@ -1,63 +1,171 @@
 #pragma once
-/// Device-tier prefix cache: a radix tree whose edges are full pages of tokens (page_size
-/// tokens each) and whose nodes hold the KV page of that chunk. The cache holds one
-/// reference per cached page; a page in use by a request has refcount > 1 and is pinned.
-/// Unreferenced cached pages are evicted least-recently-used first (leaves only, so every
-/// cached path stays a valid prefix).
+/// Bookkeeping of the hierarchical prefix cache (HiCache-style): a radix tree whose edges are
+/// full pages of tokens; each node may hold its chunk's KV in a device page (L1), a host page
+/// (L2), and, keyed by the chain hash of its prefix, a file of the disk tier (L3, an index
+/// here; files outlive the tree and the process). The class decides and records everything
+/// (matches, allocations, LRU evictions per tier, write policy); the page data moves only
+/// through the `copy_op`s it returns, which the cache tier actor has the worker run in order.
+/// Because the worker runs copies and forward passes in its mailbox order, every decision can
+/// be recorded when it is made: an op that reads a page always runs before a later op or
+/// forward that overwrites it.
+///
+/// Invariants: every non-root node holds a device or a host page; device pages form a
+/// prefix-closed subtree (a node with a device page has a parent with one), so a match is
+/// device* host* then disk*. The cache holds one reference per device page of a node; a page
+/// a request uses has refcount > 1 and is pinned. Host pages have refcount 1 (cache) + 1 per
+/// pending load that reads them.
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "actors/cache_tier/page_allocator.h"
+#include "actors/common/cache_config.h"
 
 namespace tandem {
 
+/// One page copy for the worker (schema CacheOp).
+struct copy_op {
+  enum kind_t : uint8_t { device_to_host, host_to_device, host_to_disk, disk_to_host, drop_disk };
+  kind_t kind = device_to_host;
+  int32_t device = -1;
+  int32_t host = -1;
+  uint64_t hash = 0, parent = 0;
+  std::vector<int32_t> tokens;  ///< the page's tokens (disk ops)
+};
+
 class radix_cache {
  public:
-  radix_cache(page_allocator& alloc, int32_t page_size);
+  struct options {
+    int32_t page_size = 16;
+    cache_write_policy policy = cache_write_policy::write_through_selective;
+    int32_t write_through_threshold = 2;
+    int32_t min_load_back_tokens = 0;  ///< 0 = page_size
+    int64_t disk_pages = 0;            ///< L3 bound in files; 0 = no disk tier
+  };
+  /// `host` may be null (no L2).
+  radix_cache(page_allocator& dev, page_allocator* host, const options& opt);
   ~radix_cache();
 
-  struct match_result {
-    std::vector<int32_t> pages;  ///< cached pages of the prefix, in order (no refs added)
-    int32_t tokens = 0;          ///< pages.size() * page_size
+  /// A disk-tier page being loaded for a match; attached to the tree by finish_disk_loads.
+  struct disk_load {
+    uint64_t hash = 0, parent = 0;
+    std::vector<int32_t> tokens;
+    int32_t host = -1, device = -1;
+    size_t op_index = 0;  ///< index of its disk_to_host op in the batch
   };
-  /// Longest cached prefix of `tokens` of at most `max_tokens` tokens (whole pages only).
-  /// Touches the matched nodes (LRU).
-  match_result match(std::span<const int32_t> tokens, int32_t max_tokens);
-  /// Caches the full pages of `tokens` (pages[i] holds tokens [i*ps, (i+1)*ps)). Chunks
-  /// already cached keep their existing page. Returns the number of pages newly cached.
-  int32_t insert(std::span<const int32_t> tokens, std::span<const int32_t> pages);
-  /// Evicts the least recently used unpinned leaf; false if none can be evicted.
-  bool evict_one();
-  /// Evicts until `n` pages are free in the allocator or nothing is evictable.
-  void evict_until_free(int32_t n);
-  /// Drops every unpinned page (tests, shutdown).
+  struct match_result {
+    /// Device pages covering the usable prefix, in order; each carries one reference for the
+    /// caller. The first `device_tokens / page_size` were already there, the rest are
+    /// load-back targets filled by `ops`.
+    std::vector<int32_t> pages;
+    int32_t tokens = 0;         ///< usable prefix (pages.size() * page_size)
+    int32_t device_tokens = 0;  ///< of which L1 hits
+    int32_t host_tokens = 0;    ///< L2 hits loaded back
+    int32_t disk_tokens = 0;    ///< L3 hits loaded back (through L2)
+    int32_t skipped_tokens = 0; ///< L2/L3 hits shorter than min_load_back_tokens, recomputed
+    std::vector<disk_load> disk;
+    std::vector<int32_t> pinned_host;  ///< host pages read by the ops (unpin after the batch)
+    std::vector<uint64_t> pinned_disk;
+    /// The path node the disk loads hang below (nullptr = the root).
+    const void* attach = nullptr;
+  };
+  /// Longest cached prefix of `tokens` of at most `max_tokens` tokens (whole pages), with the
+  /// device pages for its L2/L3 part allocated (evicting as needed) and the copies appended to
+  /// `ops`. Touches the path (LRU, hit counts; may queue selective backups into `ops`).
+  /// If device pages for the load-back cannot be found, the match shrinks to what fits.
+  match_result match(std::span<const int32_t> tokens, int32_t max_tokens, std::vector<copy_op>& ops);
+  /// After the batch of a match ran: attaches the disk loads that succeeded (in order, up to
+  /// the first failure: `failed_ops` are op indices) and unpins. Returns the tokens of the
+  /// usable prefix (m.tokens minus the failed disk tail); the device pages of a failed tail
+  /// stay the caller's, as fresh pages to recompute into.
+  int32_t finish_match(match_result& m, std::span<const uint32_t> failed_ops);
+
+  /// `n` device pages for a request (refcount 1), evicting unpinned cached pages (LRU) if the
+  /// free list is short; write-back copies of the victims go to `ops` (their data is copied
+  /// before anything the caller runs on those pages). nullopt if not enough can be freed.
+  std::optional<std::vector<int32_t>> alloc_device(int32_t n, std::vector<copy_op>& ops);
+
+  /// Caches the full pages of `tokens` (pages[i] holds tokens [i*ps, (i+1)*ps)). Chunks already
+  /// cached keep their device page (a host-only node takes the request's page). Write-through
+  /// backups go to `ops` unless !allow_backup (the copy queue is full: counted as skipped).
+  /// Returns the number of nodes newly cached.
+  int32_t insert(std::span<const int32_t> tokens, std::span<const int32_t> pages, std::vector<copy_op>& ops,
+                 bool allow_backup = true);
+
+  /// Ops decided outside a batch (drops of bad disk files found by finish_match); the actor
+  /// sends them with the next batch.
+  std::vector<copy_op> take_pending_ops();
+  int64_t disk_read_failures() const { return disk_read_failures_; }
+
+  /// Forgets a disk entry whose file failed to read (bad checksum, missing); the file is
+  /// dropped by an op appended to `ops`.
+  void disk_read_failed(uint64_t hash, std::vector<copy_op>& ops);
+
+  /// Drops every unpinned device page (tests, shutdown): nodes with a host copy stay.
+  void clear_device();
+  /// Drops every unpinned page of every tier held in memory (tests): the tree empties except
+  /// pinned paths; disk files stay.
   void clear();
 
-  int32_t cached_pages() const { return n_nodes_; }
-  /// Cached pages no request references (what eviction could free now).
+  int32_t cached_pages() const { return n_device_nodes_; }  ///< nodes with a device page
+  int32_t host_cached_pages() const { return n_host_nodes_; }
+  int64_t disk_pages() const { return static_cast<int64_t>(disk_.size()); }
+  int64_t disk_bound() const { return opt_.disk_pages; }
+  int32_t nodes() const { return n_nodes_; }
+  /// Cached device pages no request references.
   int32_t evictable_pages() const;
-  int64_t evictions() const { return evictions_; }
+  int64_t evictions(int tier) const { return evictions_[tier]; }  ///< 0 device, 1 host, 2 disk
+  int64_t backup_tokens(int tier) const { return backup_tokens_[tier]; }  ///< 1 host, 2 disk
+  int64_t backups_skipped() const { return backups_skipped_; }
+  /// Tokens of the disk tier loaded on restart scan (index entries).
+  void add_disk_entry(uint64_t hash);
 
  private:
   struct node {
-    int32_t page = -1;
+    int32_t dev = -1, host = -1;
+    uint64_t hash = 0;
     uint64_t last_use = 0;
+    int32_t hits = 0;
     node* parent = nullptr;
-    std::vector<int32_t> key;  ///< the chunk on the edge into this node
+    std::vector<int32_t> key;
     std::map<std::vector<int32_t>, std::unique_ptr<node>> children;
   };
-  void collect_leaves(node* n, std::vector<node*>& out) const;
-  int32_t count_evictable(const node* n) const;
+  struct disk_entry {
+    uint64_t last_use = 0;
+    int32_t pins = 0;
+  };
+  bool host_tier() const { return host_ != nullptr; }
+  bool disk_tier() const { return opt_.disk_pages > 0; }
+  bool device_child(const node* n) const;
+  void walk(const node* n, std::vector<const node*>& out) const;
+  /// One device page: from the free list or by evicting an LRU victim.
+  std::optional<int32_t> take_device(std::vector<copy_op>& ops);
+  std::optional<int32_t> take_host(std::vector<copy_op>& ops);
+  bool evict_device(std::vector<copy_op>& ops);
+  bool evict_host(std::vector<copy_op>& ops);
+  bool evict_disk(std::vector<copy_op>& ops);
+  /// Adds a disk entry for `n` (evicting); false if the disk tier is full of pinned entries.
+  bool put_disk(node* n, std::vector<copy_op>& ops);
+  /// Backs `n`'s device page up to a host page (and to disk under write_through).
+  void backup(node* n, std::vector<copy_op>& ops);
+  void remove_leaf(node* n);
+  void touch_disk(uint64_t hash) { disk_[hash].last_use = ++clock_; }
 
-  page_allocator& alloc_;
-  int32_t page_size_;
+  page_allocator& dev_;
+  page_allocator* host_;
+  options opt_;
   node root_;
   uint64_t clock_ = 0;
-  int32_t n_nodes_ = 0;
-  int64_t evictions_ = 0;
+  int32_t n_nodes_ = 0, n_device_nodes_ = 0, n_host_nodes_ = 0;
+  std::unordered_map<uint64_t, disk_entry> disk_;
+  int64_t evictions_[3] = {0, 0, 0};
+  int64_t backup_tokens_[3] = {0, 0, 0};
+  int64_t backups_skipped_ = 0;
+  int64_t disk_read_failures_ = 0;
+  std::vector<copy_op> pending_drops_;
 };
 
 }  // namespace tandem

@@ -30,6 +30,14 @@ struct cache_config {
   int32_t min_load_back_tokens = 0;     ///< shorter L2/L3 hits are recomputed instead (0 = page_size)
 };
 
+/// Host (L2) pages `c` asks for on a device pool of `device_pages` pages: host_ratio x
+/// device_pages, or floor(host_size_gb GiB / page bytes); 0 = no host tier.
+int64_t cache_host_pages(const cache_config& c, const kv_layout& layout, int32_t device_pages);
+/// Bytes of one L3 file (header, the page's tokens, the page bytes, checksum).
+uint64_t cache_disk_file_bytes(const kv_layout& layout);
+/// L3 files `c` allows: floor(disk_size_gb GiB / file bytes); 0 = no disk tier.
+int64_t cache_disk_pages(const cache_config& c, const kv_layout& layout);
+
 /// Parses "write_through" / "write_through_selective" / "write_back"; false if unknown.
 bool parse_cache_write_policy(const std::string& s, cache_write_policy& out);
 const char* cache_write_policy_name(cache_write_policy p);

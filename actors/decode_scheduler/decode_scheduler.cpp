@@ -194,6 +194,19 @@ void on_step_done(decode_actor_t* self, const wire* w, const tandem::error* tran
     if (reason == finish_reason::none || reason == finish_reason::length) out.push_back(tok);
     s.emit(*it, out, reason, nullptr, "decode");
     if (reason != finish_reason::none) {
+      // Cache prompt ++ generated (the next turn of a conversation starts with them) before
+      // the pages go back; the cache takes its own references.
+      if (s.opt.lim.prefix_cache) {
+        auto all = it->req.all_tokens();
+        all.resize(static_cast<size_t>(std::min<int64_t>(int64_t(all.size()), it->kv_len)));
+        s.peers.cache.gate->enter_control();
+        caf::anon_send(s.peers.cache.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
+                         auto ins = env.initInsert();
+                         ins.setId(it->req.id);
+                         fill_list([&](unsigned n) { return ins.initTokens(n); }, all);
+                         fill_list([&](unsigned n) { return ins.initPages(n); }, it->pages);
+                       }));
+      }
       s.free_pages(it->req.id, it->pages);
       s.running.erase(it);
     }

@@ -7,7 +7,10 @@
 #include <mutex>
 #include <shared_mutex>
 
+#include <unistd.h>
+
 #include "actors/cache_tier/cache_tier.h"
+#include "actors/cache_tier/page_file.h"
 #include "actors/common/logging.h"
 #include "actors/common/wire.h"
 #include "actors/decode_scheduler/decode_scheduler.h"
@@ -62,6 +65,22 @@ actor_cluster::actor_cluster(std::shared_ptr<llama_model> model, actor_cluster_o
                                     pages, layout.page_bytes(), layout.describe(), opt_.lim.kv_cache_mb,
                                     opt_.lim.device_pages));
   n_pages_ = static_cast<int32_t>(pages);
+  {
+    const long ram_pages = ::sysconf(_SC_PHYS_PAGES), ram_page = ::sysconf(_SC_PAGESIZE);
+    const uint64_t ram = ram_pages > 0 && ram_page > 0 ? uint64_t(ram_pages) * uint64_t(ram_page) : 0;
+    auto problems = validate_cache_config(opt_.cache, layout, n_pages_, ram);
+    if (!problems.empty()) {
+      std::string msg = "invalid cache settings:";
+      for (const auto& p : problems) msg += "\n  " + p;
+      throw tandem::error(error_kind::failed, msg);
+    }
+  }
+  const bool prefix_cache = opt_.lim.prefix_cache && opt_.cache.enabled;
+  const int32_t host_pages =
+      prefix_cache ? static_cast<int32_t>(cache_host_pages(opt_.cache, layout, n_pages_)) : 0;
+  const int64_t disk_pages = host_pages > 0 ? cache_disk_pages(opt_.cache, layout) : 0;
+  // Fail on an unusable disk directory now, before any actor (and the worker's thread) exists.
+  if (disk_pages > 0) scan_page_files(opt_.cache.disk_dir, layout.fingerprint(), cache_disk_file_bytes(layout));
 
   auto& s = *st_;
   s.clk = opt_.clock ? opt_.clock : std::make_shared<steady_cluster_clock>();
@@ -78,17 +97,24 @@ actor_cluster::actor_cluster(std::shared_ptr<llama_model> model, actor_cluster_o
   wo.n_pages = n_pages_;
   wo.page_size = opt_.lim.page_size;
   wo.mailbox_bound = opt_.lim.worker_mailbox;
+  wo.host_pages = host_pages;
+  if (disk_pages > 0) wo.disk_dir = opt_.cache.disk_dir;
   s.worker = spawn_worker(*s.sys, std::move(model), wo, make_actor_logger("worker", sink, opt_.log_level));
 
   cache_tier_options co;
   co.n_pages = n_pages_;
   co.page_size = opt_.lim.page_size;
-  co.prefix_cache = opt_.lim.prefix_cache;
+  co.prefix_cache = prefix_cache;
   co.mailbox_bound = opt_.lim.cache_tier_mailbox;
-  s.cache = spawn_cache_tier(*s.sys, co, make_actor_logger("cache_tier", sink, opt_.log_level));
+  co.cache = opt_.cache;
+  co.layout = layout;
+  co.host_pages = host_pages;
+  co.disk_pages = disk_pages;
+  s.cache = spawn_cache_tier(*s.sys, co, s.worker, make_actor_logger("cache_tier", sink, opt_.log_level));
 
   scheduler_options so;
   so.lim = opt_.lim;
+  so.lim.prefix_cache = prefix_cache;
   so.model = s.facts;
   so.layout = layout;
   so.pool_id = wo.pool_id;

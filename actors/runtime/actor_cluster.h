@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/common/cache_config.h"
 #include "actors/common/clock.h"
 #include "actors/common/limits.h"
 #include "actors/common/metrics.h"
@@ -19,6 +20,7 @@ namespace tandem {
 
 struct actor_cluster_options {
   limits lim;
+  cache_config cache;  ///< hierarchical KV cache tiers (validated with the model's layout at start)
   std::string model_id = "model";
   int32_t eos_id = -1;
   std::string log_level = "info";

@@ -35,6 +35,7 @@ std::unique_ptr<embedded_cluster> embedded_cluster::start(const cluster_options&
                                              : model->config().name;
   actor_cluster_options ao;
   ao.lim = opt.lim;
+  ao.cache = opt.cache;
   ao.model_id = p->model_id;
   ao.eos_id = p->tok->eos_id();
   ao.log_level = opt.log_level;

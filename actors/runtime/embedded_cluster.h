@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "actors/common/cache_config.h"
 #include "actors/common/limits.h"
 #include "actors/runtime/serving_api.h"
 
@@ -13,6 +14,7 @@ namespace tandem {
 struct cluster_options {
   std::string model_path;           ///< GGUF file
   limits lim;
+  cache_config cache;               ///< KV cache tiers: host (L2) and disk (L3), write policy
   std::string log_level = "info";   ///< spdlog level name
   bool log_json = false;
 };

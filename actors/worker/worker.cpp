@@ -4,7 +4,9 @@
 
 #include <caf/all.hpp>
 #include <chrono>
+#include <cstring>
 
+#include "actors/cache_tier/page_file.h"
 #include "actors/common/metrics.h"
 #include "actors/common/wire.h"
 #include "kernels/model/sampler.h"
@@ -24,6 +26,9 @@ namespace {
 struct worker_state {
   std::shared_ptr<llama_model> model;
   std::unique_ptr<kv_pool> pool;
+  std::unique_ptr<kv_pool> host;  ///< L2 pages (same layout), host memory
+  uint64_t layout_fp = 0;
+  int64_t copies = 0, copy_failures = 0;
   std::shared_ptr<mailbox_gate> gate;
   std::shared_ptr<spdlog::logger> log;
   worker_options opt;
@@ -109,6 +114,85 @@ wire run_forward(worker_state& st, const wire& w) {
   });
 }
 
+wire run_copy(worker_state& st, schema::CacheCopy::Reader cc) {
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<uint32_t> failed;
+  std::string first_error;
+  uint64_t bytes = 0;
+  const size_t pb = st.pool->page_bytes();
+  auto ops = cc.getOps();
+  auto fail = [&](uint32_t i, std::string why) {
+    failed.push_back(i);
+    if (first_error.empty()) first_error = std::move(why);
+  };
+  for (uint32_t i = 0; i < ops.size(); ++i) {
+    auto op = ops[i];
+    const int32_t d = op.getDevice(), h = op.getHost();
+    const bool d_ok = d >= 0 && d < st.pool->n_pages();
+    const bool h_ok = st.host && h >= 0 && h < st.host->n_pages();
+    auto kind = op.getKind();
+    if (kind != schema::CacheOpKind::DROP_DISK && !h_ok) {
+      fail(i, fmt::format("host page {} outside the host pool of {} pages", h, st.host ? st.host->n_pages() : 0));
+      continue;
+    }
+    try {
+      switch (kind) {
+        case schema::CacheOpKind::DEVICE_TO_HOST:
+        case schema::CacheOpKind::HOST_TO_DEVICE:
+          if (!d_ok) {
+            fail(i, fmt::format("device page {} outside the pool of {} pages", d, st.pool->n_pages()));
+            continue;
+          }
+          if (kind == schema::CacheOpKind::DEVICE_TO_HOST)
+            std::memcpy(st.host->page_data(h), st.pool->page_data(d), pb);
+          else
+            std::memcpy(st.pool->page_data(d), st.host->page_data(h), pb);
+          bytes += pb;
+          break;
+        case schema::CacheOpKind::HOST_TO_DISK: {
+          if (st.opt.disk_dir.empty()) throw tandem::error("no disk tier configured");
+          auto toks = to_vector(op.getTokens());
+          write_page_file(st.opt.disk_dir, st.layout_fp, op.getHash(), op.getParent(), toks, st.host->page_data(h),
+                          pb);
+          bytes += pb;
+          break;
+        }
+        case schema::CacheOpKind::DISK_TO_HOST: {
+          if (st.opt.disk_dir.empty()) throw tandem::error("no disk tier configured");
+          auto toks = to_vector(op.getTokens());
+          std::string why;
+          if (!read_page_file(st.opt.disk_dir, st.layout_fp, op.getHash(), op.getParent(), toks,
+                              st.host->page_data(h), pb, why)) {
+            fail(i, why);
+            continue;
+          }
+          bytes += pb;
+          break;
+        }
+        case schema::CacheOpKind::DROP_DISK:
+          if (!st.opt.disk_dir.empty()) remove_page_file(st.opt.disk_dir, st.layout_fp, op.getHash());
+          break;
+      }
+    } catch (const std::exception& e) {
+      fail(i, e.what());
+    }
+  }
+  auto us =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
+  st.copies += ops.size();
+  st.copy_failures += static_cast<int64_t>(failed.size());
+  if (!first_error.empty()) st.log->warn("cache copy {}: {} of {} ops failed: {}", cc.getId().cStr(), failed.size(),
+                                         ops.size(), first_error);
+  return make_wire([&](schema::Envelope::Builder env) {
+    auto r = env.initCacheCopyReply();
+    auto fl = r.initFailed(static_cast<unsigned>(failed.size()));
+    for (unsigned i = 0; i < failed.size(); ++i) fl.set(i, failed[i]);
+    r.setError(first_error);
+    r.setBytes(bytes);
+    r.setElapsedUs(us);
+  });
+}
+
 caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_ptr<llama_model> model,
                            worker_options opt, std::shared_ptr<mailbox_gate> gate,
                            std::shared_ptr<spdlog::logger> log) {
@@ -118,6 +202,12 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
   st.gate = std::move(gate);
   st.log = std::move(log);
   st.pool = std::make_unique<kv_pool>(st.model->layout(opt.page_size), opt.n_pages);
+  st.layout_fp = st.pool->layout().fingerprint();
+  if (opt.host_pages > 0) {
+    st.host = std::make_unique<kv_pool>(st.pool->layout(), opt.host_pages);
+    st.log->info("worker: host KV pool of {} pages, {:.1f} MiB", opt.host_pages,
+                 double(st.host->bytes()) / (1024.0 * 1024.0));
+  }
   st.log->info("worker up: pool {} with {} pages ({}), {:.1f} MiB", opt.pool_id, opt.n_pages,
                st.pool->layout().describe(), double(st.pool->bytes()) / (1024.0 * 1024.0));
   return {
@@ -125,6 +215,11 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
         auto& s = self->state;
         s.gate->leave();
         try {
+          {
+            wire_reader rd(w);
+            auto env = rd.root();
+            if (env.isCacheCopy()) return run_copy(s, env.getCacheCopy());
+          }
           return run_forward(s, w);
         } catch (const tandem::error& e) {
           ++s.failures;
@@ -148,6 +243,11 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
             {"worker_tokens_total", "", double(s.tokens), "counter", "Tokens run through the forward pass"},
             {"worker_failures_total", "", double(s.failures), "counter", "Forward batches that failed"},
             {"kv_pool_bytes", "", double(s.pool->bytes()), "gauge", "Bytes of the device KV pool"},
+            {"kv_host_pool_bytes", "", double(s.host ? s.host->bytes() : 0), "gauge",
+             "Bytes of the host KV pool (L2)"},
+            {"worker_cache_copy_ops_total", "", double(s.copies), "counter", "Cache tier page copy ops run"},
+            {"worker_cache_copy_failures_total", "", double(s.copy_failures), "counter",
+             "Cache tier page copy ops that failed (bad checksum, missing file, I/O)"},
         };
         return make_stats_wire("worker", m, {&s.forward_ms});
       },

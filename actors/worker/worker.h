@@ -2,6 +2,9 @@
 /// Worker actor: owns the llama_model and the device KV pool, runs forward batches and
 /// samples. Replies with sampled token ids only (logits never leave the worker).
 /// Runs detached (its own thread) because a forward pass blocks for milliseconds.
+/// Also owns the host pool (L2) and the disk tier's files (L3) and runs the cache tier's
+/// CacheCopy requests (page copies between the tiers) in mailbox order with the forward
+/// batches, so a copy never races a forward over the same page.
 #include <spdlog/logger.h>
 
 #include <caf/actor_system.hpp>
@@ -19,6 +22,10 @@ struct worker_options {
   int32_t n_pages = 0;
   int32_t page_size = 16;
   int32_t mailbox_bound = 256;
+  /// Host (L2) pool of the hierarchical KV cache: same page layout, host memory; 0 = none.
+  int32_t host_pages = 0;
+  /// Directory of the disk (L3) tier; empty = none. The worker reads and writes its files.
+  std::string disk_dir;
 };
 
 /// Seed of the sampler of one token: depends only on the request seed and the token's index

@@ -1,7 +1,7 @@
 #pragma once
-/// Paged KV cache memory. A page holds K and V of every layer for `page_size` consecutive
-/// token positions of one sequence. Pages are identified by index; which pages are free is
-/// the cache tier's business (actors/cache_tier/page_allocator.h), not the pool's.
+/// Paged KV cache memory. A page holds the cached state of every layer for `page_size`
+/// consecutive token positions of one sequence. Pages are identified by index; which pages are
+/// free is the cache tier's business (actors/cache_tier/page_allocator.h), not the pool's.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -9,24 +9,56 @@
 
 namespace tandem {
 
+/// One tensor a layer caches per token position: `n_heads` x `head_dim` elements of
+/// `elem_bytes` bytes each. Standard attention caches K and V (GQA: n_heads = n_kv_heads);
+/// MLA-style attention caches one latent vector (n_heads = 1, head_dim = kv_lora_rank + rope
+/// dim); a sparse-attention indexer adds its own small key cache. Each is a component here,
+/// so the cache tiers (which copy pages as opaque bytes) need no special case per model.
+struct kv_component {
+  std::string name;        ///< "k", "v", "latent", "index_k", ...
+  int32_t n_heads = 0;
+  int32_t head_dim = 0;
+  int32_t elem_bytes = 4;  ///< f32 storage by default
+  bool operator==(const kv_component&) const = default;
+};
+
 /// Shape of one page; two sides exchanging pages must agree on every field.
 struct kv_layout {
   int32_t n_layers = 0;
   int32_t n_kv_heads = 0;
   int32_t head_dim = 0;
   int32_t page_size = 16;  ///< tokens per page
+  /// What each layer caches per position, in storage order. Empty = standard attention:
+  /// {"k", n_kv_heads, head_dim, f32}, {"v", n_kv_heads, head_dim, f32}.
+  std::vector<kv_component> components = {};
 
   /// floats of K (or V) for one layer of one page: [page_size][n_kv_heads][head_dim]
+  /// (standard attention layouts only).
   size_t layer_floats() const { return size_t(page_size) * n_kv_heads * head_dim; }
-  /// bytes of one page (K and V, all layers), f32 storage
-  size_t page_bytes() const { return 2 * size_t(n_layers) * layer_floats() * sizeof(float); }
+  /// The components actually stored (the default K/V pair when `components` is empty).
+  std::vector<kv_component> effective_components() const;
+  /// True for the default K/V layout that k()/v() address.
+  bool is_standard() const { return components.empty(); }
+  /// bytes of one component of one layer of one page.
+  size_t component_bytes(const kv_component& c) const {
+    return size_t(page_size) * size_t(c.n_heads) * size_t(c.head_dim) * size_t(c.elem_bytes);
+  }
+  /// bytes of one layer of one page (every component, rounded up to whole floats).
+  size_t layer_bytes() const;
+  /// bytes of one page (every component, all layers)
+  size_t page_bytes() const { return size_t(n_layers) * layer_bytes(); }
+  /// Stable 64-bit identity of the byte layout (names files of the disk cache tier).
+  uint64_t fingerprint() const;
+  /// True if every field is positive and the page is non-empty.
+  bool valid() const;
   bool operator==(const kv_layout&) const = default;
-  /// "layers=22 kv_heads=4 head_dim=64 page_size=16"
+  /// "layers=22 kv_heads=4 head_dim=64 page_size=16" (+ " components=latent:1x576x4,...")
   std::string describe() const;
 };
 
-/// Contiguous storage for `n_pages` pages. Page p, layer l:
-///   K at base + (p * n_layers + l) * 2 * layer_floats, V right after K.
+/// Contiguous storage for `n_pages` pages. Page p, layer l starts at
+///   base + (p * n_layers + l) * layer_bytes; its components follow in order
+/// (standard layouts: K then V, each layer_floats floats).
 class kv_pool {
  public:
   kv_pool(const kv_layout& layout, int32_t n_pages);
@@ -36,16 +68,25 @@ class kv_pool {
   float* v(int32_t page, int32_t layer) { return base(page, layer) + layout_.layer_floats(); }
   const float* k(int32_t page, int32_t layer) const { return const_cast<kv_pool*>(this)->k(page, layer); }
   const float* v(int32_t page, int32_t layer) const { return const_cast<kv_pool*>(this)->v(page, layer); }
+  /// Component `c` (index into layout().effective_components()) of a page's layer, as bytes.
+  uint8_t* component(int32_t page, int32_t layer, int32_t c) {
+    return reinterpret_cast<uint8_t*>(base(page, layer)) + component_offset_[size_t(c)];
+  }
   /// The whole page as bytes (for copies and transfers).
   uint8_t* page_data(int32_t page) { return reinterpret_cast<uint8_t*>(base(page, 0)); }
+  const uint8_t* page_data(int32_t page) const { return const_cast<kv_pool*>(this)->page_data(page); }
+  size_t page_bytes() const { return page_bytes_; }
   size_t bytes() const { return storage_.size() * sizeof(float); }
 
  private:
   float* base(int32_t page, int32_t layer) {
-    return storage_.data() + (size_t(page) * layout_.n_layers + layer) * 2 * layout_.layer_floats();
+    return storage_.data() + (size_t(page) * layout_.n_layers + layer) * layer_stride_floats_;
   }
   kv_layout layout_;
   int32_t n_pages_;
+  size_t page_bytes_ = 0;
+  size_t layer_stride_floats_ = 0;  ///< layer_bytes rounded up to whole floats
+  std::vector<size_t> component_offset_;
   std::vector<float> storage_;
 };
 

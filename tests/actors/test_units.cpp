@@ -50,39 +50,57 @@ TEST_CASE("page_allocator: alloc, refcount, free, exhaustion, double free") {
 
 TEST_CASE("radix_cache: insert, match whole pages, pinning and LRU eviction") {
   page_allocator a(8);
-  radix_cache c(a, 2);
+  radix_cache c(a, nullptr, radix_cache::options{.page_size = 2});
+  std::vector<copy_op> ops;
   std::vector<int32_t> t1 = {1, 2, 3, 4, 5};
   auto p1 = a.alloc(3);  // 3 pages for 5 tokens; only 2 are full
-  CHECK(c.insert(t1, p1) == 2);
+  CHECK(c.insert(t1, p1, ops) == 2);
   CHECK(c.cached_pages() == 2);
   CHECK(a.refcount(p1[0]) == 2);
   CHECK(a.refcount(p1[2]) == 1);  // partial page not cached
   a.unref_all(p1);                // the request ends: cached pages stay, the partial one is free
   CHECK(a.n_free() == 6);
 
-  auto m = c.match(std::vector<int32_t>{1, 2, 3, 4, 9}, 100);
+  auto m = c.match(std::vector<int32_t>{1, 2, 3, 4, 9}, 100, ops);
   CHECK(m.tokens == 4);
+  CHECK(m.device_tokens == 4);
   CHECK(m.pages == std::vector<int32_t>{p1[0], p1[1]});
-  CHECK(c.match(std::vector<int32_t>{1, 2, 3, 4}, 3).tokens == 2);  // max_tokens caps at whole pages
-  CHECK(c.match(std::vector<int32_t>{7, 2}, 100).tokens == 0);
+  CHECK(a.refcount(p1[0]) == 2);  // the match's reference for the caller
+  c.finish_match(m, {});
+  a.unref_all(m.pages);
+  auto m2 = c.match(std::vector<int32_t>{1, 2, 3, 4}, 3, ops);  // max_tokens caps at whole pages
+  CHECK(m2.tokens == 2);
+  c.finish_match(m2, {});
+  a.unref_all(m2.pages);
+  auto m3 = c.match(std::vector<int32_t>{7, 2}, 100, ops);
+  CHECK(m3.tokens == 0);
+  c.finish_match(m3, {});
 
   // Inserting an already cached chunk keeps the existing page.
   auto p2 = a.alloc(2);
-  CHECK(c.insert(std::vector<int32_t>{1, 2, 8, 8}, p2) == 1);
+  CHECK(c.insert(std::vector<int32_t>{1, 2, 8, 8}, p2, ops) == 1);
   CHECK(a.refcount(p2[0]) == 1);
   a.unref_all(p2);
   CHECK(c.cached_pages() == 3);
 
   // Pin the {1,2,3,4} path (a request uses it): only the {8,8} leaf can go.
-  auto pin = c.match(std::vector<int32_t>{1, 2, 3, 4}, 100);
-  for (auto p : pin.pages) a.ref(p);
-  CHECK(c.evict_one());
+  auto pin = c.match(std::vector<int32_t>{1, 2, 3, 4}, 100, ops);
+  c.finish_match(pin, {});
+  auto all = c.alloc_device(a.n_free() + 1, ops);  // needs one eviction
+  REQUIRE(all.has_value());
   CHECK(c.cached_pages() == 2);
-  CHECK_FALSE(c.evict_one());  // everything left is pinned
-  for (auto p : pin.pages) a.unref(p);
-  // LRU: touch nothing; leaf {3,4} goes before its parent {1,2}.
-  CHECK(c.evict_one());
-  CHECK(c.match(std::vector<int32_t>{1, 2, 3, 4}, 100).tokens == 2);
+  CHECK_FALSE(c.alloc_device(1, ops).has_value());  // everything left is pinned
+  a.unref_all(*all);
+  a.unref_all(pin.pages);
+  // LRU: leaf {3,4} goes before its parent {1,2}.
+  auto one = c.alloc_device(a.n_free() + 1, ops);
+  REQUIRE(one.has_value());
+  a.unref_all(*one);
+  auto m4 = c.match(std::vector<int32_t>{1, 2, 3, 4}, 100, ops);
+  CHECK(m4.tokens == 2);
+  c.finish_match(m4, {});
+  a.unref_all(m4.pages);
+  CHECK(ops.empty());  // no host tier: nothing to copy
   c.clear();
   CHECK(c.cached_pages() == 0);
   CHECK(a.n_free() == 8);
@@ -90,17 +108,25 @@ TEST_CASE("radix_cache: insert, match whole pages, pinning and LRU eviction") {
 
 TEST_CASE("radix_cache: least recently used leaf is evicted first") {
   page_allocator a(4);
-  radix_cache c(a, 1);
+  radix_cache c(a, nullptr, radix_cache::options{.page_size = 1});
+  std::vector<copy_op> ops;
   auto pa = a.alloc(1), pb = a.alloc(1);
-  c.insert(std::vector<int32_t>{10}, pa);
-  c.insert(std::vector<int32_t>{20}, pb);
+  c.insert(std::vector<int32_t>{10}, pa, ops);
+  c.insert(std::vector<int32_t>{20}, pb, ops);
   a.unref_all(pa);
   a.unref_all(pb);
-  c.match(std::vector<int32_t>{10}, 1);  // {10} is now more recent than {20}
-  c.evict_until_free(3);
+  auto m = c.match(std::vector<int32_t>{10}, 1, ops);  // {10} is now more recent than {20}
+  c.finish_match(m, {});
+  a.unref_all(m.pages);
+  auto got = c.alloc_device(3, ops);
+  REQUIRE(got.has_value());
   CHECK(c.cached_pages() == 1);
-  CHECK(c.match(std::vector<int32_t>{10}, 1).tokens == 1);
-  CHECK(c.evictions() == 1);
+  a.unref_all(*got);
+  auto m2 = c.match(std::vector<int32_t>{10}, 1, ops);
+  CHECK(m2.tokens == 1);
+  c.finish_match(m2, {});
+  a.unref_all(m2.pages);
+  CHECK(c.evictions(0) == 1);
 }
 
 TEST_CASE("mailbox_gate: bound hit gives overloaded, depth returns to 0") {

@@ -4,6 +4,11 @@
 
 namespace tandem::cli {
 
-int bench(args) { throw tandem::error(error_kind::unimplemented, "tandem bench is not implemented yet"); }
+int bench_cache(args a);  // tools/tandem/bench_cache.cpp
+
+int bench(args a) {
+  if (!a.empty() && a[0] == "cache") return bench_cache(a.subspan(1));
+  throw tandem::error(error_kind::unimplemented, "tandem bench is not implemented yet");
+}
 
 }  // namespace tandem::cli

@@ -43,7 +43,13 @@ int serve(args a) {
       .opt("max-queued-requests", "requests waiting for prefill before new ones get 503", "256")
       .opt("max-body-bytes", "largest HTTP request body", "4194304")
       .opt("log-level", "trace, debug, info, warn, error", "info")
-      .opt("config", "cluster config (disaggregated deployment)");
+      .opt("config", "cluster config (disaggregated deployment)")
+      .opt("host-ratio", "host KV cache tier (L2) as a multiple of the device pool; 0 = none", "0")
+      .opt("host-size-gb", "host KV cache tier (L2) in GiB (instead of --host-ratio)", "0")
+      .opt("cache-write-policy", "write_through, write_through_selective or write_back", "write_through_selective")
+      .opt("cache-disk-dir", "directory of the disk KV cache tier (L3); empty = none")
+      .opt("cache-disk-size-gb", "bound of the disk tier in GiB", "0")
+      .opt("min-load-back-tokens", "shorter host/disk hits are recomputed (0 = one page)", "0");
   if (!f.parse(a)) {
     std::fprintf(stderr, "usage: tandem serve --model FILE [options]\n%s", f.help().c_str());
     return 0;
@@ -66,6 +72,18 @@ int serve(args a) {
   if (body <= 0) throw tandem::error("flag --max-body-bytes = " + std::to_string(body) + " must be > 0");
   co.lim.max_body_bytes = body;
   if (auto msg = co.lim.validate(); !msg.empty()) throw tandem::error(msg);
+  co.cache.host_ratio = f.real("host-ratio");
+  co.cache.host_size_gb = f.real("host-size-gb");
+  if (!parse_cache_write_policy(f.str("cache-write-policy"), co.cache.write_policy))
+    throw tandem::error("flag --cache-write-policy = '" + f.str("cache-write-policy") +
+                        "' is not a policy; use write_through, write_through_selective or write_back");
+  co.cache.disk_dir = f.str("cache-disk-dir");
+  co.cache.disk_size_gb = f.real("cache-disk-size-gb");
+  const int64_t min_lb = f.num("min-load-back-tokens");
+  if (min_lb < 0 || min_lb > INT32_MAX)
+    throw tandem::error("flag --min-load-back-tokens = " + std::to_string(min_lb) +
+                        " must be a token count >= 0 (0 = one page)");
+  co.cache.min_load_back_tokens = static_cast<int32_t>(min_lb);
   auto level = spdlog::level::from_str(co.log_level);
   if (level == spdlog::level::off && co.log_level != "off")
     throw tandem::error("flag --log-level = '" + co.log_level + "' is not a level; use trace, debug, info, warn or error");

@@ -1,0 +1,148 @@
+#include "actors/common/cache_config.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <filesystem>
+#include <system_error>
+
+namespace tandem {
+
+namespace {
+constexpr double k_gib = 1024.0 * 1024.0 * 1024.0;
+/// Fixed part of an L3 file: magic, version, layout fingerprint, chain hash, parent hash,
+/// token count, payload size, checksum (see actors/cache_tier/disk_format.h).
+constexpr uint64_t k_disk_header_bytes = 64;
+}  // namespace
+
+int64_t cache_host_pages(const cache_config& c, const kv_layout& layout, int32_t device_pages) {
+  if (c.host_ratio > 0) return static_cast<int64_t>(std::floor(c.host_ratio * double(device_pages)));
+  if (c.host_size_gb > 0 && layout.page_bytes() > 0)
+    return static_cast<int64_t>(std::floor(c.host_size_gb * k_gib / double(layout.page_bytes())));
+  return 0;
+}
+
+uint64_t cache_disk_file_bytes(const kv_layout& layout) {
+  return k_disk_header_bytes + uint64_t(layout.page_size) * 4 + uint64_t(layout.page_bytes());
+}
+
+int64_t cache_disk_pages(const cache_config& c, const kv_layout& layout) {
+  if (c.disk_dir.empty() || c.disk_size_gb <= 0) return 0;
+  return static_cast<int64_t>(std::floor(c.disk_size_gb * k_gib / double(cache_disk_file_bytes(layout))));
+}
+
+bool parse_cache_write_policy(const std::string& s, cache_write_policy& out) {
+  if (s == "write_through") {
+    out = cache_write_policy::write_through;
+  } else if (s == "write_through_selective") {
+    out = cache_write_policy::write_through_selective;
+  } else if (s == "write_back") {
+    out = cache_write_policy::write_back;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+const char* cache_write_policy_name(cache_write_policy p) {
+  switch (p) {
+    case cache_write_policy::write_through: return "write_through";
+    case cache_write_policy::write_through_selective: return "write_through_selective";
+    case cache_write_policy::write_back: return "write_back";
+  }
+  return "write_through_selective";
+}
+
+std::vector<std::string> validate_cache_config(const cache_config& c, const kv_layout& layout, int32_t device_pages,
+                                               uint64_t host_ram_bytes) {
+  std::vector<std::string> out;
+  auto bad_number = [](double v) { return !std::isfinite(v) || v < 0; };
+  if (bad_number(c.host_ratio))
+    out.push_back(fmt::format("cache.host_ratio = {} must be a finite number >= 0; use e.g. 2 (host pool = 2x the "
+                              "device pool) or 0 for no host tier",
+                              c.host_ratio));
+  if (bad_number(c.host_size_gb))
+    out.push_back(fmt::format("cache.host_size_gb = {} must be a finite number >= 0; use e.g. 8, or 0 and set "
+                              "cache.host_ratio instead",
+                              c.host_size_gb));
+  if (bad_number(c.disk_size_gb))
+    out.push_back(fmt::format("cache.disk_size_gb = {} must be a finite number >= 0; use e.g. 64", c.disk_size_gb));
+  if (!out.empty()) return out;  // the checks below compute with these numbers
+
+  if (c.host_ratio > 0 && c.host_size_gb > 0)
+    out.push_back(fmt::format("cache.host_ratio = {} and cache.host_size_gb = {} are both set, but they are two "
+                              "ways to size the same host pool; keep one and set the other to 0",
+                              c.host_ratio, c.host_size_gb));
+  const bool host = c.host_ratio > 0 || c.host_size_gb > 0;
+  const bool layout_ok = layout.valid();
+  if (!layout_ok && (host || !c.disk_dir.empty()))
+    out.push_back(fmt::format("cache: the model's KV layout ({}) is not valid, so no host or disk tier can be "
+                              "sized; fix the model file or disable cache.host_ratio / cache.disk_dir",
+                              layout.describe()));
+  const uint64_t page_bytes = layout_ok ? uint64_t(layout.page_bytes()) : 0;
+  int64_t host_pages = 0;
+  if (layout_ok && host) host_pages = cache_host_pages(c, layout, device_pages);
+  if (layout_ok && c.host_size_gb > 0 && c.host_ratio == 0 && host_pages < 1)
+    // The host pool holds whole KV pages of this model; an absolute size below one page
+    // cannot be honoured for this layout (the ratio always can: it scales with the page).
+    out.push_back(fmt::format("cache.host_size_gb = {} is not supported for this model's KV layout: one page of "
+                              "{} takes {} bytes ({:.6f} GiB), so the host pool would hold no page; use "
+                              "cache.host_ratio (e.g. 2) or a cache.host_size_gb of at least {:.6f}",
+                              c.host_size_gb, layout.describe(), page_bytes, double(page_bytes) / k_gib,
+                              double(page_bytes) / k_gib));
+  if (layout_ok && c.host_ratio > 0 && host_pages < 1)
+    out.push_back(fmt::format("cache.host_ratio = {} of a device pool of {} pages gives no host page; use a ratio "
+                              ">= {:.3f} or 0 for no host tier",
+                              c.host_ratio, device_pages, device_pages > 0 ? 1.0 / device_pages : 1.0));
+  if (host_pages > (int64_t(1) << 30))
+    out.push_back(fmt::format("cache: the host pool would hold {} pages, more than the 2^30 page ids a pool can "
+                              "name; lower cache.host_ratio / cache.host_size_gb or raise limits.page_size",
+                              host_pages));
+  if (host_ram_bytes > 0 && host_pages > 0) {
+    const double want = double(host_pages) * double(page_bytes);
+    if (want > 0.9 * double(host_ram_bytes))
+      out.push_back(fmt::format("cache: the host pool needs {:.2f} GiB ({} pages of {} bytes) but the machine has "
+                                "{:.2f} GiB of RAM (at most 90% may go to the pool); lower {} ",
+                                want / k_gib, host_pages, page_bytes, double(host_ram_bytes) / k_gib,
+                                c.host_ratio > 0 ? "cache.host_ratio" : "cache.host_size_gb"));
+  }
+  if (c.write_policy == cache_write_policy::write_through_selective && c.write_through_threshold < 1)
+    out.push_back(fmt::format("cache.write_through_threshold = {} must be >= 1 (hits before a page is backed up "
+                              "to the host tier); use e.g. 2, or cache.write_policy = write_through",
+                              c.write_through_threshold));
+  if (c.min_load_back_tokens < 0)
+    out.push_back(fmt::format("cache.min_load_back_tokens = {} must be >= 0 (0 = one page); use e.g. {}",
+                              c.min_load_back_tokens, layout.page_size));
+  if (!c.enabled && (host || !c.disk_dir.empty()))
+    out.push_back("cache.enabled = false turns prefix reuse off, so the host/disk tiers set by cache.host_ratio, "
+                  "cache.host_size_gb or cache.disk_dir would never be used; enable the cache or unset them");
+
+  if (!c.disk_dir.empty()) {
+    if (!host)
+      out.push_back(fmt::format("cache.disk_dir = '{}' needs a host tier (disk pages load back through host "
+                                "memory); set cache.host_ratio (e.g. 2) or cache.host_size_gb",
+                                c.disk_dir));
+    if (c.disk_size_gb <= 0)
+      out.push_back(fmt::format("cache.disk_size_gb = {} must be > 0 when cache.disk_dir = '{}' is set (the disk "
+                                "tier needs a bound); use e.g. 64",
+                                c.disk_size_gb, c.disk_dir));
+    else if (layout_ok && cache_disk_pages(c, layout) < 1)
+      out.push_back(fmt::format("cache.disk_size_gb = {} is smaller than one page file of this model ({} bytes); "
+                                "raise it to at least {:.6f}",
+                                c.disk_size_gb, cache_disk_file_bytes(layout),
+                                double(cache_disk_file_bytes(layout)) / k_gib));
+    std::error_code ec;
+    auto st = std::filesystem::status(c.disk_dir, ec);
+    if (!ec && std::filesystem::exists(st) && !std::filesystem::is_directory(st))
+      out.push_back(fmt::format("cache.disk_dir = '{}' exists and is not a directory; point it at a directory "
+                                "(it is created if missing)",
+                                c.disk_dir));
+  } else if (c.disk_size_gb > 0) {
+    out.push_back(fmt::format("cache.disk_size_gb = {} is set but cache.disk_dir is empty; set cache.disk_dir to a "
+                              "directory or cache.disk_size_gb to 0",
+                              c.disk_size_gb));
+  }
+  return out;
+}
+
+}  // namespace tandem
