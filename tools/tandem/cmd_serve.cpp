@@ -3,12 +3,16 @@
 #include <csignal>
 #include <cstdio>
 
+#include <fmt/format.h>
+
 #include <kj/async-unix.h>
 #include <spdlog/spdlog.h>
 
 #include "actors/common/error.h"
+#include "actors/config/cluster_config.h"
 #include "actors/runtime/embedded_cluster.h"
 #include "tools/tandem/commands.h"
+#include "tools/tandem/config_report.h"
 #include "tools/tandem/flags.h"
 #include "transport/rpc/front_end.h"
 
@@ -28,6 +32,43 @@ int port_flag(const flags& f, const std::string& name) {
   return static_cast<int>(v);
 }
 
+/// Fills the options from the node `--node` of the config `--config`, after every check of
+/// `tandem check-config`; exits 1 with the same messages if the config is invalid.
+void configure_from_file(const flags& f, cluster_options& co, front_end_options& fo) {
+  for (const char* flag : {"model", "host", "port", "rpc-port", "threads", "page-size", "kv-cache-mb", "max-running-seqs",
+                           "max-queued-requests", "max-body-bytes"})
+    if (f.has(flag))
+      throw tandem::error(fmt::format("flag --{} conflicts with --config: the config file sets it; edit the file instead",
+                                      flag));
+  std::string path = f.str("config");
+  config_check c = check_cluster_config_file(path, machine_info::probe());
+  // The same lines as `tandem check-config`; if any is an error, main's error line follows (exit 1).
+  print_config_problems(c);
+  if (!c.ok()) {
+    throw tandem::error(fmt::format("{}: {} problem{}; the node was not started (fix them and run `tandem check-config {}`)",
+                                    path, c.errors.size(), c.errors.size() == 1 ? "" : "s", path));
+  }
+  std::string names;
+  for (const auto& n : c.cfg.nodes) names += (names.empty() ? "" : ", ") + n.name;
+  if (!f.has("node")) throw tandem::error(fmt::format("--config needs --node NAME, one of: {}", names));
+  const node_config* node = c.cfg.find_node(f.str("node"));
+  if (!node) throw tandem::error(fmt::format("--node {}: {} has no such node; use one of: {}", f.str("node"), path, names));
+  if (!node->all_roles())
+    throw tandem::error(error_kind::unimplemented,
+                        fmt::format("node '{}' runs only some roles; a cluster spread over several processes is the "
+                                    "multi-node deployment issue (disaggregated prefill/decode across nodes), not "
+                                    "implemented yet. Put every role on one node to serve an embedded cluster",
+                                    node->name));
+  if (c.cfg.model_path.empty())
+    throw tandem::error(fmt::format("{}: model.path is not set; add [model] path = \"FILE.gguf\"", path));
+  co.model_path = c.cfg.model_path;
+  co.lim = c.cfg.lim;
+  if (node->page_size) co.lim.page_size = node->page_size;
+  fo.host = node->host;
+  fo.http_port = node->http_port;
+  fo.rpc_port = node->rpc_port;
+}
+
 }  // namespace
 
 int serve(args a) {
@@ -43,38 +84,40 @@ int serve(args a) {
       .opt("max-queued-requests", "requests waiting for prefill before new ones get 503", "256")
       .opt("max-body-bytes", "largest HTTP request body", "4194304")
       .opt("log-level", "trace, debug, info, warn, error", "info")
-      .opt("config", "cluster config (disaggregated deployment)");
+      .opt("config", "cluster config file (TOML, see docs/config.md); checked like `tandem check-config` first")
+      .opt("node", "with --config: the [[node]] of the config this process runs");
   if (!f.parse(a)) {
-    std::fprintf(stderr, "usage: tandem serve --model FILE [options]\n%s", f.help().c_str());
+    std::fprintf(stderr, "usage: tandem serve --model FILE [options]\n       tandem serve --config FILE --node NAME\n%s",
+                 f.help().c_str());
     return 0;
   }
-  if (f.has("config"))
-    throw tandem::error(error_kind::unimplemented,
-                        "--config (disaggregated prefill/decode deployment across nodes) is not implemented yet; "
-                        "see the disaggregation issue. Run without --config for an embedded single-process cluster");
-  if (f.str("model").empty()) throw tandem::error("--model FILE is required (write one with `tandem make-model`)");
-
   cluster_options co;
-  co.model_path = f.str("model");
+  front_end_options fo;
   co.log_level = f.str("log-level");
-  co.lim.threads = positive_i32(f, "threads");
-  co.lim.page_size = positive_i32(f, "page-size");
-  co.lim.kv_cache_mb = positive_i32(f, "kv-cache-mb");
-  co.lim.max_running_seqs = positive_i32(f, "max-running-seqs");
-  co.lim.max_queued_requests = positive_i32(f, "max-queued-requests");
-  int64_t body = f.num("max-body-bytes");
-  if (body <= 0) throw tandem::error("flag --max-body-bytes = " + std::to_string(body) + " must be > 0");
-  co.lim.max_body_bytes = body;
+  if (f.has("config")) {
+    configure_from_file(f, co, fo);
+  } else {
+    if (f.has("node")) throw tandem::error("--node NAME needs --config FILE");
+    if (f.str("model").empty()) throw tandem::error("--model FILE is required (write one with `tandem make-model`)");
+    co.model_path = f.str("model");
+    co.lim.threads = positive_i32(f, "threads");
+    co.lim.page_size = positive_i32(f, "page-size");
+    co.lim.kv_cache_mb = positive_i32(f, "kv-cache-mb");
+    co.lim.max_running_seqs = positive_i32(f, "max-running-seqs");
+    co.lim.max_queued_requests = positive_i32(f, "max-queued-requests");
+    int64_t body = f.num("max-body-bytes");
+    if (body <= 0) throw tandem::error("flag --max-body-bytes = " + std::to_string(body) + " must be > 0");
+    co.lim.max_body_bytes = body;
+    fo.host = f.str("host");
+    fo.http_port = port_flag(f, "port");
+    fo.rpc_port = port_flag(f, "rpc-port");
+  }
   if (auto msg = co.lim.validate(); !msg.empty()) throw tandem::error(msg);
   auto level = spdlog::level::from_str(co.log_level);
   if (level == spdlog::level::off && co.log_level != "off")
     throw tandem::error("flag --log-level = '" + co.log_level + "' is not a level; use trace, debug, info, warn or error");
   spdlog::set_level(level);
 
-  front_end_options fo;
-  fo.host = f.str("host");
-  fo.http_port = port_flag(f, "port");
-  fo.rpc_port = port_flag(f, "rpc-port");
   fo.lim = co.lim;
   fo.handle_signals = true;
 
