@@ -45,7 +45,7 @@ struct router_state {
   uint64_t next_order = 1;
   bool tick_pending = false;
   bool stopped = false;
-  int64_t requests_total = 0, tokens_generated = 0;
+  int64_t requests_total = 0, tokens_generated = 0, prompt_tokens_total = 0;
   std::unordered_map<std::string, int64_t> finished_by_reason;
   std::unordered_map<std::string, int64_t> rejected_by_reason;
   histogram ttft{"ttft_ms", "Time to first token (ms)", histogram::latency_ms_buckets()};
@@ -180,6 +180,7 @@ void on_submit(router_actor_t* self, const wire& w, event_callback cb) {
   e.prompt_tokens = prompt_len;
   s.table.emplace(r.id, std::move(e));
   s.requests_total += 1;
+  s.prompt_tokens_total += prompt_len;
   s.log->debug("request {}: accepted ({} prompt tokens, max_tokens {}, deadline in {} ms)", r.id, prompt_len,
                r.max_tokens, r.deadline_ms - now);
   self->send(s.prefill.handle, wire_atom::value,
@@ -317,6 +318,8 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, bounded_act
              "Bound of the in-flight table"},
             {"tokens_generated_total", "", double(s.tokens_generated), "counter",
              "Completion tokens delivered"},
+            {"prompt_tokens_total", "", double(s.prompt_tokens_total), "counter",
+             "Prompt tokens of the requests accepted by the router"},
         };
         for (const auto& [r, n] : s.finished_by_reason)
           m.push_back({"requests_finished_total", fmt::format("reason=\"{}\"", r), double(n), "counter",

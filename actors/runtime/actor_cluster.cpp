@@ -7,6 +7,11 @@
 #include <mutex>
 #include <shared_mutex>
 
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <fstream>
+
 #include "actors/cache_tier/cache_tier.h"
 #include "actors/common/logging.h"
 #include "actors/common/wire.h"
@@ -30,9 +35,27 @@ struct actor_cluster::state {
   std::shared_mutex submit_mu;
   int64_t start_ms = 0;
   model_facts facts;
+  /// Cluster time at which every actor last answered a stats query (a heartbeat round).
+  std::atomic<int64_t> last_heartbeat_ms{0};
 };
 
 namespace {
+
+/// Resident set size of this process (bytes), from /proc/self/statm; 0 if unreadable.
+double process_rss_bytes() {
+  std::ifstream in("/proc/self/statm");
+  uint64_t size = 0, resident = 0;
+  if (!(in >> size >> resident)) return 0;
+  return double(resident) * double(::sysconf(_SC_PAGESIZE));
+}
+
+/// User + system CPU time of this process (seconds).
+double process_cpu_seconds() {
+  rusage u{};
+  if (::getrusage(RUSAGE_SELF, &u) != 0) return 0;
+  auto sec = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) / 1e6; };
+  return sec(u.ru_utime) + sec(u.ru_stime);
+}
 
 int64_t pages_from_limits(const limits& lim, const kv_layout& layout) {
   if (lim.device_pages > 0) return lim.device_pages;
@@ -68,6 +91,7 @@ actor_cluster::actor_cluster(std::shared_ptr<llama_model> model, actor_cluster_o
   auto sink = opt_.sink ? opt_.sink : make_stderr_sink(opt_.log_json);
   s.log = make_actor_logger("cluster", sink, opt_.log_level);
   s.start_ms = s.clk->now_ms();
+  s.last_heartbeat_ms = s.start_ms;
   s.facts = model_facts{opt_.eos_id, max_context_, mc.n_vocab};
 
   s.cfg.set("scheduler.max-threads", static_cast<size_t>(opt_.lim.scheduler_threads));
@@ -185,6 +209,7 @@ std::vector<stats_snapshot> actor_cluster::snapshots(bool include_worker) const 
   caf::scoped_actor self{*s.sys};
   stats_snapshot boxes;
   boxes.actor = "mailboxes";
+  bool all_answered = true;
   for (const auto* a : {&s.router, &s.prefill, &s.decode, &s.worker, &s.cache}) {
     const auto& g = *a->gate;
     auto lbl = fmt::format("actor=\"{}\"", g.actor_name());
@@ -200,9 +225,12 @@ std::vector<stats_snapshot> actor_cluster::snapshots(bool include_worker) const 
     self->request(a->handle, std::chrono::milliseconds(opt_.query_timeout_ms), stats_atom::value)
         .receive([&](const wire& w) { out.push_back(read_stats(w)); },
                  [&](caf::error& e) {
+                   all_answered = false;
                    s.log->warn("stats from {} failed: {}", g.actor_name(), s.sys->render(e));
                  });
   }
+  int64_t now_ms = s.clk->now_ms();
+  if (all_answered) s.last_heartbeat_ms = now_ms;
   stats_snapshot up;
   up.actor = "cluster";
   double queued = 0, running = 0;
@@ -213,8 +241,29 @@ std::vector<stats_snapshot> actor_cluster::snapshots(bool include_worker) const 
   }
   up.metrics.push_back({"requests_queued", "", queued, "gauge", "Requests waiting for prefill"});
   up.metrics.push_back({"requests_running", "", running, "gauge", "Requests being prefilled or decoded"});
-  up.metrics.push_back({"uptime_seconds", "", double(s.clk->now_ms() - s.start_ms) / 1000.0, "gauge",
+  up.metrics.push_back({"uptime_seconds", "", double(now_ms - s.start_ms) / 1000.0, "gauge",
                         "Seconds since the cluster started"});
+  double prompt = 0, hit = 0, queued_tokens = 0, running_tokens = 0;
+  for (const auto& x : out) {
+    prompt += x.value("prompt_tokens_total");
+    hit += x.value("prefix_cache_hit_tokens_total");
+    queued_tokens += x.value("prefill_queued_tokens");
+    running_tokens += x.value("decode_running_tokens");
+  }
+  up.metrics.push_back({"tokens_queued", "", queued_tokens, "gauge", "Prompt tokens waiting for prefill"});
+  up.metrics.push_back({"tokens_running", "", running_tokens, "gauge", "Context tokens of the sequences being decoded"});
+  up.metrics.push_back({"prefix_cache_hit_rate", "", prompt > 0 ? hit / prompt : 0, "gauge",
+                        "Fraction of accepted prompt tokens served from the prefix cache"});
+  // Node health: every scrape is a heartbeat round over the actors.
+  auto node = fmt::format("node=\"{}\"", opt_.node_name);
+  up.metrics.push_back({"node_up", node, all_answered ? 1.0 : 0.0, "gauge",
+                        "1 if every actor of the node answered the last stats round, else 0"});
+  up.metrics.push_back({"node_heartbeat_age_seconds", node, double(now_ms - s.last_heartbeat_ms.load()) / 1000.0,
+                        "gauge", "Seconds since every actor of the node last answered"});
+  up.metrics.push_back({"process_resident_memory_bytes", node, process_rss_bytes(), "gauge",
+                        "Resident memory of the node's process"});
+  up.metrics.push_back({"process_cpu_seconds_total", node, process_cpu_seconds(), "counter",
+                        "User and system CPU time of the node's process"});
   out.push_back(std::move(boxes));
   out.push_back(std::move(up));
   return out;

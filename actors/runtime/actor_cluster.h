@@ -20,6 +20,7 @@ namespace tandem {
 struct actor_cluster_options {
   limits lim;
   std::string model_id = "model";
+  std::string node_name = "local";             ///< `node` label of the node health metrics
   int32_t eos_id = -1;
   std::string log_level = "info";
   bool log_json = false;

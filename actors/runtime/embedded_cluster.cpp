@@ -39,6 +39,7 @@ std::unique_ptr<embedded_cluster> embedded_cluster::start(const cluster_options&
   ao.eos_id = p->tok->eos_id();
   ao.log_level = opt.log_level;
   ao.log_json = opt.log_json;
+  ao.node_name = opt.node_name;
   p->cluster = std::make_unique<actor_cluster>(std::move(model), ao);
   return std::unique_ptr<embedded_cluster>(new embedded_cluster(std::move(p)));
 }

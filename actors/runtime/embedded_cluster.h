@@ -15,6 +15,7 @@ struct cluster_options {
   limits lim;
   std::string log_level = "info";   ///< spdlog level name
   bool log_json = false;
+  std::string node_name = "local";  ///< the config's [[node]] name; labels the node health metrics
 };
 
 class embedded_cluster : public serving_api {

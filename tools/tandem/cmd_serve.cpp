@@ -62,6 +62,7 @@ void configure_from_file(const flags& f, cluster_options& co, front_end_options&
   if (c.cfg.model_path.empty())
     throw tandem::error(fmt::format("{}: model.path is not set; add [model] path = \"FILE.gguf\"", path));
   co.model_path = c.cfg.model_path;
+  co.node_name = node->name;
   co.lim = c.cfg.lim;
   if (node->page_size) co.lim.page_size = node->page_size;
   fo.host = node->host;
