@@ -87,6 +87,17 @@ struct router_state {
     deliver(cb, std::move(ev), *log);
   }
 
+  /// A router that exits with requests in flight (a failure, or the supervisor restarting the
+  /// node's actors) ends each with `disconnected`, so no client waits for events that never come.
+  ~router_state() {
+    if (table.empty()) return;
+    tandem::error err(error_kind::disconnected,
+                      "the node's actors failed and were restarted before the request finished; retry it");
+    std::vector<std::string> ids;
+    for (const auto& kv : table) ids.push_back(kv.first);
+    for (const auto& id : ids) finish_here(id, finish_reason::error, &err);
+  }
+
   void account_finish(const entry& e, finish_reason reason) {
     static const char* names[] = {"none", "stop", "length", "abort", "error"};
     finished_by_reason[names[static_cast<int>(reason)]] += 1;

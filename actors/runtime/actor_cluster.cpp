@@ -18,6 +18,7 @@
 #include "actors/decode_scheduler/decode_scheduler.h"
 #include "actors/prefill_scheduler/prefill_scheduler.h"
 #include "actors/router/router.h"
+#include "actors/supervisor/supervisor.h"
 #include "actors/worker/worker.h"
 
 namespace tandem {
@@ -37,6 +38,17 @@ struct actor_cluster::state {
   model_facts facts;
   /// Cluster time at which every actor last answered a stats query (a heartbeat round).
   std::atomic<int64_t> last_heartbeat_ms{0};
+  // What a restart needs to spawn the actor set again.
+  std::shared_ptr<llama_model> model;
+  kv_layout layout;
+  std::shared_ptr<spdlog::sinks::sink> sink;
+  caf::actor supervisor;
+  /// Set once by the supervisor's escalation; submissions then fail fast. Guarded by submit_mu.
+  std::string unhealthy_why;
+  std::atomic<bool> unhealthy{false};
+
+  /// The current actors, copied under the lock (the supervisor may replace them).
+  std::vector<bounded_actor*> all() { return {&router, &prefill, &decode, &worker, &cache}; }
 };
 
 namespace {
@@ -60,6 +72,48 @@ double process_cpu_seconds() {
 int64_t pages_from_limits(const limits& lim, const kv_layout& layout) {
   if (lim.device_pages > 0) return lim.device_pages;
   return (int64_t(lim.kv_cache_mb) * 1024 * 1024) / int64_t(layout.page_bytes());
+}
+
+/// Spawns and wires one set of the node's actors into `s` (at start and on every restart).
+void spawn_set(actor_cluster::state& s, const actor_cluster_options& opt, int32_t n_pages) {
+  worker_options wo;
+  wo.n_pages = n_pages;
+  wo.page_size = opt.lim.page_size;
+  wo.mailbox_bound = opt.lim.worker_mailbox;
+  s.worker = spawn_worker(*s.sys, s.model, wo, make_actor_logger("worker", s.sink, opt.log_level));
+
+  cache_tier_options co;
+  co.n_pages = n_pages;
+  co.page_size = opt.lim.page_size;
+  co.prefix_cache = opt.lim.prefix_cache;
+  co.mailbox_bound = opt.lim.cache_tier_mailbox;
+  s.cache = spawn_cache_tier(*s.sys, co, make_actor_logger("cache_tier", s.sink, opt.log_level));
+
+  scheduler_options so;
+  so.lim = opt.lim;
+  so.model = s.facts;
+  so.layout = s.layout;
+  so.pool_id = wo.pool_id;
+  s.prefill = spawn_prefill_scheduler(*s.sys, so, s.clk, make_actor_logger("prefill", s.sink, opt.log_level));
+  s.decode = spawn_decode_scheduler(*s.sys, so, s.clk, make_actor_logger("decode", s.sink, opt.log_level));
+
+  router_options ro;
+  ro.lim = opt.lim;
+  ro.model = s.facts;
+  ro.tick_ms = opt.router_tick_ms;
+  s.router = spawn_router(*s.sys, ro, s.prefill, s.clk, make_actor_logger("router", s.sink, opt.log_level));
+
+  peer_set peers{s.router, s.prefill, s.decode, s.worker, s.cache};
+  caf::anon_send(s.prefill.handle, peers_atom::value, peers);
+  caf::anon_send(s.decode.handle, peers_atom::value, peers);
+}
+
+std::vector<supervised_child> children_of(actor_cluster::state& s) {
+  return {{"router", s.router.handle},
+          {"prefill", s.prefill.handle},
+          {"decode", s.decode.handle},
+          {"worker", s.worker.handle},
+          {"cache_tier", s.cache.handle}};
 }
 
 }  // namespace
@@ -98,36 +152,31 @@ actor_cluster::actor_cluster(std::shared_ptr<llama_model> model, actor_cluster_o
   s.cfg.add_message_type<wire>("tandem_wire");
   s.sys = std::make_unique<caf::actor_system>(s.cfg);
 
-  worker_options wo;
-  wo.n_pages = n_pages_;
-  wo.page_size = opt_.lim.page_size;
-  wo.mailbox_bound = opt_.lim.worker_mailbox;
-  s.worker = spawn_worker(*s.sys, std::move(model), wo, make_actor_logger("worker", sink, opt_.log_level));
-
-  cache_tier_options co;
-  co.n_pages = n_pages_;
-  co.page_size = opt_.lim.page_size;
-  co.prefix_cache = opt_.lim.prefix_cache;
-  co.mailbox_bound = opt_.lim.cache_tier_mailbox;
-  s.cache = spawn_cache_tier(*s.sys, co, make_actor_logger("cache_tier", sink, opt_.log_level));
-
-  scheduler_options so;
-  so.lim = opt_.lim;
-  so.model = s.facts;
-  so.layout = layout;
-  so.pool_id = wo.pool_id;
-  s.prefill = spawn_prefill_scheduler(*s.sys, so, s.clk, make_actor_logger("prefill", sink, opt_.log_level));
-  s.decode = spawn_decode_scheduler(*s.sys, so, s.clk, make_actor_logger("decode", sink, opt_.log_level));
-
-  router_options ro;
-  ro.lim = opt_.lim;
-  ro.model = s.facts;
-  ro.tick_ms = opt_.router_tick_ms;
-  s.router = spawn_router(*s.sys, ro, s.prefill, s.clk, make_actor_logger("router", sink, opt_.log_level));
-
-  peer_set peers{s.router, s.prefill, s.decode, s.worker, s.cache};
-  caf::anon_send(s.prefill.handle, peers_atom::value, peers);
-  caf::anon_send(s.decode.handle, peers_atom::value, peers);
+  s.model = std::move(model);
+  s.layout = layout;
+  s.sink = sink;
+  spawn_set(s, opt_, n_pages_);
+  supervisor_options sv;
+  sv.node_name = opt_.node_name;
+  sv.max_restarts = opt_.lim.supervisor_max_restarts;
+  sv.period_ms = opt_.lim.supervisor_period_ms;
+  sv.restart_all = [this] {
+    auto& st = *st_;
+    std::unique_lock<std::shared_mutex> sl(st.submit_mu);
+    // The old set goes first: the router's state ends its in-flight requests with `disconnected`.
+    for (auto* a : st.all())
+      if (a->handle) caf::anon_send_exit(a->handle, caf::exit_reason::user_shutdown);
+    spawn_set(st, opt_, n_pages_);
+    return children_of(st);
+  };
+  sv.escalate = [this](const std::string& why) {
+    auto& st = *st_;
+    std::unique_lock<std::shared_mutex> sl(st.submit_mu);
+    st.unhealthy_why = why;
+    st.unhealthy = true;
+  };
+  s.supervisor = spawn_supervisor(*s.sys, std::move(sv), children_of(s), s.clk,
+                                  make_actor_logger("supervisor", sink, opt_.log_level));
   s.log->info("cluster up: model {}, {} KV pages of {} ({:.1f} MiB), context {}, prefix cache {}",
               opt_.model_id, n_pages_, layout.describe(),
               double(n_pages_) * double(layout.page_bytes()) / (1024.0 * 1024.0), max_context_,
@@ -146,6 +195,11 @@ void actor_cluster::shutdown() {
   }
   {
     caf::scoped_actor self{*s.sys};
+    // The supervisor first, so the exits below are not taken for failures.
+    self->request(s.supervisor, std::chrono::milliseconds(opt_.query_timeout_ms), stop_atom::value)
+        .receive([](bool) {},
+                 [&](caf::error& e) { s.log->warn("supervisor did not confirm shutdown: {}", s.sys->render(e)); });
+    self->send_exit(s.supervisor, caf::exit_reason::user_shutdown);
     self->request(s.router.handle, std::chrono::milliseconds(opt_.query_timeout_ms), stop_atom::value)
         .receive(
             [](bool) {},
@@ -155,6 +209,7 @@ void actor_cluster::shutdown() {
   }
   s.sys->await_all_actors_done();
   s.router = s.prefill = s.decode = s.cache = s.worker = bounded_actor{};
+  s.supervisor = caf::actor{};
   s.sys.reset();
   s.log->info("cluster stopped");
 }
@@ -168,6 +223,12 @@ void actor_cluster::submit(completion_request req, event_callback cb) {
           req.request_id,
           tandem::error(error_kind::disconnected, "the cluster is shut down; retry on another node"),
           static_cast<int32_t>(req.prompt.size())));
+    return;
+  }
+  if (s.unhealthy) {
+    if (cb)
+      cb(error_event(req.request_id, tandem::error(error_kind::disconnected, s.unhealthy_why + "; retry on another node"),
+                     static_cast<int32_t>(req.prompt.size())));
     return;
   }
   seq_request r;
@@ -194,7 +255,8 @@ void actor_cluster::submit(completion_request req, event_callback cb) {
 
 void actor_cluster::abort(const std::string& request_id) {
   auto& s = *st_;
-  if (s.stopped) return;
+  std::shared_lock<std::shared_mutex> sl(s.submit_mu);
+  if (s.stopped || s.unhealthy) return;
   s.router.gate->enter_control();
   caf::anon_send(s.router.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
                    auto a = env.initAbort();
@@ -206,11 +268,23 @@ std::vector<stats_snapshot> actor_cluster::snapshots(bool include_worker) const 
   auto& s = *st_;
   std::vector<stats_snapshot> out;
   if (s.stopped || !s.sys) return out;
+  // Copies: the supervisor may replace the actors while this waits for their answers.
+  std::vector<bounded_actor> actors;
+  bounded_actor worker;
+  caf::actor supervisor;
+  {
+    std::shared_lock<std::shared_mutex> sl(s.submit_mu);
+    for (auto* a : s.all()) actors.push_back(*a);
+    worker = s.worker;
+    supervisor = s.supervisor;
+  }
+  bool unhealthy = s.unhealthy;
   caf::scoped_actor self{*s.sys};
   stats_snapshot boxes;
   boxes.actor = "mailboxes";
   bool all_answered = true;
-  for (const auto* a : {&s.router, &s.prefill, &s.decode, &s.worker, &s.cache}) {
+  for (const auto& actor : actors) {
+    const auto* a = &actor;
     const auto& g = *a->gate;
     auto lbl = fmt::format("actor=\"{}\"", g.actor_name());
     boxes.metrics.push_back(
@@ -221,7 +295,11 @@ std::vector<stats_snapshot> actor_cluster::snapshots(bool include_worker) const 
         {"mailbox_high_water", lbl, double(g.high_water()), "gauge", "Deepest mailbox seen"});
     boxes.metrics.push_back({"mailbox_rejected_total", lbl, double(g.rejected()), "counter",
                              "Messages refused at a full mailbox"});
-    if (a == &s.worker && !include_worker) continue;
+    if (a->handle == worker.handle && !include_worker) continue;
+    if (unhealthy) {
+      all_answered = false;  // the escalated set is not restarted; asking would only time out
+      continue;
+    }
     self->request(a->handle, std::chrono::milliseconds(opt_.query_timeout_ms), stats_atom::value)
         .receive([&](const wire& w) { out.push_back(read_stats(w)); },
                  [&](caf::error& e) {
@@ -229,6 +307,12 @@ std::vector<stats_snapshot> actor_cluster::snapshots(bool include_worker) const 
                    s.log->warn("stats from {} failed: {}", g.actor_name(), s.sys->render(e));
                  });
   }
+  self->request(supervisor, std::chrono::milliseconds(opt_.query_timeout_ms), stats_atom::value)
+      .receive([&](const wire& w) { out.push_back(read_stats(w)); },
+               [&](caf::error& e) {
+                 all_answered = false;
+                 s.log->warn("stats from the supervisor failed: {}", s.sys->render(e));
+               });
   int64_t now_ms = s.clk->now_ms();
   if (all_answered) s.last_heartbeat_ms = now_ms;
   stats_snapshot up;
@@ -313,10 +397,21 @@ health_info actor_cluster::health() const {
     h.status = "stopped";
     return h;
   }
+  std::vector<bounded_actor> actors;
+  {
+    std::shared_lock<std::shared_mutex> sl(s.submit_mu);
+    if (s.unhealthy) {
+      h.ok = false;
+      h.status = s.unhealthy_why;
+      return h;
+    }
+    actors = {s.router, s.prefill, s.decode, s.cache};
+  }
   caf::scoped_actor self{*s.sys};
   bool ok = true;
   std::string why;
-  for (const auto* a : {&s.router, &s.prefill, &s.decode, &s.cache}) {
+  for (const auto& actor : actors) {
+    const auto* a = &actor;
     self->request(a->handle, std::chrono::milliseconds(opt_.query_timeout_ms), stats_atom::value)
         .receive([](const wire&) {},
                  [&](caf::error& e) {
@@ -328,6 +423,22 @@ health_info actor_cluster::health() const {
   h.ok = ok;
   h.status = ok ? "ok" : why;
   return h;
+}
+
+void actor_cluster::inject_failure(const std::string& role, const std::string& cause) {
+  auto& s = *st_;
+  std::shared_lock<std::shared_mutex> sl(s.submit_mu);
+  if (s.stopped) throw tandem::error(error_kind::failed, "the cluster is shut down");
+  for (const auto& c : children_of(s)) {
+    if (c.name != role) continue;
+    // An exit message carrying an error: the actor terminates with it, as after a crash.
+    c.handle->enqueue(nullptr, caf::make_message_id(),
+                      caf::make_message(caf::exit_msg{c.handle->address(), caf::make_error(caf::sec::runtime_error, cause)}),
+                      nullptr);
+    return;
+  }
+  throw tandem::error(error_kind::failed,
+                      fmt::format("no actor role '{}'; use router, prefill, decode, worker or cache_tier", role));
 }
 
 std::string actor_cluster::metrics_text() const { return render_prometheus(snapshots()); }

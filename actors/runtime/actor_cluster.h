@@ -55,6 +55,10 @@ class actor_cluster {
   const std::string& model_id() const { return opt_.model_id; }
   /// Ends running requests with `disconnected`, stops the actors. Idempotent.
   void shutdown();
+  /// Makes the actor of `role` (router, prefill, decode, worker, cache_tier) exit with an
+  /// error, as a crash would, so the supervisor's restart and escalation can be exercised
+  /// (failure drills, tests). Throws tandem::error naming the roles if `role` is unknown.
+  void inject_failure(const std::string& role, const std::string& cause = "injected failure");
 
   struct state;
 
