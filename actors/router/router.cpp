@@ -319,6 +319,17 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, bounded_act
         for (const auto& id : ids) s.finish_here(id, finish_reason::error, &err);
         return true;
       },
+      [self](inflight_atom) -> inflight_list {
+        auto& s = self->state;
+        inflight_list out;
+        int64_t now = s.clk->now_ms();
+        out.requests.reserve(s.table.size());
+        for (const auto& [id, e] : s.table)
+          out.requests.push_back({id, e.state, now - e.submit_ms, e.prompt_tokens, e.completion_tokens});
+        std::sort(out.requests.begin(), out.requests.end(),
+                  [](const request_report& a, const request_report& b) { return a.age_ms > b.age_ms; });
+        return out;
+      },
       [self](stats_atom) -> wire {
         auto& s = self->state;
         std::vector<metric_sample> m = {

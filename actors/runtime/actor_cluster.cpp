@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <map>
 
 #include "actors/cache_tier/cache_tier.h"
 #include "actors/common/logging.h"
@@ -439,6 +440,70 @@ void actor_cluster::inject_failure(const std::string& role, const std::string& c
   }
   throw tandem::error(error_kind::failed,
                       fmt::format("no actor role '{}'; use router, prefill, decode, worker or cache_tier", role));
+}
+
+node_report actor_cluster::inspect() const {
+  auto& s = *st_;
+  node_report r;
+  r.node = opt_.node_name;
+  r.model_id = opt_.model_id;
+  auto h = health();
+  r.healthy = h.ok;
+  r.status = h.status;
+  r.uptime_ms = h.uptime_ms;
+  if (s.stopped || !s.sys) return r;
+  auto snaps = snapshots(true);
+  const stats_snapshot* sup = nullptr;
+  std::map<std::string, const stats_snapshot*> by_actor;
+  for (const auto& x : snaps) {
+    if (x.actor == "supervisor") sup = &x;
+    by_actor[x.actor] = &x;
+  }
+  std::vector<bounded_actor> actors;
+  {
+    std::shared_lock<std::shared_mutex> sl(s.submit_mu);
+    for (auto* a : s.all()) actors.push_back(*a);
+  }
+  for (const auto& a : actors) {
+    actor_report ar;
+    ar.name = a.gate->actor_name();
+    ar.mailbox_depth = a.gate->depth();
+    ar.mailbox_bound = a.gate->bound();
+    ar.messages_handled = a.gate->accepted() - a.gate->depth();
+    ar.mailbox_rejected = a.gate->rejected();
+    ar.state = s.unhealthy ? "escalated" : by_actor.count(ar.name) ? "running" : "not answering";
+    if (sup) {
+      auto sl = fmt::format("node=\"{}\",actor=\"{}\"", opt_.node_name, ar.name);
+      ar.restarts = int64_t(sup->value("actor_restarts_total", sl));
+      for (const auto& m : sup->metrics) {
+        if (m.name != "actor_last_failure_info" || m.labels.rfind(sl + ",cause=\"", 0) != 0) continue;
+        std::string cause = m.labels.substr(sl.size() + 8);
+        if (!cause.empty()) cause.pop_back();  // closing quote
+        ar.last_error = cause;
+      }
+    }
+    r.actors.push_back(std::move(ar));
+  }
+  if (!s.unhealthy) {
+    caf::scoped_actor self{*s.sys};
+    self->request(actors[0].handle, std::chrono::milliseconds(opt_.query_timeout_ms), inflight_atom::value)
+        .receive([&](const inflight_list& l) { r.requests = l.requests; },
+                 [&](caf::error& e) { s.log->warn("in-flight table from the router failed: {}", s.sys->render(e)); });
+  }
+  if (auto it = by_actor.find("cache_tier"); it != by_actor.end()) {
+    const auto& c = *it->second;
+    pool_report p;
+    p.name = "device";
+    p.pages_total = int64_t(c.value("kv_pages_total"));
+    p.pages_free = int64_t(c.value("kv_pages_free"));
+    p.pages_cached = int64_t(c.value("kv_pages_cached"));
+    p.pages_evictable = int64_t(c.value("kv_pages_evictable"));
+    double bytes = 0;
+    for (const auto& x : snaps) bytes += x.value("kv_pool_bytes");
+    p.bytes = int64_t(bytes);
+    r.pools.push_back(p);
+  }
+  return r;
 }
 
 std::string actor_cluster::metrics_text() const { return render_prometheus(snapshots()); }

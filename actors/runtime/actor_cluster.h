@@ -47,6 +47,8 @@ class actor_cluster {
   health_info health() const;
   stats_info stats() const;
   std::string metrics_text() const;
+  /// Actors, in-flight requests and KV pools, for `tandem inspect`.
+  node_report inspect() const;
   /// Every actor's metrics plus the mailbox gates (actor "mailboxes"). The worker answers
   /// between forward passes; `include_worker = false` skips it (stats() does).
   std::vector<stats_snapshot> snapshots(bool include_worker = true) const;

@@ -58,5 +58,6 @@ std::string embedded_cluster::metrics_text() const { return impl_->cluster->metr
 const tokenizer& embedded_cluster::tok() const { return *impl_->tok; }
 std::string embedded_cluster::model_id() const { return impl_->model_id; }
 int32_t embedded_cluster::max_context() const { return impl_->cluster->max_context(); }
+node_report embedded_cluster::inspect() const { return impl_->cluster->inspect(); }
 
 }  // namespace tandem

@@ -33,6 +33,7 @@ class embedded_cluster : public serving_api {
   const tokenizer& tok() const override;
   std::string model_id() const override;
   int32_t max_context() const override;
+  node_report inspect() const override;
 
   struct impl;
 

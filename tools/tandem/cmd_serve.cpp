@@ -35,7 +35,7 @@ int port_flag(const flags& f, const std::string& name) {
 /// Fills the options from the node `--node` of the config `--config`, after every check of
 /// `tandem check-config`; exits 1 with the same messages if the config is invalid.
 void configure_from_file(const flags& f, cluster_options& co, front_end_options& fo) {
-  for (const char* flag : {"model", "host", "port", "rpc-port", "threads", "page-size", "kv-cache-mb", "max-running-seqs",
+  for (const char* flag : {"model", "host", "port", "rpc-port", "admin-port", "threads", "page-size", "kv-cache-mb", "max-running-seqs",
                            "max-queued-requests", "max-body-bytes"})
     if (f.has(flag))
       throw tandem::error(fmt::format("flag --{} conflicts with --config: the config file sets it; edit the file instead",
@@ -68,6 +68,7 @@ void configure_from_file(const flags& f, cluster_options& co, front_end_options&
   fo.host = node->host;
   fo.http_port = node->http_port;
   fo.rpc_port = node->rpc_port;
+  fo.admin_port = node->admin_port;
 }
 
 }  // namespace
@@ -78,6 +79,7 @@ int serve(args a) {
       .opt("host", "address to bind; 0.0.0.0 exposes the node to the network", "127.0.0.1")
       .opt("port", "HTTP port (OpenAI API); 0 picks a free port", "8080")
       .opt("rpc-port", "Cap'n Proto RPC port; 0 picks a free port", "8081")
+      .opt("admin-port", "admin port for `tandem inspect`; 0 picks a free port (default: no admin port)")
       .opt("threads", "kernel threads of the worker", "1")
       .opt("page-size", "tokens per KV page", "16")
       .opt("kv-cache-mb", "KV cache size in MiB", "256")
@@ -112,6 +114,7 @@ int serve(args a) {
     fo.host = f.str("host");
     fo.http_port = port_flag(f, "port");
     fo.rpc_port = port_flag(f, "rpc-port");
+    fo.admin_port = f.has("admin-port") ? port_flag(f, "admin-port") : -1;
   }
   if (auto msg = co.lim.validate(); !msg.empty()) throw tandem::error(msg);
   auto level = spdlog::level::from_str(co.log_level);
