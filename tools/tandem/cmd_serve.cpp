@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/common/error.h"
+#include "actors/common/logging.h"
 #include "actors/config/cluster_config.h"
 #include "actors/runtime/embedded_cluster.h"
 #include "tools/tandem/commands.h"
@@ -87,6 +88,7 @@ int serve(args a) {
       .opt("max-queued-requests", "requests waiting for prefill before new ones get 503", "256")
       .opt("max-body-bytes", "largest HTTP request body", "4194304")
       .opt("log-level", "trace, debug, info, warn, error", "info")
+      .opt("log-format", "text, or json: one object per line with ts, level, actor, request_id, msg", "text")
       .opt("config", "cluster config file (TOML, see docs/config.md); checked like `tandem check-config` first")
       .opt("node", "with --config: the [[node]] of the config this process runs");
   if (!f.parse(a)) {
@@ -97,6 +99,11 @@ int serve(args a) {
   cluster_options co;
   front_end_options fo;
   co.log_level = f.str("log-level");
+  if (f.str("log-format") != "text" && f.str("log-format") != "json")
+    throw tandem::error("flag --log-format = '" + f.str("log-format") + "' is not a format; use text or json");
+  co.log_json = f.str("log-format") == "json";
+  // The front ends log through spdlog's default logger: same format as the actors'.
+  if (co.log_json) spdlog::default_logger()->set_formatter(make_json_log_formatter());
   if (f.has("config")) {
     configure_from_file(f, co, fo);
   } else {
