@@ -1,6 +1,7 @@
 #include "actors/config/cluster_config.h"
 
 #include <fmt/format.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -677,6 +678,24 @@ config_check check_cluster_config(const std::string& text, const std::string& so
     local_bytes += need;
     local_users.push_back(fmt::format("'{}' {}", n.name, fmt_gib(double(need))));
     if (n.numa_node >= 0) numa_bytes[n.numa_node] += need;
+  }
+  // The disk tier, where its directory is on this machine.
+  bool any_local_cache = std::any_of(cfg.nodes.begin(), cfg.nodes.end(),
+                                     [](const node_config& n) { return n.has_role("cache") && is_local_host(n.host); });
+  std::error_code ec;
+  if (any_local_cache && !cfg.cache.disk_dir.empty() && std::filesystem::exists(cfg.cache.disk_dir, ec)) {
+    if (!std::filesystem::is_directory(cfg.cache.disk_dir, ec)) {
+      out.errors.push_back(fmt::format("{}:{}:{}: cache.disk_dir = \"{}\": is not a directory; point it at a directory "
+                                       "for the disk tier's files",
+                                       source_name, cache_pos.line, cache_pos.column, cfg.cache.disk_dir));
+    } else if (struct statvfs fs{}; ::statvfs(cfg.cache.disk_dir.c_str(), &fs) == 0) {
+      double capacity = double(fs.f_blocks) * double(fs.f_frsize);
+      if (cfg.cache.disk_size_gb * gib > capacity)
+        out.errors.push_back(fmt::format(
+            "{}:{}:{}: cache.disk_size_gb = {}: the filesystem of cache.disk_dir = \"{}\" holds only {}; lower "
+            "disk_size_gb or use a larger disk",
+            source_name, cache_pos.line, cache_pos.column, cfg.cache.disk_size_gb, cfg.cache.disk_dir, fmt_gib(capacity)));
+    }
   }
   if (m.mem_total_bytes > 0 && local_bytes > m.mem_total_bytes) {
     std::string list;

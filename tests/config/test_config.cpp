@@ -117,6 +117,8 @@ std::vector<invalid_case> invalid_cases(const std::string& mp) {
       {"disk size without dir", one_node("[cache]\ndisk_size_gb = 10\n"), "cache.disk_size_gb = 10: has no effect without cache.disk_dir"},
       {"tiers while disabled", one_node("[cache]\nenabled = false\nhost_ratio = 2\n"), "cache.enabled = false: turns prefix reuse off"},
       {"min load back negative", one_node("[cache]\nmin_load_back_tokens = -3\n"), "cache.min_load_back_tokens = -3: out of range"},
+      {"disk dir is a file", one_node("[cache]\ndisk_dir = \"" + std::string(TANDEM_SOURCE_DIR) + "/README.md\"\ndisk_size_gb = 1\n"), "/README.md\": is not a directory"},
+      {"disk tier beyond its disk", one_node("[cache]\ndisk_dir = \"/tmp\"\ndisk_size_gb = 10000000\n"), "cache.disk_size_gb = 10000000: the filesystem of cache.disk_dir = \"/tmp\" holds only"},
       // --- [router], [transfer]
       {"router policy typo", one_node("[router]\npolicy = \"roundrobin\"\n"), "router.policy = \"roundrobin\": not a known value; did you mean 'round_robin'?"},
       {"failure policy", one_node("[transfer]\nfailure_policy = \"retry\"\n"), "transfer.failure_policy = \"retry\": not a known value; use one of: recompute, fail"},
