@@ -280,6 +280,10 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, bounded_act
   st.gate = std::move(gate);
   st.clk = std::move(clk);
   st.log = std::move(log);
+  // Every reason the router can refuse for is exported from the start (at 0), so dashboards
+  // and alerts see the series before the first rejection.
+  for (const char* r : {"malformed", "shutdown", "invalid", "duplicate_id", "inflight_full", "prefill_mailbox", "deadline"})
+    st.rejected_by_reason[r] = 0;
   return {
       [self](submit_atom, const wire& w, const callback_box& cb) {
         self->state.gate->leave();
