@@ -8,6 +8,7 @@ packages=(
   libcaf-dev capnproto libcapnp-dev libucx-dev ucx-utils
   libspdlog-dev libfmt-dev doctest-dev libssl-dev libnuma-dev libhwloc-dev
   nodejs npm iproute2
+  prometheus jq
 )
 
 missing=()

@@ -28,6 +28,7 @@ std::string limits::validate() const {
            positive("page_size", page_size, "use 16 tokens per page"),
            positive("max_new_tokens", max_new_tokens, "use e.g. 4096"),
            positive("max_body_bytes", max_body_bytes, "use e.g. 4194304 (4 MiB)"),
+           positive("supervisor_period_ms", supervisor_period_ms, "use e.g. 60000 (1 minute)"),
            positive("threads", threads, "use the number of cores to compute on"),
            positive("scheduler_threads", scheduler_threads, "use 2 or more"),
        }) {
@@ -36,6 +37,9 @@ std::string limits::validate() const {
   if (device_pages < 0) return fmt::format("limits.device_pages = {} must be >= 0 (0 derives it from kv_cache_mb)", device_pages);
   if (device_pages == 0 && kv_cache_mb <= 0)
     return fmt::format("limits.kv_cache_mb = {} must be > 0 when device_pages is 0; set one of them", kv_cache_mb);
+  if (supervisor_max_restarts < 0)
+    return fmt::format("limits.supervisor_max_restarts = {} must be >= 0 (0 = never restart, escalate at once)",
+                       supervisor_max_restarts);
   if (max_context < 0) return fmt::format("limits.max_context = {} must be >= 0 (0 = the model's)", max_context);
   if (page_size > 4096) return fmt::format("limits.page_size = {} is too large; use 16..256 tokens", page_size);
   return "";

@@ -37,6 +37,10 @@ struct limits {
   int64_t max_body_bytes = 4 << 20;      ///< HTTP request body
   int32_t max_rpc_connections = 256;     ///< open Cap'n Proto RPC connections; more are closed at accept
 
+  // --- supervision
+  int32_t supervisor_max_restarts = 3;   ///< restarts of a node's actors allowed per period; one more escalates
+  int32_t supervisor_period_ms = 60000;  ///< the restart intensity's period
+
   // --- compute
   int32_t threads = 1;                   ///< kernel threads of the worker
   int32_t scheduler_threads = 2;         ///< CAF scheduler threads

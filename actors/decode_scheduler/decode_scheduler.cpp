@@ -37,6 +37,11 @@ struct decode_state {
   static inline const char* name = "decode";
 
   int32_t page_size() const { return opt.layout.page_size; }
+  int64_t running_tokens() const {
+    int64_t t = 0;
+    for (const auto& d : running) t += d.kv_len;
+    return t;
+  }
   int32_t pages_needed(const dseq& d) const {
     return (d.kv_len + 1 + page_size() - 1) / page_size() - static_cast<int32_t>(d.pages.size());
   }
@@ -400,6 +405,8 @@ caf::behavior decode_actor(decode_actor_t* self, scheduler_options opt, std::sha
         std::vector<metric_sample> m = {
             {"decode_running_requests", "", double(s.running.size()), "gauge",
              "Sequences in the decode batch"},
+            {"decode_running_tokens", "", double(s.running_tokens()), "gauge",
+             "Context tokens (with KV) of the sequences in the decode batch"},
             {"decode_running_bound", "", double(s.opt.lim.max_running_seqs), "gauge",
              "limits.max_running_seqs"},
             {"decode_waiting_requests", "", double(s.waiting.size()), "gauge",

@@ -45,7 +45,7 @@ struct router_state {
   uint64_t next_order = 1;
   bool tick_pending = false;
   bool stopped = false;
-  int64_t requests_total = 0, tokens_generated = 0;
+  int64_t requests_total = 0, tokens_generated = 0, prompt_tokens_total = 0;
   std::unordered_map<std::string, int64_t> finished_by_reason;
   std::unordered_map<std::string, int64_t> rejected_by_reason;
   histogram ttft{"ttft_ms", "Time to first token (ms)", histogram::latency_ms_buckets()};
@@ -85,6 +85,17 @@ struct router_state {
     auto cb = std::move(it->second.cb);
     table.erase(it);
     deliver(cb, std::move(ev), *log);
+  }
+
+  /// A router that exits with requests in flight (a failure, or the supervisor restarting the
+  /// node's actors) ends each with `disconnected`, so no client waits for events that never come.
+  ~router_state() {
+    if (table.empty()) return;
+    tandem::error err(error_kind::disconnected,
+                      "the node's actors failed and were restarted before the request finished; retry it");
+    std::vector<std::string> ids;
+    for (const auto& kv : table) ids.push_back(kv.first);
+    for (const auto& id : ids) finish_here(id, finish_reason::error, &err);
   }
 
   void account_finish(const entry& e, finish_reason reason) {
@@ -180,6 +191,7 @@ void on_submit(router_actor_t* self, const wire& w, event_callback cb) {
   e.prompt_tokens = prompt_len;
   s.table.emplace(r.id, std::move(e));
   s.requests_total += 1;
+  s.prompt_tokens_total += prompt_len;
   s.log->debug("request {}: accepted ({} prompt tokens, max_tokens {}, deadline in {} ms)", r.id, prompt_len,
                r.max_tokens, r.deadline_ms - now);
   self->send(s.prefill.handle, wire_atom::value,
@@ -268,6 +280,10 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, bounded_act
   st.gate = std::move(gate);
   st.clk = std::move(clk);
   st.log = std::move(log);
+  // Every reason the router can refuse for is exported from the start (at 0), so dashboards
+  // and alerts see the series before the first rejection.
+  for (const char* r : {"malformed", "shutdown", "invalid", "duplicate_id", "inflight_full", "prefill_mailbox", "deadline"})
+    st.rejected_by_reason[r] = 0;
   return {
       [self](submit_atom, const wire& w, const callback_box& cb) {
         self->state.gate->leave();
@@ -307,6 +323,17 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, bounded_act
         for (const auto& id : ids) s.finish_here(id, finish_reason::error, &err);
         return true;
       },
+      [self](inflight_atom) -> inflight_list {
+        auto& s = self->state;
+        inflight_list out;
+        int64_t now = s.clk->now_ms();
+        out.requests.reserve(s.table.size());
+        for (const auto& [id, e] : s.table)
+          out.requests.push_back({id, e.state, now - e.submit_ms, e.prompt_tokens, e.completion_tokens});
+        std::sort(out.requests.begin(), out.requests.end(),
+                  [](const request_report& a, const request_report& b) { return a.age_ms > b.age_ms; });
+        return out;
+      },
       [self](stats_atom) -> wire {
         auto& s = self->state;
         std::vector<metric_sample> m = {
@@ -317,6 +344,8 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, bounded_act
              "Bound of the in-flight table"},
             {"tokens_generated_total", "", double(s.tokens_generated), "counter",
              "Completion tokens delivered"},
+            {"prompt_tokens_total", "", double(s.prompt_tokens_total), "counter",
+             "Prompt tokens of the requests accepted by the router"},
         };
         for (const auto& [r, n] : s.finished_by_reason)
           m.push_back({"requests_finished_total", fmt::format("reason=\"{}\"", r), double(n), "counter",

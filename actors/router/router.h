@@ -10,6 +10,7 @@
 #include <caf/allowed_unsafe_message_type.hpp>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "actors/common/bounded_mailbox.h"
 #include "actors/common/clock.h"
@@ -24,6 +25,14 @@ struct callback_box {
   event_callback cb;
 };
 
+/// The in-flight table as `tandem inspect` shows it (local-only reply, never serialized).
+struct inflight_list {
+  std::vector<request_report> requests;
+};
+
+/// Asks the router for its in-flight table: (inflight_atom) -> inflight_list.
+using inflight_atom = caf::atom_constant<caf::atom("inflight")>;
+
 struct router_options {
   limits lim;
   model_facts model;
@@ -31,7 +40,7 @@ struct router_options {
 };
 
 /// Messages: (submit_atom, wire{submit}, callback_box), (wire_atom, wire{event|abort}),
-/// (stats_atom) -> wire, (stop_atom) -> bool. `prefill` must be set before traffic arrives.
+/// (stats_atom) -> wire, (inflight_atom) -> inflight_list, (stop_atom) -> bool. `prefill` must be set before traffic arrives.
 bounded_actor spawn_router(caf::actor_system& sys, const router_options& opt, bounded_actor prefill,
                            std::shared_ptr<const cluster_clock> clk, std::shared_ptr<spdlog::logger> log);
 
@@ -41,3 +50,4 @@ token_event error_event(const std::string& request_id, const tandem::error& e, i
 }  // namespace tandem
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::callback_box)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::inflight_list)

@@ -7,7 +7,11 @@
 #include <mutex>
 #include <shared_mutex>
 
+#include <sys/resource.h>
 #include <unistd.h>
+
+#include <fstream>
+#include <map>
 
 #include "actors/cache_tier/cache_tier.h"
 #include "actors/cache_tier/page_file.h"
@@ -16,6 +20,7 @@
 #include "actors/decode_scheduler/decode_scheduler.h"
 #include "actors/prefill_scheduler/prefill_scheduler.h"
 #include "actors/router/router.h"
+#include "actors/supervisor/supervisor.h"
 #include "actors/worker/worker.h"
 
 namespace tandem {
@@ -33,13 +38,95 @@ struct actor_cluster::state {
   std::shared_mutex submit_mu;
   int64_t start_ms = 0;
   model_facts facts;
+  /// Cluster time at which every actor last answered a stats query (a heartbeat round).
+  std::atomic<int64_t> last_heartbeat_ms{0};
+  // What a restart needs to spawn the actor set again.
+  std::shared_ptr<llama_model> model;
+  kv_layout layout;
+  std::shared_ptr<spdlog::sinks::sink> sink;
+  /// Cache tiers, sized once at start (the same on every restart).
+  bool prefix_cache = true;
+  int32_t host_pages = 0;
+  int64_t disk_pages = 0;
+  caf::actor supervisor;
+  /// Set once by the supervisor's escalation; submissions then fail fast. Guarded by submit_mu.
+  std::string unhealthy_why;
+  std::atomic<bool> unhealthy{false};
+
+  /// The current actors, copied under the lock (the supervisor may replace them).
+  std::vector<bounded_actor*> all() { return {&router, &prefill, &decode, &worker, &cache}; }
 };
 
 namespace {
 
+/// Resident set size of this process (bytes), from /proc/self/statm; 0 if unreadable.
+double process_rss_bytes() {
+  std::ifstream in("/proc/self/statm");
+  uint64_t size = 0, resident = 0;
+  if (!(in >> size >> resident)) return 0;
+  return double(resident) * double(::sysconf(_SC_PAGESIZE));
+}
+
+/// User + system CPU time of this process (seconds).
+double process_cpu_seconds() {
+  rusage u{};
+  if (::getrusage(RUSAGE_SELF, &u) != 0) return 0;
+  auto sec = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) / 1e6; };
+  return sec(u.ru_utime) + sec(u.ru_stime);
+}
+
 int64_t pages_from_limits(const limits& lim, const kv_layout& layout) {
   if (lim.device_pages > 0) return lim.device_pages;
   return (int64_t(lim.kv_cache_mb) * 1024 * 1024) / int64_t(layout.page_bytes());
+}
+
+/// Spawns and wires one set of the node's actors into `s` (at start and on every restart).
+void spawn_set(actor_cluster::state& s, const actor_cluster_options& opt, int32_t n_pages) {
+  worker_options wo;
+  wo.n_pages = n_pages;
+  wo.page_size = opt.lim.page_size;
+  wo.mailbox_bound = opt.lim.worker_mailbox;
+  wo.host_pages = s.host_pages;
+  if (s.disk_pages > 0) wo.disk_dir = opt.cache.disk_dir;
+  s.worker = spawn_worker(*s.sys, s.model, wo, make_actor_logger("worker", s.sink, opt.log_level));
+
+  cache_tier_options co;
+  co.n_pages = n_pages;
+  co.page_size = opt.lim.page_size;
+  co.prefix_cache = s.prefix_cache;
+  co.mailbox_bound = opt.lim.cache_tier_mailbox;
+  co.cache = opt.cache;
+  co.layout = s.layout;
+  co.host_pages = s.host_pages;
+  co.disk_pages = s.disk_pages;
+  s.cache = spawn_cache_tier(*s.sys, co, s.worker, make_actor_logger("cache_tier", s.sink, opt.log_level));
+
+  scheduler_options so;
+  so.lim = opt.lim;
+  so.lim.prefix_cache = s.prefix_cache;
+  so.model = s.facts;
+  so.layout = s.layout;
+  so.pool_id = wo.pool_id;
+  s.prefill = spawn_prefill_scheduler(*s.sys, so, s.clk, make_actor_logger("prefill", s.sink, opt.log_level));
+  s.decode = spawn_decode_scheduler(*s.sys, so, s.clk, make_actor_logger("decode", s.sink, opt.log_level));
+
+  router_options ro;
+  ro.lim = opt.lim;
+  ro.model = s.facts;
+  ro.tick_ms = opt.router_tick_ms;
+  s.router = spawn_router(*s.sys, ro, s.prefill, s.clk, make_actor_logger("router", s.sink, opt.log_level));
+
+  peer_set peers{s.router, s.prefill, s.decode, s.worker, s.cache};
+  caf::anon_send(s.prefill.handle, peers_atom::value, peers);
+  caf::anon_send(s.decode.handle, peers_atom::value, peers);
+}
+
+std::vector<supervised_child> children_of(actor_cluster::state& s) {
+  return {{"router", s.router.handle},
+          {"prefill", s.prefill.handle},
+          {"decode", s.decode.handle},
+          {"worker", s.worker.handle},
+          {"cache_tier", s.cache.handle}};
 }
 
 }  // namespace
@@ -87,49 +174,41 @@ actor_cluster::actor_cluster(std::shared_ptr<llama_model> model, actor_cluster_o
   auto sink = opt_.sink ? opt_.sink : make_stderr_sink(opt_.log_json);
   s.log = make_actor_logger("cluster", sink, opt_.log_level);
   s.start_ms = s.clk->now_ms();
+  s.last_heartbeat_ms = s.start_ms;
   s.facts = model_facts{opt_.eos_id, max_context_, mc.n_vocab};
 
   s.cfg.set("scheduler.max-threads", static_cast<size_t>(opt_.lim.scheduler_threads));
   s.cfg.add_message_type<wire>("tandem_wire");
   s.sys = std::make_unique<caf::actor_system>(s.cfg);
 
-  worker_options wo;
-  wo.n_pages = n_pages_;
-  wo.page_size = opt_.lim.page_size;
-  wo.mailbox_bound = opt_.lim.worker_mailbox;
-  wo.host_pages = host_pages;
-  if (disk_pages > 0) wo.disk_dir = opt_.cache.disk_dir;
-  s.worker = spawn_worker(*s.sys, std::move(model), wo, make_actor_logger("worker", sink, opt_.log_level));
-
-  cache_tier_options co;
-  co.n_pages = n_pages_;
-  co.page_size = opt_.lim.page_size;
-  co.prefix_cache = prefix_cache;
-  co.mailbox_bound = opt_.lim.cache_tier_mailbox;
-  co.cache = opt_.cache;
-  co.layout = layout;
-  co.host_pages = host_pages;
-  co.disk_pages = disk_pages;
-  s.cache = spawn_cache_tier(*s.sys, co, s.worker, make_actor_logger("cache_tier", sink, opt_.log_level));
-
-  scheduler_options so;
-  so.lim = opt_.lim;
-  so.lim.prefix_cache = prefix_cache;
-  so.model = s.facts;
-  so.layout = layout;
-  so.pool_id = wo.pool_id;
-  s.prefill = spawn_prefill_scheduler(*s.sys, so, s.clk, make_actor_logger("prefill", sink, opt_.log_level));
-  s.decode = spawn_decode_scheduler(*s.sys, so, s.clk, make_actor_logger("decode", sink, opt_.log_level));
-
-  router_options ro;
-  ro.lim = opt_.lim;
-  ro.model = s.facts;
-  ro.tick_ms = opt_.router_tick_ms;
-  s.router = spawn_router(*s.sys, ro, s.prefill, s.clk, make_actor_logger("router", sink, opt_.log_level));
-
-  peer_set peers{s.router, s.prefill, s.decode, s.worker, s.cache};
-  caf::anon_send(s.prefill.handle, peers_atom::value, peers);
-  caf::anon_send(s.decode.handle, peers_atom::value, peers);
+  s.prefix_cache = prefix_cache;
+  s.host_pages = host_pages;
+  s.disk_pages = disk_pages;
+  s.model = std::move(model);
+  s.layout = layout;
+  s.sink = sink;
+  spawn_set(s, opt_, n_pages_);
+  supervisor_options sv;
+  sv.node_name = opt_.node_name;
+  sv.max_restarts = opt_.lim.supervisor_max_restarts;
+  sv.period_ms = opt_.lim.supervisor_period_ms;
+  sv.restart_all = [this] {
+    auto& st = *st_;
+    std::unique_lock<std::shared_mutex> sl(st.submit_mu);
+    // The old set goes first: the router's state ends its in-flight requests with `disconnected`.
+    for (auto* a : st.all())
+      if (a->handle) caf::anon_send_exit(a->handle, caf::exit_reason::user_shutdown);
+    spawn_set(st, opt_, n_pages_);
+    return children_of(st);
+  };
+  sv.escalate = [this](const std::string& why) {
+    auto& st = *st_;
+    std::unique_lock<std::shared_mutex> sl(st.submit_mu);
+    st.unhealthy_why = why;
+    st.unhealthy = true;
+  };
+  s.supervisor = spawn_supervisor(*s.sys, std::move(sv), children_of(s), s.clk,
+                                  make_actor_logger("supervisor", sink, opt_.log_level));
   s.log->info("cluster up: model {}, {} KV pages of {} ({:.1f} MiB), context {}, prefix cache {}",
               opt_.model_id, n_pages_, layout.describe(),
               double(n_pages_) * double(layout.page_bytes()) / (1024.0 * 1024.0), max_context_,
@@ -148,6 +227,11 @@ void actor_cluster::shutdown() {
   }
   {
     caf::scoped_actor self{*s.sys};
+    // The supervisor first, so the exits below are not taken for failures.
+    self->request(s.supervisor, std::chrono::milliseconds(opt_.query_timeout_ms), stop_atom::value)
+        .receive([](bool) {},
+                 [&](caf::error& e) { s.log->warn("supervisor did not confirm shutdown: {}", s.sys->render(e)); });
+    self->send_exit(s.supervisor, caf::exit_reason::user_shutdown);
     self->request(s.router.handle, std::chrono::milliseconds(opt_.query_timeout_ms), stop_atom::value)
         .receive(
             [](bool) {},
@@ -157,6 +241,7 @@ void actor_cluster::shutdown() {
   }
   s.sys->await_all_actors_done();
   s.router = s.prefill = s.decode = s.cache = s.worker = bounded_actor{};
+  s.supervisor = caf::actor{};
   s.sys.reset();
   s.log->info("cluster stopped");
 }
@@ -170,6 +255,12 @@ void actor_cluster::submit(completion_request req, event_callback cb) {
           req.request_id,
           tandem::error(error_kind::disconnected, "the cluster is shut down; retry on another node"),
           static_cast<int32_t>(req.prompt.size())));
+    return;
+  }
+  if (s.unhealthy) {
+    if (cb)
+      cb(error_event(req.request_id, tandem::error(error_kind::disconnected, s.unhealthy_why + "; retry on another node"),
+                     static_cast<int32_t>(req.prompt.size())));
     return;
   }
   seq_request r;
@@ -196,7 +287,8 @@ void actor_cluster::submit(completion_request req, event_callback cb) {
 
 void actor_cluster::abort(const std::string& request_id) {
   auto& s = *st_;
-  if (s.stopped) return;
+  std::shared_lock<std::shared_mutex> sl(s.submit_mu);
+  if (s.stopped || s.unhealthy) return;
   s.router.gate->enter_control();
   caf::anon_send(s.router.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
                    auto a = env.initAbort();
@@ -208,10 +300,23 @@ std::vector<stats_snapshot> actor_cluster::snapshots(bool include_worker) const 
   auto& s = *st_;
   std::vector<stats_snapshot> out;
   if (s.stopped || !s.sys) return out;
+  // Copies: the supervisor may replace the actors while this waits for their answers.
+  std::vector<bounded_actor> actors;
+  bounded_actor worker;
+  caf::actor supervisor;
+  {
+    std::shared_lock<std::shared_mutex> sl(s.submit_mu);
+    for (auto* a : s.all()) actors.push_back(*a);
+    worker = s.worker;
+    supervisor = s.supervisor;
+  }
+  bool unhealthy = s.unhealthy;
   caf::scoped_actor self{*s.sys};
   stats_snapshot boxes;
   boxes.actor = "mailboxes";
-  for (const auto* a : {&s.router, &s.prefill, &s.decode, &s.worker, &s.cache}) {
+  bool all_answered = true;
+  for (const auto& actor : actors) {
+    const auto* a = &actor;
     const auto& g = *a->gate;
     auto lbl = fmt::format("actor=\"{}\"", g.actor_name());
     boxes.metrics.push_back(
@@ -222,13 +327,26 @@ std::vector<stats_snapshot> actor_cluster::snapshots(bool include_worker) const 
         {"mailbox_high_water", lbl, double(g.high_water()), "gauge", "Deepest mailbox seen"});
     boxes.metrics.push_back({"mailbox_rejected_total", lbl, double(g.rejected()), "counter",
                              "Messages refused at a full mailbox"});
-    if (a == &s.worker && !include_worker) continue;
+    if (a->handle == worker.handle && !include_worker) continue;
+    if (unhealthy) {
+      all_answered = false;  // the escalated set is not restarted; asking would only time out
+      continue;
+    }
     self->request(a->handle, std::chrono::milliseconds(opt_.query_timeout_ms), stats_atom::value)
         .receive([&](const wire& w) { out.push_back(read_stats(w)); },
                  [&](caf::error& e) {
+                   all_answered = false;
                    s.log->warn("stats from {} failed: {}", g.actor_name(), s.sys->render(e));
                  });
   }
+  self->request(supervisor, std::chrono::milliseconds(opt_.query_timeout_ms), stats_atom::value)
+      .receive([&](const wire& w) { out.push_back(read_stats(w)); },
+               [&](caf::error& e) {
+                 all_answered = false;
+                 s.log->warn("stats from the supervisor failed: {}", s.sys->render(e));
+               });
+  int64_t now_ms = s.clk->now_ms();
+  if (all_answered) s.last_heartbeat_ms = now_ms;
   stats_snapshot up;
   up.actor = "cluster";
   double queued = 0, running = 0;
@@ -239,8 +357,29 @@ std::vector<stats_snapshot> actor_cluster::snapshots(bool include_worker) const 
   }
   up.metrics.push_back({"requests_queued", "", queued, "gauge", "Requests waiting for prefill"});
   up.metrics.push_back({"requests_running", "", running, "gauge", "Requests being prefilled or decoded"});
-  up.metrics.push_back({"uptime_seconds", "", double(s.clk->now_ms() - s.start_ms) / 1000.0, "gauge",
+  up.metrics.push_back({"uptime_seconds", "", double(now_ms - s.start_ms) / 1000.0, "gauge",
                         "Seconds since the cluster started"});
+  double prompt = 0, hit = 0, queued_tokens = 0, running_tokens = 0;
+  for (const auto& x : out) {
+    prompt += x.value("prompt_tokens_total");
+    hit += x.value("prefix_cache_hit_tokens_total");
+    queued_tokens += x.value("prefill_queued_tokens");
+    running_tokens += x.value("decode_running_tokens");
+  }
+  up.metrics.push_back({"tokens_queued", "", queued_tokens, "gauge", "Prompt tokens waiting for prefill"});
+  up.metrics.push_back({"tokens_running", "", running_tokens, "gauge", "Context tokens of the sequences being decoded"});
+  up.metrics.push_back({"prefix_cache_hit_rate", "", prompt > 0 ? hit / prompt : 0, "gauge",
+                        "Fraction of accepted prompt tokens served from the prefix cache"});
+  // Node health: every scrape is a heartbeat round over the actors.
+  auto node = fmt::format("node=\"{}\"", opt_.node_name);
+  up.metrics.push_back({"node_up", node, all_answered ? 1.0 : 0.0, "gauge",
+                        "1 if every actor of the node answered the last stats round, else 0"});
+  up.metrics.push_back({"node_heartbeat_age_seconds", node, double(now_ms - s.last_heartbeat_ms.load()) / 1000.0,
+                        "gauge", "Seconds since every actor of the node last answered"});
+  up.metrics.push_back({"process_resident_memory_bytes", node, process_rss_bytes(), "gauge",
+                        "Resident memory of the node's process"});
+  up.metrics.push_back({"process_cpu_seconds_total", node, process_cpu_seconds(), "counter",
+                        "User and system CPU time of the node's process"});
   out.push_back(std::move(boxes));
   out.push_back(std::move(up));
   return out;
@@ -290,10 +429,21 @@ health_info actor_cluster::health() const {
     h.status = "stopped";
     return h;
   }
+  std::vector<bounded_actor> actors;
+  {
+    std::shared_lock<std::shared_mutex> sl(s.submit_mu);
+    if (s.unhealthy) {
+      h.ok = false;
+      h.status = s.unhealthy_why;
+      return h;
+    }
+    actors = {s.router, s.prefill, s.decode, s.cache};
+  }
   caf::scoped_actor self{*s.sys};
   bool ok = true;
   std::string why;
-  for (const auto* a : {&s.router, &s.prefill, &s.decode, &s.cache}) {
+  for (const auto& actor : actors) {
+    const auto* a = &actor;
     self->request(a->handle, std::chrono::milliseconds(opt_.query_timeout_ms), stats_atom::value)
         .receive([](const wire&) {},
                  [&](caf::error& e) {
@@ -305,6 +455,86 @@ health_info actor_cluster::health() const {
   h.ok = ok;
   h.status = ok ? "ok" : why;
   return h;
+}
+
+void actor_cluster::inject_failure(const std::string& role, const std::string& cause) {
+  auto& s = *st_;
+  std::shared_lock<std::shared_mutex> sl(s.submit_mu);
+  if (s.stopped) throw tandem::error(error_kind::failed, "the cluster is shut down");
+  for (const auto& c : children_of(s)) {
+    if (c.name != role) continue;
+    // An exit message carrying an error: the actor terminates with it, as after a crash.
+    c.handle->enqueue(nullptr, caf::make_message_id(),
+                      caf::make_message(caf::exit_msg{c.handle->address(), caf::make_error(caf::sec::runtime_error, cause)}),
+                      nullptr);
+    return;
+  }
+  throw tandem::error(error_kind::failed,
+                      fmt::format("no actor role '{}'; use router, prefill, decode, worker or cache_tier", role));
+}
+
+node_report actor_cluster::inspect() const {
+  auto& s = *st_;
+  node_report r;
+  r.node = opt_.node_name;
+  r.model_id = opt_.model_id;
+  auto h = health();
+  r.healthy = h.ok;
+  r.status = h.status;
+  r.uptime_ms = h.uptime_ms;
+  if (s.stopped || !s.sys) return r;
+  auto snaps = snapshots(true);
+  const stats_snapshot* sup = nullptr;
+  std::map<std::string, const stats_snapshot*> by_actor;
+  for (const auto& x : snaps) {
+    if (x.actor == "supervisor") sup = &x;
+    by_actor[x.actor] = &x;
+  }
+  std::vector<bounded_actor> actors;
+  {
+    std::shared_lock<std::shared_mutex> sl(s.submit_mu);
+    for (auto* a : s.all()) actors.push_back(*a);
+  }
+  for (const auto& a : actors) {
+    actor_report ar;
+    ar.name = a.gate->actor_name();
+    ar.mailbox_depth = a.gate->depth();
+    ar.mailbox_bound = a.gate->bound();
+    ar.messages_handled = a.gate->accepted() - a.gate->depth();
+    ar.mailbox_rejected = a.gate->rejected();
+    ar.state = s.unhealthy ? "escalated" : by_actor.count(ar.name) ? "running" : "not answering";
+    if (sup) {
+      auto sl = fmt::format("node=\"{}\",actor=\"{}\"", opt_.node_name, ar.name);
+      ar.restarts = int64_t(sup->value("actor_restarts_total", sl));
+      for (const auto& m : sup->metrics) {
+        if (m.name != "actor_last_failure_info" || m.labels.rfind(sl + ",cause=\"", 0) != 0) continue;
+        std::string cause = m.labels.substr(sl.size() + 8);
+        if (!cause.empty()) cause.pop_back();  // closing quote
+        ar.last_error = cause;
+      }
+    }
+    r.actors.push_back(std::move(ar));
+  }
+  if (!s.unhealthy) {
+    caf::scoped_actor self{*s.sys};
+    self->request(actors[0].handle, std::chrono::milliseconds(opt_.query_timeout_ms), inflight_atom::value)
+        .receive([&](const inflight_list& l) { r.requests = l.requests; },
+                 [&](caf::error& e) { s.log->warn("in-flight table from the router failed: {}", s.sys->render(e)); });
+  }
+  if (auto it = by_actor.find("cache_tier"); it != by_actor.end()) {
+    const auto& c = *it->second;
+    pool_report p;
+    p.name = "device";
+    p.pages_total = int64_t(c.value("kv_pages_total"));
+    p.pages_free = int64_t(c.value("kv_pages_free"));
+    p.pages_cached = int64_t(c.value("kv_pages_cached"));
+    p.pages_evictable = int64_t(c.value("kv_pages_evictable"));
+    double bytes = 0;
+    for (const auto& x : snaps) bytes += x.value("kv_pool_bytes");
+    p.bytes = int64_t(bytes);
+    r.pools.push_back(p);
+  }
+  return r;
 }
 
 std::string actor_cluster::metrics_text() const { return render_prometheus(snapshots()); }

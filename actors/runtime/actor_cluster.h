@@ -22,6 +22,7 @@ struct actor_cluster_options {
   limits lim;
   cache_config cache;  ///< hierarchical KV cache tiers (validated with the model's layout at start)
   std::string model_id = "model";
+  std::string node_name = "local";             ///< `node` label of the node health metrics
   int32_t eos_id = -1;
   std::string log_level = "info";
   bool log_json = false;
@@ -48,6 +49,8 @@ class actor_cluster {
   health_info health() const;
   stats_info stats() const;
   std::string metrics_text() const;
+  /// Actors, in-flight requests and KV pools, for `tandem inspect`.
+  node_report inspect() const;
   /// Every actor's metrics plus the mailbox gates (actor "mailboxes"). The worker answers
   /// between forward passes; `include_worker = false` skips it (stats() does).
   std::vector<stats_snapshot> snapshots(bool include_worker = true) const;
@@ -56,6 +59,10 @@ class actor_cluster {
   const std::string& model_id() const { return opt_.model_id; }
   /// Ends running requests with `disconnected`, stops the actors. Idempotent.
   void shutdown();
+  /// Makes the actor of `role` (router, prefill, decode, worker, cache_tier) exit with an
+  /// error, as a crash would, so the supervisor's restart and escalation can be exercised
+  /// (failure drills, tests). Throws tandem::error naming the roles if `role` is unknown.
+  void inject_failure(const std::string& role, const std::string& cause = "injected failure");
 
   struct state;
 

@@ -40,6 +40,7 @@ std::unique_ptr<embedded_cluster> embedded_cluster::start(const cluster_options&
   ao.eos_id = p->tok->eos_id();
   ao.log_level = opt.log_level;
   ao.log_json = opt.log_json;
+  ao.node_name = opt.node_name;
   p->cluster = std::make_unique<actor_cluster>(std::move(model), ao);
   return std::unique_ptr<embedded_cluster>(new embedded_cluster(std::move(p)));
 }
@@ -58,5 +59,6 @@ std::string embedded_cluster::metrics_text() const { return impl_->cluster->metr
 const tokenizer& embedded_cluster::tok() const { return *impl_->tok; }
 std::string embedded_cluster::model_id() const { return impl_->model_id; }
 int32_t embedded_cluster::max_context() const { return impl_->cluster->max_context(); }
+node_report embedded_cluster::inspect() const { return impl_->cluster->inspect(); }
 
 }  // namespace tandem

@@ -17,6 +17,7 @@ struct cluster_options {
   cache_config cache;               ///< KV cache tiers: host (L2) and disk (L3), write policy
   std::string log_level = "info";   ///< spdlog level name
   bool log_json = false;
+  std::string node_name = "local";  ///< the config's [[node]] name; labels the node health metrics
 };
 
 class embedded_cluster : public serving_api {
@@ -34,6 +35,7 @@ class embedded_cluster : public serving_api {
   const tokenizer& tok() const override;
   std::string model_id() const override;
   int32_t max_context() const override;
+  node_report inspect() const override;
 
   struct impl;
 

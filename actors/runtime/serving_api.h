@@ -61,6 +61,45 @@ struct stats_info {
   int64_t rejected_overloaded = 0;
 };
 
+/// One actor of a node, for `tandem inspect`.
+struct actor_report {
+  std::string name;            ///< the role: router, prefill, decode, worker, cache_tier
+  std::string state;           ///< "running", "not answering" or "escalated"
+  int32_t mailbox_depth = 0;
+  int32_t mailbox_bound = 0;
+  int64_t messages_handled = 0;  ///< admitted to the mailbox and taken out of it
+  int64_t mailbox_rejected = 0;
+  int64_t restarts = 0;          ///< restarts of the node's actors after this one failed
+  std::string last_error;        ///< cause of its last failure; empty if none
+};
+
+/// A request in the router's in-flight table.
+struct request_report {
+  std::string id;
+  std::string state;  ///< queued, prefill, decode, ...
+  int64_t age_ms = 0;
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;
+};
+
+/// A KV page pool.
+struct pool_report {
+  std::string name;  ///< "device"
+  int64_t pages_total = 0, pages_free = 0, pages_cached = 0, pages_evictable = 0;
+  int64_t bytes = 0;
+};
+
+struct node_report {
+  std::string node;
+  std::string model_id;
+  bool healthy = false;
+  std::string status;
+  int64_t uptime_ms = 0;
+  std::vector<actor_report> actors;
+  std::vector<request_report> requests;
+  std::vector<pool_report> pools;
+};
+
 class serving_api {
  public:
   virtual ~serving_api() = default;
@@ -78,6 +117,10 @@ class serving_api {
   virtual std::string model_id() const = 0;
   /// Longest prompt + completion the cluster accepts.
   virtual int32_t max_context() const = 0;
+  /// The node's actors, in-flight requests and KV pools (`tandem inspect`).
+  virtual node_report inspect() const {
+    throw tandem::error(error_kind::unimplemented, "this node does not implement inspect");
+  }
 };
 
 }  // namespace tandem

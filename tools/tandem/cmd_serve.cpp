@@ -3,12 +3,17 @@
 #include <csignal>
 #include <cstdio>
 
+#include <fmt/format.h>
+
 #include <kj/async-unix.h>
 #include <spdlog/spdlog.h>
 
 #include "actors/common/error.h"
+#include "actors/common/logging.h"
+#include "actors/config/cluster_config.h"
 #include "actors/runtime/embedded_cluster.h"
 #include "tools/tandem/commands.h"
+#include "tools/tandem/config_report.h"
 #include "tools/tandem/flags.h"
 #include "transport/rpc/front_end.h"
 
@@ -28,6 +33,47 @@ int port_flag(const flags& f, const std::string& name) {
   return static_cast<int>(v);
 }
 
+/// Fills the options from the node `--node` of the config `--config`, after every check of
+/// `tandem check-config`; exits 1 with the same messages if the config is invalid.
+void configure_from_file(const flags& f, cluster_options& co, front_end_options& fo) {
+  for (const char* flag : {"model", "host", "port", "rpc-port", "admin-port", "threads", "page-size", "kv-cache-mb", "max-running-seqs",
+                           "max-queued-requests", "max-body-bytes", "host-ratio", "host-size-gb",
+                           "cache-write-policy", "cache-disk-dir", "cache-disk-size-gb", "min-load-back-tokens"})
+    if (f.has(flag))
+      throw tandem::error(fmt::format("flag --{} conflicts with --config: the config file sets it; edit the file instead",
+                                      flag));
+  std::string path = f.str("config");
+  config_check c = check_cluster_config_file(path, machine_info::probe());
+  // The same lines as `tandem check-config`; if any is an error, main's error line follows (exit 1).
+  print_config_problems(c);
+  if (!c.ok()) {
+    throw tandem::error(fmt::format("{}: {} problem{}; the node was not started (fix them and run `tandem check-config {}`)",
+                                    path, c.errors.size(), c.errors.size() == 1 ? "" : "s", path));
+  }
+  std::string names;
+  for (const auto& n : c.cfg.nodes) names += (names.empty() ? "" : ", ") + n.name;
+  if (!f.has("node")) throw tandem::error(fmt::format("--config needs --node NAME, one of: {}", names));
+  const node_config* node = c.cfg.find_node(f.str("node"));
+  if (!node) throw tandem::error(fmt::format("--node {}: {} has no such node; use one of: {}", f.str("node"), path, names));
+  if (!node->all_roles())
+    throw tandem::error(error_kind::unimplemented,
+                        fmt::format("node '{}' runs only some roles; a cluster spread over several processes is the "
+                                    "multi-node deployment issue (disaggregated prefill/decode across nodes), not "
+                                    "implemented yet. Put every role on one node to serve an embedded cluster",
+                                    node->name));
+  if (c.cfg.model_path.empty())
+    throw tandem::error(fmt::format("{}: model.path is not set; add [model] path = \"FILE.gguf\"", path));
+  co.model_path = c.cfg.model_path;
+  co.node_name = node->name;
+  co.lim = c.cfg.lim;
+  co.cache = c.cfg.cache;
+  if (node->page_size) co.lim.page_size = node->page_size;
+  fo.host = node->host;
+  fo.http_port = node->http_port;
+  fo.rpc_port = node->rpc_port;
+  fo.admin_port = node->admin_port;
+}
+
 }  // namespace
 
 int serve(args a) {
@@ -36,6 +82,7 @@ int serve(args a) {
       .opt("host", "address to bind; 0.0.0.0 exposes the node to the network", "127.0.0.1")
       .opt("port", "HTTP port (OpenAI API); 0 picks a free port", "8080")
       .opt("rpc-port", "Cap'n Proto RPC port; 0 picks a free port", "8081")
+      .opt("admin-port", "admin port for `tandem inspect`; 0 picks a free port (default: no admin port)")
       .opt("threads", "kernel threads of the worker", "1")
       .opt("page-size", "tokens per KV page", "16")
       .opt("kv-cache-mb", "KV cache size in MiB", "256")
@@ -43,7 +90,9 @@ int serve(args a) {
       .opt("max-queued-requests", "requests waiting for prefill before new ones get 503", "256")
       .opt("max-body-bytes", "largest HTTP request body", "4194304")
       .opt("log-level", "trace, debug, info, warn, error", "info")
-      .opt("config", "cluster config (disaggregated deployment)")
+      .opt("log-format", "text, or json: one object per line with ts, level, actor, request_id, msg", "text")
+      .opt("config", "cluster config file (TOML, see docs/config.md); checked like `tandem check-config` first")
+      .opt("node", "with --config: the [[node]] of the config this process runs")
       .opt("host-ratio", "host KV cache tier (L2) as a multiple of the device pool; 0 = none", "0")
       .opt("host-size-gb", "host KV cache tier (L2) in GiB (instead of --host-ratio)", "0")
       .opt("cache-write-policy", "write_through, write_through_selective or write_back", "write_through_selective")
@@ -51,48 +100,55 @@ int serve(args a) {
       .opt("cache-disk-size-gb", "bound of the disk tier in GiB", "0")
       .opt("min-load-back-tokens", "shorter host/disk hits are recomputed (0 = one page)", "0");
   if (!f.parse(a)) {
-    std::fprintf(stderr, "usage: tandem serve --model FILE [options]\n%s", f.help().c_str());
+    std::fprintf(stderr, "usage: tandem serve --model FILE [options]\n       tandem serve --config FILE --node NAME\n%s",
+                 f.help().c_str());
     return 0;
   }
-  if (f.has("config"))
-    throw tandem::error(error_kind::unimplemented,
-                        "--config (disaggregated prefill/decode deployment across nodes) is not implemented yet; "
-                        "see the disaggregation issue. Run without --config for an embedded single-process cluster");
-  if (f.str("model").empty()) throw tandem::error("--model FILE is required (write one with `tandem make-model`)");
-
   cluster_options co;
-  co.model_path = f.str("model");
+  front_end_options fo;
   co.log_level = f.str("log-level");
-  co.lim.threads = positive_i32(f, "threads");
-  co.lim.page_size = positive_i32(f, "page-size");
-  co.lim.kv_cache_mb = positive_i32(f, "kv-cache-mb");
-  co.lim.max_running_seqs = positive_i32(f, "max-running-seqs");
-  co.lim.max_queued_requests = positive_i32(f, "max-queued-requests");
-  int64_t body = f.num("max-body-bytes");
-  if (body <= 0) throw tandem::error("flag --max-body-bytes = " + std::to_string(body) + " must be > 0");
-  co.lim.max_body_bytes = body;
+  if (f.str("log-format") != "text" && f.str("log-format") != "json")
+    throw tandem::error("flag --log-format = '" + f.str("log-format") + "' is not a format; use text or json");
+  co.log_json = f.str("log-format") == "json";
+  // The front ends log through spdlog's default logger: same format as the actors'.
+  if (co.log_json) spdlog::default_logger()->set_formatter(make_json_log_formatter());
+  if (f.has("config")) {
+    configure_from_file(f, co, fo);
+  } else {
+    if (f.has("node")) throw tandem::error("--node NAME needs --config FILE");
+    if (f.str("model").empty()) throw tandem::error("--model FILE is required (write one with `tandem make-model`)");
+    co.model_path = f.str("model");
+    co.lim.threads = positive_i32(f, "threads");
+    co.lim.page_size = positive_i32(f, "page-size");
+    co.lim.kv_cache_mb = positive_i32(f, "kv-cache-mb");
+    co.lim.max_running_seqs = positive_i32(f, "max-running-seqs");
+    co.lim.max_queued_requests = positive_i32(f, "max-queued-requests");
+    int64_t body = f.num("max-body-bytes");
+    if (body <= 0) throw tandem::error("flag --max-body-bytes = " + std::to_string(body) + " must be > 0");
+    co.lim.max_body_bytes = body;
+    fo.host = f.str("host");
+    fo.http_port = port_flag(f, "port");
+    fo.rpc_port = port_flag(f, "rpc-port");
+    fo.admin_port = f.has("admin-port") ? port_flag(f, "admin-port") : -1;
+    co.cache.host_ratio = f.real("host-ratio");
+    co.cache.host_size_gb = f.real("host-size-gb");
+    if (!parse_cache_write_policy(f.str("cache-write-policy"), co.cache.write_policy))
+      throw tandem::error("flag --cache-write-policy = '" + f.str("cache-write-policy") +
+                          "' is not a policy; use write_through, write_through_selective or write_back");
+    co.cache.disk_dir = f.str("cache-disk-dir");
+    co.cache.disk_size_gb = f.real("cache-disk-size-gb");
+    const int64_t min_lb = f.num("min-load-back-tokens");
+    if (min_lb < 0 || min_lb > INT32_MAX)
+      throw tandem::error("flag --min-load-back-tokens = " + std::to_string(min_lb) +
+                          " must be a token count >= 0 (0 = one page)");
+    co.cache.min_load_back_tokens = static_cast<int32_t>(min_lb);
+  }
   if (auto msg = co.lim.validate(); !msg.empty()) throw tandem::error(msg);
-  co.cache.host_ratio = f.real("host-ratio");
-  co.cache.host_size_gb = f.real("host-size-gb");
-  if (!parse_cache_write_policy(f.str("cache-write-policy"), co.cache.write_policy))
-    throw tandem::error("flag --cache-write-policy = '" + f.str("cache-write-policy") +
-                        "' is not a policy; use write_through, write_through_selective or write_back");
-  co.cache.disk_dir = f.str("cache-disk-dir");
-  co.cache.disk_size_gb = f.real("cache-disk-size-gb");
-  const int64_t min_lb = f.num("min-load-back-tokens");
-  if (min_lb < 0 || min_lb > INT32_MAX)
-    throw tandem::error("flag --min-load-back-tokens = " + std::to_string(min_lb) +
-                        " must be a token count >= 0 (0 = one page)");
-  co.cache.min_load_back_tokens = static_cast<int32_t>(min_lb);
   auto level = spdlog::level::from_str(co.log_level);
   if (level == spdlog::level::off && co.log_level != "off")
     throw tandem::error("flag --log-level = '" + co.log_level + "' is not a level; use trace, debug, info, warn or error");
   spdlog::set_level(level);
 
-  front_end_options fo;
-  fo.host = f.str("host");
-  fo.http_port = port_flag(f, "port");
-  fo.rpc_port = port_flag(f, "rpc-port");
   fo.lim = co.lim;
   fo.handle_signals = true;
 

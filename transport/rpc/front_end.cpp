@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "transport/http/openai_server.h"
+#include "transport/rpc/admin_server.h"
 #include "transport/rpc/rpc_server.h"
 
 namespace tandem {
@@ -49,7 +50,8 @@ void front_end::run(const std::function<void(const listener_info&)>& on_listenin
 
   kj::Own<openai_server> http;
   kj::Own<rpc_server> rpc;
-  kj::Own<kj::ConnectionReceiver> http_l, rpc_l;
+  kj::Own<admin_server> admin;
+  kj::Own<kj::ConnectionReceiver> http_l, rpc_l, admin_l;
   kj::Vector<kj::Promise<void>> serving;
   if (opt_.http_port >= 0) {
     http_l = bind(opt_.http_port, "http");
@@ -58,6 +60,10 @@ void front_end::run(const std::function<void(const listener_info&)>& on_listenin
   if (opt_.rpc_port >= 0) {
     rpc_l = bind(opt_.rpc_port, "rpc");
     rpc = kj::heap<rpc_server>(api_, opt_.lim, timer);
+  }
+  if (opt_.admin_port >= 0) {
+    admin_l = bind(opt_.admin_port, "admin");
+    admin = kj::heap<admin_server>(api_, opt_.lim);
   }
   auto on_fail = [](const char* what) {
     return [what](kj::Exception&& e) { spdlog::error("{} listener failed: {}", what, e.getDescription().cStr()); };
@@ -69,6 +75,11 @@ void front_end::run(const std::function<void(const listener_info&)>& on_listenin
   if (rpc) {
     serving.add(rpc->listen(*rpc_l).catch_(on_fail("rpc")));
     on_listening({"rpc", opt_.host, static_cast<uint16_t>(rpc_l->getPort())});
+  }
+
+  if (admin) {
+    serving.add(admin->listen(*admin_l).catch_(on_fail("admin")));
+    on_listening({"admin", opt_.host, static_cast<uint16_t>(admin_l->getPort())});
   }
 
   auto paf = kj::newPromiseAndCrossThreadFulfiller<void>();
@@ -92,6 +103,7 @@ void front_end::run(const std::function<void(const listener_info&)>& on_listenin
   // Stop accepting; in-flight requests are cancelled with their objects below, which aborts
   // their engine requests.
   serving.clear();
+  admin = nullptr;
   rpc = nullptr;
   http = nullptr;
 }

@@ -16,6 +16,7 @@ struct front_end_options {
   std::string host = "127.0.0.1";  ///< never 0.0.0.0 unless asked
   int http_port = 8080;            ///< 0 picks a free port; -1 disables HTTP
   int rpc_port = 8081;             ///< 0 picks a free port; -1 disables RPC
+  int admin_port = -1;             ///< admin interface (`tandem inspect`); 0 picks a free port; -1 disables it
   limits lim;
   /// Stop on SIGINT/SIGTERM. The caller must have called kj::UnixEventPort::captureSignal()
   /// for both before starting any thread.
@@ -24,7 +25,7 @@ struct front_end_options {
 
 /// A bound listener, reported once it accepts connections.
 struct listener_info {
-  std::string what;  ///< "http" or "rpc"
+  std::string what;  ///< "http", "rpc" or "admin"
   std::string host;
   uint16_t port = 0;
 };

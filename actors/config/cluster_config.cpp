@@ -1,0 +1,745 @@
+#include "actors/config/cluster_config.h"
+
+#include <fmt/format.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "actors/config/toml.h"
+#include "kernels/gguf/gguf.h"
+#include "kernels/model/kv_pool.h"
+
+namespace tandem {
+
+bool node_config::has_role(const std::string& r) const { return std::find(roles.begin(), roles.end(), r) != roles.end(); }
+
+bool node_config::all_roles() const {
+  for (const auto& r : node_roles())
+    if (!has_role(r)) return false;
+  return true;
+}
+
+const node_config* cluster_config::find_node(const std::string& name) const {
+  for (const auto& n : nodes)
+    if (n.name == name) return &n;
+  return nullptr;
+}
+
+const std::vector<std::string>& node_roles() {
+  static const std::vector<std::string> roles = {"router", "prefill", "decode", "cache", "worker"};
+  return roles;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_d = SIZE_MAX;
+  for (const auto& c : candidates) {
+    size_t d = edit_distance(word, c);
+    if (d < best_d) {
+      best_d = d;
+      best = c;
+    }
+  }
+  size_t allowed = std::max<size_t>(2, word.size() / 3);
+  return best_d <= allowed ? best : "";
+}
+
+namespace {
+
+uint64_t meminfo_kb(const std::string& path, const std::string& key) {
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto k = line.find(key + ":");
+    if (k == std::string::npos) continue;
+    std::istringstream rest(line.substr(k + key.size() + 1));
+    uint64_t kb = 0;
+    rest >> kb;
+    return kb;
+  }
+  return 0;
+}
+
+}  // namespace
+
+machine_info machine_info::probe() {
+  machine_info m;
+  m.mem_total_bytes = meminfo_kb("/proc/meminfo", "MemTotal") * 1024;
+  m.mem_available_bytes = meminfo_kb("/proc/meminfo", "MemAvailable") * 1024;
+  m.cpus = int32_t(std::thread::hardware_concurrency());
+  // NUMA nodes as the kernel reports them (what libnuma reads too); ids are dense in practice.
+  for (int32_t n = 0;; ++n) {
+    std::string p = fmt::format("/sys/devices/system/node/node{}/meminfo", n);
+    if (!std::filesystem::exists(p)) break;
+    m.numa_node_bytes.push_back(meminfo_kb(p, "MemTotal") * 1024);
+  }
+  return m;
+}
+
+namespace {
+
+using toml::value;
+using toml::value_type;
+
+constexpr double gib = 1024.0 * 1024.0 * 1024.0;
+
+std::string fmt_gib(double bytes) { return fmt::format("{:.2f} GiB", bytes / gib); }
+
+std::string article_type(value_type t) {
+  return t == value_type::integer || t == value_type::array ? std::string("an ") + toml::type_name(t)
+                                                            : std::string("a ") + toml::type_name(t);
+}
+
+class checker {
+ public:
+  checker(std::string src, std::vector<std::string>& errors) : src_(std::move(src)), errors_(errors) {}
+
+  /// "<file>:<line>:<col>: <key> = <value>: <why>; <fix>"
+  void error(toml::position p, const std::string& key, const value* v, const std::string& why_and_fix) {
+    std::string head = v ? fmt::format("{} = {}", key, v->to_source()) : key;
+    errors_.push_back(fmt::format("{}:{}:{}: {}: {}", src_, p.line, p.column, head, why_and_fix));
+  }
+
+  /// Every key of `t` must be in `known`; reports the others with a suggestion.
+  void known_keys(const value& t, const std::string& table, const std::vector<std::string>& known) {
+    for (const auto& e : t.entries) {
+      if (std::find(known.begin(), known.end(), e.key) != known.end()) continue;
+      std::string full = table.empty() ? e.key : table + "." + e.key;
+      std::string guess = did_you_mean(e.key, known);
+      std::string list;
+      for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+      error(e.key_pos, full, nullptr,
+            guess.empty() ? fmt::format("unknown key; {} takes: {}", table.empty() ? "the top level" : "[" + table + "]", list)
+                          : fmt::format("unknown key; did you mean '{}'?", guess));
+    }
+  }
+
+  /// Integer key within [lo, hi]; false if absent or wrong (already reported).
+  bool integer(const value& t, const std::string& table, const std::string& key, int64_t lo, int64_t hi,
+               const std::string& fix, int64_t& out) {
+    const value* v = t.find(key);
+    if (!v) return false;
+    std::string full = table + "." + key;
+    if (v->type != value_type::integer) {
+      error(v->pos, full, v, fmt::format("expected an integer, got {}; {}", article_type(v->type), type_fix(*v, fix)));
+      return false;
+    }
+    if (v->integer < lo || v->integer > hi) {
+      error(v->pos, full, v, fmt::format("out of range {}; {}", range(lo, hi), fix));
+      return false;
+    }
+    out = v->integer;
+    return true;
+  }
+
+  bool real(const value& t, const std::string& table, const std::string& key, double lo, double hi,
+            const std::string& fix, double& out) {
+    const value* v = t.find(key);
+    if (!v) return false;
+    std::string full = table + "." + key;
+    double d = 0;
+    if (v->type == value_type::integer) {
+      d = double(v->integer);
+    } else if (v->type == value_type::floating) {
+      d = v->floating;
+    } else {
+      error(v->pos, full, v, fmt::format("expected a number, got {}; {}", article_type(v->type), type_fix(*v, fix)));
+      return false;
+    }
+    if (!(d >= lo && d <= hi)) {
+      error(v->pos, full, v, fmt::format("out of range {} .. {}; {}", lo, hi == HUGE_VAL ? "inf" : fmt::format("{}", hi), fix));
+      return false;
+    }
+    out = d;
+    return true;
+  }
+
+  bool boolean(const value& t, const std::string& table, const std::string& key, bool& out) {
+    const value* v = t.find(key);
+    if (!v) return false;
+    if (v->type != value_type::boolean) {
+      error(v->pos, table + "." + key, v,
+            fmt::format("expected a boolean, got {}; write {} = true or {} = false (no quotes)", article_type(v->type),
+                        key, key));
+      return false;
+    }
+    out = v->boolean;
+    return true;
+  }
+
+  bool string(const value& t, const std::string& table, const std::string& key, std::string& out) {
+    const value* v = t.find(key);
+    if (!v) return false;
+    if (v->type != value_type::string) {
+      error(v->pos, table + "." + key, v,
+            fmt::format("expected a string, got {}; put the value in double quotes", article_type(v->type)));
+      return false;
+    }
+    out = v->str;
+    return true;
+  }
+
+  /// String key that must be one of `choices`.
+  bool choice(const value& t, const std::string& table, const std::string& key, const std::vector<std::string>& choices,
+              std::string& out) {
+    std::string s;
+    if (!string(t, table, key, s)) return false;
+    if (std::find(choices.begin(), choices.end(), s) != choices.end()) {
+      out = s;
+      return true;
+    }
+    std::string list;
+    for (const auto& c : choices) list += (list.empty() ? "" : ", ") + c;
+    std::string guess = did_you_mean(s, choices);
+    error(t.find(key)->pos, table + "." + key, t.find(key),
+          fmt::format("not a known value; {}use one of: {}", guess.empty() ? "" : "did you mean '" + guess + "'? ", list));
+    return false;
+  }
+
+  /// A table-valued top-level key, or nullptr (absent or reported).
+  const value* table(const value& root, const std::string& key) {
+    const value* v = root.find(key);
+    if (!v) return nullptr;
+    if (v->type != value_type::table) {
+      error(v->pos, key, v,
+            fmt::format("expected a table, got {}; write a [{}] header with its keys on the lines below",
+                        v->from_array_of_tables ? std::string("an array of tables") : article_type(v->type), key));
+      return nullptr;
+    }
+    return v;
+  }
+
+ private:
+  static std::string range(int64_t lo, int64_t hi) {
+    if (hi == INT64_MAX) return fmt::format("(must be >= {})", lo);
+    return fmt::format("{} .. {}", lo, hi);
+  }
+  static std::string type_fix(const value& v, const std::string& fix) {
+    if (v.type == value_type::string) return "remove the quotes if it is a number; " + fix;
+    return fix;
+  }
+
+  std::string src_;
+  std::vector<std::string>& errors_;
+};
+
+struct i32_field {
+  const char* name;
+  int32_t limits::*member;
+  int64_t lo;
+  const char* fix;
+};
+
+const std::vector<i32_field>& limits_i32_fields() {
+  static const std::vector<i32_field> f = {
+      {"router_mailbox", &limits::router_mailbox, 1, "set a mailbox bound such as 4096"},
+      {"prefill_mailbox", &limits::prefill_mailbox, 1, "set a mailbox bound such as 1024"},
+      {"decode_mailbox", &limits::decode_mailbox, 1, "set a mailbox bound such as 1024"},
+      {"worker_mailbox", &limits::worker_mailbox, 1, "set a mailbox bound such as 256"},
+      {"cache_tier_mailbox", &limits::cache_tier_mailbox, 1, "set a mailbox bound such as 1024"},
+      {"max_queued_requests", &limits::max_queued_requests, 1, "allow at least one queued request, e.g. 256"},
+      {"max_inflight_requests", &limits::max_inflight_requests, 1, "allow at least one request, e.g. 1024"},
+      {"request_timeout_ms", &limits::request_timeout_ms, 1, "use e.g. 600000 (10 minutes)"},
+      {"prefill_chunk_tokens", &limits::prefill_chunk_tokens, 1, "use e.g. 256"},
+      {"max_running_seqs", &limits::max_running_seqs, 1, "use e.g. 32"},
+      {"max_prefill_batch_seqs", &limits::max_prefill_batch_seqs, 1, "use e.g. 8"},
+      {"page_size", &limits::page_size, 1, "use 16 tokens per page (at most 4096)"},
+      {"device_pages", &limits::device_pages, 0, "use 0 to derive it from kv_cache_mb"},
+      {"kv_cache_mb", &limits::kv_cache_mb, 0, "use e.g. 256"},
+      {"max_context", &limits::max_context, 0, "use 0 for the model's context length"},
+      {"max_new_tokens", &limits::max_new_tokens, 1, "use e.g. 4096"},
+      {"max_rpc_connections", &limits::max_rpc_connections, 1, "use e.g. 256"},
+      {"supervisor_max_restarts", &limits::supervisor_max_restarts, 0, "use e.g. 3 (0 = escalate at the first failure)"},
+      {"supervisor_period_ms", &limits::supervisor_period_ms, 1, "use e.g. 60000 (1 minute)"},
+      {"threads", &limits::threads, 1, "use the number of cores to compute on"},
+      {"scheduler_threads", &limits::scheduler_threads, 1, "use 2 or more"},
+  };
+  return f;
+}
+
+struct i64_field {
+  const char* name;
+  int64_t limits::*member;
+  const char* fix;
+};
+
+const std::vector<i64_field>& limits_i64_fields() {
+  static const std::vector<i64_field> f = {
+      {"max_queued_tokens", &limits::max_queued_tokens, "allow at least one prompt's tokens, e.g. 262144"},
+      {"max_body_bytes", &limits::max_body_bytes, "use e.g. 4194304 (4 MiB)"},
+  };
+  return f;
+}
+
+/// Addresses that reach this machine; the RAM and NUMA checks apply to nodes on them.
+bool is_local_host(const std::string& h) {
+  if (h == "127.0.0.1" || h == "localhost" || h == "::1" || h == "0.0.0.0" || h == "::") return true;
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) == 0 && h == name) return true;
+  return false;
+}
+
+/// Hosts that name the same machine share one port space.
+std::string host_key(const std::string& h) { return is_local_host(h) ? std::string("<this machine>") : h; }
+
+struct model_kv {
+  bool known = false;
+  int32_t n_layers = 0, n_kv_heads = 0, head_dim = 0, n_ctx = 0;
+  kv_layout layout(int32_t page_size) const {
+    kv_layout l;
+    l.n_layers = n_layers;
+    l.n_kv_heads = n_kv_heads;
+    l.head_dim = head_dim;
+    l.page_size = page_size;
+    return l;
+  }
+};
+
+/// The KV shape from GGUF metadata alone (the same keys llama_model::load reads), without
+/// touching the weights.
+model_kv read_model_kv(const std::string& path) {
+  auto f = gguf::file::open(path);
+  model_kv m;
+  if (const auto* arch = f.find("general.architecture"); arch && arch->as_string() != "llama")
+    throw tandem::error(fmt::format("architecture '{}' is not supported; only 'llama' is", arch->as_string()));
+  int32_t n_embd = int32_t(f.get_u32("llama.embedding_length"));
+  int32_t n_head = int32_t(f.get_u32("llama.attention.head_count"));
+  m.n_layers = int32_t(f.get_u32("llama.block_count"));
+  m.n_kv_heads = int32_t(f.get_u64_or("llama.attention.head_count_kv", uint64_t(n_head)));
+  m.n_ctx = int32_t(f.get_u32("llama.context_length"));
+  if (n_head <= 0 || n_embd % n_head != 0)
+    throw tandem::error(fmt::format("llama.embedding_length {} is not a multiple of head_count {}", n_embd, n_head));
+  m.head_dim = n_embd / n_head;
+  m.known = true;
+  return m;
+}
+
+}  // namespace
+
+config_check check_cluster_config(const std::string& text, const std::string& source_name, const machine_info& m) {
+  config_check out;
+  cluster_config& cfg = out.cfg;
+  value root;
+  try {
+    root = toml::parse(text, source_name);
+  } catch (const toml::parse_error& e) {
+    out.errors.push_back(std::string(e.what()) + " (syntax error; nothing else was checked)");
+    return out;
+  }
+  checker ck(source_name, out.errors);
+  ck.known_keys(root, "", {"limits", "model", "cache", "node", "router", "transfer"});
+  size_t errors_before_limits = out.errors.size();
+
+  // --- [limits]
+  bool limits_threads_set = false;
+  const value* lim_t = ck.table(root, "limits");
+  if (lim_t) {
+    std::vector<std::string> known;
+    for (const auto& f : limits_i32_fields()) known.push_back(f.name);
+    for (const auto& f : limits_i64_fields()) known.push_back(f.name);
+    known.push_back("prefix_cache");
+    ck.known_keys(*lim_t, "limits", known);
+    for (const auto& f : limits_i32_fields()) {
+      int64_t v = 0;
+      int64_t hi = std::string(f.name) == "page_size" ? 4096 : INT32_MAX;
+      if (ck.integer(*lim_t, "limits", f.name, f.lo, hi, f.fix, v)) {
+        cfg.lim.*f.member = int32_t(v);
+        if (std::string(f.name) == "threads") limits_threads_set = true;
+      }
+    }
+    for (const auto& f : limits_i64_fields()) {
+      int64_t v = 0;
+      if (ck.integer(*lim_t, "limits", f.name, 1, INT64_MAX, f.fix, v)) cfg.lim.*f.member = v;
+    }
+    ck.boolean(*lim_t, "limits", "prefix_cache", cfg.lim.prefix_cache);
+  }
+  toml::position lim_pos = lim_t ? lim_t->pos : toml::position{1, 1};
+
+  // --- [model]
+  toml::position model_path_pos{1, 1};
+  if (const value* t = ck.table(root, "model")) {
+    ck.known_keys(*t, "model", {"path", "threads"});
+    if (ck.string(*t, "model", "path", cfg.model_path)) {
+      model_path_pos = t->find("path")->pos;
+      if (cfg.model_path.empty())
+        ck.error(model_path_pos, "model.path", t->find("path"), "is empty; give the GGUF file every node loads, or drop the key");
+    }
+    int64_t th = 0;
+    if (ck.integer(*t, "model", "threads", 1, 4096, "use the number of cores to compute on", th)) {
+      if (limits_threads_set && th != cfg.lim.threads)
+        ck.error(t->find("threads")->pos, "model.threads", t->find("threads"),
+                 fmt::format("conflicts with limits.threads = {}; set only one of them", cfg.lim.threads));
+      cfg.lim.threads = int32_t(th);
+    }
+  }
+
+  // Cross-field limits (only once every field was readable, so one mistake is not reported twice).
+  if (out.errors.size() == errors_before_limits) {
+    if (auto msg = cfg.lim.validate(); !msg.empty())
+      out.errors.push_back(fmt::format("{}:{}:{}: {}", source_name, lim_pos.line, lim_pos.column, msg));
+  }
+
+  // --- [cache] (types and ranges; the tier's own rules live in validate_cache_config)
+  toml::position cache_pos{1, 1};
+  if (const value* t = ck.table(root, "cache")) {
+    cache_pos = t->pos;
+    ck.known_keys(*t, "cache",
+                  {"enabled", "host_ratio", "host_size_gb", "write_policy", "write_through_threshold", "disk_dir",
+                   "disk_size_gb", "min_load_back_tokens"});
+    ck.boolean(*t, "cache", "enabled", cfg.cache.enabled);
+    ck.real(*t, "cache", "host_ratio", 0, 1024, "use 0 (no host tier) or e.g. 2 for twice the device pool", cfg.cache.host_ratio);
+    ck.real(*t, "cache", "host_size_gb", 0, 1 << 20, "use 0 (size from host_ratio) or a size in GiB", cfg.cache.host_size_gb);
+    std::string policy;
+    if (ck.choice(*t, "cache", "write_policy", {"write_through", "write_through_selective", "write_back"}, policy)) {
+      // Parsed here rather than with parse_cache_write_policy so check-config does not depend
+      // on the cache tier's library; the names are the same.
+      cfg.cache.write_policy = policy == "write_through"   ? cache_write_policy::write_through
+                               : policy == "write_back"    ? cache_write_policy::write_back
+                                                           : cache_write_policy::write_through_selective;
+    }
+    int64_t v = 0;
+    if (ck.integer(*t, "cache", "write_through_threshold", 1, INT32_MAX, "use e.g. 2 hits", v))
+      cfg.cache.write_through_threshold = int32_t(v);
+    ck.string(*t, "cache", "disk_dir", cfg.cache.disk_dir);
+    ck.real(*t, "cache", "disk_size_gb", 0, 1 << 24, "use a size in GiB, e.g. 100", cfg.cache.disk_size_gb);
+    if (ck.integer(*t, "cache", "min_load_back_tokens", 0, INT32_MAX, "use 0 (= page_size) or a token count", v))
+      cfg.cache.min_load_back_tokens = int32_t(v);
+    if (cfg.cache.host_ratio > 0 && cfg.cache.host_size_gb > 0)
+      ck.error(t->find("host_size_gb")->pos, "cache.host_size_gb", t->find("host_size_gb"),
+               fmt::format("is exclusive with cache.host_ratio = {}; set only one of them", cfg.cache.host_ratio));
+    if (!cfg.cache.disk_dir.empty() && cfg.cache.disk_size_gb <= 0 && !t->find("disk_size_gb"))
+      ck.error(t->find("disk_dir")->pos, "cache.disk_dir", t->find("disk_dir"),
+               "needs cache.disk_size_gb to bound the disk tier; add disk_size_gb = <GiB>");
+    if (!cfg.cache.disk_dir.empty() && t->find("disk_size_gb") && cfg.cache.disk_size_gb <= 0)
+      ck.error(t->find("disk_size_gb")->pos, "cache.disk_size_gb", t->find("disk_size_gb"),
+               "must be > 0 when cache.disk_dir is set; give the disk tier's bound in GiB");
+    if (cfg.cache.disk_dir.empty() && cfg.cache.disk_size_gb > 0)
+      ck.error(t->find("disk_size_gb")->pos, "cache.disk_size_gb", t->find("disk_size_gb"),
+               "has no effect without cache.disk_dir; set disk_dir or remove disk_size_gb");
+    if (!cfg.cache.enabled && (cfg.cache.host_ratio > 0 || cfg.cache.host_size_gb > 0 || !cfg.cache.disk_dir.empty()))
+      ck.error(t->find("enabled")->pos, "cache.enabled", t->find("enabled"),
+               "turns prefix reuse off, but host/disk tiers are configured; remove the tiers or set enabled = true");
+    // The checks that need the model's KV layout (validate_cache_config) run with the layout below.
+  }
+
+  // --- [router], [transfer]
+  if (const value* t = ck.table(root, "router")) {
+    ck.known_keys(*t, "router", {"policy"});
+    ck.choice(*t, "router", "policy", {"round_robin", "power_of_two", "cache_aware"}, cfg.router_policy);
+  }
+  if (const value* t = ck.table(root, "transfer")) {
+    ck.known_keys(*t, "transfer", {"failure_policy", "timeout_ms"});
+    ck.choice(*t, "transfer", "failure_policy", {"recompute", "fail"}, cfg.transfer_failure_policy);
+    int64_t v = 0;
+    if (ck.integer(*t, "transfer", "timeout_ms", 1, 3600000, "use e.g. 10000 (10 s)", v))
+      cfg.transfer_timeout_ms = int32_t(v);
+  }
+
+  // --- [[node]]
+  const value* nodes_v = root.find("node");
+  if (!nodes_v) {
+    out.errors.push_back(fmt::format(
+        "{}:1:1: node: no [[node]] entries; add one per process, e.g. [[node]] name = \"n0\" roles = [\"router\", "
+        "\"prefill\", \"decode\", \"cache\", \"worker\"]",
+        source_name));
+  } else if (nodes_v->type != value_type::array || !nodes_v->from_array_of_tables) {
+    ck.error(nodes_v->pos, "node", nullptr,
+             fmt::format("is {}, not an array of tables; write each node as [[node]] (double brackets)",
+                         article_type(nodes_v->type)));
+    nodes_v = nullptr;
+  }
+  std::vector<const value*> node_tables;
+  if (nodes_v)
+    for (const auto& t : nodes_v->items) node_tables.push_back(&t);
+  bool single = node_tables.size() == 1;
+  std::map<std::string, std::string> port_owner;  // "<host>:<port>" -> "node 'x' http_port"
+  std::set<std::string> names;
+  for (size_t idx = 0; idx < node_tables.size(); ++idx) {
+    const value& t = *node_tables[idx];
+    node_config n;
+    n.line = t.pos.line;
+    std::string tname = fmt::format("node[{}]", idx);
+    ck.known_keys(t, tname, {"name", "host", "roles", "http_port", "rpc_port", "admin_port", "numa_node", "page_size"});
+    if (!ck.string(t, tname, "name", n.name)) {
+      if (!t.find("name"))
+        ck.error(t.pos, tname + ".name", nullptr, "is missing; give every node a unique name = \"...\"");
+    } else {
+      bool ok_chars = !n.name.empty() && std::all_of(n.name.begin(), n.name.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
+      });
+      if (!ok_chars)
+        ck.error(t.find("name")->pos, tname + ".name", t.find("name"),
+                 "is not a node name; use letters, digits, '-', '_' and '.' (it is passed to --node)");
+      else if (!names.insert(n.name).second)
+        ck.error(t.find("name")->pos, tname + ".name", t.find("name"), "is used by another node; node names must be unique");
+    }
+    std::string label = n.name.empty() ? tname : fmt::format("{} ('{}')", tname, n.name);
+    if (ck.string(t, tname, "host", n.host) && n.host.empty())
+      ck.error(t.find("host")->pos, tname + ".host", t.find("host"), "is empty; give the address the node binds, e.g. \"10.0.0.5\"");
+    if (const value* r = t.find("roles")) {
+      if (r->type != value_type::array) {
+        ck.error(r->pos, tname + ".roles", r,
+                 fmt::format("expected an array of strings, got {}; write roles = [\"prefill\", \"cache\", \"worker\"]",
+                             article_type(r->type)));
+      } else {
+        if (r->items.empty())
+          ck.error(r->pos, tname + ".roles", r, "is empty; a node needs at least one of router, prefill, decode, cache, worker");
+        for (const auto& item : r->items) {
+          if (item.type != value_type::string) {
+            ck.error(item.pos, tname + ".roles", &item, "is not a role name; roles are strings like \"decode\"");
+            continue;
+          }
+          const auto& known = node_roles();
+          if (std::find(known.begin(), known.end(), item.str) == known.end()) {
+            std::string guess = did_you_mean(item.str, known);
+            ck.error(item.pos, tname + ".roles", &item,
+                     fmt::format("unknown role; {}use router, prefill, decode, cache or worker",
+                                 guess.empty() ? "" : "did you mean '" + guess + "'? "));
+            continue;
+          }
+          if (n.has_role(item.str)) {
+            ck.error(item.pos, tname + ".roles", &item, "is listed twice; list each role once");
+            continue;
+          }
+          n.roles.push_back(item.str);
+        }
+      }
+    } else {
+      ck.error(t.pos, tname + ".roles", nullptr,
+               "is missing; list what the node runs, e.g. roles = [\"decode\", \"cache\", \"worker\"]");
+    }
+    int64_t v = 0;
+    for (auto [key, member] : {std::pair{"http_port", &node_config::http_port}, std::pair{"rpc_port", &node_config::rpc_port},
+                               std::pair{"admin_port", &node_config::admin_port}}) {
+      if (ck.integer(t, tname, key, 0, 65535, "use a TCP port 1..65535", v)) {
+        if (v == 0 && !single) {
+          ck.error(t.find(key)->pos, tname + "." + key, t.find(key),
+                   "0 (any free port) only works for a single-node cluster: peers must know the port; give a fixed port");
+          continue;
+        }
+        n.*member = int32_t(v);
+      }
+    }
+    if (ck.integer(t, tname, "numa_node", -1, 1023, "use -1 (not pinned) or a NUMA node id", v)) {
+      n.numa_node = int32_t(v);
+      if (n.numa_node >= 0 && is_local_host(n.host) && !m.numa_node_bytes.empty() &&
+          size_t(n.numa_node) >= m.numa_node_bytes.size())
+        ck.error(t.find("numa_node")->pos, tname + ".numa_node", t.find("numa_node"),
+                 fmt::format("this machine has NUMA nodes 0..{}; use one of them or -1", m.numa_node_bytes.size() - 1));
+    }
+    if (ck.integer(t, tname, "page_size", 1, 4096, "use 16 tokens per page, the same on every prefill and decode node", v))
+      n.page_size = int32_t(v);
+    // Ports: within a node and across nodes on the same host.
+    for (auto [key, port] : {std::pair{"http_port", n.http_port}, std::pair{"rpc_port", n.rpc_port},
+                             std::pair{"admin_port", n.admin_port}}) {
+      if (port == 0) continue;
+      std::string where = fmt::format("{}.{}", label, key);
+      std::string k = host_key(n.host) + ":" + std::to_string(port);
+      auto [it, fresh] = port_owner.emplace(k, where);
+      if (!fresh) {
+        const value* pv = t.find(key);
+        ck.error(pv ? pv->pos : t.pos, tname + "." + key, pv,
+                 fmt::format("port {} on host {} is already taken by {}; give each port of a host to one listener",
+                             port, n.host, it->second));
+      }
+    }
+    cfg.nodes.push_back(std::move(n));
+  }
+
+  // --- roles across the cluster
+  if (!node_tables.empty()) {
+    auto with_role = [&](const std::string& r) {
+      std::vector<const node_config*> v;
+      for (const auto& n : cfg.nodes)
+        if (n.has_role(r)) v.push_back(&n);
+      return v;
+    };
+    auto routers = with_role("router");
+    toml::position first = nodes_v->pos;
+    if (routers.empty())
+      ck.error(first, "node.roles", nullptr, "no node has the role \"router\"; give exactly one node the router role");
+    if (routers.size() > 1) {
+      std::string list;
+      for (auto* n : routers) list += (list.empty() ? "'" : ", '") + n->name + "'";
+      ck.error(first, "node.roles", nullptr,
+               fmt::format("{} nodes have the role \"router\" ({}); keep it on exactly one node", routers.size(), list));
+    }
+    if (with_role("prefill").empty())
+      ck.error(first, "node.roles", nullptr, "no node has the role \"prefill\"; give at least one node the prefill role");
+    if (with_role("decode").empty())
+      ck.error(first, "node.roles", nullptr, "no node has the role \"decode\"; give at least one node the decode role");
+    for (size_t i = 0; i < cfg.nodes.size(); ++i) {
+      const auto& n = cfg.nodes[i];
+      bool computes = n.has_role("prefill") || n.has_role("decode");
+      toml::position p = node_tables[i]->pos;
+      for (const char* need : {"worker", "cache"}) {
+        if (computes && !n.has_role(need))
+          ck.error(p, fmt::format("node[{}].roles", i), nullptr,
+                   fmt::format("node '{}' runs a scheduler but no {}: prefill and decode drive a local worker and cache "
+                               "tier; add \"{}\" to its roles",
+                               n.name, need, need));
+        if (!computes && n.has_role(need))
+          ck.error(p, fmt::format("node[{}].roles", i), nullptr,
+                   fmt::format("node '{}' has a {} but no prefill or decode to use it; add a scheduler role or remove \"{}\"",
+                               n.name, need, need));
+      }
+    }
+    // Page sizes: KV pages move between prefill and decode nodes as they are.
+    const node_config* ref = nullptr;
+    for (size_t i = 0; i < cfg.nodes.size(); ++i) {
+      const auto& n = cfg.nodes[i];
+      if (!(n.has_role("prefill") || n.has_role("decode"))) continue;
+      int32_t ps = n.page_size ? n.page_size : cfg.lim.page_size;
+      if (!ref) {
+        ref = &n;
+        continue;
+      }
+      int32_t ref_ps = ref->page_size ? ref->page_size : cfg.lim.page_size;
+      if (ps != ref_ps) {
+        const value* pv = node_tables[i]->find("page_size");
+        ck.error(pv ? pv->pos : node_tables[i]->pos, fmt::format("node[{}].page_size", i), pv,
+                 fmt::format("node '{}' uses {} tokens per page but node '{}' uses {}; KV pages move between prefill "
+                             "and decode as they are, so use one page size on all of them",
+                             n.name, ps, ref->name, ref_ps));
+      }
+    }
+  }
+
+  // --- the model's KV layout and memory
+  model_kv kv;
+  if (!cfg.model_path.empty() && std::filesystem::exists(cfg.model_path)) {
+    try {
+      kv = read_model_kv(cfg.model_path);
+    } catch (const std::exception& e) {
+      out.errors.push_back(fmt::format("{}:{}:{}: model.path = \"{}\": is not a usable Llama GGUF file ({}); point it at a "
+                                       "model written by llama.cpp or `tandem make-model`",
+                                       source_name, model_path_pos.line, model_path_pos.column, cfg.model_path, e.what()));
+    }
+  } else if (!cfg.model_path.empty()) {
+    out.notes.push_back(fmt::format("model.path = \"{}\" is not on this machine: the KV layout checks were skipped",
+                                    cfg.model_path));
+  }
+  if (kv.known && cfg.lim.max_context > kv.n_ctx)
+    out.errors.push_back(fmt::format("{}:{}:{}: limits.max_context = {}: the model's context is {} tokens; use at most {} "
+                                     "(0 = the model's)",
+                                     source_name, lim_pos.line, lim_pos.column, cfg.lim.max_context, kv.n_ctx, kv.n_ctx));
+  // The cache tier's own checks against each node's KV layout, unless the [cache] table already
+  // has errors of its own (the same problem would be reported twice in other words).
+  const bool cache_table_errors = std::any_of(out.errors.begin(), out.errors.end(), [](const std::string& e) {
+    return e.find(": cache.") != std::string::npos;
+  });
+  std::set<std::string> cache_msgs;
+  uint64_t local_bytes = 0;
+  std::map<int32_t, uint64_t> numa_bytes;
+  std::vector<std::string> local_users;
+  for (const auto& n : cfg.nodes) {
+    if (!n.has_role("cache")) continue;
+    int32_t ps = n.page_size ? n.page_size : cfg.lim.page_size;
+    double device_bytes = 0;
+    bool device_known = true;
+    if (cfg.lim.device_pages > 0) {
+      if (kv.known)
+        device_bytes = double(cfg.lim.device_pages) * double(kv.layout(ps).page_bytes());
+      else
+        device_known = false;
+    } else {
+      device_bytes = double(cfg.lim.kv_cache_mb) * 1024.0 * 1024.0;
+    }
+    if (kv.known && cfg.lim.device_pages == 0) {
+      size_t pb = kv.layout(ps).page_bytes();
+      if (device_bytes < double(pb))
+        out.errors.push_back(fmt::format(
+            "{}:{}:{}: limits.kv_cache_mb = {}: holds no page of node '{}' ({} bytes per page: {}); raise kv_cache_mb to "
+            "at least {}",
+            source_name, lim_pos.line, lim_pos.column, cfg.lim.kv_cache_mb, n.name, pb, kv.layout(ps).describe(),
+            (pb + (1u << 20) - 1) >> 20));
+    }
+    if (kv.known && !cache_table_errors) {
+      const int64_t dev_pages = cfg.lim.device_pages > 0
+                                    ? cfg.lim.device_pages
+                                    : int64_t(device_bytes) / int64_t(std::max<size_t>(1, kv.layout(ps).page_bytes()));
+      // RAM is checked below over all the nodes of this machine together, so it is not passed here.
+      for (const auto& msg : validate_cache_config(cfg.cache, kv.layout(ps),
+                                                   int32_t(std::min<int64_t>(dev_pages, INT32_MAX)), 0))
+        if (cache_msgs.insert(msg).second)
+          out.errors.push_back(fmt::format("{}:{}:{}: {}", source_name, cache_pos.line, cache_pos.column, msg));
+    }
+    double host_bytes = cfg.cache.host_size_gb > 0 ? cfg.cache.host_size_gb * gib
+                        : device_known             ? cfg.cache.host_ratio * device_bytes
+                                                   : 0;
+    if (!is_local_host(n.host)) continue;
+    // On the CPU backend the device pool is host memory as well.
+    uint64_t need = uint64_t(device_bytes + host_bytes);
+    local_bytes += need;
+    local_users.push_back(fmt::format("'{}' {}", n.name, fmt_gib(double(need))));
+    if (n.numa_node >= 0) numa_bytes[n.numa_node] += need;
+  }
+  // The disk tier, where its directory is on this machine.
+  bool any_local_cache = std::any_of(cfg.nodes.begin(), cfg.nodes.end(),
+                                     [](const node_config& n) { return n.has_role("cache") && is_local_host(n.host); });
+  std::error_code ec;
+  if (any_local_cache && !cfg.cache.disk_dir.empty() && std::filesystem::exists(cfg.cache.disk_dir, ec)) {
+    if (!std::filesystem::is_directory(cfg.cache.disk_dir, ec)) {
+      out.errors.push_back(fmt::format("{}:{}:{}: cache.disk_dir = \"{}\": is not a directory; point it at a directory "
+                                       "for the disk tier's files",
+                                       source_name, cache_pos.line, cache_pos.column, cfg.cache.disk_dir));
+    } else if (struct statvfs fs{}; ::statvfs(cfg.cache.disk_dir.c_str(), &fs) == 0) {
+      double capacity = double(fs.f_blocks) * double(fs.f_frsize);
+      if (cfg.cache.disk_size_gb * gib > capacity)
+        out.errors.push_back(fmt::format(
+            "{}:{}:{}: cache.disk_size_gb = {}: the filesystem of cache.disk_dir = \"{}\" holds only {}; lower "
+            "disk_size_gb or use a larger disk",
+            source_name, cache_pos.line, cache_pos.column, cfg.cache.disk_size_gb, cfg.cache.disk_dir, fmt_gib(capacity)));
+    }
+  }
+  if (m.mem_total_bytes > 0 && local_bytes > m.mem_total_bytes) {
+    std::string list;
+    for (const auto& s : local_users) list += (list.empty() ? "" : ", ") + s;
+    out.errors.push_back(fmt::format(
+        "{}:{}:{}: cache: the KV pools of the nodes on this machine need {} ({}) but it has {} of RAM; lower "
+        "cache.host_size_gb / cache.host_ratio or limits.kv_cache_mb",
+        source_name, cache_pos.line, cache_pos.column, fmt_gib(double(local_bytes)), list, fmt_gib(double(m.mem_total_bytes))));
+  }
+  for (auto [id, bytes] : numa_bytes) {
+    if (size_t(id) >= m.numa_node_bytes.size() || m.numa_node_bytes[size_t(id)] == 0) continue;
+    if (bytes > m.numa_node_bytes[size_t(id)])
+      out.errors.push_back(fmt::format(
+          "{}:{}:{}: cache: the KV pools pinned to NUMA node {} need {} but that node has {}; lower the cache sizes or "
+          "spread the nodes over NUMA nodes",
+          source_name, cache_pos.line, cache_pos.column, id, fmt_gib(double(bytes)),
+          fmt_gib(double(m.numa_node_bytes[size_t(id)]))));
+  }
+  return out;
+}
+
+config_check check_cluster_config_file(const std::string& path, const machine_info& m) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw tandem::error(fmt::format("cannot read config file '{}'; check the path and its permissions", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) throw tandem::error(fmt::format("error reading config file '{}'", path));
+  return check_cluster_config(ss.str(), path, m);
+}
+
+}  // namespace tandem

@@ -1,0 +1,81 @@
+#pragma once
+/// The cluster config file (TOML) of a deployment: limits, model, cache, nodes and their
+/// roles, router and transfer settings. `load_cluster_config` checks all of it before any
+/// actor exists and reports every problem at once; `tandem check-config` and
+/// `tandem serve --config` both go through it. The schema is documented in docs/config.md.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "actors/common/cache_config.h"
+#include "actors/common/limits.h"
+
+namespace tandem {
+
+/// One process of the deployment.
+struct node_config {
+  std::string name;
+  std::string host = "127.0.0.1";
+  std::vector<std::string> roles;  ///< among router, prefill, decode, cache, worker
+  int32_t http_port = 8080;        ///< OpenAI API (router nodes)
+  int32_t rpc_port = 8081;         ///< Cap'n Proto RPC
+  int32_t admin_port = 8082;       ///< admin interface (`tandem inspect`)
+  int32_t numa_node = -1;          ///< -1 = not pinned
+  int32_t page_size = 0;           ///< 0 = limits.page_size
+  int32_t line = 0;                ///< where the [[node]] starts, for messages
+
+  bool has_role(const std::string& r) const;
+  /// Has every role (router, prefill, decode, cache, worker): an embedded cluster.
+  bool all_roles() const;
+};
+
+struct cluster_config {
+  limits lim;
+  std::string model_path;
+  cache_config cache;
+  std::vector<node_config> nodes;
+  std::string router_policy = "round_robin";        ///< round_robin | power_of_two | cache_aware
+  std::string transfer_failure_policy = "recompute";  ///< recompute | fail
+  int32_t transfer_timeout_ms = 10000;
+
+  /// nullptr if no node has that name.
+  const node_config* find_node(const std::string& name) const;
+};
+
+/// What the checks know about the machine they run on.
+struct machine_info {
+  uint64_t mem_total_bytes = 0;      ///< 0 = unknown (not checked)
+  uint64_t mem_available_bytes = 0;  ///< 0 = unknown
+  /// MemTotal of each NUMA node, by node id; empty = unknown (ids are not checked).
+  std::vector<uint64_t> numa_node_bytes;
+  int32_t cpus = 0;
+
+  /// Reads /proc/meminfo and /sys/devices/system/node/node*/meminfo.
+  static machine_info probe();
+};
+
+/// The roles a node may have.
+const std::vector<std::string>& node_roles();
+
+/// Levenshtein distance; for did-you-mean suggestions.
+size_t edit_distance(const std::string& a, const std::string& b);
+/// The candidate closest to `word` if it is close enough to be a likely typo, else "".
+std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates);
+
+struct config_check {
+  cluster_config cfg;
+  /// One entry per problem: "<file>:<line>:<col>: <key> = <value>: <why>; <fix>".
+  std::vector<std::string> errors;
+  /// Checks that could not run here (e.g. the model file is on another machine).
+  std::vector<std::string> notes;
+  bool ok() const { return errors.empty(); }
+};
+
+/// Parses and checks a config text. Never throws for a bad config: syntax errors are one
+/// entry of `errors` (parsing stops there), every other problem is its own entry.
+config_check check_cluster_config(const std::string& text, const std::string& source_name, const machine_info& m);
+
+/// Reads `path` and checks it; throws tandem::error (kind failed) only if the file cannot be read.
+config_check check_cluster_config_file(const std::string& path, const machine_info& m);
+
+}  // namespace tandem

@@ -1,0 +1,378 @@
+// The cluster config: the TOML subset parser, every check of `tandem check-config` (one table
+// row per invalid config with the message it must print), and the CLI's exit codes.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "actors/config/cluster_config.h"
+#include "actors/config/toml.h"
+#include "kernels/model/make_model.h"
+#include "tests/e2e/process.h"
+#include "tests/transport/fake_api.h"
+
+using namespace tandem;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// A fixed machine so the memory and NUMA checks do not depend on where the tests run.
+machine_info test_machine() {
+  machine_info m;
+  m.mem_total_bytes = 16ull << 30;
+  m.mem_available_bytes = 8ull << 30;
+  m.numa_node_bytes = {8ull << 30, 8ull << 30};
+  m.cpus = 8;
+  return m;
+}
+
+const std::string all_roles = R"(roles = ["router", "prefill", "decode", "cache", "worker"])";
+
+/// One node with every role (an embedded cluster), plus `extra` appended.
+std::string one_node(const std::string& extra = "", const std::string& limits = "page_size = 16\nkv_cache_mb = 64\n") {
+  return "[limits]\n" + limits + "\n[[node]]\nname = \"n0\"\nhost = \"127.0.0.1\"\n" + all_roles +
+         "\nhttp_port = 8080\nrpc_port = 8081\nadmin_port = 8082\n" + extra;
+}
+
+/// Router, prefill and decode on three hosts.
+std::string three_nodes(const std::string& prefill_extra = "", const std::string& decode_extra = "",
+                        const std::string& head = "") {
+  return head +
+         "[[node]]\nname = \"r\"\nhost = \"10.0.0.1\"\nroles = [\"router\"]\n"
+         "[[node]]\nname = \"p\"\nhost = \"10.0.0.2\"\nroles = [\"prefill\", \"cache\", \"worker\"]\n" +
+         prefill_extra +
+         "\n[[node]]\nname = \"d\"\nhost = \"10.0.0.3\"\nroles = [\"decode\", \"cache\", \"worker\"]\n" + decode_extra +
+         "\n";
+}
+
+/// A micro random-weight model in `dir` (the KV layout checks read its GGUF metadata).
+std::string make_micro_model(const fs::path& dir) {
+  std::string path = (dir / "micro.gguf").string();
+  make_model_options o;
+  o.preset = "micro";
+  o.dtype = ggml_type::f16;
+  o.seed = 7;
+  write_random_llama(o, path);
+  return path;
+}
+
+std::string joined(const config_check& c) {
+  std::string s;
+  for (const auto& e : c.errors) s += e + "\n";
+  return s;
+}
+
+struct invalid_case {
+  const char* what;
+  std::string text;
+  std::string expect;  ///< substring of one of the errors
+};
+
+std::vector<invalid_case> invalid_cases(const std::string& mp) {
+  return {
+      // --- syntax
+      {"unclosed header", "[limits\npage_size = 16\n", "t.toml:1:8: expected ']' to close the table header"},
+      {"unclosed string", "[model]\npath = \"abc\n", "t.toml:2:8: string is not closed on its line"},
+      {"duplicate key", "[limits]\npage_size = 16\npage_size = 32\n", "t.toml:3:1: key 'page_size' is defined twice (first at line 2)"},
+      {"inline table", "limits = { page_size = 16 }\n", "inline tables { ... } are not supported"},
+      {"dotted key", "limits.page_size = 16\n", "dotted key 'limits.…' is not supported"},
+      {"table twice", "[limits]\n[limits]\n", "table [limits] is defined twice"},
+      {"leading zero", "[limits]\npage_size = 016\n", "leading zeros are not allowed"},
+      {"bare word value", "[router]\npolicy = round_robin\n", "'round_robin' is not a value: a number starts with a digit; strings need quotes"},
+      {"two values on a line", "[limits]\npage_size = 16 32\n", "unexpected '3' after the value"},
+      {"array not closed", "[[node]]\nroles = [\"router\",\n", "t.toml:2:9: array is not closed"},
+      {"bad escape", "[model]\npath = \"a\\qb\"\n", "unknown escape '\\q'"},
+      {"date", "[limits]\nmax_context = 1979-05-27\n", "dates and times are not supported"},
+      {"integer overflow", "[limits]\nmax_body_bytes = 99999999999999999999\n", "does not fit a 64-bit integer"},
+      // --- unknown keys, did-you-mean
+      {"unknown table", one_node("[limit]\npage_size = 16\n"), "limit: unknown key; did you mean 'limits'?"},
+      {"unknown limits key", one_node("", "page_sise = 16\n"), "t.toml:2:1: limits.page_sise: unknown key; did you mean 'page_size'?"},
+      {"unknown node key", one_node("http-port = 9000\n"), "node[0].http-port: unknown key; did you mean 'http_port'?"},
+      {"unknown cache key", one_node("[cache]\nhost_ration = 2\n"), "cache.host_ration: unknown key; did you mean 'host_ratio'?"},
+      {"unknown key, no guess", one_node("[transfer]\ncolour = 1\n"), "transfer.colour: unknown key; [transfer] takes: failure_policy, timeout_ms"},
+      // --- types and ranges of [limits] and [model]
+      {"quoted integer", one_node("", "page_size = \"16\"\n"), "limits.page_size = \"16\": expected an integer, got a string; remove the quotes"},
+      {"page_size 0", one_node("", "page_size = 0\n"), "limits.page_size = 0: out of range 1 .. 4096"},
+      {"page_size huge", one_node("", "page_size = 5000\n"), "limits.page_size = 5000: out of range 1 .. 4096"},
+      {"negative mailbox", one_node("", "router_mailbox = -1\n"), "limits.router_mailbox = -1: out of range 1 .. 2147483647; set a mailbox bound"},
+      {"int32 overflow", one_node("", "max_running_seqs = 3000000000\n"), "limits.max_running_seqs = 3000000000: out of range 1 .. 2147483647"},
+      {"queued tokens 0", one_node("", "max_queued_tokens = 0\n"), "limits.max_queued_tokens = 0: out of range (must be >= 1)"},
+      {"float for int", one_node("", "kv_cache_mb = 1.5\n"), "limits.kv_cache_mb = 1.5: expected an integer, got a float"},
+      {"no KV size", one_node("", "kv_cache_mb = 0\ndevice_pages = 0\n"), "limits.kv_cache_mb = 0 must be > 0 when device_pages is 0"},
+      {"bool as int", one_node("", "prefix_cache = 1\n"), "limits.prefix_cache = 1: expected a boolean, got an integer; write prefix_cache = true"},
+      {"limits not a table", "limits = 5\n" + three_nodes(), "limits = 5: expected a table, got an integer"},
+      {"threads twice", one_node("[model]\nthreads = 4\n", "threads = 2\n"), "model.threads = 4: conflicts with limits.threads = 2"},
+      {"model path type", one_node("[model]\npath = 42\n"), "model.path = 42: expected a string, got an integer"},
+      {"model path empty", one_node("[model]\npath = \"\"\n"), "model.path = \"\": is empty"},
+      {"model not gguf", one_node("[model]\npath = \"" + std::string(TANDEM_SOURCE_DIR) + "/README.md\"\n"), "is not a usable Llama GGUF file"},
+      // --- [cache]
+      {"negative host_ratio", one_node("[cache]\nhost_ratio = -1\n"), "cache.host_ratio = -1: out of range 0 .. 1024"},
+      {"ratio and size", one_node("[cache]\nhost_ratio = 2\nhost_size_gb = 1\n"), "cache.host_size_gb = 1: is exclusive with cache.host_ratio = 2"},
+      {"write policy typo", one_node("[cache]\nwrite_policy = \"write_thru\"\n"), "did you mean 'write_through'?"},
+      {"threshold 0", one_node("[cache]\nwrite_through_threshold = 0\n"), "cache.write_through_threshold = 0: out of range"},
+      {"disk dir unbounded", one_node("[cache]\ndisk_dir = \"/tmp/kv\"\n"), "cache.disk_dir = \"/tmp/kv\": needs cache.disk_size_gb"},
+      {"disk size 0 with dir", one_node("[cache]\ndisk_dir = \"/tmp/kv\"\ndisk_size_gb = 0\n"), "cache.disk_size_gb = 0: must be > 0 when cache.disk_dir is set"},
+      {"disk size without dir", one_node("[cache]\ndisk_size_gb = 10\n"), "cache.disk_size_gb = 10: has no effect without cache.disk_dir"},
+      {"tiers while disabled", one_node("[cache]\nenabled = false\nhost_ratio = 2\n"), "cache.enabled = false: turns prefix reuse off"},
+      {"min load back negative", one_node("[cache]\nmin_load_back_tokens = -3\n"), "cache.min_load_back_tokens = -3: out of range"},
+      {"disk dir is a file", one_node("[cache]\ndisk_dir = \"" + std::string(TANDEM_SOURCE_DIR) + "/README.md\"\ndisk_size_gb = 1\n"), "/README.md\": is not a directory"},
+      {"disk tier beyond its disk", one_node("[cache]\ndisk_dir = \"/tmp\"\ndisk_size_gb = 10000000\n"), "cache.disk_size_gb = 10000000: the filesystem of cache.disk_dir = \"/tmp\" holds only"},
+      // --- [router], [transfer]
+      {"router policy typo", one_node("[router]\npolicy = \"roundrobin\"\n"), "router.policy = \"roundrobin\": not a known value; did you mean 'round_robin'?"},
+      {"failure policy", one_node("[transfer]\nfailure_policy = \"retry\"\n"), "transfer.failure_policy = \"retry\": not a known value; use one of: recompute, fail"},
+      {"transfer timeout 0", one_node("[transfer]\ntimeout_ms = 0\n"), "transfer.timeout_ms = 0: out of range 1 .. 3600000"},
+      // --- nodes and roles
+      {"no nodes", "[limits]\npage_size = 16\n", "node: no [[node]] entries"},
+      {"node single brackets", "[node]\nname = \"a\"\n", "node: is a table, not an array of tables; write each node as [[node]]"},
+      {"node without name", "[[node]]\n" + all_roles + "\n", "node[0].name: is missing"},
+      {"node without roles", "[[node]]\nname = \"a\"\n", "node[0].roles: is missing"},
+      {"duplicate node names", three_nodes("", "", "").replace(three_nodes().find("name = \"d\""), 10, "name = \"p\""), "node[2].name = \"p\": is used by another node"},
+      {"bad node name", one_node().replace(one_node().find("\"n0\""), 4, "\"a b\""), "node[0].name = \"a b\": is not a node name"},
+      {"role typo", three_nodes("", "").replace(three_nodes().find("\"decode\""), 8, "\"decoder\""), "node[2].roles = \"decoder\": unknown role; did you mean 'decode'?"},
+      {"role twice", "[[node]]\nname = \"a\"\nroles = [\"router\", \"router\", \"prefill\", \"decode\", \"cache\", \"worker\"]\n", "node[0].roles = \"router\": is listed twice"},
+      {"roles not array", "[[node]]\nname = \"a\"\nroles = \"router\"\n", "node[0].roles = \"router\": expected an array of strings, got a string"},
+      {"roles empty", "[[node]]\nname = \"a\"\nroles = []\n", "node[0].roles = []: is empty"},
+      {"no router", three_nodes().replace(three_nodes().find("[\"router\"]"), 10, "[]"), "no node has the role \"router\""},
+      {"two routers", three_nodes("", "", "[[node]]\nname = \"r2\"\nhost = \"10.0.0.9\"\nroles = [\"router\"]\n"), "2 nodes have the role \"router\" ('r2', 'r')"},
+      {"no prefill", "[[node]]\nname = \"a\"\nroles = [\"router\", \"decode\", \"cache\", \"worker\"]\n", "no node has the role \"prefill\""},
+      {"no decode", "[[node]]\nname = \"a\"\nroles = [\"router\", \"prefill\", \"cache\", \"worker\"]\n", "no node has the role \"decode\""},
+      {"scheduler without worker", three_nodes().replace(three_nodes().find("\"cache\", \"worker\"]"), 18, "\"cache\"]"), "node 'p' runs a scheduler but no worker"},
+      {"worker without scheduler", three_nodes().replace(three_nodes().find("[\"router\"]"), 10, "[\"router\", \"worker\"]"), "node 'r' has a worker but no prefill or decode"},
+      // --- ports, NUMA, page sizes
+      {"port twice on a node", one_node().replace(one_node().find("rpc_port = 8081"), 15, "rpc_port = 8080"), "node[0].rpc_port = 8080: port 8080 on host 127.0.0.1 is already taken by node[0] ('n0').http_port"},
+      {"port twice on a host", one_node("[[node]]\nname = \"x\"\nhost = \"localhost\"\nroles = [\"decode\", \"cache\", \"worker\"]\nhttp_port = 9000\nrpc_port = 8081\nadmin_port = 9002\n"),
+       "node[1].rpc_port = 8081: port 8081 on host localhost is already taken by node[0] ('n0').rpc_port"},
+      {"port out of range", one_node().replace(one_node().find("8082"), 4, "70000"), "node[0].admin_port = 70000: out of range 0 .. 65535"},
+      {"port 0 in multi-node", three_nodes("http_port = 0\n"), "node[1].http_port = 0: 0 (any free port) only works for a single-node cluster"},
+      {"numa node absent", one_node("numa_node = 5\n"), "node[0].numa_node = 5: this machine has NUMA nodes 0..1"},
+      {"page sizes differ", three_nodes("page_size = 16\n", "page_size = 32\n"), "node[2].page_size = 32: node 'd' uses 32 tokens per page but node 'p' uses 16"},
+      // --- memory and the model's KV layout
+      {"host tier over RAM", one_node("[cache]\nhost_size_gb = 100\n"), "the KV pools of the nodes on this machine need 100.06 GiB ('n0' 100.06 GiB) but it has 16.00 GiB of RAM"},
+      {"host tier over NUMA node", one_node("numa_node = 1\n[cache]\nhost_size_gb = 10\n"), "the KV pools pinned to NUMA node 1 need 10.06 GiB but that node has 8.00 GiB"},
+      {"KV smaller than a page", one_node("[model]\npath = \"" + mp + "\"\n", "page_size = 4096\nkv_cache_mb = 1\n"), "limits.kv_cache_mb = 1: holds no page of node 'n0'"},
+      {"context beyond the model", one_node("[model]\npath = \"" + mp + "\"\n", "max_context = 100000000\n"), "limits.max_context = 100000000: the model's context is"},
+  };
+}
+
+}  // namespace
+
+TEST_CASE("toml: tables, arrays of tables, strings, numbers, booleans, arrays") {
+  auto v = toml::parse(R"(# a comment
+title = "T\u00e9st \"q\"\t"   # trailing comment
+lit = 'C:\path'
+n = -1_000
+h = 0xff
+f = 2.5e3
+b = true
+arr = [ 1, 2,
+  3, # inside
+]
+nested = [[1], ["a", 'b']]
+[a.b]
+x = 1
+[[node]]
+name = "first"
+[node.extra]
+y = 2
+[[node]]
+name = "second"
+[node.extra]
+y = 3
+)");
+  CHECK(v.find("title")->str == "T\xc3\xa9st \"q\"\t");
+  CHECK(v.find("lit")->str == "C:\\path");
+  CHECK(v.find("n")->integer == -1000);
+  CHECK(v.find("h")->integer == 255);
+  CHECK(v.find("f")->floating == 2500.0);
+  CHECK(v.find("b")->boolean);
+  REQUIRE(v.find("arr")->items.size() == 3);
+  CHECK(v.find("arr")->items[2].integer == 3);
+  CHECK(v.find("nested")->items[1].items[1].str == "b");
+  CHECK(v.find("a")->find("b")->find("x")->integer == 1);
+  const auto* nodes = v.find("node");
+  REQUIRE(nodes->items.size() == 2);
+  CHECK(nodes->items[0].find("extra")->find("y")->integer == 2);
+  CHECK(nodes->items[1].find("name")->str == "second");
+  CHECK(nodes->items[1].find("extra")->find("y")->integer == 3);
+  CHECK(v.find("b")->pos.line == 7);
+  CHECK(v.find("b")->pos.column == 5);
+}
+
+TEST_CASE("toml: an array-of-tables name cannot be reused as a table or a plain array") {
+  CHECK_THROWS_WITH_AS(toml::parse("[[node]]\n[node]\n", "x"), doctest::Contains("write [[node]]"), toml::parse_error);
+  CHECK_THROWS_WITH_AS(toml::parse("node = [1]\n[[node]]\n", "x"), doctest::Contains("an array of tables cannot extend it"),
+                       toml::parse_error);
+  CHECK_THROWS_WITH_AS(toml::parse("a = 1\n[a.b]\n", "x"), doctest::Contains("'a' is already a integer"), toml::parse_error);
+}
+
+TEST_CASE("check: did-you-mean picks the closest key within a typo's distance") {
+  CHECK(edit_distance("kitten", "sitting") == 3);
+  CHECK(did_you_mean("page_sise", {"page_size", "kv_cache_mb"}) == "page_size");
+  CHECK(did_you_mean("zzzzzz", {"page_size", "kv_cache_mb"}).empty());
+}
+
+TEST_CASE("check: valid configs pass and fill the config") {
+  auto m = test_machine();
+  e2e::temp_dir dir;
+  std::string model = make_micro_model(dir.path);
+  SUBCASE("one node with every role") {
+    auto c = check_cluster_config(one_node("[model]\nthreads = 3\n[router]\npolicy = \"cache_aware\"\n"), "t.toml", m);
+    INFO(joined(c));
+    REQUIRE(c.ok());
+    REQUIRE(c.cfg.nodes.size() == 1);
+    CHECK(c.cfg.nodes[0].all_roles());
+    CHECK(c.cfg.lim.threads == 3);
+    CHECK(c.cfg.lim.kv_cache_mb == 64);
+    CHECK(c.cfg.router_policy == "cache_aware");
+  }
+  SUBCASE("three nodes, cache tiers, transfer settings") {
+    auto c = check_cluster_config(three_nodes("numa_node = 0\n", "", "[cache]\nhost_ratio = 2.5\nwrite_policy = \"write_back\"\n"
+                                                                   "disk_dir = \"/var/tmp/kv\"\ndisk_size_gb = 50\n"
+                                                                   "[transfer]\nfailure_policy = \"fail\"\ntimeout_ms = 500\n"),
+                                  "t.toml", m);
+    INFO(joined(c));
+    REQUIRE(c.ok());
+    CHECK(c.cfg.nodes.size() == 3);
+    CHECK(c.cfg.cache.host_ratio == 2.5);
+    CHECK(c.cfg.cache.write_policy == cache_write_policy::write_back);
+    CHECK(c.cfg.transfer_failure_policy == "fail");
+    CHECK(c.cfg.transfer_timeout_ms == 500);
+    CHECK(c.cfg.find_node("d")->has_role("decode"));
+  }
+  SUBCASE("with the model: its KV layout fits") {
+    auto c = check_cluster_config(one_node("[model]\npath = \"" + model + "\"\n"), "t.toml", m);
+    INFO(joined(c));
+    CHECK(c.ok());
+    CHECK(c.notes.empty());
+  }
+  SUBCASE("a model path on another machine is a note, not an error") {
+    auto c = check_cluster_config(one_node("[model]\npath = \"/nonexistent/model.gguf\"\n"), "t.toml", m);
+    CHECK(c.ok());
+    REQUIRE(c.notes.size() == 1);
+    CHECK(c.notes[0].find("KV layout checks were skipped") != std::string::npos);
+  }
+}
+
+TEST_CASE("check: every invalid config is rejected with its message") {
+  auto m = test_machine();
+  e2e::temp_dir dir;
+  auto cases = invalid_cases(make_micro_model(dir.path));
+  CHECK(cases.size() >= 30);
+  for (const auto& c : cases) {
+    auto r = check_cluster_config(c.text, "t.toml", m);
+    INFO("case: " << std::string(c.what) << "\nconfig:\n" << c.text << "\nerrors:\n" << joined(r));
+    CHECK_FALSE(r.ok());
+    CHECK(joined(r).find(c.expect) != std::string::npos);
+  }
+}
+
+TEST_CASE("check: all problems are reported at once, each with its line") {
+  auto r = check_cluster_config("[limits]\npage_size = 0\nrouter_mailbox = \"x\"\n[router]\npolicy = \"best\"\n", "t.toml",
+                                test_machine());
+  INFO(joined(r));
+  CHECK(r.errors.size() == 4);  // page_size, router_mailbox, router.policy, no nodes
+  CHECK(joined(r).find("t.toml:2:13: limits.page_size = 0") != std::string::npos);
+  CHECK(joined(r).find("t.toml:3:18: limits.router_mailbox = \"x\"") != std::string::npos);
+  CHECK(joined(r).find("t.toml:5:10: router.policy = \"best\"") != std::string::npos);
+}
+
+TEST_CASE("check: the machine probe reads this host's memory") {
+  auto m = machine_info::probe();
+  CHECK(m.mem_total_bytes > 0);
+  CHECK(m.mem_available_bytes <= m.mem_total_bytes);
+}
+
+namespace {
+
+struct cli_result {
+  int code = -1;
+  std::string out, err;
+};
+
+cli_result run_tandem(const std::vector<std::string>& args, const fs::path& dir) {
+  std::vector<std::string> argv = {TANDEM_BINARY};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::string err_path = (dir / "stderr.txt").string();
+  cli_result r;
+  {
+    e2e::child p(argv, {}, err_path);
+    r.out = p.read_all(std::chrono::seconds(30));
+    r.code = p.wait(std::chrono::seconds(30));
+  }
+  std::ifstream in(err_path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  r.err = ss.str();
+  return r;
+}
+
+void write_file(const fs::path& p, const std::string& s) { std::ofstream(p) << s; }
+
+}  // namespace
+
+TEST_CASE("cli: check-config exits 0 valid, 1 invalid, 2 usage or I/O; serve --config refuses the same") {
+  e2e::temp_dir dir;
+  write_file(dir.path / "ok.toml", one_node());
+  write_file(dir.path / "bad.toml", one_node("", "page_size = 0\n"));
+  write_file(dir.path / "part.toml", three_nodes());
+
+  auto ok = run_tandem({"check-config", (dir.path / "ok.toml").string()}, dir.path);
+  CHECK(ok.code == 0);
+  CHECK(ok.out.find("ok (1 node: n0)") != std::string::npos);
+
+  auto bad = run_tandem({"check-config", (dir.path / "bad.toml").string()}, dir.path);
+  CHECK(bad.code == 1);
+  CHECK(bad.err.find("limits.page_size = 0: out of range 1 .. 4096") != std::string::npos);
+
+  CHECK(run_tandem({"check-config", (dir.path / "missing.toml").string()}, dir.path).code == 2);
+  CHECK(run_tandem({"check-config"}, dir.path).code == 2);
+  CHECK(run_tandem({"check-config", "--bogus", "x"}, dir.path).code == 2);
+
+  auto serve_bad = run_tandem({"serve", "--config", (dir.path / "bad.toml").string(), "--node", "n0"}, dir.path);
+  CHECK(serve_bad.code == 1);
+  CHECK(serve_bad.err.find("limits.page_size = 0: out of range 1 .. 4096") != std::string::npos);
+  CHECK(serve_bad.err.find("the node was not started") != std::string::npos);
+
+  auto part = run_tandem({"serve", "--config", (dir.path / "part.toml").string(), "--node", "p"}, dir.path);
+  CHECK(part.code == 1);
+  CHECK(part.err.find("error (unimplemented)") != std::string::npos);
+  CHECK(part.err.find("multi-node deployment issue") != std::string::npos);
+
+  auto unknown = run_tandem({"serve", "--config", (dir.path / "ok.toml").string(), "--node", "zz"}, dir.path);
+  CHECK(unknown.code == 1);
+  CHECK(unknown.err.find("use one of: n0") != std::string::npos);
+}
+
+TEST_CASE("cli: serve --config runs the embedded cluster with the config's limits") {
+  e2e::temp_dir dir;
+  std::string model = make_micro_model(dir.path);
+  std::string cfg = "[limits]\nmax_body_bytes = 64\nkv_cache_mb = 16\n[model]\npath = \"" + model +
+                    "\"\n[[node]]\nname = \"solo\"\n" + all_roles + "\nhttp_port = 0\nrpc_port = 0\nadmin_port = 0\n";
+  write_file(dir.path / "solo.toml", cfg);
+  std::string log = (dir.path / "serve.log").string();
+  e2e::child p({TANDEM_BINARY, "serve", "--config", (dir.path / "solo.toml").string(), "--node", "solo", "--log-level", "warn"},
+               {}, log);
+  uint16_t http = 0;
+  std::regex re(R"(^tandem: (http|rpc) listening on 127\.0\.0\.1:(\d+)$)");
+  for (int i = 0; i < 2; ++i) {
+    auto line = p.read_line(std::chrono::seconds(30));
+    REQUIRE(line);
+    std::smatch mm;
+    REQUIRE(std::regex_match(*line, mm, re));
+    if (mm[1] == "http") http = static_cast<uint16_t>(std::stoi(mm[2]));
+  }
+  REQUIRE(http != 0);
+  // limits.max_body_bytes = 64 from the file: a larger body is refused.
+  auto r = test::post(http, "/v1/completions", std::string(200, ' '));
+  CHECK(r.status == 413);
+  CHECK(r.body.find("the limit is 64 bytes") != std::string::npos);
+}
+
+TEST_CASE("check: the example config in deploy/ is valid") {
+  auto c = check_cluster_config_file(std::string(TANDEM_SOURCE_DIR) + "/deploy/cluster.example.toml", test_machine());
+  INFO(joined(c));
+  CHECK(c.ok());
+  CHECK(c.cfg.find_node("solo") != nullptr);
+}

@@ -1,0 +1,84 @@
+// `tandem inspect` against a running `tandem serve --admin-port 0`: tables, --json, --watch.
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "kernels/model/make_model.h"
+#include "tests/e2e/process.h"
+#include "tests/transport/fake_api.h"
+#include "transport/http/json.h"
+
+using namespace tandem;
+using namespace tandem::e2e;
+
+namespace {
+
+std::string run_inspect(const std::vector<std::string>& args, int& code) {
+  std::vector<std::string> argv = {TANDEM_BINARY, "inspect"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  child p(argv, {}, "/dev/null");
+  std::string out = p.read_all(std::chrono::seconds(30));
+  code = p.wait(std::chrono::seconds(30));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("inspect: tandem inspect lists the actors and KV pool of a running node") {
+  temp_dir dir;
+  std::string model = (dir.path / "micro.gguf").string();
+  make_model_options o;
+  o.preset = "micro";
+  o.dtype = ggml_type::f16;
+  o.seed = 7;
+  write_random_llama(o, model);
+  child srv({TANDEM_BINARY, "serve", "--model", model, "--port", "0", "--rpc-port", "0", "--admin-port", "0",
+             "--log-level", "warn"},
+            {}, (dir.path / "serve.log").string());
+  std::map<std::string, uint16_t> ports;
+  std::regex re(R"(^tandem: (http|rpc|admin) listening on 127\.0\.0\.1:(\d+)$)");
+  while (ports.size() < 3) {
+    auto line = srv.read_line(std::chrono::seconds(30));
+    REQUIRE(line);
+    std::smatch m;
+    REQUIRE(std::regex_match(*line, m, re));
+    ports[m[1]] = static_cast<uint16_t>(std::stoi(m[2]));
+  }
+  REQUIRE(test::post(ports["http"], "/v1/completions", R"({"model":"m","prompt":"hi","max_tokens":2})").status == 200);
+  std::string addr = "127.0.0.1:" + std::to_string(ports["admin"]);
+
+  int code = -1;
+  auto js = run_inspect({addr, "--json"}, code);
+  REQUIRE(code == 0);
+  auto v = json::parse(js);
+  CHECK(v.find("healthy")->b);
+  CHECK(v.find("node")->s == "local");
+  const auto& actors = v.find("actors")->arr;
+  REQUIRE(actors.size() == 5);
+  CHECK(actors[0].find("name")->s == "router");
+  CHECK(actors[0].find("state")->s == "running");
+  CHECK(actors[0].find("mailbox_bound")->i == 4096);
+  CHECK(actors[0].find("messages_handled")->i >= 1);
+  CHECK(actors[4].find("name")->s == "cache_tier");
+  const auto& pools = v.find("pools")->arr;
+  REQUIRE(pools.size() == 1);
+  CHECK(pools[0].find("pages_total")->i > 0);
+  CHECK(v.find("requests")->arr.empty());
+
+  auto text = run_inspect({addr}, code);
+  CHECK(code == 0);
+  CHECK(text.find("ACTOR") != std::string::npos);
+  CHECK(text.find("cache_tier") != std::string::npos);
+  CHECK(text.find("KV POOLS") != std::string::npos);
+
+  auto watch = run_inspect({addr, "--json", "--watch", "0.05", "--count", "2"}, code);
+  CHECK(code == 0);
+  CHECK(std::count(watch.begin(), watch.end(), '\n') == 2);
+
+  run_inspect({"127.0.0.1:1"}, code);
+  CHECK(code == 1);
+  run_inspect({"nonsense"}, code);
+  CHECK(code == 1);
+}

@@ -1,0 +1,121 @@
+#include "transport/rpc/admin_server.h"
+
+#include <capnp/rpc-twoparty.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "schemas/admin.capnp.h"
+
+namespace tandem {
+
+struct admin_server::impl {
+  impl(serving_api& a, const limits& l) : api(a), lim(l), tasks(error_handler) {}
+
+  class admin_impl final : public admin::Admin::Server {
+   public:
+    explicit admin_impl(impl& s) : srv_(s) {}
+
+    kj::Promise<void> inspect(InspectContext ctx) override {
+      int32_t max_requests = std::max(0, ctx.getParams().getMaxRequests());
+      node_report r;
+      try {
+        r = srv_.api.inspect();
+      } catch (const tandem::error& e) {
+        KJ_FAIL_REQUIRE("inspect failed", e.what());
+      }
+      auto res = ctx.getResults();
+      auto o = res.initReport();
+      o.setNode(r.node);
+      o.setModelId(r.model_id);
+      o.setHealthy(r.healthy);
+      o.setStatus(r.status);
+      o.setUptimeMs(r.uptime_ms);
+      auto actors = o.initActors(static_cast<unsigned>(r.actors.size()));
+      for (unsigned i = 0; i < r.actors.size(); ++i) {
+        const auto& a = r.actors[i];
+        auto b = actors[i];
+        b.setName(a.name);
+        b.setState(a.state);
+        b.setMailboxDepth(a.mailbox_depth);
+        b.setMailboxBound(a.mailbox_bound);
+        b.setMessagesHandled(a.messages_handled);
+        b.setMailboxRejected(a.mailbox_rejected);
+        b.setRestarts(a.restarts);
+        b.setLastError(a.last_error);
+      }
+      size_t n = std::min(r.requests.size(), static_cast<size_t>(max_requests));
+      auto reqs = o.initRequests(static_cast<unsigned>(n));
+      for (unsigned i = 0; i < n; ++i) {
+        const auto& q = r.requests[i];
+        auto b = reqs[i];
+        b.setId(q.id);
+        b.setState(q.state);
+        b.setAgeMs(q.age_ms);
+        b.setPromptTokens(q.prompt_tokens);
+        b.setCompletionTokens(q.completion_tokens);
+      }
+      res.setRequestsOmitted(static_cast<int32_t>(r.requests.size() - n));
+      auto pools = o.initPools(static_cast<unsigned>(r.pools.size()));
+      for (unsigned i = 0; i < r.pools.size(); ++i) {
+        const auto& p = r.pools[i];
+        auto b = pools[i];
+        b.setName(p.name);
+        b.setPagesTotal(p.pages_total);
+        b.setPagesFree(p.pages_free);
+        b.setPagesCached(p.pages_cached);
+        b.setPagesEvictable(p.pages_evictable);
+        b.setBytes(p.bytes);
+      }
+      return kj::READY_NOW;
+    }
+
+   private:
+    impl& srv_;
+  };
+
+  struct connection {
+    connection(kj::Own<kj::AsyncIoStream> s, capnp::Capability::Client bootstrap)
+        : stream(kj::mv(s)),
+          network(*stream, capnp::rpc::twoparty::Side::SERVER),
+          rpc(capnp::makeRpcServer(network, kj::mv(bootstrap))) {}
+    kj::Own<kj::AsyncIoStream> stream;
+    capnp::TwoPartyVatNetwork network;
+    capnp::RpcSystem<capnp::rpc::twoparty::VatId> rpc;
+  };
+
+  kj::Promise<void> accept_loop(kj::ConnectionReceiver& listener) {
+    return listener.accept().then([this, &listener](kj::Own<kj::AsyncIoStream> s) {
+      if (open >= lim.max_rpc_connections) {
+        spdlog::warn("admin: {} connections open (limits.max_rpc_connections); closing a new one", open);
+      } else {
+        auto c = kj::heap<connection>(kj::mv(s), bootstrap);
+        ++open;
+        auto done = c->network.onDisconnect();
+        tasks.add(done.attach(kj::mv(c), kj::defer([this] { --open; })));
+      }
+      return accept_loop(listener);
+    });
+  }
+
+  struct log_errors final : kj::TaskSet::ErrorHandler {
+    void taskFailed(kj::Exception&& e) override { spdlog::debug("admin: {}", e.getDescription().cStr()); }
+  };
+
+  serving_api& api;
+  limits lim;
+  log_errors error_handler;
+  int open = 0;
+  capnp::Capability::Client bootstrap = nullptr;
+  kj::TaskSet tasks;  // last: its tasks reference the members above
+};
+
+admin_server::admin_server(serving_api& api, const limits& lim) : impl_(std::make_unique<impl>(api, lim)) {
+  impl_->bootstrap = kj::heap<impl::admin_impl>(*impl_);
+}
+
+admin_server::~admin_server() = default;
+
+kj::Promise<void> admin_server::listen(kj::ConnectionReceiver& listener) { return impl_->accept_loop(listener); }
+
+}  // namespace tandem

@@ -1,0 +1,30 @@
+#pragma once
+/// Cap'n Proto admin front end: serves the `Admin` interface of schemas/admin.capnp (what
+/// `tandem inspect` shows) on its own port, on the kj event loop of the creating thread.
+#include <memory>
+
+#include <kj/async-io.h>
+
+#include "actors/common/limits.h"
+#include "actors/runtime/serving_api.h"
+
+namespace tandem {
+
+class admin_server {
+ public:
+  /// `api` must outlive the server. Connections are bounded by limits.max_rpc_connections.
+  admin_server(serving_api& api, const limits& lim);
+  ~admin_server();
+  admin_server(const admin_server&) = delete;
+  admin_server& operator=(const admin_server&) = delete;
+
+  /// Accepts and serves connections; never resolves normally (drop it to stop listening).
+  kj::Promise<void> listen(kj::ConnectionReceiver& listener);
+
+  struct impl;
+
+ private:
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace tandem
