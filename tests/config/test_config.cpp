@@ -153,6 +153,13 @@ std::vector<invalid_case> invalid_cases(const std::string& mp) {
       {"host tier over NUMA node", one_node("numa_node = 1\n[cache]\nhost_size_gb = 10\n"), "the KV pools pinned to NUMA node 1 need 10.06 GiB but that node has 8.00 GiB"},
       {"KV smaller than a page", one_node("[model]\npath = \"" + mp + "\"\n", "page_size = 4096\nkv_cache_mb = 1\n"), "limits.kv_cache_mb = 1: holds no page of node 'n0'"},
       {"context beyond the model", one_node("[model]\npath = \"" + mp + "\"\n", "max_context = 100000000\n"), "limits.max_context = 100000000: the model's context is"},
+      // --- the cache tier's checks against the model's KV layout (validate_cache_config)
+      {"host size below one page of this layout", one_node("[model]\npath = \"" + mp + "\"\n[cache]\nhost_size_gb = 0.000001\n"),
+       "cache.host_size_gb = 1e-06 is not supported for this model's KV layout"},
+      {"host size below one page names the alternative", one_node("[model]\npath = \"" + mp + "\"\n[cache]\nhost_size_gb = 0.000001\n"),
+       "use cache.host_ratio"},
+      {"disk tier without a host tier", one_node("[model]\npath = \"" + mp + "\"\n[cache]\ndisk_dir = \"/tmp\"\ndisk_size_gb = 1\n"),
+       "cache.disk_dir = '/tmp' needs a host tier"},
   };
 }
 
