@@ -83,4 +83,21 @@ tandem::error read_error(schema::Error::Reader r) {
   return tandem::error(from_schema(r.getKind()), std::string(r.getMessage().cStr()));
 }
 
+std::optional<tandem::error> read_forward_result(const wire* w, const tandem::error* transport_err,
+                                                 std::vector<int32_t>& sampled) {
+  if (transport_err) return *transport_err;
+  if (!w) return std::nullopt;
+  try {
+    wire_reader rd(*w);
+    auto env = rd.root();
+    if (!env.isForwardResult()) return tandem::error(error_kind::failed, "worker sent an unexpected reply");
+    auto r = env.getForwardResult();
+    if (r.getFailed()) return read_error(r.getError());
+    sampled = to_vector(r.getTokens());
+  } catch (const tandem::error& e) {
+    return e;
+  }
+  return std::nullopt;
+}
+
 }  // namespace tandem

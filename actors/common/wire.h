@@ -11,6 +11,7 @@
 #include <caf/meta/type_name.hpp>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -79,5 +80,10 @@ schema::ErrorKind to_schema(error_kind k);
 error_kind from_schema(schema::ErrorKind k);
 void set_error(schema::Error::Builder b, const tandem::error& e);
 tandem::error read_error(schema::Error::Reader r);
+
+/// The worker's reply to a forward request (or the transport error that replaced it): the
+/// sampled tokens in batch order, or the error that ends every sequence of the batch.
+std::optional<tandem::error> read_forward_result(const wire* w, const tandem::error* transport_err,
+                                                 std::vector<int32_t>& sampled);
 
 }  // namespace tandem

@@ -218,25 +218,7 @@ void on_forward_done(prefill_actor_t* self, const wire* w, const tandem::error* 
   auto batch = std::move(s.in_flight);
   s.in_flight.clear();
   std::vector<int32_t> sampled;
-  std::optional<tandem::error> err;
-  if (transport_err) err = *transport_err;
-  if (!err && w) {
-    try {
-      wire_reader rd(*w);
-      auto env = rd.root();
-      if (!env.isForwardResult()) {
-        err = tandem::error(error_kind::failed, "worker sent an unexpected reply");
-      } else {
-        auto r = env.getForwardResult();
-        if (r.getFailed())
-          err = read_error(r.getError());
-        else
-          sampled = to_vector(r.getTokens());
-      }
-    } catch (const tandem::error& e) {
-      err = e;
-    }
-  }
+  std::optional<tandem::error> err = read_forward_result(w, transport_err, sampled);
   for (size_t i = 0; i < batch.size(); ++i) {
     auto it = std::find_if(s.active.begin(), s.active.end(),
                            [&](const pseq& q) { return q.req.id == batch[i].first; });
