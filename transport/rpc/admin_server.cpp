@@ -1,16 +1,16 @@
 #include "transport/rpc/admin_server.h"
 
-#include <capnp/rpc-twoparty.h>
-#include <spdlog/spdlog.h>
+#include <kj/debug.h>
 
 #include <algorithm>
 
 #include "schemas/admin.capnp.h"
+#include "transport/rpc/rpc_listener.h"
 
 namespace tandem {
 
 struct admin_server::impl {
-  impl(serving_api& a, const limits& l) : api(a), lim(l), tasks(error_handler) {}
+  impl(serving_api& a, const limits& l) : api(a), lim(l) {}
 
   class admin_impl final : public admin::Admin::Server {
    public:
@@ -74,48 +74,17 @@ struct admin_server::impl {
     impl& srv_;
   };
 
-  struct connection {
-    connection(kj::Own<kj::AsyncIoStream> s, capnp::Capability::Client bootstrap)
-        : stream(kj::mv(s)),
-          network(*stream, capnp::rpc::twoparty::Side::SERVER),
-          rpc(capnp::makeRpcServer(network, kj::mv(bootstrap))) {}
-    kj::Own<kj::AsyncIoStream> stream;
-    capnp::TwoPartyVatNetwork network;
-    capnp::RpcSystem<capnp::rpc::twoparty::VatId> rpc;
-  };
-
-  kj::Promise<void> accept_loop(kj::ConnectionReceiver& listener) {
-    return listener.accept().then([this, &listener](kj::Own<kj::AsyncIoStream> s) {
-      if (open >= lim.max_rpc_connections) {
-        spdlog::warn("admin: {} connections open (limits.max_rpc_connections); closing a new one", open);
-      } else {
-        auto c = kj::heap<connection>(kj::mv(s), bootstrap);
-        ++open;
-        auto done = c->network.onDisconnect();
-        tasks.add(done.attach(kj::mv(c), kj::defer([this] { --open; })));
-      }
-      return accept_loop(listener);
-    });
-  }
-
-  struct log_errors final : kj::TaskSet::ErrorHandler {
-    void taskFailed(kj::Exception&& e) override { spdlog::debug("admin: {}", e.getDescription().cStr()); }
-  };
-
   serving_api& api;
   limits lim;
-  log_errors error_handler;
-  int open = 0;
-  capnp::Capability::Client bootstrap = nullptr;
-  kj::TaskSet tasks;  // last: its tasks reference the members above
+  rpc_listener listener{"admin", lim};
 };
 
 admin_server::admin_server(serving_api& api, const limits& lim) : impl_(std::make_unique<impl>(api, lim)) {
-  impl_->bootstrap = kj::heap<impl::admin_impl>(*impl_);
+  impl_->listener.set_bootstrap(kj::heap<impl::admin_impl>(*impl_));
 }
 
 admin_server::~admin_server() = default;
 
-kj::Promise<void> admin_server::listen(kj::ConnectionReceiver& listener) { return impl_->accept_loop(listener); }
+kj::Promise<void> admin_server::listen(kj::ConnectionReceiver& listener) { return impl_->listener.listen(listener); }
 
 }  // namespace tandem

@@ -10,6 +10,7 @@
 #include "kernels/tokenizer/tokenizer.h"
 #include "schemas/api.capnp.h"
 #include "transport/http/generation.h"
+#include "transport/rpc/rpc_listener.h"
 
 namespace tandem {
 
@@ -218,35 +219,6 @@ struct rpc_server::impl {
     impl& srv_;
   };
 
-  struct connection {
-    connection(kj::Own<kj::AsyncIoStream> s, const capnp::ReaderOptions& opt, capnp::Capability::Client bootstrap)
-        : stream(kj::mv(s)),
-          network(*stream, capnp::rpc::twoparty::Side::SERVER, opt),
-          rpc(capnp::makeRpcServer(network, kj::mv(bootstrap))) {}
-    kj::Own<kj::AsyncIoStream> stream;
-    capnp::TwoPartyVatNetwork network;
-    capnp::RpcSystem<capnp::rpc::twoparty::VatId> rpc;
-  };
-
-  kj::Promise<void> accept_loop(kj::ConnectionReceiver& listener) {
-    return listener.accept().then([this, &listener](kj::Own<kj::AsyncIoStream> s) {
-      if (open >= lim.max_rpc_connections) {
-        ++rejected;
-        spdlog::warn("rpc: {} connections open (limits.max_rpc_connections); closing a new one", open);
-      } else {
-        capnp::ReaderOptions opt;
-        // Words of 8 bytes, with headroom for the message framing.
-        opt.traversalLimitInWords = static_cast<uint64_t>(lim.max_body_bytes) / 8 + 1024;
-        opt.nestingLimit = 64;
-        auto c = kj::heap<connection>(kj::mv(s), opt, bootstrap);
-        ++open;
-        auto done = c->network.onDisconnect();
-        tasks.add(done.attach(kj::mv(c), kj::defer([this] { --open; })));
-      }
-      return accept_loop(listener);
-    });
-  }
-
   struct log_errors final : kj::TaskSet::ErrorHandler {
     void taskFailed(kj::Exception&& e) override {
       // A sink that went away is routine (client closed); the request was aborted.
@@ -260,20 +232,18 @@ struct rpc_server::impl {
   kj::Timer& timer;
   transport::request_ids ids;
   log_errors error_handler;
-  int open = 0;
-  int64_t rejected = 0;
-  capnp::Capability::Client bootstrap = nullptr;
+  rpc_listener listener{"rpc", lim};
   kj::TaskSet tasks;  // last: its tasks reference the members above
 };
 
 rpc_server::rpc_server(serving_api& api, const limits& lim, kj::Timer& timer) : impl_(std::make_unique<impl>(api, lim, timer)) {
-  impl_->bootstrap = kj::heap<impl::node_impl>(*impl_);
+  impl_->listener.set_bootstrap(kj::heap<impl::node_impl>(*impl_));
 }
 
 rpc_server::~rpc_server() = default;
 
-kj::Promise<void> rpc_server::listen(kj::ConnectionReceiver& listener) { return impl_->accept_loop(listener); }
+kj::Promise<void> rpc_server::listen(kj::ConnectionReceiver& listener) { return impl_->listener.listen(listener); }
 
-int rpc_server::connections() const { return impl_->open; }
+int rpc_server::connections() const { return impl_->listener.open(); }
 
 }  // namespace tandem

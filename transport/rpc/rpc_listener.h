@@ -1,0 +1,49 @@
+#pragma once
+/// The accept side shared by every Cap'n Proto interface of a node (the `Node` API and the
+/// admin interface): a bound on open connections, explicit ReaderOptions on every incoming
+/// message, and connection lifetimes tied to their disconnect.
+#include <cstdint>
+#include <string>
+
+#include <capnp/capability.h>
+#include <kj/async-io.h>
+
+#include "actors/common/limits.h"
+
+namespace tandem {
+
+class rpc_listener {
+ public:
+  /// `name` prefixes log lines ("rpc", "admin"). Incoming messages are bounded by
+  /// limits.max_body_bytes; open connections by limits.max_rpc_connections.
+  rpc_listener(std::string name, const limits& lim);
+  ~rpc_listener();
+  rpc_listener(const rpc_listener&) = delete;
+  rpc_listener& operator=(const rpc_listener&) = delete;
+
+  /// The capability each new connection gets; set before listen().
+  void set_bootstrap(capnp::Capability::Client bootstrap) { bootstrap_ = kj::mv(bootstrap); }
+  /// Accepts and serves connections; never resolves normally (drop it to stop listening).
+  kj::Promise<void> listen(kj::ConnectionReceiver& listener);
+  int open() const { return open_; }
+  /// Connections closed at accept because `open()` was at the bound.
+  int64_t rejected() const { return rejected_; }
+
+ private:
+  struct connection;
+  struct log_errors final : kj::TaskSet::ErrorHandler {
+    explicit log_errors(const std::string& n) : name(n) {}
+    void taskFailed(kj::Exception&& e) override;
+    const std::string& name;
+  };
+
+  std::string name_;
+  limits lim_;
+  int open_ = 0;
+  int64_t rejected_ = 0;
+  capnp::Capability::Client bootstrap_ = nullptr;
+  log_errors error_handler_{name_};
+  kj::TaskSet tasks_;  // last: its tasks reference the members above
+};
+
+}  // namespace tandem
