@@ -39,6 +39,8 @@ class kv_pool {
   /// The whole page as bytes (for copies and transfers).
   uint8_t* page_data(int32_t page) { return reinterpret_cast<uint8_t*>(base(page, 0)); }
   size_t bytes() const { return storage_.size() * sizeof(float); }
+  /// Start of the whole storage (`bytes()` long): what a transport registers for remote writes.
+  uint8_t* data() { return reinterpret_cast<uint8_t*>(storage_.data()); }
 
  private:
   float* base(int32_t page, int32_t layer) {
