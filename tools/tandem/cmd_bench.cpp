@@ -4,6 +4,11 @@
 
 namespace tandem::cli {
 
-int bench(args) { throw tandem::error(error_kind::unimplemented, "tandem bench is not implemented yet"); }
+int bench_transfer(args a);  // tools/tandem/bench_transfer.cpp
+
+int bench(args a) {
+  if (!a.empty() && a[0] == "transfer") return bench_transfer(a.subspan(1));
+  throw tandem::error(error_kind::unimplemented, "tandem bench is not implemented yet");
+}
 
 }  // namespace tandem::cli

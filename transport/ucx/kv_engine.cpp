@@ -38,11 +38,11 @@ struct flush_ctx {
   kv_engine* engine;
   peer_id peer;
   transfer_id id;
-  bool is_hello;
+  int stage;
 };
 void flush_cb(void* request, ucs_status_t status, void* user_data) {
   auto* f = static_cast<flush_ctx*>(user_data);
-  f->engine->on_flush_done(f->peer, f->id, f->is_hello, status);
+  f->engine->on_flush_done(f->peer, f->id, f->stage, status);
   delete f;
   ucp_request_free(request);
 }
@@ -121,18 +121,19 @@ kv_engine::~kv_engine() {
   if (listener_) ucp_listener_destroy(listener_);
   for (auto* req : conn_requests_) ucp_listener_reject(listener_, req);
   for (auto& [id, p] : peers_)
-    if (p.ep && !p.closing) close_peer(id);
+    if ((p.ep || p.data_ep) && !p.closing) close_peer(id);
   // Bounded drain: a forced close completes locally without the peer.
   auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   for (;;) {
     ucp_worker_progress(worker_);
     bool open = false;
     for (auto& [id, p] : peers_) {
-      if (p.close_request && ucp_request_check_status(p.close_request) != UCS_INPROGRESS) {
-        ucp_request_free(p.close_request);
-        p.close_request = nullptr;
-      }
-      open = open || p.close_request;
+      for (void** r : {&p.close_request, &p.data_close_request})
+        if (*r && ucp_request_check_status(*r) != UCS_INPROGRESS) {
+          ucp_request_free(*r);
+          *r = nullptr;
+        }
+      open = open || p.close_request || p.data_close_request;
     }
     if (!open || std::chrono::steady_clock::now() > until) break;
   }
@@ -195,7 +196,7 @@ bool kv_engine::peer_ready(peer_id peer) const {
 
 std::optional<peer_id> kv_engine::peer_of(ucp_ep_h ep) const {
   for (auto& [id, p] : peers_)
-    if (p.ep == ep) return id;
+    if (ep && (p.ep == ep || p.data_ep == ep)) return id;
   return std::nullopt;
 }
 
@@ -246,18 +247,50 @@ void kv_engine::send_hello(peer_id id, peer& p) {
   h.n_pages = pool_.n_pages();
   h.rkey.assign(static_cast<uint8_t*>(rkey_buf), static_cast<uint8_t*>(rkey_buf) + rkey_size);
   ucp_rkey_buffer_release(rkey_buf);
+  ucp_address_t* addr = nullptr;
+  size_t addr_len = 0;
+  s = ucp_worker_get_address(worker_, &addr, &addr_len);
+  if (s != UCS_OK) {
+    peer_failed(id, p, fmt::format("querying the UCX worker address failed: {}", ucs_status_string(s)));
+    return;
+  }
+  h.worker_address.assign(reinterpret_cast<uint8_t*>(addr), reinterpret_cast<uint8_t*>(addr) + addr_len);
+  ucp_worker_release_address(worker_, addr);
   send_am(p, am_hello, encode_hello(h));
-  // Flush the new endpoint before anything large goes over it (UCX #6872).
+  flush(id, p.ep, 0, 1);
+}
+
+bool kv_engine::flush(peer_id id, ucp_ep_h ep, transfer_id tid, int stage) {
   ucp_request_param_t rp{};
   rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   rp.cb.send = flush_cb;
-  auto* f = new flush_ctx{this, id, 0, true};
+  auto* f = new flush_ctx{this, id, tid, stage};
   rp.user_data = f;
-  ucs_status_ptr_t r = ucp_ep_flush_nbx(p.ep, &rp);
-  if (!UCS_PTR_IS_PTR(r)) {
-    delete f;
-    on_flush_done(id, 0, true, UCS_PTR_STATUS(r));
+  ucs_status_ptr_t r = ucp_ep_flush_nbx(ep, &rp);
+  if (UCS_PTR_IS_PTR(r)) return true;
+  delete f;
+  on_flush_done(id, tid, stage, UCS_PTR_STATUS(r));
+  return false;
+}
+
+void kv_engine::connect_data(peer_id id, peer& p, const std::vector<uint8_t>& address) {
+  ucp_ep_params_t ep{};
+  ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                  UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ep.address = reinterpret_cast<const ucp_address_t*>(address.data());
+  ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  ep.err_handler.cb = err_cb;
+  ep.err_handler.arg = this;
+  ucs_status_t s = ucp_ep_create(worker_, &ep, &p.data_ep);
+  if (s != UCS_OK) {
+    p.data_ep = nullptr;
+    peer_failed(id, p, fmt::format("connecting the data endpoint to KV peer '{}' failed: {}; inside network "
+                                   "namespaces set UCX_TLS=tcp",
+                                   p.node, ucs_status_string(s)));
+    return;
   }
+  // Flush the new endpoint (this completes its wireup) before the first large put (UCX #6872).
+  flush(id, p.data_ep, 0, 2);
 }
 
 void kv_engine::send_am(peer& p, unsigned am_id, std::vector<uint8_t> bytes) {
@@ -271,7 +304,7 @@ void kv_engine::send_am(peer& p, unsigned am_id, std::vector<uint8_t> bytes) {
   if (!UCS_PTR_IS_PTR(r)) delete buf;  // done (or failed: the endpoint error handler reports it)
 }
 
-void kv_engine::on_flush_done(peer_id id, transfer_id tid, bool is_hello, int status) {
+void kv_engine::on_flush_done(peer_id id, transfer_id tid, int stage, int status) {
   if (destroying_) return;
   auto it = peers_.find(id);
   if (it == peers_.end()) return;
@@ -279,7 +312,7 @@ void kv_engine::on_flush_done(peer_id id, transfer_id tid, bool is_hello, int st
   if (status != UCS_OK) {
     // A failed flush says nothing about which writes landed: only closing the endpoint does,
     // so the table learns of it as a peer failure (released on close), never as put_failed.
-    if (is_hello) p.hello_flushed = true;
+    if (stage == 1) p.hello_flushed = true;
     if (p.closing) return;
     if (p.failed)
       maybe_ready(id, p);
@@ -288,8 +321,8 @@ void kv_engine::on_flush_done(peer_id id, transfer_id tid, bool is_hello, int st
                                      ucs_status_string(ucs_status_t(status))));
     return;
   }
-  if (is_hello) {
-    p.hello_flushed = true;
+  if (stage != 0) {
+    (stage == 1 ? p.hello_flushed : p.data_flushed) = true;
     maybe_ready(id, p);
     return;
   }
@@ -306,7 +339,7 @@ void kv_engine::maybe_ready(peer_id id, peer& p) {
     }
     return;
   }
-  if (p.hello_received && !p.ready_reported) {
+  if (p.hello_received && p.data_flushed && !p.ready_reported) {
     p.ready_reported = true;
     later([this, id] { table_.on_peer_ready(id); });
   }
@@ -352,7 +385,9 @@ void kv_engine::on_am(unsigned am_id, ucp_ep_h reply_ep, const void* data, size_
         peer_failed(pid, p, why);
         return;
       }
-      ucs_status_t s = ucp_ep_rkey_unpack(p.ep, h.rkey.data(), &p.rkey);
+      connect_data(pid, p, h.worker_address);
+      if (!p.data_ep) return;
+      ucs_status_t s = ucp_ep_rkey_unpack(p.data_ep, h.rkey.data(), &p.rkey);
       if (s != UCS_OK) {
         peer_failed(pid, p, fmt::format("unpacking the rkey of KV peer '{}' failed: {}; the peers need a common "
                                         "transport (UCX_TLS)",
@@ -463,7 +498,7 @@ void kv_engine::put_pages(peer_id peer, transfer_id id, const std::vector<int32_
 
 void kv_engine::do_put(peer_id peer, transfer_id id, std::vector<int32_t> src, std::vector<int32_t> dst) {
   auto it = peers_.find(peer);
-  if (it == peers_.end() || !it->second.ep || !it->second.rkey || it->second.closing || it->second.failed) {
+  if (it == peers_.end() || !it->second.data_ep || !it->second.rkey || it->second.closing || it->second.failed) {
     // Nothing was issued, so nothing can land: a plain failure.
     later([this, id] { table_.on_put_complete(id, false, "the KV peer is not connected"); });
     return;
@@ -480,7 +515,7 @@ void kv_engine::do_put(peer_id peer, transfer_id id, std::vector<int32_t> src, s
   const size_t page_bytes = pool_.layout().page_bytes();
   ucp_request_param_t rp{};  // no callback: completion is learnt from the flush below
   auto put = [&](const uint8_t* local, uint64_t remote, size_t len) -> bool {
-    ucs_status_ptr_t r = ucp_put_nbx(p.ep, local, len, remote, p.rkey, &rp);
+    ucs_status_ptr_t r = ucp_put_nbx(p.data_ep, local, len, remote, p.rkey, &rp);
     ++puts_issued_;
     if (UCS_PTR_IS_ERR(r)) return false;
     if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);  // released by UCX when it completes
@@ -507,16 +542,8 @@ void kv_engine::do_put(peer_id peer, transfer_id id, std::vector<int32_t> src, s
     peer_failed(peer, p, fmt::format("KV peer '{}': ucp_put_nbx failed", p.node));
     return;
   }
-  ucp_request_param_t fp{};
-  fp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  fp.cb.send = flush_cb;
-  auto* f = new flush_ctx{this, peer, id, false};
-  fp.user_data = f;
-  ucs_status_ptr_t r = ucp_ep_flush_nbx(p.ep, &fp);
-  if (!UCS_PTR_IS_PTR(r)) {
-    delete f;
-    on_flush_done(peer, id, false, UCS_PTR_STATUS(r));
-  }
+  // Remote completion of every put, then (on_flush_done) the notification.
+  flush(peer, p.data_ep, id, 0);
 }
 
 void kv_engine::close_peer(peer_id id) {
@@ -528,24 +555,23 @@ void kv_engine::close_peer(peer_id id) {
   auto& p = it->second;
   if (p.closing) return;
   p.closing = true;
-  if (!p.ep) {
-    finish_close(id, p);
-    return;
-  }
   ucp_request_param_t rp{};
   rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   rp.flags = UCP_EP_CLOSE_FLAG_FORCE;  // abort in-flight puts: after this nothing more lands
-  ucs_status_ptr_t r = ucp_ep_close_nbx(p.ep, &rp);
-  if (UCS_PTR_IS_PTR(r))
-    p.close_request = r;
-  else
-    finish_close(id, p);
+  // The rkey belongs to the data endpoint: destroy it before the endpoint goes.
+  if (p.rkey) ucp_rkey_destroy(p.rkey);
+  p.rkey = nullptr;
+  for (auto [ep, req] : {std::pair{&p.ep, &p.close_request}, std::pair{&p.data_ep, &p.data_close_request}}) {
+    if (!*ep) continue;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(*ep, &rp);
+    if (UCS_PTR_IS_PTR(r)) *req = r;
+  }
+  if (!p.close_request && !p.data_close_request) finish_close(id, p);
 }
 
 void kv_engine::finish_close(peer_id id, peer& p) {
-  if (p.rkey) ucp_rkey_destroy(p.rkey);  // the peer's rkey dies with its endpoint
-  p.rkey = nullptr;
   p.ep = nullptr;
+  p.data_ep = nullptr;
   if (destroying_) return;
   if (p.dialable) {
     // Keep the address so a later transfer can dial again.
@@ -575,12 +601,15 @@ bool kv_engine::progress() {
     create_ep(id, peers_[id], req);
   }
   std::vector<peer_id> closed;
-  for (auto& [id, p] : peers_)
-    if (p.close_request && ucp_request_check_status(p.close_request) != UCS_INPROGRESS) {
-      ucp_request_free(p.close_request);
-      p.close_request = nullptr;
-      closed.push_back(id);
-    }
+  for (auto& [id, p] : peers_) {
+    if (!p.close_request && !p.data_close_request) continue;
+    for (void** r : {&p.close_request, &p.data_close_request})
+      if (*r && ucp_request_check_status(*r) != UCS_INPROGRESS) {
+        ucp_request_free(*r);
+        *r = nullptr;
+      }
+    if (!p.close_request && !p.data_close_request) closed.push_back(id);
+  }
   for (peer_id id : closed) finish_close(id, peers_[id]);
   int64_t now = clock_.now_ms();
   while (!delayed_.empty() && delayed_.begin()->first <= now) {

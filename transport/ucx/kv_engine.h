@@ -8,6 +8,11 @@
 /// event is delivered from there. Peers either connect to us (listen) or are dialled
 /// (add_peer); a peer is named by the node name it sends in its handshake.
 ///
+/// Two endpoints per peer: a control endpoint (the sockaddr connection: handshake and
+/// messages) and a data endpoint dialled to the worker address the peer sent in its hello,
+/// for the puts; UCX connects that one with every transport it has (shared memory on one
+/// host), while a sockaddr endpoint gets only the connection manager's tcp.
+///
 /// Protocol (active messages, eager, small):
 ///   hello        both sides, first on a new endpoint, then flushed (UCX #6872: a large send
 ///                on an unflushed new endpoint can stall): identity, pool base, packed rkey
@@ -96,11 +101,15 @@ class kv_engine final : public transfer_transport {
   void on_am(unsigned am_id, ucp_ep_h reply_ep, const void* data, size_t length);
   void on_conn_request(ucp_conn_request_h req);
   void on_ep_error(ucp_ep_h ep, int status);
-  void on_flush_done(peer_id peer, transfer_id id, bool is_hello, int status);
+  /// stage: 0 = puts of `id`, 1 = the hello on the control endpoint, 2 = the new data endpoint
+  void on_flush_done(peer_id peer, transfer_id id, int stage, int status);
 
  private:
   struct peer {
-    ucp_ep_h ep = nullptr;
+    ucp_ep_h ep = nullptr;       ///< control: handshake, descriptors, notifications
+    ucp_ep_h data_ep = nullptr;  ///< puts; its rkey is `rkey`
+    bool data_flushed = false;
+    void* data_close_request = nullptr;
     std::string ip;
     uint16_t port = 0;
     bool dialable = false;
@@ -123,6 +132,8 @@ class kv_engine final : public transfer_transport {
   void peer_failed(peer_id id, peer& p, const std::string& why);
   void maybe_ready(peer_id id, peer& p);
   void finish_close(peer_id id, peer& p);
+  bool flush(peer_id id, ucp_ep_h ep, transfer_id tid, int stage);
+  void connect_data(peer_id id, peer& p, const std::vector<uint8_t>& address);
   std::optional<peer_id> peer_of(ucp_ep_h ep) const;
   void later(std::function<void()> f) { events_.push_back(std::move(f)); }
   fault_decision fault(fault_point p, transfer_id id, notify_kind k) const;

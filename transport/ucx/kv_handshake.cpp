@@ -10,7 +10,7 @@ namespace tandem::ucx {
 namespace {
 
 constexpr uint32_t hello_magic = 0x544b5648;  // "HVKT"
-constexpr uint32_t hello_version = 1;
+constexpr uint32_t hello_version = 2;
 
 struct writer {
   std::vector<uint8_t> out;
@@ -74,6 +74,7 @@ std::vector<uint8_t> encode_hello(const kv_hello& h) {
   w.pod(h.pool_base);
   w.pod(h.n_pages);
   w.bytes(h.rkey.data(), h.rkey.size());
+  w.bytes(h.worker_address.data(), h.worker_address.size());
   return std::move(w.out);
 }
 
@@ -95,6 +96,7 @@ kv_hello decode_hello(const uint8_t* data, size_t size) {
   h.pool_base = r.pod<uint64_t>();
   h.n_pages = r.pod<int32_t>();
   h.rkey = r.bytes();
+  h.worker_address = r.bytes();
   return h;
 }
 

@@ -25,6 +25,9 @@ struct kv_hello {
   uint64_t pool_base = 0;   ///< remote virtual address of page 0
   int32_t n_pages = 0;      ///< pages in the remote pool
   std::vector<uint8_t> rkey;  ///< packed remote key of the pool registration
+  /// The worker address: the peer dials it for a data endpoint with UCX's full transport
+  /// selection (shared memory on one host); the sockaddr endpoint only gets the CM's tcp.
+  std::vector<uint8_t> worker_address;
 };
 
 std::vector<uint8_t> encode_hello(const kv_hello& h);
