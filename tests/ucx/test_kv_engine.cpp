@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <memory>
+#include <optional>
 
 #include "actors/common/error.h"
 #include "transport/ucx/kv_engine.h"
@@ -22,18 +24,29 @@ kv_layout small_layout() {
   return l;
 }
 
+/// One side: a heap KV pool registered with its engine, or (ucx_memory) a pool the engine
+/// allocates in UCX memory.
 struct node {
-  kv_pool pool;
+  std::optional<kv_pool> heap_pool;
   std::map<transfer_id, std::pair<std::vector<int32_t>, bool>> released;
   std::map<int32_t, int> release_count;
-  kv_engine engine;
-  node(const manual_clock& clock, const std::string& name, kv_layout layout, engine_options opt)
-      : pool(layout, 16),
-        engine(clock, pool, kv_identity{name, "r15m", "f32", layout}, opt,
-               [this](transfer_id id, transfer_role, const std::vector<int32_t>& pages, bool delivered) {
-                 released[id] = {pages, delivered};
-                 for (int32_t p : pages) ++release_count[p];
-               }) {}
+  std::unique_ptr<kv_engine> engine_ptr;
+  kv_engine& engine;
+  kv_pool& pool;
+  node(const manual_clock& clock, const std::string& name, kv_layout layout, engine_options opt,
+       bool ucx_memory = false)
+      : engine_ptr(make(clock, name, layout, std::move(opt), ucx_memory)), engine(*engine_ptr), pool(engine.pool()) {}
+  std::unique_ptr<kv_engine> make(const manual_clock& clock, const std::string& name, kv_layout layout,
+                                  engine_options opt, bool ucx_memory) {
+    auto rel = [this](transfer_id id, transfer_role, const std::vector<int32_t>& pages, bool delivered) {
+      released[id] = {pages, delivered};
+      for (int32_t p : pages) ++release_count[p];
+    };
+    kv_identity id{name, "r15m", "f32", layout};
+    if (ucx_memory) return std::make_unique<kv_engine>(clock, 16, id, std::move(opt), rel);
+    heap_pool.emplace(layout, 16);
+    return std::make_unique<kv_engine>(clock, *heap_pool, id, std::move(opt), rel);
+  }
 };
 
 /// Progresses both engines until `done` holds; fails the test after 20 s of wall time (a
@@ -54,13 +67,13 @@ void fill(kv_pool& pool, int32_t page, uint8_t seed) {
   for (size_t i = 0; i < pool.layout().page_bytes(); ++i) d[i] = uint8_t(seed + i * 31);
 }
 
-void transfer_pages(const std::string& tls, put_mode mode) {
+void transfer_pages(const std::string& tls, put_mode mode, bool ucx_memory = false) {
   manual_clock clock;
   engine_options opt;
   opt.tls = tls;
   opt.mode = mode;
-  node prefill(clock, "prefill-0", small_layout(), opt);
-  node decode(clock, "decode-0", small_layout(), opt);
+  node prefill(clock, "prefill-0", small_layout(), opt, ucx_memory);
+  node decode(clock, "decode-0", small_layout(), opt, ucx_memory);
   uint16_t port = prefill.engine.listen("127.0.0.1");
   peer_id to_prefill = decode.engine.add_peer("127.0.0.1", port);
 
@@ -94,6 +107,12 @@ TEST_CASE("kv_engine: pages arrive byte-exact over UCX's default transports") {
 }
 
 TEST_CASE("kv_engine: layer-by-layer puts arrive byte-exact") { transfer_pages("tcp", put_mode::per_layer); }
+
+TEST_CASE("kv_engine: pools in UCX-allocated memory arrive byte-exact (shared memory), both modes") {
+  transfer_pages("", put_mode::batched, true);
+  transfer_pages("", put_mode::per_layer, true);
+  transfer_pages("tcp", put_mode::batched, true);
+}
 
 TEST_CASE("kv_engine: a layout mismatch fails the handshake naming both sides' values") {
   manual_clock clock;

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -41,13 +42,21 @@ kv_layout layout_for(size_t bytes) {
 }
 
 struct side {
-  kv_pool pool;
+  std::optional<kv_pool> heap_pool;
   std::map<transfer_id, bool> released;
-  kv_engine engine;
-  side(const cluster_clock& clock, const std::string& name, kv_layout l, int32_t pages, engine_options o)
-      : pool(l, pages),
-        engine(clock, pool, kv_identity{name, "bench", "f32", l}, o,
-               [this](transfer_id id, transfer_role, const std::vector<int32_t>&, bool ok) { released[id] = ok; }) {}
+  std::unique_ptr<kv_engine> engine_ptr;
+  kv_engine& engine;
+  kv_pool& pool;
+  side(const cluster_clock& clock, const std::string& name, kv_layout l, int32_t pages, engine_options o, bool heap)
+      : engine_ptr(make(clock, name, l, pages, std::move(o), heap)), engine(*engine_ptr), pool(engine.pool()) {}
+  std::unique_ptr<kv_engine> make(const cluster_clock& clock, const std::string& name, kv_layout l, int32_t pages,
+                                  engine_options o, bool heap) {
+    auto rel = [this](transfer_id id, transfer_role, const std::vector<int32_t>&, bool ok) { released[id] = ok; };
+    kv_identity id{name, "bench", "f32", l};
+    if (!heap) return std::make_unique<kv_engine>(clock, pages, id, std::move(o), rel);
+    heap_pool.emplace(l, pages);
+    return std::make_unique<kv_engine>(clock, *heap_pool, id, std::move(o), rel);
+  }
 };
 
 template <class F>
@@ -67,14 +76,14 @@ struct result {
   double ucx_gbs = 0, memcpy_gbs = 0;
 };
 
-result measure(size_t page_bytes, int32_t n, int reps, const std::string& tls, put_mode mode) {
+result measure(size_t page_bytes, int32_t n, int reps, const std::string& tls, put_mode mode, bool heap) {
   steady_cluster_clock clock;
   engine_options opt;
   opt.tls = tls;
   opt.mode = mode;
   opt.limits.transferring_ms = 120000;
-  side prefill(clock, "bench-prefill", layout_for(page_bytes), n, opt);
-  side decode(clock, "bench-decode", layout_for(page_bytes), n, opt);
+  side prefill(clock, "bench-prefill", layout_for(page_bytes), n, opt, heap);
+  side decode(clock, "bench-decode", layout_for(page_bytes), n, opt, heap);
   uint16_t port = prefill.engine.listen("127.0.0.1");
   peer_id to_prefill = decode.engine.add_peer("127.0.0.1", port);
 
@@ -196,6 +205,7 @@ int bench_transfer(args a) {
       .opt("reps", "timed repetitions per size (best is reported)", "5")
       .opt("tls", "UCX_TLS for both sides (empty: UCX's default, shared memory on one host)", "")
       .opt("mode", "batched | per_layer | both", "both")
+      .sw("heap-pool", "keep the KV pools in plain heap memory (not UCX-allocated): no shared memory transport")
       .opt("perftest-port", "port for the ucx_perftest comparison", "13377");
   if (!f.parse(a)) {
     fmt::print("tandem bench transfer [flags]\n{}", f.help());
@@ -214,15 +224,16 @@ int bench_transfer(args a) {
   std::string tls = f.str("tls");
   bool perftest = on_path("ucx_perftest");
   if (!perftest) fmt::print("ucx_perftest not on PATH (package ucx-utils): skipping the ucp_put_bw column\n");
-  fmt::print("KV page transfer over UCX on loopback (TLS={}), {} MiB per request, best of {}\n",
-             tls.empty() ? "default" : tls, f.num("total-mib"), f.num("reps"));
+  fmt::print("KV page transfer over UCX on loopback (TLS={}, pools in {} memory), {} MiB per request, best of {}\n",
+             tls.empty() ? "default" : tls, f.on("heap-pool") ? "heap" : "UCX-allocated", f.num("total-mib"),
+             f.num("reps"));
   fmt::print("{:>9} {:>10} {:>11} {:>11} {:>8} {:>11} {:>8} {:>14}\n", "page", "pages", "memcpy GB/s", "batch GB/s",
              "x memcpy", "layer GB/s", "x memcpy", "perftest GB/s");
   for (size_t sz : sizes) {
     int32_t n = int32_t(std::max<size_t>(16, size_t(f.num("total-mib")) * 1048576 / sz));
     result b, l;
-    if (mode != "per_layer") b = measure(sz, n, int(f.num("reps")), tls, put_mode::batched);
-    if (mode != "batched") l = measure(sz, n, int(f.num("reps")), tls, put_mode::per_layer);
+    if (mode != "per_layer") b = measure(sz, n, int(f.num("reps")), tls, put_mode::batched, f.on("heap-pool"));
+    if (mode != "batched") l = measure(sz, n, int(f.num("reps")), tls, put_mode::per_layer, f.on("heap-pool"));
     double mem = std::max(b.memcpy_gbs, l.memcpy_gbs);
     double pt = perftest ? perftest_put_bw(sz, int(f.num("perftest-port")), tls) : -1;
     auto col = [](double v) { return v > 0 ? fmt::format("{:.2f}", v) : std::string("-"); };

@@ -57,10 +57,27 @@ void send_cb(void* request, ucs_status_t /*status*/, void* user_data) {
 kv_engine::kv_engine(const cluster_clock& clock, kv_pool& pool, kv_identity identity, engine_options options,
                      transfer_table::release_fn release)
     : clock_(clock),
-      pool_(pool),
+      pool_(&pool),
       identity_(std::move(identity)),
       options_(std::move(options)),
       table_(clock, *this, options_.limits, std::move(release)) {
+  if (!(identity_.layout == pool.layout()))
+    throw tandem::error(fmt::format("KV engine identity says {} but the pool is {}; pass the pool's layout",
+                                    identity_.layout.describe(), pool.layout().describe()));
+  init(0);
+}
+
+kv_engine::kv_engine(const cluster_clock& clock, int32_t n_pages, kv_identity identity, engine_options options,
+                     transfer_table::release_fn release)
+    : clock_(clock),
+      identity_(std::move(identity)),
+      options_(std::move(options)),
+      table_(clock, *this, options_.limits, std::move(release)) {
+  if (n_pages <= 0) throw tandem::error(fmt::format("a KV pool needs at least one page, got {}", n_pages));
+  init(n_pages);
+}
+
+void kv_engine::init(int32_t alloc_pages) {
   // The listener's port can be reused right after a restart (TIME_WAIT otherwise blocks it).
   setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
   ucp_config_t* config = nullptr;
@@ -93,14 +110,28 @@ kv_engine::kv_engine(const cluster_clock& clock, kv_pool& pool, kv_identity iden
   // Register only the KV pool: it is the only memory remote peers may write.
   ucp_mem_map_params_t mp{};
   mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
-  mp.address = pool_.data();
-  mp.length = pool_.bytes();
+  size_t bytes = alloc_pages ? kv_pool::bytes_for(identity_.layout, alloc_pages) : pool_->bytes();
+  mp.address = alloc_pages ? nullptr : pool_->data();
+  mp.length = bytes;
+  if (alloc_pages) {
+    mp.field_mask |= UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+    mp.flags = UCP_MEM_MAP_ALLOCATE;
+  }
   s = ucp_mem_map(context_, &mp, &memh_);
   if (s != UCS_OK) {
     ucp_worker_destroy(worker_);
     ucp_cleanup(context_);
-    ucx_fail(fmt::format("registering the KV pool ({} bytes) failed", pool_.bytes()), s,
+    ucx_fail(fmt::format("registering the KV pool ({} bytes) failed", bytes), s,
              "lower the number of KV pages or raise the locked-memory limit (ulimit -l)");
+  }
+  if (alloc_pages) {
+    ucp_mem_attr_t attr{};
+    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+    s = ucp_mem_query(memh_, &attr);
+    if (s != UCS_OK) ucx_fail("querying the KV pool allocation failed", s, "report this UCX error");
+    std::memset(attr.address, 0, bytes);
+    owned_pool_ = std::make_unique<kv_pool>(identity_.layout, alloc_pages, attr.address, attr.length);
+    pool_ = owned_pool_.get();
   }
 
   am_args_ = std::make_unique<std::pair<kv_engine*, unsigned>[]>(3);
@@ -243,8 +274,8 @@ void kv_engine::send_hello(peer_id id, peer& p) {
   }
   kv_hello h;
   h.id = identity_;
-  h.pool_base = reinterpret_cast<uint64_t>(pool_.data());
-  h.n_pages = pool_.n_pages();
+  h.pool_base = reinterpret_cast<uint64_t>(pool_->data());
+  h.n_pages = pool_->n_pages();
   h.rkey.assign(static_cast<uint8_t*>(rkey_buf), static_cast<uint8_t*>(rkey_buf) + rkey_size);
   ucp_rkey_buffer_release(rkey_buf);
   ucp_address_t* addr = nullptr;
@@ -275,12 +306,11 @@ bool kv_engine::flush(peer_id id, ucp_ep_h ep, transfer_id tid, int stage) {
 
 void kv_engine::connect_data(peer_id id, peer& p, const std::vector<uint8_t>& address) {
   ucp_ep_params_t ep{};
-  ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                  UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
   ep.address = reinterpret_cast<const ucp_address_t*>(address.data());
-  ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-  ep.err_handler.cb = err_cb;
-  ep.err_handler.arg = this;
+  // Peer-failure handling would exclude the shared memory transports from this endpoint's
+  // lanes; the control endpoint (PEER mode) detects a dead peer and closes both.
+  ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
   ucs_status_t s = ucp_ep_create(worker_, &ep, &p.data_ep);
   if (s != UCS_OK) {
     p.data_ep = nullptr;
@@ -505,14 +535,14 @@ void kv_engine::do_put(peer_id peer, transfer_id id, std::vector<int32_t> src, s
   }
   auto& p = it->second;
   for (size_t i = 0; i < src.size(); ++i) {
-    if (src[i] < 0 || src[i] >= pool_.n_pages() || dst[i] < 0 || dst[i] >= p.remote_pages) {
+    if (src[i] < 0 || src[i] >= pool_->n_pages() || dst[i] < 0 || dst[i] >= p.remote_pages) {
       std::string why = fmt::format("page {} -> {} is outside the pools ({} local, {} remote pages)", src[i], dst[i],
-                                    pool_.n_pages(), p.remote_pages);
+                                    pool_->n_pages(), p.remote_pages);
       later([this, id, why] { table_.on_put_complete(id, false, why); });
       return;
     }
   }
-  const size_t page_bytes = pool_.layout().page_bytes();
+  const size_t page_bytes = pool_->layout().page_bytes();
   ucp_request_param_t rp{};  // no callback: completion is learnt from the flush below
   auto put = [&](const uint8_t* local, uint64_t remote, size_t len) -> bool {
     ucs_status_ptr_t r = ucp_put_nbx(p.data_ep, local, len, remote, p.rkey, &rp);
@@ -527,14 +557,14 @@ void kv_engine::do_put(peer_id peer, transfer_id id, std::vector<int32_t> src, s
     for (size_t i = 0; i < src.size() && ok;) {
       size_t j = i + 1;
       while (j < src.size() && src[j] == src[j - 1] + 1 && dst[j] == dst[j - 1] + 1) ++j;
-      ok = put(pool_.page_data(src[i]), p.remote_base + uint64_t(dst[i]) * page_bytes, (j - i) * page_bytes);
+      ok = put(pool_->page_data(src[i]), p.remote_base + uint64_t(dst[i]) * page_bytes, (j - i) * page_bytes);
       i = j;
     }
   } else {
-    const size_t layer_bytes = 2 * pool_.layout().layer_floats() * sizeof(float);
-    for (int32_t l = 0; l < pool_.layout().n_layers && ok; ++l)
+    const size_t layer_bytes = 2 * pool_->layout().layer_floats() * sizeof(float);
+    for (int32_t l = 0; l < pool_->layout().n_layers && ok; ++l)
       for (size_t i = 0; i < src.size() && ok; ++i)
-        ok = put(pool_.page_data(src[i]) + l * layer_bytes,
+        ok = put(pool_->page_data(src[i]) + l * layer_bytes,
                  p.remote_base + uint64_t(dst[i]) * page_bytes + l * layer_bytes, layer_bytes);
   }
   if (!ok) {

@@ -64,7 +64,14 @@ struct engine_options {
 class kv_engine final : public transfer_transport {
  public:
   /// Registers `pool` (and only it) for remote writes. Throws tandem::error naming the fix.
+  /// Memory UCX did not allocate is reachable over tcp (and RDMA), but not by the shared
+  /// memory transports: use the other constructor where peers share a host.
   kv_engine(const cluster_clock& clock, kv_pool& pool, kv_identity identity, engine_options options,
+            transfer_table::release_fn release);
+  /// Allocates the KV pool (`n_pages` of identity.layout, zeroed) in memory UCX allocates and
+  /// registers (shared memory segments), so a peer on the same host writes it with plain
+  /// memory copies. The pool is pool(); it lives as long as the engine.
+  kv_engine(const cluster_clock& clock, int32_t n_pages, kv_identity identity, engine_options options,
             transfer_table::release_fn release);
   ~kv_engine() override;
   kv_engine(const kv_engine&) = delete;
@@ -79,6 +86,7 @@ class kv_engine final : public transfer_transport {
   /// True once the handshake with `peer` completed in both directions.
   bool peer_ready(peer_id peer) const;
 
+  kv_pool& pool() { return *pool_; }
   transfer_table& table() { return table_; }
   const transfer_table& table() const { return table_; }
   /// Progress UCX, deliver completions to the table, check deadlines. Returns true if
@@ -126,6 +134,7 @@ class kv_engine final : public transfer_transport {
     std::string node;
   };
 
+  void init(int32_t alloc_pages);
   void create_ep(peer_id id, peer& p, ucp_conn_request_h req);
   void send_hello(peer_id id, peer& p);
   void send_am(peer& p, unsigned am_id, std::vector<uint8_t> bytes);
@@ -141,7 +150,8 @@ class kv_engine final : public transfer_transport {
   void do_notify(peer_id peer, transfer_id id, notify_kind kind);
 
   const cluster_clock& clock_;
-  kv_pool& pool_;
+  kv_pool* pool_ = nullptr;
+  std::unique_ptr<kv_pool> owned_pool_;  ///< the second constructor's pool, in UCX memory
   kv_identity identity_;
   engine_options options_;
   ucp_context_h context_ = nullptr;
