@@ -327,7 +327,7 @@ TEST_CASE("transfer_state: a source frees its pages only after its puts complete
   CHECK(t.late_events() == 1);
 }
 
-TEST_CASE("transfer_state: mismatched page counts fail the transfer; a full table rejects as overloaded") {
+TEST_CASE("transfer_state: mismatched page counts fail the transfer and a full table rejects as overloaded") {
   manual_clock clock;
   recording_transport tr;
   released_log rel;

@@ -149,8 +149,8 @@ void kv_engine::init(int32_t alloc_pages) {
 
 kv_engine::~kv_engine() {
   destroying_ = true;
-  if (listener_) ucp_listener_destroy(listener_);
   for (auto* req : conn_requests_) ucp_listener_reject(listener_, req);
+  if (listener_) ucp_listener_destroy(listener_);
   for (auto& [id, p] : peers_)
     if ((p.ep || p.data_ep) && !p.closing) close_peer(id);
   // Bounded drain: a forced close completes locally without the peer.
