@@ -184,3 +184,25 @@ TEST_CASE("kv_engine: listening without tcp in UCX_TLS says how to fix it") {
   kv_engine e(clock, pool, kv_identity{"n", "m", "f32", small_layout()}, opt, nullptr);
   CHECK_THROWS_WITH_AS(e.listen("127.0.0.1"), doctest::Contains("needs the tcp transport"), tandem::error);
 }
+
+TEST_CASE("kv_engine: a peer that goes away fails the transfer and its pages come back once") {
+  manual_clock clock;
+  engine_options opt;
+  opt.tls = "tcp";
+  auto prefill = std::make_unique<node>(clock, "prefill-0", small_layout(), opt);
+  node decode(clock, "decode-0", small_layout(), opt);
+  uint16_t port = prefill->engine.listen("127.0.0.1");
+  peer_id p = decode.engine.add_peer("127.0.0.1", port);
+  decode.engine.table().start_receive(3, p, {4, 5});
+  REQUIRE(pump(*prefill, decode, [&] { return decode.engine.table().phase(3) == transfer_phase::waiting; }));
+  // Descriptors are out: the prefill side could be writing. Kill it.
+  prefill.reset();
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!decode.released.count(3) && std::chrono::steady_clock::now() < until) decode.engine.progress();
+  REQUIRE(decode.released.count(3));
+  CHECK_FALSE(decode.released[3].second);
+  CHECK(decode.release_count[4] == 1);
+  CHECK(decode.release_count[5] == 1);
+  CHECK(decode.engine.table().quarantined_transfers() == 0);
+  CHECK(decode.engine.last_peer_error().find("disconnected") != std::string::npos);
+}
