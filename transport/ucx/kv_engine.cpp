@@ -79,6 +79,9 @@ kv_engine::kv_engine(const cluster_clock& clock, int32_t n_pages, kv_identity id
 
 void kv_engine::init(int32_t alloc_pages) {
   // The listener's port can be reused right after a restart (TIME_WAIT otherwise blocks it).
+  // UCX 1.13 reads the connection manager's settings only from the environment
+  // (ucp_config_modify rejects TCP_CM_REUSEADDR), so set it there unless the user did; create
+  // engines before starting threads that touch the environment.
   setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
   ucp_config_t* config = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
