@@ -57,17 +57,34 @@ std::string kv_layout::describe() const {
   return s;
 }
 
-kv_pool::kv_pool(const kv_layout& layout, int32_t n_pages) : layout_(layout), n_pages_(n_pages) {
-  if (n_pages <= 0 || !layout.valid())
-    throw tandem::error(fmt::format("invalid KV pool: {} pages of {}", n_pages, layout.describe()));
+void kv_pool::init_shape() {
+  if (n_pages_ <= 0 || !layout_.valid())
+    throw tandem::error(fmt::format("invalid KV pool: {} pages of {}", n_pages_, layout_.describe()));
   size_t off = 0;
-  for (const auto& c : layout.effective_components()) {
+  for (const auto& c : layout_.effective_components()) {
     component_offset_.push_back(off);
-    off += layout.component_bytes(c);
+    off += layout_.component_bytes(c);
   }
   layer_stride_floats_ = (off + sizeof(float) - 1) / sizeof(float);
-  page_bytes_ = layer_stride_floats_ * sizeof(float) * size_t(layout.n_layers);
+  page_bytes_ = layer_stride_floats_ * sizeof(float) * size_t(layout_.n_layers);
+}
+
+kv_pool::kv_pool(const kv_layout& layout, int32_t n_pages) : layout_(layout), n_pages_(n_pages) {
+  init_shape();
   storage_.assign(size_t(n_pages) * layout.n_layers * layer_stride_floats_, 0.0f);
+  data_ = storage_.data();
+  floats_ = storage_.size();
+}
+
+kv_pool::kv_pool(const kv_layout& layout, int32_t n_pages, void* storage, size_t storage_bytes)
+    : layout_(layout), n_pages_(n_pages) {
+  init_shape();
+  const size_t need = size_t(n_pages) * page_bytes_;
+  if (!storage || storage_bytes < need || reinterpret_cast<uintptr_t>(storage) % alignof(float))
+    throw tandem::error(fmt::format("KV pool storage of {} bytes at {} cannot hold {} pages of {} ({} bytes)",
+                                    storage_bytes, storage, n_pages, layout.describe(), need));
+  data_ = static_cast<float*>(storage);
+  floats_ = need / sizeof(float);
 }
 
 }  // namespace tandem

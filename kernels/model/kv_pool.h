@@ -62,6 +62,16 @@ struct kv_layout {
 class kv_pool {
  public:
   kv_pool(const kv_layout& layout, int32_t n_pages);
+  /// A pool in memory the caller provides, `bytes_for(layout, n_pages)` long and float-aligned
+  /// (e.g. memory a transport allocated so that peers on the same host can map it); the
+  /// memory must outlive the pool. Its contents are left as they are.
+  kv_pool(const kv_layout& layout, int32_t n_pages, void* storage, size_t storage_bytes);
+  /// Bytes of a pool of `n_pages` pages of `layout`.
+  static size_t bytes_for(const kv_layout& layout, int32_t n_pages) {
+    return size_t(n_pages) * layout.page_bytes();
+  }
+  kv_pool(const kv_pool&) = delete;
+  kv_pool& operator=(const kv_pool&) = delete;
   const kv_layout& layout() const { return layout_; }
   int32_t n_pages() const { return n_pages_; }
   float* k(int32_t page, int32_t layer) { return base(page, layer); }
@@ -76,18 +86,24 @@ class kv_pool {
   uint8_t* page_data(int32_t page) { return reinterpret_cast<uint8_t*>(base(page, 0)); }
   const uint8_t* page_data(int32_t page) const { return const_cast<kv_pool*>(this)->page_data(page); }
   size_t page_bytes() const { return page_bytes_; }
-  size_t bytes() const { return storage_.size() * sizeof(float); }
+  size_t bytes() const { return floats_ * sizeof(float); }
+  /// Start of the whole storage (`bytes()` long): what a transport registers for remote writes.
+  uint8_t* data() { return reinterpret_cast<uint8_t*>(data_); }
 
  private:
+  /// Component offsets and strides from the layout; throws on an invalid shape.
+  void init_shape();
   float* base(int32_t page, int32_t layer) {
-    return storage_.data() + (size_t(page) * layout_.n_layers + layer) * layer_stride_floats_;
+    return data_ + (size_t(page) * layout_.n_layers + layer) * layer_stride_floats_;
   }
   kv_layout layout_;
   int32_t n_pages_;
   size_t page_bytes_ = 0;
   size_t layer_stride_floats_ = 0;  ///< layer_bytes rounded up to whole floats
   std::vector<size_t> component_offset_;
-  std::vector<float> storage_;
+  std::vector<float> storage_;  ///< empty when the caller provides the memory
+  float* data_ = nullptr;
+  size_t floats_ = 0;
 };
 
 }  // namespace tandem

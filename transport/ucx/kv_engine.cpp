@@ -1,0 +1,664 @@
+#include "transport/ucx/kv_engine.h"
+
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <netinet/in.h>
+#include <ucp/api/ucp.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+#include "actors/common/error.h"
+
+namespace tandem::ucx {
+namespace {
+
+constexpr unsigned am_hello = 1;
+constexpr unsigned am_descriptors = 2;
+constexpr unsigned am_notify = 3;
+
+[[noreturn]] void ucx_fail(const std::string& what, ucs_status_t s, const std::string& fix) {
+  throw tandem::error(fmt::format("{}: {}; {}", what, ucs_status_string(s), fix));
+}
+
+ucs_status_t am_cb(void* arg, const void* /*header*/, size_t /*header_length*/, void* data, size_t length,
+                   const ucp_am_recv_param_t* param) {
+  auto* c = static_cast<std::pair<kv_engine*, unsigned>*>(arg);
+  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) return UCS_OK;  // never sent: all our messages are eager
+  ucp_ep_h reply = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : nullptr;
+  c->first->on_am(c->second, reply, data, length);
+  return UCS_OK;
+}
+
+void conn_cb(ucp_conn_request_h req, void* arg) { static_cast<kv_engine*>(arg)->on_conn_request(req); }
+void err_cb(void* arg, ucp_ep_h ep, ucs_status_t status) { static_cast<kv_engine*>(arg)->on_ep_error(ep, status); }
+
+struct flush_ctx {
+  kv_engine* engine;
+  peer_id peer;
+  transfer_id id;
+  int stage;
+};
+void flush_cb(void* request, ucs_status_t status, void* user_data) {
+  auto* f = static_cast<flush_ctx*>(user_data);
+  f->engine->on_flush_done(f->peer, f->id, f->stage, status);
+  delete f;
+  ucp_request_free(request);
+}
+
+void send_cb(void* request, ucs_status_t /*status*/, void* user_data) {
+  delete static_cast<std::vector<uint8_t>*>(user_data);
+  ucp_request_free(request);
+}
+
+}  // namespace
+
+kv_engine::kv_engine(const cluster_clock& clock, kv_pool& pool, kv_identity identity, engine_options options,
+                     transfer_table::release_fn release)
+    : clock_(clock),
+      pool_(&pool),
+      identity_(std::move(identity)),
+      options_(std::move(options)),
+      table_(clock, *this, options_.limits, std::move(release)) {
+  if (!(identity_.layout == pool.layout()))
+    throw tandem::error(fmt::format("KV engine identity says {} but the pool is {}; pass the pool's layout",
+                                    identity_.layout.describe(), pool.layout().describe()));
+  init(0);
+}
+
+kv_engine::kv_engine(const cluster_clock& clock, int32_t n_pages, kv_identity identity, engine_options options,
+                     transfer_table::release_fn release)
+    : clock_(clock),
+      identity_(std::move(identity)),
+      options_(std::move(options)),
+      table_(clock, *this, options_.limits, std::move(release)) {
+  if (n_pages <= 0) throw tandem::error(fmt::format("a KV pool needs at least one page, got {}", n_pages));
+  init(n_pages);
+}
+
+void kv_engine::init(int32_t alloc_pages) {
+  // The listener's port can be reused right after a restart (TIME_WAIT otherwise blocks it).
+  // UCX 1.13 reads the connection manager's settings only from the environment
+  // (ucp_config_modify rejects TCP_CM_REUSEADDR), so set it there unless the user did; create
+  // engines before starting threads that touch the environment.
+  setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
+  ucp_config_t* config = nullptr;
+  ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
+  if (s != UCS_OK) ucx_fail("reading the UCX configuration failed", s, "check the UCX_* environment variables");
+  if (!options_.tls.empty()) {
+    s = ucp_config_modify(config, "TLS", options_.tls.c_str());
+    if (s != UCS_OK) {
+      ucp_config_release(config);
+      ucx_fail("UCX rejected TLS=" + options_.tls, s, "list transports known to `ucx_info -d`");
+    }
+  }
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM;
+  params.name = "tandem-kv";
+  s = ucp_init(&params, config, &context_);
+  ucp_config_release(config);
+  if (s != UCS_OK) ucx_fail("ucp_init failed", s, "check that UCX is installed (libucx0) and UCX_TLS names usable transports");
+
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // progress() runs on one thread
+  s = ucp_worker_create(context_, &wp, &worker_);
+  if (s != UCS_OK) {
+    ucp_cleanup(context_);
+    ucx_fail("ucp_worker_create failed", s, "check UCX_TLS");
+  }
+
+  // Register only the KV pool: it is the only memory remote peers may write.
+  ucp_mem_map_params_t mp{};
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  size_t bytes = alloc_pages ? kv_pool::bytes_for(identity_.layout, alloc_pages) : pool_->bytes();
+  mp.address = alloc_pages ? nullptr : pool_->data();
+  mp.length = bytes;
+  if (alloc_pages) {
+    mp.field_mask |= UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+    mp.flags = UCP_MEM_MAP_ALLOCATE;
+  }
+  s = ucp_mem_map(context_, &mp, &memh_);
+  if (s != UCS_OK) {
+    ucp_worker_destroy(worker_);
+    ucp_cleanup(context_);
+    ucx_fail(fmt::format("registering the KV pool ({} bytes) failed", bytes), s,
+             "lower the number of KV pages or raise the locked-memory limit (ulimit -l)");
+  }
+  if (alloc_pages) {
+    ucp_mem_attr_t attr{};
+    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+    s = ucp_mem_query(memh_, &attr);
+    if (s != UCS_OK) ucx_fail("querying the KV pool allocation failed", s, "report this UCX error");
+    std::memset(attr.address, 0, bytes);
+    owned_pool_ = std::make_unique<kv_pool>(identity_.layout, alloc_pages, attr.address, attr.length);
+    pool_ = owned_pool_.get();
+  }
+
+  am_args_ = std::make_unique<std::pair<kv_engine*, unsigned>[]>(3);
+  for (unsigned i = 0; i < 3; ++i) {
+    am_args_[i] = {this, i + 1};
+    ucp_am_handler_param_t hp{};
+    hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    hp.id = i + 1;
+    hp.cb = am_cb;
+    hp.arg = &am_args_[i];
+    s = ucp_worker_set_am_recv_handler(worker_, &hp);
+    if (s != UCS_OK) ucx_fail("registering the KV active message handlers failed", s, "upgrade UCX to >= 1.13");
+  }
+}
+
+kv_engine::~kv_engine() {
+  destroying_ = true;
+  for (auto* req : conn_requests_) ucp_listener_reject(listener_, req);
+  if (listener_) ucp_listener_destroy(listener_);
+  for (auto& [id, p] : peers_)
+    if ((p.ep || p.data_ep) && !p.closing) close_peer(id);
+  // Bounded drain: a forced close completes locally without the peer.
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  for (;;) {
+    ucp_worker_progress(worker_);
+    bool open = false;
+    for (auto& [id, p] : peers_) {
+      for (void** r : {&p.close_request, &p.data_close_request})
+        if (*r && ucp_request_check_status(*r) != UCS_INPROGRESS) {
+          ucp_request_free(*r);
+          *r = nullptr;
+        }
+      open = open || p.close_request || p.data_close_request;
+    }
+    if (!open || std::chrono::steady_clock::now() > until) break;
+  }
+  for (auto& [id, p] : peers_)
+    if (p.rkey) ucp_rkey_destroy(p.rkey);
+  if (memh_) ucp_mem_unmap(context_, memh_);
+  ucp_worker_destroy(worker_);
+  ucp_cleanup(context_);
+}
+
+uint16_t kv_engine::listen(const std::string& ip, uint16_t port) {
+  if (!options_.tls.empty() && options_.tls.find("tcp") == std::string::npos && options_.tls != "all")
+    throw tandem::error(fmt::format("listening for KV transfers needs the tcp transport but TLS={}; add tcp "
+                                    "(e.g. --ucx-tls {},tcp)",
+                                    options_.tls, options_.tls));
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  if (inet_pton(AF_INET, ip.c_str(), &sa.sin_addr) != 1)
+    throw tandem::error("KV transfer listen address '" + ip + "' is not an IPv4 address");
+  ucp_listener_params_t lp{};
+  lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+  lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&sa);
+  lp.sockaddr.addrlen = sizeof(sa);
+  lp.conn_handler.cb = conn_cb;
+  lp.conn_handler.arg = this;
+  ucs_status_t s = ucp_listener_create(worker_, &lp, &listener_);
+  if (s != UCS_OK)
+    ucx_fail(fmt::format("listening for KV transfers on {}:{} failed", ip, port), s,
+             "pick a free port and make sure UCX_TLS includes tcp");
+  ucp_listener_attr_t attr{};
+  attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+  s = ucp_listener_query(listener_, &attr);
+  if (s != UCS_OK) ucx_fail("querying the KV listener failed", s, "report this UCX error");
+  return ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port);
+}
+
+peer_id kv_engine::add_peer(const std::string& ip, uint16_t port) {
+  if (peers_.size() >= options_.max_peers)
+    throw tandem::error(error_kind::overloaded, fmt::format("KV engine has {} peers (max_peers); raise it",
+                                                            options_.max_peers));
+  peer_id id = next_peer_++;
+  auto& p = peers_[id];
+  p.ip = ip;
+  p.port = port;
+  p.dialable = true;
+  return id;
+}
+
+std::optional<peer_id> kv_engine::peer_named(const std::string& node) const {
+  for (auto& [id, p] : peers_)
+    if (p.hello_received && p.node == node && !p.closing) return id;
+  return std::nullopt;
+}
+
+bool kv_engine::peer_ready(peer_id peer) const {
+  auto it = peers_.find(peer);
+  return it != peers_.end() && it->second.ready_reported && !it->second.closing;
+}
+
+std::optional<peer_id> kv_engine::peer_of(ucp_ep_h ep) const {
+  for (auto& [id, p] : peers_)
+    if (ep && (p.ep == ep || p.data_ep == ep)) return id;
+  return std::nullopt;
+}
+
+void kv_engine::create_ep(peer_id id, peer& p, ucp_conn_request_h req) {
+  sockaddr_in sa{};
+  ucp_ep_params_t ep{};
+  ep.field_mask = UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;  // a dead peer fails its endpoint instead of hanging
+  ep.err_handler.cb = err_cb;
+  ep.err_handler.arg = this;
+  if (req) {
+    ep.field_mask |= UCP_EP_PARAM_FIELD_CONN_REQUEST;
+    ep.conn_request = req;
+  } else {
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(p.port);
+    inet_pton(AF_INET, p.ip.c_str(), &sa.sin_addr);
+    ep.field_mask |= UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR;
+    ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    ep.sockaddr.addr = reinterpret_cast<const sockaddr*>(&sa);
+    ep.sockaddr.addrlen = sizeof(sa);
+  }
+  ucs_status_t s = ucp_ep_create(worker_, &ep, &p.ep);
+  if (s != UCS_OK) {
+    p.ep = nullptr;
+    std::string why = fmt::format("connecting to KV peer {}:{} failed: {}; check the address and that UCX_TLS "
+                                  "includes tcp",
+                                  p.ip, p.port, ucs_status_string(s));
+    last_peer_error_ = why;
+    later([this, id, why] { table_.on_peer_failed(id, why); });
+    return;
+  }
+  send_hello(id, p);
+}
+
+void kv_engine::send_hello(peer_id id, peer& p) {
+  // The rkey is packed for this peer and its buffer released once copied into the message.
+  void* rkey_buf = nullptr;
+  size_t rkey_size = 0;
+  ucs_status_t s = ucp_rkey_pack(context_, memh_, &rkey_buf, &rkey_size);
+  if (s != UCS_OK) {
+    peer_failed(id, p, fmt::format("packing the KV pool rkey failed: {}", ucs_status_string(s)));
+    return;
+  }
+  kv_hello h;
+  h.id = identity_;
+  h.pool_base = reinterpret_cast<uint64_t>(pool_->data());
+  h.n_pages = pool_->n_pages();
+  h.rkey.assign(static_cast<uint8_t*>(rkey_buf), static_cast<uint8_t*>(rkey_buf) + rkey_size);
+  ucp_rkey_buffer_release(rkey_buf);
+  ucp_address_t* addr = nullptr;
+  size_t addr_len = 0;
+  s = ucp_worker_get_address(worker_, &addr, &addr_len);
+  if (s != UCS_OK) {
+    peer_failed(id, p, fmt::format("querying the UCX worker address failed: {}", ucs_status_string(s)));
+    return;
+  }
+  h.worker_address.assign(reinterpret_cast<uint8_t*>(addr), reinterpret_cast<uint8_t*>(addr) + addr_len);
+  ucp_worker_release_address(worker_, addr);
+  send_am(p, am_hello, encode_hello(h));
+  flush(id, p.ep, 0, 1);
+}
+
+bool kv_engine::flush(peer_id id, ucp_ep_h ep, transfer_id tid, int stage) {
+  ucp_request_param_t rp{};
+  rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  rp.cb.send = flush_cb;
+  auto* f = new flush_ctx{this, id, tid, stage};
+  rp.user_data = f;
+  ucs_status_ptr_t r = ucp_ep_flush_nbx(ep, &rp);
+  if (UCS_PTR_IS_PTR(r)) return true;
+  delete f;
+  on_flush_done(id, tid, stage, UCS_PTR_STATUS(r));
+  return false;
+}
+
+void kv_engine::connect_data(peer_id id, peer& p, const std::vector<uint8_t>& address) {
+  ucp_ep_params_t ep{};
+  ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+  ep.address = reinterpret_cast<const ucp_address_t*>(address.data());
+  // Peer-failure handling would exclude the shared memory transports from this endpoint's
+  // lanes; the control endpoint (PEER mode) detects a dead peer and closes both.
+  ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+  ucs_status_t s = ucp_ep_create(worker_, &ep, &p.data_ep);
+  if (s != UCS_OK) {
+    p.data_ep = nullptr;
+    peer_failed(id, p, fmt::format("connecting the data endpoint to KV peer '{}' failed: {}; inside network "
+                                   "namespaces set UCX_TLS=tcp",
+                                   p.node, ucs_status_string(s)));
+    return;
+  }
+  // Flush the new endpoint (this completes its wireup) before the first large put (UCX #6872).
+  flush(id, p.data_ep, 0, 2);
+}
+
+void kv_engine::send_am(peer& p, unsigned am_id, std::vector<uint8_t> bytes) {
+  auto* buf = new std::vector<uint8_t>(std::move(bytes));
+  ucp_request_param_t rp{};
+  rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  rp.cb.send = send_cb;
+  rp.user_data = buf;
+  rp.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
+  ucs_status_ptr_t r = ucp_am_send_nbx(p.ep, am_id, nullptr, 0, buf->data(), buf->size(), &rp);
+  if (!UCS_PTR_IS_PTR(r)) delete buf;  // done (or failed: the endpoint error handler reports it)
+}
+
+void kv_engine::on_flush_done(peer_id id, transfer_id tid, int stage, int status) {
+  if (destroying_) return;
+  auto it = peers_.find(id);
+  if (it == peers_.end()) return;
+  auto& p = it->second;
+  if (status != UCS_OK) {
+    // A failed flush says nothing about which writes landed: only closing the endpoint does,
+    // so the table learns of it as a peer failure (released on close), never as put_failed.
+    if (stage == 1) p.hello_flushed = true;
+    if (p.closing) return;
+    if (p.failed)
+      maybe_ready(id, p);
+    else
+      peer_failed(id, p, fmt::format("KV peer '{}' ({}:{}): flush failed: {}", p.node, p.ip, p.port,
+                                     ucs_status_string(ucs_status_t(status))));
+    return;
+  }
+  if (stage != 0) {
+    (stage == 1 ? p.hello_flushed : p.data_flushed) = true;
+    maybe_ready(id, p);
+    return;
+  }
+  later([this, tid] { table_.on_put_complete(tid, true, ""); });
+}
+
+void kv_engine::maybe_ready(peer_id id, peer& p) {
+  if (!p.hello_flushed || p.closing) return;
+  if (p.failed) {
+    if (!p.fail_message.empty()) {
+      std::string why = std::move(p.fail_message);
+      p.fail_message.clear();
+      later([this, id, why] { table_.on_peer_failed(id, why); });
+    }
+    return;
+  }
+  if (p.hello_received && p.data_flushed && !p.ready_reported) {
+    p.ready_reported = true;
+    later([this, id] { table_.on_peer_ready(id); });
+  }
+}
+
+void kv_engine::peer_failed(peer_id id, peer& p, const std::string& why) {
+  if (p.failed) return;
+  p.failed = true;
+  last_peer_error_ = why;
+  // Report once our hello is out, so the peer reads our identity before the endpoint closes.
+  p.fail_message = why;
+  if (!p.ep) p.hello_flushed = true;
+  maybe_ready(id, p);
+}
+
+void kv_engine::on_conn_request(ucp_conn_request_h req) { conn_requests_.push_back(req); }
+
+void kv_engine::on_ep_error(ucp_ep_h ep, int status) {
+  if (destroying_) return;
+  auto id = peer_of(ep);
+  if (!id) return;
+  auto& p = peers_[*id];
+  if (p.closing) return;
+  peer_failed(*id, p, fmt::format("KV peer '{}' disconnected: {}; the node is down or unreachable",
+                                  p.node.empty() ? p.ip : p.node, ucs_status_string(ucs_status_t(status))));
+  p.hello_flushed = true;  // nothing more will flush on a failed endpoint
+  maybe_ready(*id, p);
+}
+
+void kv_engine::on_am(unsigned am_id, ucp_ep_h reply_ep, const void* data, size_t length) {
+  if (destroying_) return;
+  auto id = peer_of(reply_ep);
+  if (!id) return;
+  peer_id pid = *id;
+  auto& p = peers_[pid];
+  if (p.closing || p.failed) return;
+  auto bytes = static_cast<const uint8_t*>(data);
+  try {
+    if (am_id == am_hello) {
+      kv_hello h = decode_hello(bytes, length);
+      p.node = h.id.node;
+      if (std::string why = check_compatible(identity_, h.id); !why.empty()) {
+        peer_failed(pid, p, why);
+        return;
+      }
+      connect_data(pid, p, h.worker_address);
+      if (!p.data_ep) return;
+      ucs_status_t s = ucp_ep_rkey_unpack(p.data_ep, h.rkey.data(), &p.rkey);
+      if (s != UCS_OK) {
+        peer_failed(pid, p, fmt::format("unpacking the rkey of KV peer '{}' failed: {}; the peers need a common "
+                                        "transport (UCX_TLS)",
+                                        p.node, ucs_status_string(s)));
+        return;
+      }
+      p.remote_base = h.pool_base;
+      p.remote_pages = h.n_pages;
+      p.hello_received = true;
+      maybe_ready(pid, p);
+    } else if (am_id == am_descriptors) {
+      if (length < 12) throw tandem::error("short KV descriptor message");
+      transfer_id tid;
+      uint32_t n;
+      std::memcpy(&tid, bytes, 8);
+      std::memcpy(&n, bytes + 8, 4);
+      if (length != 12 + size_t(n) * 4) throw tandem::error("malformed KV descriptor message");
+      std::vector<int32_t> pages(n);
+      if (n) std::memcpy(pages.data(), bytes + 12, size_t(n) * 4);
+      later([this, pid, tid, pages = std::move(pages)]() mutable { table_.on_descriptors(pid, tid, std::move(pages)); });
+    } else if (am_id == am_notify) {
+      if (length != 9) throw tandem::error("malformed KV notification");
+      transfer_id tid;
+      std::memcpy(&tid, bytes, 8);
+      auto kind = notify_kind(bytes[8]);
+      if (bytes[8] > uint8_t(notify_kind::cancel)) throw tandem::error("unknown KV notification kind");
+      later([this, pid, tid, kind] { table_.on_notify(pid, tid, kind); });
+    }
+  } catch (const std::exception& e) {
+    peer_failed(pid, p, fmt::format("KV peer '{}': {}", p.node, e.what()));
+  }
+}
+
+fault_decision kv_engine::fault(fault_point fp, transfer_id id, notify_kind k) const {
+  return options_.faults ? options_.faults(fp, id, k) : fault_decision{};
+}
+
+void kv_engine::connect(peer_id id) {
+  auto it = peers_.find(id);
+  if (it == peers_.end()) {
+    later([this, id] { table_.on_peer_failed(id, fmt::format("unknown KV peer {}", id)); });
+    return;
+  }
+  auto& p = it->second;
+  if (p.ready_reported && !p.closing) {
+    later([this, id] { table_.on_peer_ready(id); });
+    return;
+  }
+  if (p.ep) return;  // handshake in progress: maybe_ready reports
+  if (!p.dialable) {
+    later([this, id] { table_.on_peer_failed(id, fmt::format("KV peer {} is not connected; it must dial again", id)); });
+    return;
+  }
+  create_ep(id, p, nullptr);
+}
+
+void kv_engine::send_descriptors(peer_id peer, transfer_id id, const std::vector<int32_t>& dst_pages) {
+  auto d = fault(fault_point::descriptors, id, notify_kind::started);
+  if (d.action == fault_action::drop || d.action == fault_action::fail) return;
+  std::vector<uint8_t> msg(12 + dst_pages.size() * 4);
+  uint32_t n = uint32_t(dst_pages.size());
+  std::memcpy(msg.data(), &id, 8);
+  std::memcpy(msg.data() + 8, &n, 4);
+  if (n) std::memcpy(msg.data() + 12, dst_pages.data(), size_t(n) * 4);
+  auto send = [this, peer, msg = std::move(msg)]() mutable {
+    auto it = peers_.find(peer);
+    if (it != peers_.end() && it->second.ep && !it->second.closing) send_am(it->second, am_descriptors, std::move(msg));
+  };
+  if (d.action == fault_action::delay)
+    delayed_.emplace(clock_.now_ms() + d.delay_ms, std::move(send));
+  else
+    send();
+}
+
+void kv_engine::notify(peer_id peer, transfer_id id, notify_kind kind) {
+  auto d = fault(fault_point::notify, id, kind);
+  if (d.action == fault_action::drop || d.action == fault_action::fail) return;
+  if (d.action == fault_action::delay)
+    delayed_.emplace(clock_.now_ms() + d.delay_ms, [this, peer, id, kind] { do_notify(peer, id, kind); });
+  else
+    do_notify(peer, id, kind);
+}
+
+void kv_engine::do_notify(peer_id peer, transfer_id id, notify_kind kind) {
+  auto it = peers_.find(peer);
+  if (it == peers_.end() || !it->second.ep || it->second.closing || it->second.failed) return;
+  std::vector<uint8_t> msg(9);
+  std::memcpy(msg.data(), &id, 8);
+  msg[8] = uint8_t(kind);
+  send_am(it->second, am_notify, std::move(msg));
+}
+
+void kv_engine::put_pages(peer_id peer, transfer_id id, const std::vector<int32_t>& src_pages,
+                          const std::vector<int32_t>& dst_pages) {
+  auto d = fault(fault_point::put, id, notify_kind::started);
+  if (d.action == fault_action::drop) return;  // never completes: the table's deadline handles it
+  if (d.action == fault_action::fail) {
+    later([this, id] { table_.on_put_complete(id, false, "injected put failure"); });
+    return;
+  }
+  if (d.action == fault_action::delay) {
+    delayed_.emplace(clock_.now_ms() + d.delay_ms,
+                     [this, peer, id, src_pages, dst_pages] { do_put(peer, id, src_pages, dst_pages); });
+    return;
+  }
+  do_put(peer, id, src_pages, dst_pages);
+}
+
+void kv_engine::do_put(peer_id peer, transfer_id id, std::vector<int32_t> src, std::vector<int32_t> dst) {
+  auto it = peers_.find(peer);
+  if (it == peers_.end() || !it->second.data_ep || !it->second.rkey || it->second.closing || it->second.failed) {
+    // Nothing was issued, so nothing can land: a plain failure.
+    later([this, id] { table_.on_put_complete(id, false, "the KV peer is not connected"); });
+    return;
+  }
+  auto& p = it->second;
+  for (size_t i = 0; i < src.size(); ++i) {
+    if (src[i] < 0 || src[i] >= pool_->n_pages() || dst[i] < 0 || dst[i] >= p.remote_pages) {
+      std::string why = fmt::format("page {} -> {} is outside the pools ({} local, {} remote pages)", src[i], dst[i],
+                                    pool_->n_pages(), p.remote_pages);
+      later([this, id, why] { table_.on_put_complete(id, false, why); });
+      return;
+    }
+  }
+  const size_t page_bytes = pool_->layout().page_bytes();
+  ucp_request_param_t rp{};  // no callback: completion is learnt from the flush below
+  auto put = [&](const uint8_t* local, uint64_t remote, size_t len) -> bool {
+    ucs_status_ptr_t r = ucp_put_nbx(p.data_ep, local, len, remote, p.rkey, &rp);
+    ++puts_issued_;
+    if (UCS_PTR_IS_ERR(r)) return false;
+    if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);  // released by UCX when it completes
+    return true;
+  };
+  bool ok = true;
+  if (options_.mode == put_mode::batched) {
+    // Coalesce runs of consecutive source and destination pages into one put each.
+    for (size_t i = 0; i < src.size() && ok;) {
+      size_t j = i + 1;
+      while (j < src.size() && src[j] == src[j - 1] + 1 && dst[j] == dst[j - 1] + 1) ++j;
+      ok = put(pool_->page_data(src[i]), p.remote_base + uint64_t(dst[i]) * page_bytes, (j - i) * page_bytes);
+      i = j;
+    }
+  } else {
+    const size_t layer_bytes = 2 * pool_->layout().layer_floats() * sizeof(float);
+    for (int32_t l = 0; l < pool_->layout().n_layers && ok; ++l)
+      for (size_t i = 0; i < src.size() && ok; ++i)
+        ok = put(pool_->page_data(src[i]) + l * layer_bytes,
+                 p.remote_base + uint64_t(dst[i]) * page_bytes + l * layer_bytes, layer_bytes);
+  }
+  if (!ok) {
+    // Some puts may be in flight: only closing the endpoint makes the pages safe again.
+    peer_failed(peer, p, fmt::format("KV peer '{}': ucp_put_nbx failed", p.node));
+    return;
+  }
+  // Remote completion of every put, then (on_flush_done) the notification.
+  flush(peer, p.data_ep, id, 0);
+}
+
+void kv_engine::close_peer(peer_id id) {
+  auto it = peers_.find(id);
+  if (it == peers_.end()) {
+    if (!destroying_) later([this, id] { table_.on_peer_closed(id); });
+    return;
+  }
+  auto& p = it->second;
+  if (p.closing) return;
+  p.closing = true;
+  ucp_request_param_t rp{};
+  rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  rp.flags = UCP_EP_CLOSE_FLAG_FORCE;  // abort in-flight puts: after this nothing more lands
+  // The rkey belongs to the data endpoint: destroy it before the endpoint goes.
+  if (p.rkey) ucp_rkey_destroy(p.rkey);
+  p.rkey = nullptr;
+  for (auto [ep, req] : {std::pair{&p.ep, &p.close_request}, std::pair{&p.data_ep, &p.data_close_request}}) {
+    if (!*ep) continue;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(*ep, &rp);
+    if (UCS_PTR_IS_PTR(r)) *req = r;
+  }
+  if (!p.close_request && !p.data_close_request) finish_close(id, p);
+}
+
+void kv_engine::finish_close(peer_id id, peer& p) {
+  p.ep = nullptr;
+  p.data_ep = nullptr;
+  if (destroying_) return;
+  if (p.dialable) {
+    // Keep the address so a later transfer can dial again.
+    std::string ip = p.ip;
+    uint16_t port = p.port;
+    p = peer{};
+    p.ip = ip;
+    p.port = port;
+    p.dialable = true;
+  } else {
+    peers_.erase(id);
+  }
+  later([this, id] { table_.on_peer_closed(id); });
+}
+
+bool kv_engine::progress() {
+  bool any = ucp_worker_progress(worker_) > 0;
+  while (!conn_requests_.empty()) {
+    ucp_conn_request_h req = conn_requests_.front();
+    conn_requests_.pop_front();
+    any = true;
+    if (peers_.size() >= options_.max_peers) {
+      ucp_listener_reject(listener_, req);
+      continue;
+    }
+    peer_id id = next_peer_++;
+    create_ep(id, peers_[id], req);
+  }
+  std::vector<peer_id> closed;
+  for (auto& [id, p] : peers_) {
+    if (!p.close_request && !p.data_close_request) continue;
+    for (void** r : {&p.close_request, &p.data_close_request})
+      if (*r && ucp_request_check_status(*r) != UCS_INPROGRESS) {
+        ucp_request_free(*r);
+        *r = nullptr;
+      }
+    if (!p.close_request && !p.data_close_request) closed.push_back(id);
+  }
+  for (peer_id id : closed) finish_close(id, peers_[id]);
+  int64_t now = clock_.now_ms();
+  while (!delayed_.empty() && delayed_.begin()->first <= now) {
+    auto f = std::move(delayed_.begin()->second);
+    delayed_.erase(delayed_.begin());
+    f();
+    any = true;
+  }
+  while (!events_.empty()) {
+    auto batch = std::move(events_);
+    events_.clear();
+    for (auto& f : batch) f();
+    any = true;
+  }
+  table_.tick();
+  return any;
+}
+
+}  // namespace tandem::ucx

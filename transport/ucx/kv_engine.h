@@ -1,0 +1,173 @@
+#pragma once
+/// KV page transfer engine over UCX: registers the KV pool once, runs the layout handshake
+/// over active messages, writes pages with ucp_put_nbx and notifies the destination after a
+/// flush. It is the `transfer_transport` of its own `transfer_table`, so the state machine,
+/// deadlines, quarantine and metrics are those of transfer_state.h.
+///
+/// Single-threaded: the owner calls progress() from one thread (an actor's loop); every table
+/// event is delivered from there. Peers either connect to us (listen) or are dialled
+/// (add_peer); a peer is named by the node name it sends in its handshake.
+///
+/// Two endpoints per peer: a control endpoint (the sockaddr connection: handshake and
+/// messages) and a data endpoint dialled to the worker address the peer sent in its hello,
+/// for the puts; UCX connects that one with every transport it has (shared memory on one
+/// host), while a sockaddr endpoint gets only the connection manager's tcp.
+///
+/// Protocol (active messages, eager, small):
+///   hello        both sides, first on a new endpoint, then flushed (UCX #6872: a large send
+///                on an unflushed new endpoint can stall): identity, pool base, packed rkey
+///   descriptors  destination -> source: transfer id + destination page ids (the addresses are
+///                pool_base + page * page_bytes of the hello; the rkey is the peer's)
+///   notify       either way: transfer id + notify_kind (done/failed only after a flush)
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "actors/common/clock.h"
+#include "kernels/model/kv_pool.h"
+#include "transport/ucx/kv_handshake.h"
+#include "transport/ucx/transfer_state.h"
+
+// Opaque UCX handles (ucp/api/ucp_def.h), so users need not include UCX headers.
+typedef struct ucp_context* ucp_context_h;
+typedef struct ucp_worker* ucp_worker_h;
+typedef struct ucp_ep* ucp_ep_h;
+typedef struct ucp_mem* ucp_mem_h;
+typedef struct ucp_rkey* ucp_rkey_h;
+typedef struct ucp_listener* ucp_listener_h;
+typedef struct ucp_conn_request* ucp_conn_request_h;
+
+namespace tandem::ucx {
+
+/// How the source issues the puts of a transfer.
+enum class put_mode : uint8_t {
+  batched,   ///< one put per run of consecutive pages, all at once
+  per_layer, ///< one put per (layer, page): the granularity of streaming layer by layer
+};
+
+struct engine_options {
+  /// UCX transports (UCX_TLS); empty = UCX's default (or the UCX_TLS environment variable).
+  /// Listening needs `tcp` in the list (the sockaddr connection manager); inside network
+  /// namespaces use "tcp" alone (shared memory transports cannot see the peer).
+  std::string tls;
+  put_mode mode = put_mode::batched;
+  transfer_limits limits;
+  size_t max_peers = 64;  ///< endpoints; more incoming connections are rejected
+  fault_hook faults;      ///< tests inject drops, delays and failures here
+};
+
+class kv_engine final : public transfer_transport {
+ public:
+  /// Registers `pool` (and only it) for remote writes. Throws tandem::error naming the fix.
+  /// Memory UCX did not allocate is reachable over tcp (and RDMA), but not by the shared
+  /// memory transports: use the other constructor where peers share a host.
+  kv_engine(const cluster_clock& clock, kv_pool& pool, kv_identity identity, engine_options options,
+            transfer_table::release_fn release);
+  /// Allocates the KV pool (`n_pages` of identity.layout, zeroed) in memory UCX allocates and
+  /// registers (shared memory segments), so a peer on the same host writes it with plain
+  /// memory copies. The pool is pool(); it lives as long as the engine.
+  kv_engine(const cluster_clock& clock, int32_t n_pages, kv_identity identity, engine_options options,
+            transfer_table::release_fn release);
+  ~kv_engine() override;
+  kv_engine(const kv_engine&) = delete;
+  kv_engine& operator=(const kv_engine&) = delete;
+
+  /// Accept connections on ip:port (0 = any free port); returns the bound port.
+  uint16_t listen(const std::string& ip, uint16_t port = 0);
+  /// Declare a peer to dial at ip:port; it is connected when the table first needs it.
+  peer_id add_peer(const std::string& ip, uint16_t port);
+  /// The id of the connected peer whose handshake named it `node`.
+  std::optional<peer_id> peer_named(const std::string& node) const;
+  /// True once the handshake with `peer` completed in both directions.
+  bool peer_ready(peer_id peer) const;
+
+  kv_pool& pool() { return *pool_; }
+  transfer_table& table() { return table_; }
+  const transfer_table& table() const { return table_; }
+  /// Progress UCX, deliver completions to the table, check deadlines. Returns true if
+  /// anything happened (callers may back off when it returns false).
+  bool progress();
+
+  /// Why the last peer failed (handshake mismatch, connection error), for logs and tests.
+  const std::string& last_peer_error() const { return last_peer_error_; }
+  uint64_t puts_issued() const { return puts_issued_; }
+
+  // transfer_transport
+  void connect(peer_id peer) override;
+  void send_descriptors(peer_id peer, transfer_id id, const std::vector<int32_t>& dst_pages) override;
+  void put_pages(peer_id peer, transfer_id id, const std::vector<int32_t>& src_pages,
+                 const std::vector<int32_t>& dst_pages) override;
+  void notify(peer_id peer, transfer_id id, notify_kind kind) override;
+  void close_peer(peer_id peer) override;
+
+  // UCX callbacks (C linkage trampolines in the .cpp call these).
+  void on_am(unsigned am_id, ucp_ep_h reply_ep, const void* data, size_t length);
+  void on_conn_request(ucp_conn_request_h req);
+  void on_ep_error(ucp_ep_h ep, int status);
+  /// stage: 0 = puts of `id`, 1 = the hello on the control endpoint, 2 = the new data endpoint
+  void on_flush_done(peer_id peer, transfer_id id, int stage, int status);
+
+ private:
+  struct peer {
+    ucp_ep_h ep = nullptr;       ///< control: handshake, descriptors, notifications
+    ucp_ep_h data_ep = nullptr;  ///< puts; its rkey is `rkey`
+    bool data_flushed = false;
+    void* data_close_request = nullptr;
+    std::string ip;
+    uint16_t port = 0;
+    bool dialable = false;
+    bool hello_flushed = false;
+    bool hello_received = false;
+    bool ready_reported = false;
+    bool failed = false;
+    std::string fail_message;  ///< reported once our hello is flushed
+    bool closing = false;
+    void* close_request = nullptr;
+    ucp_rkey_h rkey = nullptr;
+    uint64_t remote_base = 0;
+    int32_t remote_pages = 0;
+    std::string node;
+  };
+
+  void init(int32_t alloc_pages);
+  void create_ep(peer_id id, peer& p, ucp_conn_request_h req);
+  void send_hello(peer_id id, peer& p);
+  void send_am(peer& p, unsigned am_id, std::vector<uint8_t> bytes);
+  void peer_failed(peer_id id, peer& p, const std::string& why);
+  void maybe_ready(peer_id id, peer& p);
+  void finish_close(peer_id id, peer& p);
+  bool flush(peer_id id, ucp_ep_h ep, transfer_id tid, int stage);
+  void connect_data(peer_id id, peer& p, const std::vector<uint8_t>& address);
+  std::optional<peer_id> peer_of(ucp_ep_h ep) const;
+  void later(std::function<void()> f) { events_.push_back(std::move(f)); }
+  fault_decision fault(fault_point p, transfer_id id, notify_kind k) const;
+  void do_put(peer_id peer, transfer_id id, std::vector<int32_t> src, std::vector<int32_t> dst);
+  void do_notify(peer_id peer, transfer_id id, notify_kind kind);
+
+  const cluster_clock& clock_;
+  kv_pool* pool_ = nullptr;
+  std::unique_ptr<kv_pool> owned_pool_;  ///< the second constructor's pool, in UCX memory
+  kv_identity identity_;
+  engine_options options_;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  ucp_mem_h memh_ = nullptr;
+  ucp_listener_h listener_ = nullptr;
+  std::map<peer_id, peer> peers_;
+  peer_id next_peer_ = 1;
+  std::deque<ucp_conn_request_h> conn_requests_;
+  std::vector<std::function<void()>> events_;
+  std::multimap<int64_t, std::function<void()>> delayed_;
+  std::string last_peer_error_;
+  uint64_t puts_issued_ = 0;
+  bool destroying_ = false;  ///< the destructor drains UCX without telling the table
+  std::unique_ptr<std::pair<kv_engine*, unsigned>[]> am_args_;  ///< handler args, one per message id
+  transfer_table table_;
+};
+
+}  // namespace tandem::ucx
