@@ -1,9 +1,46 @@
-// tandem bench (placeholder until its owner lands it).
+// tandem bench <mode>: dispatch to one benchmark. Add a mode by adding a row to `modes`
+// and its function to bench_modes.h (cache, serve and transfer are still to come).
+#include <cstdio>
+#include <string>
+
 #include "actors/common/error.h"
+#include "tools/tandem/bench_modes.h"
 #include "tools/tandem/commands.h"
 
 namespace tandem::cli {
 
-int bench(args) { throw tandem::error(error_kind::unimplemented, "tandem bench is not implemented yet"); }
+namespace {
+
+struct mode {
+  const char* name;
+  int (*run)(args);
+  const char* help;
+};
+
+constexpr mode modes[] = {
+    {"model", bench_model, "prefill/decode tokens/s of a GGUF model vs measured bandwidth and FMA peak"},
+    {"control-plane", bench_control_plane, "CPU us per generated token of router/schedulers/streaming (null model)"},
+};
+
+void usage() {
+  std::printf("usage: tandem bench <mode> [options]\n\nmodes:\n");
+  for (const mode& m : modes) std::printf("  %-14s %s\n", m.name, m.help);
+  std::printf("\nrun 'tandem bench <mode> --help' for the options of a mode\n");
+}
+
+}  // namespace
+
+int bench(args a) {
+  if (a.empty() || a[0] == "--help" || a[0] == "-h") {
+    usage();
+    return a.empty() ? 2 : 0;
+  }
+  for (const mode& m : modes)
+    if (a[0] == m.name) return m.run(a.subspan(1));
+  std::string names;
+  for (const mode& m : modes) names += std::string(names.empty() ? "" : ", ") + m.name;
+  throw tandem::error(error_kind::unimplemented,
+                      "unknown bench mode '" + a[0] + "'; available: " + names);
+}
 
 }  // namespace tandem::cli
