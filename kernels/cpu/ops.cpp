@@ -719,11 +719,89 @@ namespace {
 
 // One (token, head) row of attention: scores over positions [0, len), softmax, weighted sum
 // of V. Its arithmetic depends only on its own inputs, so any split of rows gives the same bits.
+// 16 dot products at once with, for each, exactly dot_avx512's arithmetic: the same two
+// accumulators over k, then the hsum16 tree (lanes i+8, then i+4, then i+2, then i+1) run
+// as a transpose network over the 16 accumulators instead of 16 separate reductions.
+// n must be a multiple of 16 (dot_avx512's tail is then empty and adds +0.0f).
+TANDEM_AVX512 void dot16_avx512(const float* a, const float* const* rows, int64_t n, float* out) {
+  __m512 A[16];
+  for (int j = 0; j < 16; ++j) {
+    const float* b = rows[j];
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 32 <= n; k += 32) {
+      s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k), _mm512_loadu_ps(b + k), s0);
+      s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k + 16), _mm512_loadu_ps(b + k + 16), s1);
+    }
+    for (; k + 16 <= n; k += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k), _mm512_loadu_ps(b + k), s0);
+    A[j] = _mm512_add_ps(s0, s1);
+  }
+  __m512 B[8], C[4], D[2];
+  for (int m = 0; m < 8; ++m)  // lane i + lane i+8: B[m] = [v(A[2m]) | v(A[2m+1])]
+    B[m] = _mm512_add_ps(_mm512_shuffle_f32x4(A[2 * m], A[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(A[2 * m], A[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  for (int m = 0; m < 4; ++m)  // + lane i+4: quarter q of C[m] is h of A[4m+q]
+    C[m] = _mm512_add_ps(_mm512_shuffle_f32x4(B[2 * m], B[2 * m + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(B[2 * m], B[2 * m + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  for (int m = 0; m < 2; ++m)  // + lane i+2: quarter q of D[m] = [g(A[8m+q]), g(A[8m+4+q])]
+    D[m] = _mm512_add_ps(_mm512_shuffle_ps(C[2 * m], C[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(C[2 * m], C[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  // + lane i+1: lane 4q + j of E is the sum of A[4j + q].
+  const __m512 E = _mm512_add_ps(_mm512_shuffle_ps(D[0], D[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_ps(D[0], D[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  alignas(64) float t[16];
+  _mm512_store_ps(t, E);
+  for (int q = 0; q < 4; ++q)
+    for (int j = 0; j < 4; ++j) out[4 * j + q] = t[4 * q + j] + 0.0f;
+}
+
+// out[0, n) = sum_p att[p] * rows[p][0, n): per element the same FMA chain as repeated
+// axpy_avx512 calls, with the running sums kept in registers (n a multiple of 16).
+TANDEM_AVX512 void weighted_sum_avx512(const float* att, const float* const* rows, int64_t len, int64_t n,
+                                       float* out) {
+  int64_t c = 0;
+  for (; c + 64 <= n; c += 64) {
+    __m512 y0 = _mm512_setzero_ps(), y1 = y0, y2 = y0, y3 = y0;
+    for (int64_t p = 0; p < len; ++p) {
+      const __m512 a = _mm512_set1_ps(att[p]);
+      const float* v = rows[p] + c;
+      y0 = _mm512_fmadd_ps(a, _mm512_loadu_ps(v), y0);
+      y1 = _mm512_fmadd_ps(a, _mm512_loadu_ps(v + 16), y1);
+      y2 = _mm512_fmadd_ps(a, _mm512_loadu_ps(v + 32), y2);
+      y3 = _mm512_fmadd_ps(a, _mm512_loadu_ps(v + 48), y3);
+    }
+    _mm512_storeu_ps(out + c, y0);
+    _mm512_storeu_ps(out + c + 16, y1);
+    _mm512_storeu_ps(out + c + 32, y2);
+    _mm512_storeu_ps(out + c + 48, y3);
+  }
+  for (; c < n; c += 16) {
+    __m512 y = _mm512_setzero_ps();
+    for (int64_t p = 0; p < len; ++p) y = _mm512_fmadd_ps(_mm512_set1_ps(att[p]), _mm512_loadu_ps(rows[p] + c), y);
+    _mm512_storeu_ps(out + c, y);
+  }
+}
+
 void attention_row(const float* qh, int64_t len, int kvh, const kv_pool& pool, int32_t layer,
-                   std::span<const int32_t> pages, float* oh, float* att, cpu_isa isa) {
+                   std::span<const int32_t> pages, float* oh, float* att, cpu_isa isa,
+                   std::vector<const float*>& rows) {
   const kv_layout& L = pool.layout();
   const int hd = L.head_dim, n_kv = L.n_kv_heads, ps = L.page_size;
   const float scale = 1.0f / std::sqrt(float(hd));
+  if (isa == cpu_isa::avx512 && hd % 16 == 0) {
+    // Same bits as the generic loop below with dot()/axpy() on this path.
+    rows.resize(size_t(len));
+    for (int64_t p = 0; p < len; ++p)
+      rows[size_t(p)] = pool.k(pages[size_t(p / ps)], layer) + (size_t(p % ps) * n_kv + kvh) * hd;
+    int64_t p = 0;
+    for (; p + 16 <= len; p += 16) dot16_avx512(qh, rows.data() + p, hd, att + p);
+    for (; p < len; ++p) att[p] = dot_avx512(qh, rows[size_t(p)], hd);
+    for (p = 0; p < len; ++p) att[p] *= scale;
+    softmax(att, size_t(len));
+    for (p = 0; p < len; ++p) rows[size_t(p)] += L.layer_floats();  // V sits right after K
+    weighted_sum_avx512(att, rows.data(), len, hd, oh);
+    return;
+  }
   for (int64_t p = 0; p < len; ++p) {
     const float* kp = pool.k(pages[size_t(p / ps)], layer) + (size_t(p % ps) * n_kv + kvh) * hd;
     att[p] = dot(qh, kp, hd, isa) * scale;
@@ -771,6 +849,7 @@ void paged_attention_batch(std::span<const attention_seq> seqs, int n_heads, con
   // in length, so contiguous chunks of indices get about the same work.
   auto run = [&](int64_t i0, int64_t i1) {
     std::vector<float> att(static_cast<size_t>(max_ctx));
+    std::vector<const float*> kv_rows;
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t r = i % 2 == 0 ? i / 2 : rows - 1 - i / 2;
       const size_t s = size_t(std::upper_bound(first.begin(), first.end(), r) - first.begin()) - 1;
@@ -778,7 +857,7 @@ void paged_attention_batch(std::span<const attention_seq> seqs, int n_heads, con
       const int64_t t = (r - first[s]) / n_heads;
       const int h = int((r - first[s]) % n_heads);
       attention_row(q.q + (t * n_heads + h) * hd, int64_t(q.pos0) + t + 1, h / group, pool, layer, q.pages,
-                    q.out + (t * n_heads + h) * hd, att.data(), isa);
+                    q.out + (t * n_heads + h) * hd, att.data(), isa, kv_rows);
     }
   };
   // A handful of short rows is cheaper than waking the workers.

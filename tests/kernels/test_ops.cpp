@@ -455,3 +455,39 @@ TEST_CASE("ops: batched paged attention equals per-sequence calls on every isa p
     CHECK(nmse(alone[0], refd) < 1e-10);
   }
 }
+
+TEST_CASE("ops: attention rows on every isa path equal dot + softmax + axpy of that path, bit for bit") {
+  // head_dim 64 takes the avx512 16-positions-at-once path; its reduction network must give
+  // exactly dot()'s bits, or a position would change value with the context length.
+  for (int hd : {64, 48, 40}) {
+    kv_layout L{.n_layers = 1, .n_kv_heads = 2, .head_dim = hd, .page_size = 16};
+    kv_pool pool(L, 4);
+    const auto kv = random_floats(pool.bytes() / 4, 50);
+    std::memcpy(pool.page_data(0), kv.data(), pool.bytes());
+    const std::vector<int32_t> pages = {2, 0, 3, 1};
+    const int n_heads = 4;
+    for (int64_t len : {1, 15, 16, 17, 40}) {
+      const auto q = random_floats(size_t(n_heads * hd), 51 + uint64_t(len));
+      for (cpu_isa isa : runnable_isas()) {
+        CAPTURE(hd);
+        CAPTURE(len);
+        CAPTURE(cpu::to_string(isa));
+        std::vector<float> out(q.size()), scratch;
+        cpu::paged_attention(q.data(), 1, int32_t(len - 1), n_heads, pool, 0, pages, out.data(), scratch, nullptr, isa);
+        for (int h = 0; h < n_heads; ++h) {
+          const int kvh = h / 2;
+          std::vector<float> att(static_cast<size_t>(len)), o(static_cast<size_t>(hd), 0.0f);
+          for (int64_t p = 0; p < len; ++p)
+            att[size_t(p)] = cpu::dot(q.data() + h * hd, pool.k(pages[size_t(p / 16)], 0) + (size_t(p % 16) * 2 + kvh) * hd,
+                                      hd, isa) *
+                             (1.0f / std::sqrt(float(hd)));
+          cpu::softmax(att.data(), att.size());
+          for (int64_t p = 0; p < len; ++p)
+            cpu::axpy(att[size_t(p)], pool.v(pages[size_t(p / 16)], 0) + (size_t(p % 16) * 2 + kvh) * hd, o.data(), hd,
+                      isa);
+          REQUIRE(std::memcmp(o.data(), out.data() + h * hd, size_t(hd) * 4) == 0);
+        }
+      }
+    }
+  }
+}
