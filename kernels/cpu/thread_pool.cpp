@@ -1,6 +1,7 @@
 #include "kernels/cpu/thread_pool.h"
 
 #include <chrono>
+#include <thread>
 
 namespace tandem::cpu {
 
@@ -27,6 +28,9 @@ bool spin_for(int32_t us, Pred pred) {
       cpu_relax();
     }
     if (std::chrono::steady_clock::now() >= until) return pred();
+    // On an oversubscribed machine the thread we wait for may be queued behind us on this
+    // core: give it the core (a cheap no-op when nothing else is runnable).
+    std::this_thread::yield();
   }
 }
 }  // namespace
