@@ -854,8 +854,10 @@ void paged_attention_batch(std::span<const attention_seq> seqs, int n_heads, con
       const int64_t r = i % 2 == 0 ? i / 2 : rows - 1 - i / 2;
       const size_t s = size_t(std::upper_bound(first.begin(), first.end(), r) - first.begin()) - 1;
       const attention_seq& q = seqs[s];
-      const int64_t t = (r - first[s]) / n_heads;
-      const int h = int((r - first[s]) % n_heads);
+      // Head-major within a sequence: consecutive rows share one head's K/V, which then
+      // stays in L2 across a prefill chunk's queries instead of cycling through all heads.
+      const int64_t t = (r - first[s]) % q.n_tokens;
+      const int h = int((r - first[s]) / q.n_tokens);
       attention_row(q.q + (t * n_heads + h) * hd, int64_t(q.pos0) + t + 1, h / group, pool, layer, q.pages,
                     q.out + (t * n_heads + h) * hd, att.data(), isa, kv_rows);
     }
