@@ -506,11 +506,16 @@ TANDEM_AVX512 void tile_avx512(const uint8_t* const* rows, int64_t k, const floa
 #pragma GCC unroll 8
     for (int b = 0; b < B; ++b) acc[r][b] = _mm512_setzero_ps();
   if constexpr (T == ggml_type::q8_0) {
+    // Batch 1: fetch the next tile's rows one tile ahead (see the f16/bf16/f32 branch below).
+    const int64_t ahead = B == 1 && R > 1 ? (rows[1] - rows[0]) * R : 0;
     for (int64_t i = 0; i < k16; i += q8_0_block) {
       __m512 d[R];
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r)
-        d[r] = _mm512_set1_ps(_cvtsh_ss((reinterpret_cast<const block_q8_0*>(rows[r]) + i / q8_0_block)->d));
+      for (int r = 0; r < R; ++r) {
+        const auto* blk = reinterpret_cast<const block_q8_0*>(rows[r]) + i / q8_0_block;
+        if (ahead != 0) _mm_prefetch(reinterpret_cast<const char*>(blk) + ahead, _MM_HINT_T0);
+        d[r] = _mm512_set1_ps(_cvtsh_ss(blk->d));
+      }
 #pragma GCC unroll 2
       for (int j = 0; j < q8_0_block; j += 16) {
         __m512 wv[R];
