@@ -36,7 +36,8 @@ std::vector<float> to_f32(const tensor_view& t) {
 
 class cpu_llama final : public llama_model {
  public:
-  cpu_llama(const llama_weights& w, const cpu_options& opt) : w_(w), opt_(opt), pool_(opt.threads) {
+  cpu_llama(const llama_weights& w, const cpu_options& opt)
+      : w_(w), opt_(opt), isa_(cpu::resolve_isa(opt.isa)), pool_(opt.threads) {
     const model_config& c = w_.config;
     if (opt.threads < 1 || opt.threads > 1024)
       throw tandem::error(fmt::format("cpu threads {} is out of range; use 1 to 1024", opt.threads));
@@ -82,12 +83,14 @@ class cpu_llama final : public llama_model {
  private:
   llama_weights w_;
   cpu_options opt_;
+  cpu_isa isa_;  // resolved once: a path this CPU runs
   cpu::thread_pool pool_;
   std::vector<float> output_norm_;
   std::vector<std::vector<float>> attn_norm_, ffn_norm_;
   // Scratch reused across calls (one model serves one executor thread).
-  std::vector<float> x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_, mm_scratch_, att_scratch_;
+  std::vector<float> x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_, mm_scratch_;
   std::vector<int32_t> tok_, pos_;
+  std::vector<cpu::attention_seq> attn_;
 };
 
 void cpu_llama::forward(std::span<const batch_seq> batch, kv_pool& pool, std::vector<float>& logits) {
@@ -147,12 +150,13 @@ void cpu_llama::forward(std::span<const batch_seq> batch, kv_pool& pool, std::ve
   for (int32_t l = 0; l < c.n_layer; ++l) {
     const auto& W = w_.layers[size_t(l)];
     cpu::rms_norm(x_.data(), attn_norm_[size_t(l)].data(), xn_.data(), T, e, c.rms_eps);
-    cpu::matmul(W.attn_q, xn_.data(), T, q_.data(), mm_scratch_, &pool_);
-    cpu::matmul(W.attn_k, xn_.data(), T, k_.data(), mm_scratch_, &pool_);
-    cpu::matmul(W.attn_v, xn_.data(), T, v_.data(), mm_scratch_, &pool_);
+    cpu::matmul(W.attn_q, xn_.data(), T, q_.data(), mm_scratch_, &pool_, isa_);
+    cpu::matmul(W.attn_k, xn_.data(), T, k_.data(), mm_scratch_, &pool_, isa_);
+    cpu::matmul(W.attn_v, xn_.data(), T, v_.data(), mm_scratch_, &pool_, isa_);
     cpu::rope(q_.data(), pos_.data(), T, c.n_head, c.head_dim, c.rope_freq_base);
     cpu::rope(k_.data(), pos_.data(), T, c.n_head_kv, c.head_dim, c.rope_freq_base);
     int64_t t0 = 0;
+    attn_.clear();
     for (const batch_seq& b : batch) {
       const int64_t n = int64_t(b.tokens.size());
       for (int64_t i = 0; i < n; ++i) {
@@ -163,18 +167,20 @@ void cpu_llama::forward(std::span<const batch_seq> batch, kv_pool& pool, std::ve
         std::memcpy(pool.v(page, l) + slot, v_.data() + (t0 + i) * kd, size_t(kd) * sizeof(float));
       }
       if (n > 0)
-        cpu::paged_attention(q_.data() + t0 * qd, n, b.pos, c.n_head, pool, l, b.pages, att_.data() + t0 * qd,
-                             att_scratch_);
+        attn_.push_back(cpu::attention_seq{
+            .q = q_.data() + t0 * qd, .n_tokens = n, .pos0 = b.pos, .pages = b.pages, .out = att_.data() + t0 * qd});
       t0 += n;
     }
-    cpu::matmul(W.attn_output, att_.data(), T, tmp_.data(), mm_scratch_, &pool_);
+    // Every sequence's attention in one fork-join (decode batches are many short rows).
+    cpu::paged_attention_batch(attn_, c.n_head, pool, l, &pool_, isa_);
+    cpu::matmul(W.attn_output, att_.data(), T, tmp_.data(), mm_scratch_, &pool_, isa_);
     for (int64_t i = 0; i < T * e; ++i) x_[size_t(i)] += tmp_[size_t(i)];
 
     cpu::rms_norm(x_.data(), ffn_norm_[size_t(l)].data(), xn_.data(), T, e, c.rms_eps);
-    cpu::matmul(W.ffn_gate, xn_.data(), T, gate_.data(), mm_scratch_, &pool_);
-    cpu::matmul(W.ffn_up, xn_.data(), T, up_.data(), mm_scratch_, &pool_);
-    cpu::swiglu(gate_.data(), up_.data(), gate_.data(), size_t(T * c.n_ff));
-    cpu::matmul(W.ffn_down, gate_.data(), T, tmp_.data(), mm_scratch_, &pool_);
+    cpu::matmul(W.ffn_gate, xn_.data(), T, gate_.data(), mm_scratch_, &pool_, isa_);
+    cpu::matmul(W.ffn_up, xn_.data(), T, up_.data(), mm_scratch_, &pool_, isa_);
+    cpu::swiglu(gate_.data(), up_.data(), gate_.data(), size_t(T * c.n_ff), &pool_);
+    cpu::matmul(W.ffn_down, gate_.data(), T, tmp_.data(), mm_scratch_, &pool_, isa_);
     for (int64_t i = 0; i < T * e; ++i) x_[size_t(i)] += tmp_[size_t(i)];
   }
 
@@ -189,7 +195,7 @@ void cpu_llama::forward(std::span<const batch_seq> batch, kv_pool& pool, std::ve
     }
   }
   cpu::rms_norm(xn_.data(), output_norm_.data(), xn_.data(), r, e, c.rms_eps);
-  cpu::matmul(w_.output, xn_.data(), r, logits.data(), mm_scratch_, &pool_);
+  cpu::matmul(w_.output, xn_.data(), r, logits.data(), mm_scratch_, &pool_, isa_);
 }
 
 }  // namespace

@@ -2,7 +2,13 @@
 #include "kernels/cpu/thread_pool.h"
 
 #include <fmt/format.h>
+// GCC 12's AVX-512 headers self-initialise their "undefined" vectors (GCC bug 105593), which
+// -Wuninitialized flags once inlined; the state applies to the header's own lines.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 
 #include <algorithm>
 #include <cmath>
@@ -22,6 +28,50 @@ bool has_avx2_fma() {
 bool has_f16c() {
   static const bool ok = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
   return ok;
+}
+bool has_avx512() {
+  static const bool ok = __builtin_cpu_supports("avx512f") && has_avx2_fma() && has_f16c();
+  return ok;
+}
+
+#define TANDEM_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
+
+TANDEM_AVX512 float hsum16(__m512 s) {
+  const __m256 lo = _mm512_castps512_ps256(s);
+  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1));
+  const __m256 v = _mm256_add_ps(lo, hi);
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  return _mm_cvtss_f32(h);
+}
+
+TANDEM_AVX512 float dot_avx512(const float* a, const float* b, int64_t n) {
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 32 <= n; k += 32) {
+    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k), _mm512_loadu_ps(b + k), s0);
+    s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k + 16), _mm512_loadu_ps(b + k + 16), s1);
+  }
+  for (; k + 16 <= n; k += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k), _mm512_loadu_ps(b + k), s0);
+  float r = hsum16(_mm512_add_ps(s0, s1));
+  float tail = 0.0f;
+  for (; k < n; ++k) tail = std::fma(a[k], b[k], tail);
+  return r + tail;
+}
+
+TANDEM_AVX512 void axpy_avx512(float a, const float* x, float* y, int64_t n) {
+  const __m512 av = _mm512_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] = std::fma(a, x[i], y[i]);
+}
+
+__attribute__((target("avx2,fma"))) void axpy_avx2(float a, const float* x, float* y, int64_t n) {
+  const __m256 av = _mm256_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] = std::fma(a, x[i], y[i]);
 }
 
 float dot_generic(const float* a, const float* b, int64_t n) {
@@ -62,6 +112,16 @@ __attribute__((target("avx,f16c"))) void f16_row_f16c(const uint16_t* in, float*
   for (; i < n; ++i) out[i] = fp16_to_fp32(in[i]);
 }
 
+// Widening by a shift is exact; returns how many elements it converted.
+__attribute__((target("avx2"))) int64_t bf16_row_avx2(const uint16_t* in, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i)));
+    _mm256_storeu_ps(out + i, _mm256_castsi256_ps(_mm256_slli_epi32(h, 16)));
+  }
+  return i;
+}
+
 // Same values as the scalar path (d * float(q) is exact-rounded either way).
 __attribute__((target("avx2,f16c"))) void q8_0_row_avx2(const block_q8_0* blocks, float* out, int64_t nb) {
   for (int64_t b = 0; b < nb; ++b) {
@@ -74,6 +134,47 @@ __attribute__((target("avx2,f16c"))) void q8_0_row_avx2(const block_q8_0* blocks
 }
 
 }  // namespace
+
+cpu_isa detected_isa() {
+  if (has_avx512()) return cpu_isa::avx512;
+  if (has_avx2_fma() && has_f16c()) return cpu_isa::avx2;
+  return cpu_isa::scalar;
+}
+
+bool isa_supported(cpu_isa i) {
+  switch (i) {
+    case cpu_isa::best:
+    case cpu_isa::scalar: return true;
+    case cpu_isa::avx2: return has_avx2_fma() && has_f16c();
+    case cpu_isa::avx512: return has_avx512();
+  }
+  return false;
+}
+
+cpu_isa resolve_isa(cpu_isa i) {
+  if (i == cpu_isa::best) return detected_isa();
+  if (!isa_supported(i))
+    throw tandem::error(fmt::format("this CPU cannot run the {} kernels; use best or one of scalar{}{}", to_string(i),
+                                    isa_supported(cpu_isa::avx2) ? ", avx2" : "",
+                                    isa_supported(cpu_isa::avx512) ? ", avx512" : ""));
+  return i;
+}
+
+std::string_view to_string(cpu_isa i) {
+  switch (i) {
+    case cpu_isa::best: return "best";
+    case cpu_isa::scalar: return "scalar";
+    case cpu_isa::avx2: return "avx2";
+    case cpu_isa::avx512: return "avx512";
+  }
+  return "?";
+}
+
+cpu_isa parse_isa(std::string_view s) {
+  for (cpu_isa i : {cpu_isa::best, cpu_isa::scalar, cpu_isa::avx2, cpu_isa::avx512})
+    if (s == to_string(i)) return i;
+  throw tandem::error(fmt::format("unknown kernel path '{}'; use best, scalar, avx2 or avx512", s));
+}
 
 float fp16_to_fp32(uint16_t h) {
   uint32_t sign = uint32_t(h & 0x8000) << 16;
@@ -147,7 +248,8 @@ void dequantize_row(ggml_type t, const void* row, float* out, int64_t n) {
     }
     case ggml_type::bf16: {
       auto in = static_cast<const uint16_t*>(row);
-      for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_fp32(in[i]);
+      int64_t i = has_avx2_fma() ? bf16_row_avx2(in, out, n) : 0;
+      for (; i < n; ++i) out[i] = bf16_to_fp32(in[i]);
       return;
     }
     case ggml_type::q8_0: {
@@ -179,8 +281,23 @@ void get_rows(const tensor_view& table, std::span<const int32_t> ids, float* out
   }
 }
 
-float dot(const float* a, const float* b, int64_t n) {
-  return has_avx2_fma() ? dot_avx2(a, b, n) : dot_generic(a, b, n);
+float dot(const float* a, const float* b, int64_t n) { return dot(a, b, n, cpu_isa::best); }
+
+float dot(const float* a, const float* b, int64_t n, cpu_isa isa) {
+  switch (resolve_isa(isa)) {
+    case cpu_isa::avx512: return dot_avx512(a, b, n);
+    case cpu_isa::avx2: return dot_avx2(a, b, n);
+    default: return dot_generic(a, b, n);
+  }
+}
+
+void axpy(float a, const float* x, float* y, int64_t n, cpu_isa isa) {
+  switch (resolve_isa(isa)) {
+    case cpu_isa::avx512: return axpy_avx512(a, x, y, n);
+    case cpu_isa::avx2: return axpy_avx2(a, x, y, n);
+    default:
+      for (int64_t i = 0; i < n; ++i) y[i] = std::fma(a, x[i], y[i]);
+  }
 }
 
 namespace {
@@ -346,9 +463,203 @@ void rows_avx2(const tensor_view& w, const float* x, int64_t batch, float* y, in
   }
 }
 
+// AVX-512 path: the AVX2 scheme with 16 lanes. Every y[b][r] is one 16-lane FMA accumulator
+// over k in steps of 16, hsum16, then an FMA chain over the k % 16 tail, whatever the tile.
+template <ggml_type T>
+TANDEM_AVX512 inline __m512 load_w16(const uint8_t* row, int64_t i) {
+  if constexpr (T == ggml_type::f32) {
+    return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + i);
+  } else if constexpr (T == ggml_type::f16) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * i)));
+  } else if constexpr (T == ggml_type::bf16) {
+    const __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * i)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
+  } else {
+    const block_q8_0* b = reinterpret_cast<const block_q8_0*>(row) + i / q8_0_block;
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->qs + i % q8_0_block));
+    // d * q is exact in f32, so this equals dequantize_row.
+    return _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(b->d)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
+  }
+}
+
+template <int R, int B>
+TANDEM_AVX512 __attribute__((always_inline)) inline void fma_step16(__m512 (&acc)[R][B], const __m512* wv,
+                                                                    const float* const* xs, int64_t i) {
+#pragma GCC unroll 8
+  for (int b = 0; b < B; ++b) {
+    const __m512 xv = _mm512_loadu_ps(xs[b] + i);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[r][b] = _mm512_fmadd_ps(wv[r], xv, acc[r][b]);
+  }
+}
+
+template <ggml_type T, int R, int B>
+TANDEM_AVX512 void tile_avx512(const uint8_t* const* rows, int64_t k, const float* x, float* y, int64_t n,
+                               int64_t r0, int64_t b0) {
+  const int64_t k16 = k & ~int64_t(15);
+  const float* xs[B];
+#pragma GCC unroll 8
+  for (int b = 0; b < B; ++b) xs[b] = x + (b0 + b) * k;
+  __m512 acc[R][B];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int b = 0; b < B; ++b) acc[r][b] = _mm512_setzero_ps();
+  if constexpr (T == ggml_type::q8_0) {
+    // Batch 1: fetch the next tile's rows one tile ahead (see the f16/bf16/f32 branch below).
+    const int64_t ahead = B == 1 && R > 1 ? (rows[1] - rows[0]) * R : 0;
+    for (int64_t i = 0; i < k16; i += q8_0_block) {
+      __m512 d[R];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const auto* blk = reinterpret_cast<const block_q8_0*>(rows[r]) + i / q8_0_block;
+        if (ahead != 0) _mm_prefetch(reinterpret_cast<const char*>(blk) + ahead, _MM_HINT_T0);
+        d[r] = _mm512_set1_ps(_cvtsh_ss(blk->d));
+      }
+#pragma GCC unroll 2
+      for (int j = 0; j < q8_0_block; j += 16) {
+        __m512 wv[R];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          const auto* blk = reinterpret_cast<const block_q8_0*>(rows[r]) + i / q8_0_block;
+          const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk->qs + j));
+          wv[r] = _mm512_mul_ps(d[r], _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
+        }
+        fma_step16<R, B>(acc, wv, xs, i + j);
+      }
+    }
+  } else if constexpr (B == 1 && R > 1) {
+    // Batch 1 streams weights from memory: the tile's rows are consecutive, so the next
+    // tile's rows start `R * row bytes` further on; fetch them one tile ahead, one 64-byte
+    // line per row per step (a 16-wide step reads at most 64 bytes of a row).
+    const int64_t ahead = (rows[1] - rows[0]) * R;
+    constexpr int64_t elem = T == ggml_type::f32 ? 4 : 2;
+    for (int64_t i = 0; i < k16; i += 16) {
+      __m512 wv[R];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(rows[r] + ahead + elem * i), _MM_HINT_T0);
+        wv[r] = load_w16<T>(rows[r], i);
+      }
+      fma_step16<R, B>(acc, wv, xs, i);
+    }
+  } else {
+    for (int64_t i = 0; i < k16; i += 16) {
+      __m512 wv[R];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) wv[r] = load_w16<T>(rows[r], i);
+      fma_step16<R, B>(acc, wv, xs, i);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) {
+      float tail = 0.0f;
+      for (int64_t i = k16; i < k; ++i) tail = std::fma(load_w1<T>(rows[r], i), xs[b][i], tail);
+      y[(b0 + b) * n + r0 + r] = hsum16(acc[r][b]) + tail;
+    }
+}
+
+// 4 decoded weight rows x `count` (< 6) activation rows.
+TANDEM_AVX512 void tile_avx512_rest(const uint8_t* const* rows, int64_t k, const float* x, float* y, int64_t n,
+                                    int64_t r0, int64_t b0, int64_t count) {
+  constexpr ggml_type D = ggml_type::f32;
+  switch (count) {
+    case 5: return tile_avx512<D, 4, 5>(rows, k, x, y, n, r0, b0);
+    case 4: return tile_avx512<D, 4, 4>(rows, k, x, y, n, r0, b0);
+    case 3: return tile_avx512<D, 4, 3>(rows, k, x, y, n, r0, b0);
+    case 2: return tile_avx512<D, 4, 2>(rows, k, x, y, n, r0, b0);
+    case 1: return tile_avx512<D, 4, 1>(rows, k, x, y, n, r0, b0);
+    default: return;
+  }
+}
+
+// One weight row to f32 with 16-lane conversions (exact, so the same values as
+// dequantize_row).
+template <ggml_type T>
+TANDEM_AVX512 void decode_row_avx512(const uint8_t* row, float* out, int64_t k) {
+  if constexpr (T == ggml_type::q8_0) {
+    const auto* b = reinterpret_cast<const block_q8_0*>(row);
+    for (int64_t i = 0; i < k / q8_0_block; ++i) {
+      const __m512 d = _mm512_set1_ps(_cvtsh_ss(b[i].d));
+      for (int j = 0; j < q8_0_block; j += 16) {
+        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[i].qs + j));
+        _mm512_storeu_ps(out + i * q8_0_block + j, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q))));
+      }
+    }
+  } else {
+    const int64_t k16 = k & ~int64_t(15);
+    for (int64_t i = 0; i < k16; i += 16) _mm512_storeu_ps(out + i, load_w16<T>(row, i));
+    for (int64_t i = k16; i < k; ++i) out[i] = load_w1<T>(row, i);
+  }
+}
+
+// Rows [r0, r1). Batch 1 decodes the weights in registers, 8 rows side by side (enough
+// loads in flight to stream at memory speed). A larger batch is cut into blocks of
+// activation rows that stay in L2 (`x_block_bytes`); for each block, 4 weight rows are
+// decoded once into `buf` (exact) and run as f32 tiles of 4 rows x 6 activation rows
+// (24 accumulators, 10 loads per 24 FMAs) while they sit in L1. Weights are read from
+// memory once per call for a decode batch (one block) and once per block for a prefill.
+template <ggml_type T>
+void rows_avx512(const tensor_view& w, const float* x, int64_t batch, float* y, int64_t r0, int64_t r1,
+                 std::vector<float>& buf) {
+  const int64_t k = w.cols(), n = w.rows();
+  int64_t r = r0;
+  if (batch == 1) {
+    for (; r + 8 <= r1; r += 8) {
+      const uint8_t* rows[8];
+      for (int i = 0; i < 8; ++i) rows[i] = w.row(r + i);
+      tile_avx512<T, 8, 1>(rows, k, x, y, n, r, 0);
+    }
+  } else {
+    constexpr ggml_type D = ggml_type::f32;
+    constexpr int64_t x_block_bytes = 384 << 10;
+    const int64_t block = std::max<int64_t>(6, x_block_bytes / (k * int64_t(sizeof(float))) / 6 * 6);
+    if (T != D && buf.size() < size_t(4 * k)) buf.resize(size_t(4 * k));
+    const int64_t r4 = r0 + (r1 - r0) / 4 * 4;
+    const size_t rb = row_bytes(T, k);
+    for (int64_t bb = 0; bb < batch; bb += block) {
+      const int64_t be = std::min(batch, bb + block);
+      for (r = r0; r < r4; r += 4) {
+        // The next group's weights into L2 while this group's tiles run (the decode
+        // hides its memory reads behind the FMAs this way).
+        if (r + 8 <= r4)
+          for (int i = 4; i < 8; ++i)
+            for (size_t off = 0; off < rb; off += 64)
+              _mm_prefetch(reinterpret_cast<const char*>(w.row(r + i)) + off, _MM_HINT_T1);
+        const uint8_t* rows[4];
+        for (int i = 0; i < 4; ++i) {
+          if constexpr (T == D) {
+            rows[i] = w.row(r + i);
+          } else {
+            decode_row_avx512<T>(w.row(r + i), buf.data() + i * k, k);
+            rows[i] = reinterpret_cast<const uint8_t*>(buf.data() + i * k);
+          }
+        }
+        int64_t b = bb;
+        for (; b + 6 <= be; b += 6) tile_avx512<D, 4, 6>(rows, k, x, y, n, r, b);
+        tile_avx512_rest(rows, k, x, y, n, r, b, be - b);
+      }
+    }
+    r = r4;
+  }
+  for (; r < r1; ++r) {
+    const uint8_t* row = w.row(r);
+    for (int64_t b = 0; b < batch; ++b) tile_avx512<T, 1, 1>(&row, k, x, y, n, r, b);
+  }
+}
+
 void matmul_rows(const tensor_view& w, const float* x, int64_t batch, float* y, std::vector<float>& buf,
-                 int64_t r0, int64_t r1) {
-  if (has_avx2_fma() && has_f16c()) {
+                 int64_t r0, int64_t r1, cpu_isa isa) {
+  if (isa == cpu_isa::avx512) {
+    switch (w.type) {
+      case ggml_type::f32: return rows_avx512<ggml_type::f32>(w, x, batch, y, r0, r1, buf);
+      case ggml_type::f16: return rows_avx512<ggml_type::f16>(w, x, batch, y, r0, r1, buf);
+      case ggml_type::bf16: return rows_avx512<ggml_type::bf16>(w, x, batch, y, r0, r1, buf);
+      case ggml_type::q8_0: return rows_avx512<ggml_type::q8_0>(w, x, batch, y, r0, r1, buf);
+      default: break;
+    }
+  }
+  if (isa == cpu_isa::avx2) {
     switch (w.type) {
       case ggml_type::f32: return rows_avx2<ggml_type::f32>(w, x, batch, y, r0, r1, buf);
       case ggml_type::f16: return rows_avx2<ggml_type::f16>(w, x, batch, y, r0, r1, buf);
@@ -364,8 +675,9 @@ void matmul_rows(const tensor_view& w, const float* x, int64_t batch, float* y, 
 }  // namespace
 
 void matmul(const tensor_view& w, const float* x, int64_t batch, float* y, std::vector<float>& scratch,
-            thread_pool* pool) {
+            thread_pool* pool, cpu_isa isa) {
   const int64_t k = w.cols(), n = w.rows();
+  isa = resolve_isa(isa);
   if (!is_supported(w.type))
     throw tandem::error(fmt::format("matmul: weight type {} is not supported; use f32, f16, bf16 or q8_0",
                                     to_string(w.type)));
@@ -374,15 +686,15 @@ void matmul(const tensor_view& w, const float* x, int64_t batch, float* y, std::
   if (batch <= 0) return;
   // Small products are not worth waking the workers.
   if (pool == nullptr || pool->size() == 1 || n * k * batch < (int64_t(1) << 16)) {
-    matmul_rows(w, x, batch, y, scratch, 0, n);
+    matmul_rows(w, x, batch, y, scratch, 0, n, isa);
     return;
   }
   // Chunks of whole 8-row groups so every thread runs the wide tiles (the bits do not depend
   // on the split either way).
   const int64_t groups = (n + 7) / 8;
   pool->parallel_for(groups, [&](int64_t g0, int64_t g1) {
-    std::vector<float> buf;  // only the portable path uses it
-    matmul_rows(w, x, batch, y, buf, g0 * 8, std::min(n, g1 * 8));
+    std::vector<float> buf;  // per chunk: the decoded weight rows of this thread
+    matmul_rows(w, x, batch, y, buf, g0 * 8, std::min(n, g1 * 8), isa);
   });
 }
 
@@ -412,11 +724,15 @@ void rope(float* x, const int32_t* pos, int64_t rows, int n_heads, int head_dim,
   }
 }
 
-void swiglu(const float* gate, const float* up, float* out, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    const float g = gate[i];
-    out[i] = g / (1.0f + std::exp(-g)) * up[i];
-  }
+void swiglu(const float* gate, const float* up, float* out, size_t n, thread_pool* pool) {
+  auto run = [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const float g = gate[i];
+      out[i] = g / (1.0f + std::exp(-g)) * up[i];
+    }
+  };
+  if (pool == nullptr || pool->size() == 1 || n < (size_t(1) << 14)) return run(0, int64_t(n));
+  pool->parallel_for(int64_t(n), run);
 }
 
 void softmax(float* x, size_t n) {
@@ -431,39 +747,164 @@ void softmax(float* x, size_t n) {
   for (size_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
-void paged_attention(const float* q, int64_t n_tokens, int32_t pos0, int n_heads, const kv_pool& pool,
-                     int32_t layer, std::span<const int32_t> pages, float* out, std::vector<float>& scratch) {
+namespace {
+
+// One (token, head) row of attention: scores over positions [0, len), softmax, weighted sum
+// of V. Its arithmetic depends only on its own inputs, so any split of rows gives the same bits.
+// 16 dot products at once with, for each, exactly dot_avx512's arithmetic: the same two
+// accumulators over k, then the hsum16 tree (lanes i+8, then i+4, then i+2, then i+1) run
+// as a transpose network over the 16 accumulators instead of 16 separate reductions.
+// n must be a multiple of 16 (dot_avx512's tail is then empty and adds +0.0f).
+TANDEM_AVX512 void dot16_avx512(const float* a, const float* const* rows, int64_t n, float* out) {
+  __m512 A[16];
+  for (int j = 0; j < 16; ++j) {
+    const float* b = rows[j];
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 32 <= n; k += 32) {
+      s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k), _mm512_loadu_ps(b + k), s0);
+      s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k + 16), _mm512_loadu_ps(b + k + 16), s1);
+    }
+    for (; k + 16 <= n; k += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k), _mm512_loadu_ps(b + k), s0);
+    A[j] = _mm512_add_ps(s0, s1);
+  }
+  __m512 B[8], C[4], D[2];
+  for (int m = 0; m < 8; ++m)  // lane i + lane i+8: B[m] = [v(A[2m]) | v(A[2m+1])]
+    B[m] = _mm512_add_ps(_mm512_shuffle_f32x4(A[2 * m], A[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(A[2 * m], A[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  for (int m = 0; m < 4; ++m)  // + lane i+4: quarter q of C[m] is h of A[4m+q]
+    C[m] = _mm512_add_ps(_mm512_shuffle_f32x4(B[2 * m], B[2 * m + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(B[2 * m], B[2 * m + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  for (int m = 0; m < 2; ++m)  // + lane i+2: quarter q of D[m] = [g(A[8m+q]), g(A[8m+4+q])]
+    D[m] = _mm512_add_ps(_mm512_shuffle_ps(C[2 * m], C[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(C[2 * m], C[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  // + lane i+1: lane 4q + j of E is the sum of A[4j + q].
+  const __m512 E = _mm512_add_ps(_mm512_shuffle_ps(D[0], D[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_ps(D[0], D[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  alignas(64) float t[16];
+  _mm512_store_ps(t, E);
+  for (int q = 0; q < 4; ++q)
+    for (int j = 0; j < 4; ++j) out[4 * j + q] = t[4 * q + j] + 0.0f;
+}
+
+// out[0, n) = sum_p att[p] * rows[p][0, n): per element the same FMA chain as repeated
+// axpy_avx512 calls, with the running sums kept in registers (n a multiple of 16).
+TANDEM_AVX512 void weighted_sum_avx512(const float* att, const float* const* rows, int64_t len, int64_t n,
+                                       float* out) {
+  int64_t c = 0;
+  for (; c + 64 <= n; c += 64) {
+    __m512 y0 = _mm512_setzero_ps(), y1 = y0, y2 = y0, y3 = y0;
+    for (int64_t p = 0; p < len; ++p) {
+      const __m512 a = _mm512_set1_ps(att[p]);
+      const float* v = rows[p] + c;
+      y0 = _mm512_fmadd_ps(a, _mm512_loadu_ps(v), y0);
+      y1 = _mm512_fmadd_ps(a, _mm512_loadu_ps(v + 16), y1);
+      y2 = _mm512_fmadd_ps(a, _mm512_loadu_ps(v + 32), y2);
+      y3 = _mm512_fmadd_ps(a, _mm512_loadu_ps(v + 48), y3);
+    }
+    _mm512_storeu_ps(out + c, y0);
+    _mm512_storeu_ps(out + c + 16, y1);
+    _mm512_storeu_ps(out + c + 32, y2);
+    _mm512_storeu_ps(out + c + 48, y3);
+  }
+  for (; c < n; c += 16) {
+    __m512 y = _mm512_setzero_ps();
+    for (int64_t p = 0; p < len; ++p) y = _mm512_fmadd_ps(_mm512_set1_ps(att[p]), _mm512_loadu_ps(rows[p] + c), y);
+    _mm512_storeu_ps(out + c, y);
+  }
+}
+
+void attention_row(const float* qh, int64_t len, int kvh, const kv_pool& pool, int32_t layer,
+                   std::span<const int32_t> pages, float* oh, float* att, cpu_isa isa,
+                   std::vector<const float*>& rows) {
   const kv_layout& L = pool.layout();
   const int hd = L.head_dim, n_kv = L.n_kv_heads, ps = L.page_size;
-  if (n_kv <= 0 || n_heads % n_kv != 0)
-    throw tandem::error(fmt::format("attention: {} query heads do not group over {} KV heads", n_heads, n_kv));
-  const int64_t n_ctx = int64_t(pos0) + n_tokens;
-  if (int64_t(pages.size()) * ps < n_ctx)
-    throw tandem::error(fmt::format("attention: {} pages of {} tokens cannot hold {} positions", pages.size(),
-                                    ps, n_ctx));
-  const int group = n_heads / n_kv;
   const float scale = 1.0f / std::sqrt(float(hd));
-  if (scratch.size() < size_t(n_ctx)) scratch.resize(size_t(n_ctx));
-  float* att = scratch.data();
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    const int64_t len = int64_t(pos0) + t + 1;  // causal: positions [0, pos]
-    for (int h = 0; h < n_heads; ++h) {
-      const int kvh = h / group;
-      const float* qh = q + (t * n_heads + h) * hd;
-      for (int64_t p = 0; p < len; ++p) {
-        const float* kp = pool.k(pages[size_t(p / ps)], layer) + (size_t(p % ps) * n_kv + kvh) * hd;
-        att[p] = dot(qh, kp, hd) * scale;
-      }
-      softmax(att, size_t(len));
-      float* oh = out + (t * n_heads + h) * hd;
-      std::fill(oh, oh + hd, 0.0f);
-      for (int64_t p = 0; p < len; ++p) {
-        const float* vp = pool.v(pages[size_t(p / ps)], layer) + (size_t(p % ps) * n_kv + kvh) * hd;
-        const float a = att[p];
-        for (int d = 0; d < hd; ++d) oh[d] += a * vp[d];
-      }
-    }
+  if (isa == cpu_isa::avx512 && hd % 16 == 0) {
+    // Same bits as the generic loop below with dot()/axpy() on this path.
+    rows.resize(size_t(len));
+    for (int64_t p = 0; p < len; ++p)
+      rows[size_t(p)] = pool.k(pages[size_t(p / ps)], layer) + (size_t(p % ps) * n_kv + kvh) * hd;
+    int64_t p = 0;
+    for (; p + 16 <= len; p += 16) dot16_avx512(qh, rows.data() + p, hd, att + p);
+    for (; p < len; ++p) att[p] = dot_avx512(qh, rows[size_t(p)], hd);
+    for (p = 0; p < len; ++p) att[p] *= scale;
+    softmax(att, size_t(len));
+    for (p = 0; p < len; ++p) rows[size_t(p)] += L.layer_floats();  // V sits right after K
+    weighted_sum_avx512(att, rows.data(), len, hd, oh);
+    return;
   }
+  for (int64_t p = 0; p < len; ++p) {
+    const float* kp = pool.k(pages[size_t(p / ps)], layer) + (size_t(p % ps) * n_kv + kvh) * hd;
+    att[p] = dot(qh, kp, hd, isa) * scale;
+  }
+  softmax(att, size_t(len));
+  std::fill(oh, oh + hd, 0.0f);
+  for (int64_t p = 0; p < len; ++p) {
+    const float* vp = pool.v(pages[size_t(p / ps)], layer) + (size_t(p % ps) * n_kv + kvh) * hd;
+    axpy(att[p], vp, oh, hd, isa);
+  }
+}
+
+void check_attention(const attention_seq& s, int n_heads, const kv_pool& pool) {
+  const kv_layout& L = pool.layout();
+  if (L.n_kv_heads <= 0 || n_heads % L.n_kv_heads != 0)
+    throw tandem::error(
+        fmt::format("attention: {} query heads do not group over {} KV heads", n_heads, L.n_kv_heads));
+  const int64_t n_ctx = int64_t(s.pos0) + s.n_tokens;
+  if (int64_t(s.pages.size()) * L.page_size < n_ctx)
+    throw tandem::error(fmt::format("attention: {} pages of {} tokens cannot hold {} positions", s.pages.size(),
+                                    L.page_size, n_ctx));
+}
+
+}  // namespace
+
+void paged_attention_batch(std::span<const attention_seq> seqs, int n_heads, const kv_pool& pool, int32_t layer,
+                           thread_pool* tp, cpu_isa isa) {
+  isa = resolve_isa(isa);
+  const kv_layout& L = pool.layout();
+  int64_t rows = 0, max_ctx = 0, work = 0;
+  std::vector<int64_t> first;  // first row of each sequence
+  first.reserve(seqs.size() + 1);
+  for (const attention_seq& s : seqs) {
+    check_attention(s, n_heads, pool);
+    first.push_back(rows);
+    rows += s.n_tokens * n_heads;
+    max_ctx = std::max(max_ctx, int64_t(s.pos0) + s.n_tokens);
+    work += s.n_tokens * (int64_t(s.pos0) + s.n_tokens) * n_heads;
+  }
+  first.push_back(rows);
+  if (rows == 0) return;
+  const int group = n_heads / L.n_kv_heads;
+  const int hd = L.head_dim;
+  // Index i runs row i/2 from the front (even i) or from the back (odd i): causal rows grow
+  // in length, so contiguous chunks of indices get about the same work.
+  auto run = [&](int64_t i0, int64_t i1) {
+    std::vector<float> att(static_cast<size_t>(max_ctx));
+    std::vector<const float*> kv_rows;
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t r = i % 2 == 0 ? i / 2 : rows - 1 - i / 2;
+      const size_t s = size_t(std::upper_bound(first.begin(), first.end(), r) - first.begin()) - 1;
+      const attention_seq& q = seqs[s];
+      // Head-major within a sequence: consecutive rows share one head's K/V, which then
+      // stays in L2 across a prefill chunk's queries instead of cycling through all heads.
+      const int64_t t = (r - first[s]) % q.n_tokens;
+      const int h = int((r - first[s]) / q.n_tokens);
+      attention_row(q.q + (t * n_heads + h) * hd, int64_t(q.pos0) + t + 1, h / group, pool, layer, q.pages,
+                    q.out + (t * n_heads + h) * hd, att.data(), isa, kv_rows);
+    }
+  };
+  // A handful of short rows is cheaper than waking the workers.
+  if (tp == nullptr || tp->size() == 1 || work * hd < (int64_t(1) << 15)) return run(0, rows);
+  tp->parallel_for(rows, run);
+}
+
+void paged_attention(const float* q, int64_t n_tokens, int32_t pos0, int n_heads, const kv_pool& pool,
+                     int32_t layer, std::span<const int32_t> pages, float* out, std::vector<float>& scratch,
+                     thread_pool* tp, cpu_isa isa) {
+  (void)scratch;  // kept for callers; each thread now holds its own score buffer
+  const attention_seq s{.q = q, .n_tokens = n_tokens, .pos0 = pos0, .pages = pages, .out = out};
+  paged_attention_batch(std::span<const attention_seq>(&s, 1), n_heads, pool, layer, tp, isa);
 }
 
 }  // namespace tandem::cpu

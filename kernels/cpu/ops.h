@@ -7,6 +7,7 @@
 #include <span>
 #include <vector>
 
+#include "kernels/cpu/isa.h"
 #include "kernels/model/kv_pool.h"
 #include "kernels/tensor.h"
 
@@ -39,12 +40,16 @@ void get_rows(const tensor_view& table, std::span<const int32_t> ids, float* out
 /// y[b][n] = sum_k W[n][k] x[b][k] for b < batch, n < W.rows(), k < W.cols().
 /// Each weight row is read (and dequantized) once for the whole batch.
 /// `scratch` is reused between calls to avoid allocations. With `pool`, output rows are split
-/// across its threads; the result is the same bits for any thread count.
+/// across its threads; the result is the same bits for any thread count. `isa` picks the
+/// instruction-set path (throws tandem::error if this CPU lacks it).
 void matmul(const tensor_view& w, const float* x, int64_t batch, float* y, std::vector<float>& scratch,
-            thread_pool* pool = nullptr);
+            thread_pool* pool = nullptr, cpu_isa isa = cpu_isa::best);
 
-/// Dot product of n floats with a fixed 8-lane accumulation order.
+/// Dot product of n floats with a fixed accumulation order (8 lanes; 16 on the avx512 path).
 float dot(const float* a, const float* b, int64_t n);
+float dot(const float* a, const float* b, int64_t n, cpu_isa isa);
+/// y[i] += a * x[i] (one rounding per element on every path: fused multiply-add).
+void axpy(float a, const float* x, float* y, int64_t n, cpu_isa isa = cpu_isa::best);
 
 /// y[r][i] = x[r][i] * w[i] / sqrt(mean(x[r]^2) + eps), rows of n floats (y may equal x).
 void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps);
@@ -53,8 +58,9 @@ void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n,
 /// (llama.cpp "normal" RoPE). x is [rows][n_heads][head_dim].
 void rope(float* x, const int32_t* pos, int64_t rows, int n_heads, int head_dim, float freq_base);
 
-/// out[i] = silu(gate[i]) * up[i] (out may equal gate).
-void swiglu(const float* gate, const float* up, float* out, size_t n);
+/// out[i] = silu(gate[i]) * up[i] (out may equal gate). With `pool`, split across its threads
+/// (elementwise, so the same bits).
+void swiglu(const float* gate, const float* up, float* out, size_t n, thread_pool* pool = nullptr);
 
 /// In place numerically stable softmax of n floats.
 void softmax(float* x, size_t n);
@@ -64,7 +70,23 @@ void softmax(float* x, size_t n);
 /// [0, pos0+n_tokens) must already be in `pages` of layer `layer` (position p lives in page
 /// pages[p / page_size], slot p % page_size). out is [n_tokens][n_heads][head_dim].
 /// Scale is 1/sqrt(head_dim); query head h reads KV head h / (n_heads / n_kv_heads).
+/// With `tp`, the (token, head) rows are split across its threads (same bits for any count).
 void paged_attention(const float* q, int64_t n_tokens, int32_t pos0, int n_heads, const kv_pool& pool,
-                     int32_t layer, std::span<const int32_t> pages, float* out, std::vector<float>& scratch);
+                     int32_t layer, std::span<const int32_t> pages, float* out, std::vector<float>& scratch,
+                     thread_pool* tp = nullptr, cpu_isa isa = cpu_isa::best);
+
+/// One sequence of a batched attention call (same meaning as paged_attention's arguments).
+struct attention_seq {
+  const float* q = nullptr;
+  int64_t n_tokens = 0;
+  int32_t pos0 = 0;
+  std::span<const int32_t> pages;
+  float* out = nullptr;
+};
+
+/// paged_attention for every sequence of a batch in one fork-join: all (sequence, token,
+/// head) rows are split across `tp`'s threads, each computed exactly as paged_attention does.
+void paged_attention_batch(std::span<const attention_seq> seqs, int n_heads, const kv_pool& pool, int32_t layer,
+                           thread_pool* tp, cpu_isa isa = cpu_isa::best);
 
 }  // namespace tandem::cpu

@@ -1,5 +1,8 @@
 #include "kernels/cpu/thread_pool.h"
 
+#include <chrono>
+#include <thread>
+
 namespace tandem::cpu {
 
 namespace {
@@ -7,16 +10,39 @@ void chunk(int64_t n, int32_t parts, int32_t i, int64_t& b, int64_t& e) {
   b = n * i / parts;
   e = n * (i + 1) / parts;
 }
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+// Spins until pred() or `us` microseconds pass; true if pred() held.
+template <class Pred>
+bool spin_for(int32_t us, Pred pred) {
+  if (pred()) return true;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(us);
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (pred()) return true;
+      cpu_relax();
+    }
+    if (std::chrono::steady_clock::now() >= until) return pred();
+    // On an oversubscribed machine the thread we wait for may be queued behind us on this
+    // core: give it the core (a cheap no-op when nothing else is runnable).
+    std::this_thread::yield();
+  }
+}
 }  // namespace
 
-thread_pool::thread_pool(int32_t n_threads) {
+thread_pool::thread_pool(int32_t n_threads, int32_t spin_us) : spin_us_(spin_us < 0 ? 0 : spin_us) {
   for (int32_t i = 1; i < n_threads; ++i) workers_.emplace_back([this, i] { worker(i); });
 }
 
 thread_pool::~thread_pool() {
   {
     std::lock_guard lk(mu_);
-    stop_ = true;
+    stop_.store(true);
   }
   start_cv_.notify_all();
   for (auto& t : workers_) t.join();
@@ -28,15 +54,17 @@ void thread_pool::parallel_for(int64_t n, const std::function<void(int64_t, int6
     fn(0, n);
     return;
   }
+  bool wake;
   {
     std::lock_guard lk(mu_);
     fn_ = &fn;
     n_ = n;
-    pending_ = int32_t(workers_.size());
     error_ = nullptr;
-    ++generation_;
+    pending_.store(int32_t(workers_.size()), std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);
+    wake = sleepers_ > 0;
   }
-  start_cv_.notify_all();
+  if (wake) start_cv_.notify_all();
   std::exception_ptr mine;
   try {
     int64_t b, e;
@@ -45,8 +73,12 @@ void thread_pool::parallel_for(int64_t n, const std::function<void(int64_t, int6
   } catch (...) {
     mine = std::current_exception();
   }
-  std::unique_lock lk(mu_);
-  done_cv_.wait(lk, [this] { return pending_ == 0; });
+  auto done = [this] { return pending_.load(std::memory_order_acquire) == 0; };
+  if (!spin_for(spin_us_, done)) {
+    std::unique_lock lk(mu_);
+    done_cv_.wait(lk, done);
+  }
+  std::lock_guard lk(mu_);
   fn_ = nullptr;
   if (mine) std::rethrow_exception(mine);
   if (error_) std::rethrow_exception(error_);
@@ -55,13 +87,20 @@ void thread_pool::parallel_for(int64_t n, const std::function<void(int64_t, int6
 void thread_pool::worker(int32_t index) {
   uint64_t seen = 0;
   for (;;) {
+    auto ready = [&] { return stop_.load(std::memory_order_acquire) || generation_.load(std::memory_order_acquire) != seen; };
+    if (!spin_for(spin_us_, ready)) {
+      std::unique_lock lk(mu_);
+      ++sleepers_;
+      start_cv_.wait(lk, ready);
+      --sleepers_;
+    }
+    if (stop_.load(std::memory_order_acquire)) return;
     const std::function<void(int64_t, int64_t)>* fn;
     int64_t n;
     {
-      std::unique_lock lk(mu_);
-      start_cv_.wait(lk, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
+      // fn_/n_ were written under mu_ before the generation moved.
+      std::lock_guard lk(mu_);
+      seen = generation_.load(std::memory_order_acquire);
       fn = fn_;
       n = n_;
     }
@@ -73,10 +112,13 @@ void thread_pool::worker(int32_t index) {
     } catch (...) {
       err = std::current_exception();
     }
-    {
+    if (err) {
       std::lock_guard lk(mu_);
-      if (err && !error_) error_ = err;
-      if (--pending_ == 0) done_cv_.notify_one();
+      if (!error_) error_ = err;
+    }
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      { std::lock_guard lk(mu_); }  // the caller is either spinning or waiting under mu_
+      done_cv_.notify_one();
     }
   }
 }

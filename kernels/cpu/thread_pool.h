@@ -2,6 +2,12 @@
 /// A small fork-join pool for the CPU kernels: parallel_for splits a range into one
 /// contiguous chunk per thread; the calling thread runs the first chunk. Owned by a model
 /// (no global pool). Not re-entrant: one parallel_for at a time.
+///
+/// A forward pass issues ~10 fork-joins per layer, each only tens of microseconds long, so
+/// waking sleeping threads through the kernel would cost as much as the work: workers spin
+/// on the generation counter for `spin_us` after each job before they sleep on a condition
+/// variable, and the caller spins the same way for the workers to finish.
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -14,7 +20,7 @@ namespace tandem::cpu {
 class thread_pool {
  public:
   /// `n_threads` total including the caller; values < 1 mean 1 (no workers).
-  explicit thread_pool(int32_t n_threads);
+  explicit thread_pool(int32_t n_threads, int32_t spin_us = 200);
   ~thread_pool();
   thread_pool(const thread_pool&) = delete;
   thread_pool& operator=(const thread_pool&) = delete;
@@ -27,14 +33,16 @@ class thread_pool {
  private:
   void worker(int32_t index);
   std::vector<std::thread> workers_;
+  const int32_t spin_us_;
   std::mutex mu_;
   std::condition_variable start_cv_, done_cv_;
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
   int64_t n_ = 0;
-  uint64_t generation_ = 0;
-  int32_t pending_ = 0;
-  bool stop_ = false;
-  std::exception_ptr error_;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int32_t> pending_{0};
+  std::atomic<bool> stop_{false};
+  int32_t sleepers_ = 0;  // guarded by mu_
+  std::exception_ptr error_;  // guarded by mu_
 };
 
 }  // namespace tandem::cpu

@@ -1,5 +1,6 @@
 // CUDA versions of the CPU kernels. Simple, bandwidth-oriented: one block per row, warp
 // reductions, 16-byte vector copies for pages.
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/cuda_ops.h"
@@ -56,8 +57,9 @@ __global__ void swiglu_kernel(const float* g, const float* u, float* o, size_t n
 
 __global__ void copy_pages_kernel(const uint8_t* src, const int32_t* src_ids, uint8_t* dst, const int32_t* dst_ids,
                                   size_t page_bytes) {
-  const uint8_t* s = src + size_t(src_ids[blockIdx.y]) * page_bytes;
-  uint8_t* d = dst + size_t(dst_ids[blockIdx.y]) * page_bytes;
+  // A null id list means "page i" (a contiguous staging area).
+  const uint8_t* s = src + size_t(src_ids ? src_ids[blockIdx.y] : int32_t(blockIdx.y)) * page_bytes;
+  uint8_t* d = dst + size_t(dst_ids ? dst_ids[blockIdx.y] : int32_t(blockIdx.y)) * page_bytes;
   const size_t n16 = page_bytes / 16;
   const uint4* s4 = reinterpret_cast<const uint4*>(s);
   uint4* d4 = reinterpret_cast<uint4*>(d);
@@ -66,6 +68,191 @@ __global__ void copy_pages_kernel(const uint8_t* src, const int32_t* src_ids, ui
   for (size_t i = n16 * 16 + blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < page_bytes;
        i += size_t(gridDim.x) * blockDim.x)
     d[i] = s[i];
+}
+
+// ---- matmul (decode GEMV with a small batch in registers) ----
+
+constexpr int k_rows_per_block = 8;  // one warp per weight row, 8 warps per block
+
+template <int B>
+__global__ void matmul_f16_kernel(const uint16_t* __restrict__ w, const float* __restrict__ x, int b0,
+                                  float* __restrict__ y, int n, int k) {
+  const int row = blockIdx.x * k_rows_per_block + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= n) return;
+  const uint4* wr = reinterpret_cast<const uint4*>(w + size_t(row) * k);  // 8 halves per load
+  float acc[B];
+#pragma unroll
+  for (int b = 0; b < B; ++b) acc[b] = 0.f;
+  for (int i = lane; i < k / 8; i += 32) {
+    const uint4 raw = __ldg(wr + i);
+    const __half2* h = reinterpret_cast<const __half2*>(&raw);
+    float wf[8];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = __half22float2(h[j]);
+      wf[2 * j] = f.x;
+      wf[2 * j + 1] = f.y;
+    }
+#pragma unroll
+    for (int b = 0; b < B; ++b) {
+      const float4* xr = reinterpret_cast<const float4*>(x + size_t(b0 + b) * k) + 2 * i;
+      const float4 x0 = xr[0], x1 = xr[1];
+      acc[b] += wf[0] * x0.x + wf[1] * x0.y + wf[2] * x0.z + wf[3] * x0.w + wf[4] * x1.x + wf[5] * x1.y +
+                wf[6] * x1.z + wf[7] * x1.w;
+    }
+  }
+#pragma unroll
+  for (int b = 0; b < B; ++b) {
+    const float v = warp_sum(acc[b]);
+    if (lane == 0) y[size_t(b0 + b) * n + row] = v;
+  }
+}
+
+struct q8_block {
+  uint16_t d;
+  int8_t qs[32];
+};
+static_assert(sizeof(q8_block) == 34, "ggml q8_0 block is 34 bytes");
+
+// A warp loads 32 consecutive blocks (1088 bytes) into shared memory with coalesced 2-byte
+// loads (blocks are only 2-byte aligned), then lane j works on block j.
+template <int B>
+__global__ void matmul_q8_0_kernel(const uint8_t* __restrict__ w, const float* __restrict__ x, int b0,
+                                   float* __restrict__ y, int n, int k) {
+  __shared__ uint16_t stage[k_rows_per_block][32 * 17];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int row = blockIdx.x * k_rows_per_block + warp;
+  if (row >= n) return;
+  const int nb = k / 32;
+  const uint16_t* wr = reinterpret_cast<const uint16_t*>(w + size_t(row) * nb * 34);
+  float acc[B];
+#pragma unroll
+  for (int b = 0; b < B; ++b) acc[b] = 0.f;
+  uint16_t* st = stage[warp];
+  for (int c = 0; c < nb; c += 32) {
+    const int blocks = min(32, nb - c);
+    for (int i = lane; i < blocks * 17; i += 32) st[i] = __ldg(wr + size_t(c) * 17 + i);
+    __syncwarp();
+    if (lane < blocks) {
+      const q8_block* blk = reinterpret_cast<const q8_block*>(st + lane * 17);
+      const float d = __half2float(__ushort_as_half(blk->d));
+      const int base = (c + lane) * 32;
+#pragma unroll
+      for (int b = 0; b < B; ++b) {
+        const float4* xr = reinterpret_cast<const float4*>(x + size_t(b0 + b) * k + base);
+        float s = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const float4 xv = xr[j];
+          s += float(blk->qs[4 * j]) * xv.x + float(blk->qs[4 * j + 1]) * xv.y + float(blk->qs[4 * j + 2]) * xv.z +
+               float(blk->qs[4 * j + 3]) * xv.w;
+        }
+        acc[b] += d * s;
+      }
+    }
+    __syncwarp();
+  }
+#pragma unroll
+  for (int b = 0; b < B; ++b) {
+    const float v = warp_sum(acc[b]);
+    if (lane == 0) y[size_t(b0 + b) * n + row] = v;
+  }
+}
+
+template <int B>
+struct f16_launch {
+  static void go(const uint16_t* w, const float* x, int b0, float* y, int n, int k, cudaStream_t s) {
+    matmul_f16_kernel<B><<<(n + k_rows_per_block - 1) / k_rows_per_block, 32 * k_rows_per_block, 0, s>>>(
+        w, x, b0, y, n, k);
+  }
+};
+template <int B>
+struct q8_launch {
+  static void go(const uint8_t* w, const float* x, int b0, float* y, int n, int k, cudaStream_t s) {
+    matmul_q8_0_kernel<B><<<(n + k_rows_per_block - 1) / k_rows_per_block, 32 * k_rows_per_block, 0, s>>>(
+        w, x, b0, y, n, k);
+  }
+};
+
+// Batch in chunks of 8 (registers), then the remainder with an exact-size kernel.
+template <template <int> class L, class W>
+void run_batched(const W* w, const float* x, int batch, float* y, int n, int k, cudaStream_t s) {
+  int b = 0;
+  for (; b + 8 <= batch; b += 8) L<8>::go(w, x, b, y, n, k, s);
+  switch (batch - b) {
+    case 7: L<7>::go(w, x, b, y, n, k, s); break;
+    case 6: L<6>::go(w, x, b, y, n, k, s); break;
+    case 5: L<5>::go(w, x, b, y, n, k, s); break;
+    case 4: L<4>::go(w, x, b, y, n, k, s); break;
+    case 3: L<3>::go(w, x, b, y, n, k, s); break;
+    case 2: L<2>::go(w, x, b, y, n, k, s); break;
+    case 1: L<1>::go(w, x, b, y, n, k, s); break;
+    default: break;
+  }
+}
+
+// ---- paged attention, decode (one query token per sequence) ----
+
+constexpr int k_attn_warps = 4;
+
+__global__ void paged_attention_decode_kernel(const float* __restrict__ q, int n_heads, const float* __restrict__ pool,
+                                              int n_layers, int n_kv, int hd, int ps, int layer,
+                                              const int32_t* __restrict__ table, int max_pages,
+                                              const int32_t* __restrict__ lens, float* __restrict__ out) {
+  const int h = blockIdx.x, seq = blockIdx.y;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int per_lane = hd / 32;  // <= 8
+  const int kvh = h / (n_heads / n_kv);
+  const int len = lens[seq];
+  const size_t layer_floats = size_t(ps) * n_kv * hd;
+  const float scale = rsqrtf(float(hd));
+  const float* qh = q + (size_t(seq) * n_heads + h) * hd;
+  float qv[8], acc[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    qv[j] = j < per_lane ? qh[lane + 32 * j] * scale : 0.f;
+    acc[j] = 0.f;
+  }
+  // Online softmax per warp over positions warp, warp + 4, ...
+  float m = -INFINITY, l = 0.f;
+  for (int p = warp; p < len; p += k_attn_warps) {
+    const int page = table[size_t(seq) * max_pages + p / ps];
+    const float* base = pool + (size_t(page) * n_layers + layer) * 2 * layer_floats + (size_t(p % ps) * n_kv + kvh) * hd;
+    float sc = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (j < per_lane) sc += qv[j] * base[lane + 32 * j];
+    sc = warp_sum(sc);
+    const float m_new = fmaxf(m, sc);
+    const float corr = __expf(m - m_new), e = __expf(sc - m_new);
+    l = l * corr + e;
+    const float* vb = base + layer_floats;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (j < per_lane) acc[j] = acc[j] * corr + e * vb[lane + 32 * j];
+    m = m_new;
+  }
+  __shared__ float sm[k_attn_warps], sl[k_attn_warps], sacc[k_attn_warps][256];
+  if (lane == 0) {
+    sm[warp] = m;
+    sl[warp] = l;
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+    if (j < per_lane) sacc[warp][lane + 32 * j] = acc[j];
+  __syncthreads();
+  float M = -INFINITY;
+  for (int w = 0; w < k_attn_warps; ++w) M = fmaxf(M, sm[w]);
+  float L = 0.f;
+  for (int w = 0; w < k_attn_warps; ++w) L += sm[w] == -INFINITY ? 0.f : sl[w] * __expf(sm[w] - M);
+  float* oh = out + (size_t(seq) * n_heads + h) * hd;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float o = 0.f;
+    for (int w = 0; w < k_attn_warps; ++w)
+      if (sm[w] != -INFINITY) o += sacc[w][d] * __expf(sm[w] - M);
+    oh[d] = L > 0.f ? o / L : 0.f;
+  }
 }
 
 }  // namespace
@@ -90,6 +277,48 @@ void copy_pages(const uint8_t* src, const int32_t* src_ids, uint8_t* dst, const 
   const int per_page = int((page_bytes / 16 + 255) / 256 < 64 ? (page_bytes / 16 + 255) / 256 : 64);
   dim3 grid(per_page > 0 ? per_page : 1, n);
   copy_pages_kernel<<<grid, 256, 0, s>>>(src, src_ids, dst, dst_ids, page_bytes);
+}
+
+cudaError_t gather_pages(const uint8_t* pool, const int32_t* ids, int n, size_t page_bytes, uint8_t* staging,
+                         cudaStream_t s) {
+  if (n < 0 || page_bytes % 16 != 0 || (n > 0 && (pool == nullptr || ids == nullptr || staging == nullptr)))
+    return cudaErrorInvalidValue;
+  copy_pages(pool, ids, staging, nullptr, n, page_bytes, s);
+  return cudaGetLastError();
+}
+
+cudaError_t scatter_pages(const uint8_t* staging, const int32_t* ids, int n, size_t page_bytes, uint8_t* pool,
+                          cudaStream_t s) {
+  if (n < 0 || page_bytes % 16 != 0 || (n > 0 && (pool == nullptr || ids == nullptr || staging == nullptr)))
+    return cudaErrorInvalidValue;
+  copy_pages(staging, nullptr, pool, ids, n, page_bytes, s);
+  return cudaGetLastError();
+}
+
+cudaError_t matmul_f16(const uint16_t* w, const float* x, int batch, float* y, int n, int k, cudaStream_t s) {
+  if (batch < 0 || n <= 0 || k <= 0 || k % 8 != 0) return cudaErrorInvalidValue;
+  run_batched<f16_launch>(w, x, batch, y, n, k, s);
+  return cudaGetLastError();
+}
+
+cudaError_t matmul_q8_0(const void* w, const float* x, int batch, float* y, int n, int k, cudaStream_t s) {
+  if (batch < 0 || n <= 0 || k <= 0 || k % 32 != 0) return cudaErrorInvalidValue;
+  run_batched<q8_launch>(static_cast<const uint8_t*>(w), x, batch, y, n, k, s);
+  return cudaGetLastError();
+}
+
+cudaError_t paged_attention_decode(const float* q, int n_seqs, int n_heads, const paged_kv& kv, int layer,
+                                   const int32_t* page_table, int max_pages, const int32_t* seq_lens, float* out,
+                                   cudaStream_t s) {
+  if (n_seqs < 0 || kv.n_kv_heads <= 0 || n_heads % kv.n_kv_heads != 0 || kv.head_dim % 32 != 0 ||
+      kv.head_dim > 256 || kv.page_size <= 0 || layer < 0 || layer >= kv.n_layers || max_pages <= 0)
+    return cudaErrorInvalidValue;
+  if (n_seqs == 0) return cudaSuccess;
+  dim3 grid(n_heads, n_seqs);
+  paged_attention_decode_kernel<<<grid, 32 * k_attn_warps, 0, s>>>(q, n_heads, kv.pool, kv.n_layers, kv.n_kv_heads,
+                                                                   kv.head_dim, kv.page_size, layer, page_table,
+                                                                   max_pages, seq_lens, out);
+  return cudaGetLastError();
 }
 
 }  // namespace tandem::cuda

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/isa.h"
 #include "kernels/gguf/gguf.h"
 #include "kernels/model/kv_pool.h"
 #include "kernels/tensor.h"
@@ -41,6 +42,7 @@ struct batch_seq {
 /// Options for the CPU backend.
 struct cpu_options {
   int32_t threads = 1;
+  cpu_isa isa = cpu_isa::best;  ///< kernel path; an unsupported one is rejected at construction
 };
 
 class llama_model {

@@ -18,8 +18,16 @@ std::string sampling_params::validate() const {
   return {};
 }
 
-sampler::sampler(const sampling_params& p) : p_(p), rng_(p.seed) {
+sampler::sampler(const sampling_params& p) : p_(p), state_(p.seed) {
   if (auto m = p.validate(); !m.empty()) throw tandem::error(m);
+}
+
+uint64_t sampler::next_u64() {
+  // splitmix64 (Steele, Lea, Flood 2014): full period, well mixed, same on every platform.
+  uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
 }
 
 int32_t sampler::sample(std::span<const float> logits) {
@@ -29,6 +37,27 @@ int32_t sampler::sample(std::span<const float> logits) {
     return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
   }
   const int32_t n = int32_t(logits.size());
+  if (p_.top_p >= 1.0f && (p_.top_k <= 0 || p_.top_k >= n)) {
+    // The whole distribution: no order is needed, walk the ids in order.
+    const float inv_t = 1.0f / p_.temperature;
+    const float mx = *std::max_element(logits.begin(), logits.end()) * inv_t;
+    probs_.resize(size_t(n));
+    double sum = 0.0;
+    for (int32_t i = 0; i < n; ++i) {
+      probs_[size_t(i)] = std::exp(logits[size_t(i)] * inv_t - mx);
+      sum += probs_[size_t(i)];
+    }
+    const double u = double(next_u64() >> 11) * 0x1.0p-53 * sum;
+    double cum = 0.0;
+    int32_t last = 0;
+    for (int32_t i = 0; i < n; ++i) {
+      if (probs_[size_t(i)] <= 0.0f) continue;
+      cum += probs_[size_t(i)];
+      last = i;
+      if (u < cum) return i;
+    }
+    return last;
+  }
   scratch_.resize(size_t(n));
   for (int32_t i = 0; i < n; ++i) scratch_[size_t(i)] = {logits[size_t(i)] / p_.temperature, i};
   // Highest first; ties by lowest id so the order (and the draw) is reproducible.
@@ -64,7 +93,7 @@ int32_t sampler::sample(std::span<const float> logits) {
   }
   // Draw with our own uniform from the raw 64-bit output: std distributions differ across
   // standard libraries, this does not.
-  const double u = double(rng_() >> 11) * 0x1.0p-53 * sum;
+  const double u = double(next_u64() >> 11) * 0x1.0p-53 * sum;
   double cum = 0.0;
   for (int32_t i = 0; i < keep; ++i) {
     cum += scratch_[size_t(i)].first;

@@ -1,7 +1,6 @@
 #pragma once
 /// Token sampling: greedy, temperature, top-k, top-p, seeded.
 #include <cstdint>
-#include <random>
 #include <span>
 #include <string>
 #include <vector>
@@ -17,16 +16,21 @@ struct sampling_params {
   std::string validate() const;
 };
 
-/// One sampler per sequence; the same seed and logits give the same tokens.
+/// One sampler per sequence; the same seed and logits give the same tokens. Cheap to
+/// construct (the worker makes one per token from a per-token seed): the generator is
+/// splitmix64, O(1) to seed. Without top-k/top-p the draw walks the vocabulary in id order
+/// in O(n_vocab); only top-k/top-p sort.
 class sampler {
  public:
   explicit sampler(const sampling_params& p);
   int32_t sample(std::span<const float> logits);
 
  private:
+  uint64_t next_u64();
   sampling_params p_;
-  std::mt19937_64 rng_;
+  uint64_t state_;
   std::vector<std::pair<float, int32_t>> scratch_;
+  std::vector<float> probs_;
 };
 
 }  // namespace tandem

@@ -332,3 +332,162 @@ TEST_CASE("ops: matmul with odd shapes is bit-identical for any batch split and 
     }
   }
 }
+
+namespace {
+
+std::vector<cpu_isa> runnable_isas() {
+  std::vector<cpu_isa> out;
+  for (cpu_isa i : {cpu_isa::scalar, cpu_isa::avx2, cpu_isa::avx512})
+    if (cpu::isa_supported(i)) out.push_back(i);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("ops: isa names parse, best resolves to a runnable path, a missing one is refused") {
+  CHECK(cpu::parse_isa("avx512") == cpu_isa::avx512);
+  CHECK(cpu::parse_isa("scalar") == cpu_isa::scalar);
+  CHECK_THROWS_WITH(cpu::parse_isa("sse9"), doctest::Contains("use best, scalar, avx2 or avx512"));
+  CHECK(cpu::resolve_isa(cpu_isa::best) == cpu::detected_isa());
+  CHECK(cpu::isa_supported(cpu::detected_isa()));
+  CHECK(cpu::resolve_isa(cpu_isa::scalar) == cpu_isa::scalar);
+  // AVX-512 implies AVX2 here (the dispatch relies on it).
+  if (cpu::isa_supported(cpu_isa::avx512)) CHECK(cpu::isa_supported(cpu_isa::avx2));
+  if (!cpu::isa_supported(cpu_isa::avx512))
+    CHECK_THROWS_WITH(cpu::resolve_isa(cpu_isa::avx512), doctest::Contains("cannot run the avx512 kernels"));
+}
+
+TEST_CASE("ops: every isa path of matmul matches the reference and keeps its bits over batch and threads") {
+  // Covers the k % 16 and k % 8 tails, the 4x6 tiles with every remainder, and (k = 2048,
+  // batch 100) several L2 blocks of activation rows on the avx512 path.
+  cpu::thread_pool pool(2);
+  struct shape {
+    int64_t n, k, batch;
+  };
+  for (const shape sh : {shape{70, 40, 13}, shape{45, 100, 7}, shape{64, 96, 11}, shape{24, 2048, 100}}) {
+    const auto wf = random_floats(size_t(sh.n * sh.k), 21, 0.2f);
+    const auto x = random_floats(size_t(sh.batch * sh.k), 22);
+    for (ggml_type t : {ggml_type::f32, ggml_type::f16, ggml_type::bf16, ggml_type::q8_0}) {
+      if (t == ggml_type::q8_0 && sh.k % 32 != 0) continue;
+      const auto bytes = encode(t, wf, sh.n, sh.k);
+      const auto w = view_of(t, bytes, sh.n, sh.k);
+      std::vector<float> wd(size_t(sh.n * sh.k));
+      for (int64_t r = 0; r < sh.n; ++r) cpu::dequantize_row(t, w.row(r), wd.data() + r * sh.k, sh.k);
+      std::vector<double> ref(size_t(sh.batch * sh.n));
+      for (int64_t b = 0; b < sh.batch; ++b)
+        for (int64_t r = 0; r < sh.n; ++r) {
+          double s = 0;
+          for (int64_t i = 0; i < sh.k; ++i) s += double(wd[size_t(r * sh.k + i)]) * x[size_t(b * sh.k + i)];
+          ref[size_t(b * sh.n + r)] = s;
+        }
+      for (cpu_isa isa : runnable_isas()) {
+        CAPTURE(to_string(t));
+        CAPTURE(cpu::to_string(isa));
+        CAPTURE(sh.k);
+        std::vector<float> all(size_t(sh.batch * sh.n)), threaded(all.size()), scratch;
+        cpu::matmul(w, x.data(), sh.batch, all.data(), scratch, nullptr, isa);
+        CHECK(nmse(all, ref) < 1e-10);
+        cpu::matmul(w, x.data(), sh.batch, threaded.data(), scratch, &pool, isa);
+        REQUIRE(std::memcmp(all.data(), threaded.data(), all.size() * 4) == 0);
+        for (int64_t b = 0; b < sh.batch; b += 3) {
+          std::vector<float> one(size_t(sh.n));
+          cpu::matmul(w, x.data() + b * sh.k, 1, one.data(), scratch, b % 2 ? &pool : nullptr, isa);
+          REQUIRE(std::memcmp(one.data(), all.data() + b * sh.n, size_t(sh.n) * 4) == 0);
+        }
+        // A batch starting mid-way (different tile and block mix): same bits.
+        const int64_t off = sh.batch / 3, cnt = sh.batch - off;
+        std::vector<float> part(size_t(cnt * sh.n));
+        cpu::matmul(w, x.data() + off * sh.k, cnt, part.data(), scratch, &pool, isa);
+        REQUIRE(std::memcmp(part.data(), all.data() + off * sh.n, part.size() * 4) == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("ops: batched paged attention equals per-sequence calls on every isa path and any thread count") {
+  kv_layout L{.n_layers = 1, .n_kv_heads = 2, .head_dim = 40, .page_size = 4};  // 40: a 16-lane tail
+  kv_pool pool(L, 32);
+  const int n_heads = 4;
+  const size_t row = size_t(L.n_kv_heads * L.head_dim);
+  const auto kv = random_floats(size_t(32 * 4) * row * 2, 31);
+  for (int32_t p = 0; p < 32; ++p)
+    for (int s = 0; s < 4; ++s) {
+      std::memcpy(pool.k(p, 0) + size_t(s) * row, kv.data() + (size_t(p) * 4 + size_t(s)) * row, row * 4);
+      std::memcpy(pool.v(p, 0) + size_t(s) * row, kv.data() + (size_t(p + 32) * 4 + size_t(s)) * row, row * 4);
+    }
+  // Prefill chunk, decode rows and an empty sequence, with scattered pages.
+  const std::vector<int32_t> pa = {3, 9, 1, 30, 12, 5, 7}, pb = {0, 2}, pc = {20, 21, 22};
+  struct seq_in {
+    const std::vector<int32_t>* pages;
+    int64_t n;
+    int32_t pos0;
+  };
+  const std::vector<seq_in> in = {{&pa, 24, 2}, {&pb, 1, 6}, {&pc, 0, 9}, {&pc, 1, 11}};
+  std::vector<std::vector<float>> qs;
+  for (size_t i = 0; i < in.size(); ++i)
+    qs.push_back(random_floats(size_t(in[i].n * n_heads * L.head_dim) + 1, 40 + i));
+  cpu::thread_pool tp(2);
+  for (cpu_isa isa : runnable_isas()) {
+    CAPTURE(cpu::to_string(isa));
+    std::vector<std::vector<float>> alone, batched, threaded;
+    std::vector<cpu::attention_seq> b1, b2;
+    for (size_t i = 0; i < in.size(); ++i) {
+      alone.emplace_back(qs[i].size(), 0.0f);
+      batched.emplace_back(qs[i].size(), 0.0f);
+      threaded.emplace_back(qs[i].size(), 0.0f);
+      std::vector<float> scratch;
+      cpu::paged_attention(qs[i].data(), in[i].n, in[i].pos0, n_heads, pool, 0, *in[i].pages, alone[i].data(),
+                           scratch, nullptr, isa);
+      b1.push_back({qs[i].data(), in[i].n, in[i].pos0, *in[i].pages, batched[i].data()});
+      b2.push_back({qs[i].data(), in[i].n, in[i].pos0, *in[i].pages, threaded[i].data()});
+    }
+    cpu::paged_attention_batch(b1, n_heads, pool, 0, nullptr, isa);
+    cpu::paged_attention_batch(b2, n_heads, pool, 0, &tp, isa);
+    for (size_t i = 0; i < in.size(); ++i) {
+      REQUIRE(alone[i] == batched[i]);
+      REQUIRE(std::memcmp(alone[i].data(), threaded[i].data(), alone[i].size() * 4) == 0);
+    }
+    // Same values (not bits) as the scalar path.
+    std::vector<float> ref(qs[0].size(), 0.0f), scratch;
+    cpu::paged_attention(qs[0].data(), in[0].n, in[0].pos0, n_heads, pool, 0, pa, ref.data(), scratch, nullptr,
+                         cpu_isa::scalar);
+    std::vector<double> refd(ref.begin(), ref.end());
+    CHECK(nmse(alone[0], refd) < 1e-10);
+  }
+}
+
+TEST_CASE("ops: attention rows on every isa path equal dot + softmax + axpy of that path, bit for bit") {
+  // head_dim 64 takes the avx512 16-positions-at-once path; its reduction network must give
+  // exactly dot()'s bits, or a position would change value with the context length.
+  for (int hd : {64, 48, 40}) {
+    kv_layout L{.n_layers = 1, .n_kv_heads = 2, .head_dim = hd, .page_size = 16};
+    kv_pool pool(L, 4);
+    const auto kv = random_floats(pool.bytes() / 4, 50);
+    std::memcpy(pool.page_data(0), kv.data(), pool.bytes());
+    const std::vector<int32_t> pages = {2, 0, 3, 1};
+    const int n_heads = 4;
+    for (int64_t len : {1, 15, 16, 17, 40}) {
+      const auto q = random_floats(size_t(n_heads * hd), 51 + uint64_t(len));
+      for (cpu_isa isa : runnable_isas()) {
+        CAPTURE(hd);
+        CAPTURE(len);
+        CAPTURE(cpu::to_string(isa));
+        std::vector<float> out(q.size()), scratch;
+        cpu::paged_attention(q.data(), 1, int32_t(len - 1), n_heads, pool, 0, pages, out.data(), scratch, nullptr, isa);
+        for (int h = 0; h < n_heads; ++h) {
+          const int kvh = h / 2;
+          std::vector<float> att(static_cast<size_t>(len)), o(static_cast<size_t>(hd), 0.0f);
+          for (int64_t p = 0; p < len; ++p)
+            att[size_t(p)] = cpu::dot(q.data() + h * hd, pool.k(pages[size_t(p / 16)], 0) + (size_t(p % 16) * 2 + kvh) * hd,
+                                      hd, isa) *
+                             (1.0f / std::sqrt(float(hd)));
+          cpu::softmax(att.data(), att.size());
+          for (int64_t p = 0; p < len; ++p)
+            cpu::axpy(att[size_t(p)], pool.v(pages[size_t(p / 16)], 0) + (size_t(p % 16) * 2 + kvh) * hd, o.data(), hd,
+                      isa);
+          REQUIRE(std::memcmp(o.data(), out.data() + h * hd, size_t(hd) * 4) == 0);
+        }
+      }
+    }
+  }
+}

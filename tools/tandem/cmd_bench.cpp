@@ -1,16 +1,48 @@
-// tandem bench (placeholder until its owner lands it).
+// tandem bench <mode>: dispatch to one benchmark. Add a mode by adding a row to `modes`
+// and its function to bench_modes.h (serve is still to come).
+#include <cstdio>
+#include <string>
+
 #include "actors/common/error.h"
+#include "tools/tandem/bench_modes.h"
 #include "tools/tandem/commands.h"
 
 namespace tandem::cli {
 
-int bench_cache(args a);     // tools/tandem/bench_cache.cpp
-int bench_transfer(args a);  // tools/tandem/bench_transfer.cpp
+namespace {
+
+struct mode {
+  const char* name;
+  int (*run)(args);
+  const char* help;
+};
+
+constexpr mode modes[] = {
+    {"model", bench_model, "prefill/decode tokens/s of a GGUF model vs measured bandwidth and FMA peak"},
+    {"control-plane", bench_control_plane, "CPU us per generated token of router/schedulers/streaming (null model)"},
+    {"cache", bench_cache, "multi-turn agentic workload: TTFT/throughput with the KV cache off, L1, L1+L2(+L3)"},
+    {"transfer", bench_transfer, "KV page transfer bandwidth over UCX vs memcpy (and ucx_perftest)"},
+};
+
+void usage() {
+  std::printf("usage: tandem bench <mode> [options]\n\nmodes:\n");
+  for (const mode& m : modes) std::printf("  %-14s %s\n", m.name, m.help);
+  std::printf("\nrun 'tandem bench <mode> --help' for the options of a mode\n");
+}
+
+}  // namespace
 
 int bench(args a) {
-  if (!a.empty() && a[0] == "cache") return bench_cache(a.subspan(1));
-  if (!a.empty() && a[0] == "transfer") return bench_transfer(a.subspan(1));
-  throw tandem::error(error_kind::unimplemented, "tandem bench is not implemented yet");
+  if (a.empty() || a[0] == "--help" || a[0] == "-h") {
+    usage();
+    return a.empty() ? 2 : 0;
+  }
+  for (const mode& m : modes)
+    if (a[0] == m.name) return m.run(a.subspan(1));
+  std::string names;
+  for (const mode& m : modes) names += std::string(names.empty() ? "" : ", ") + m.name;
+  throw tandem::error(error_kind::unimplemented,
+                      "unknown bench mode '" + a[0] + "'; available: " + names);
 }
 
 }  // namespace tandem::cli

@@ -17,7 +17,7 @@ void usage() {
       "  serve         run a node; without --config, an embedded single-process cluster\n"
       "  check-config  validate a cluster config and exit (0 valid, 1 invalid, 2 usage error)\n"
       "  inspect       list the actors, requests and KV pools of a running node\n"
-      "  bench         benchmarks: model | transfer | cache | serve\n"
+      "  bench         benchmarks: model | control-plane | transfer | cache | serve\n"
       "  make-model    write a random-weight Llama GGUF (--preset tiny-15m|small-110m)\n"
       "  generate      stream a completion from a running node over Cap'n Proto RPC\n"
       "\n"

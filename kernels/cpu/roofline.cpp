@@ -1,0 +1,171 @@
+#include "kernels/cpu/roofline.h"
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#include "actors/common/error.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace tandem::cpu {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Sums 64-byte lines with 4 independent accumulators so the loads, not the adds, bound it.
+__attribute__((target("avx2"))) float read_avx2(const float* p, size_t n) {
+  __m256 a = _mm256_setzero_ps(), b = a, c = a, d = a;
+  for (size_t i = 0; i + 32 <= n; i += 32) {
+    a = _mm256_add_ps(a, _mm256_load_ps(p + i));
+    b = _mm256_add_ps(b, _mm256_load_ps(p + i + 8));
+    c = _mm256_add_ps(c, _mm256_load_ps(p + i + 16));
+    d = _mm256_add_ps(d, _mm256_load_ps(p + i + 24));
+  }
+  alignas(32) float t[8];
+  _mm256_store_ps(t, _mm256_add_ps(_mm256_add_ps(a, b), _mm256_add_ps(c, d)));
+  return t[0] + t[7];
+}
+
+__attribute__((target("avx512f"))) float read_avx512(const float* p, size_t n) {
+  __m512 a = _mm512_setzero_ps(), b = a, c = a, d = a;
+  for (size_t i = 0; i + 64 <= n; i += 64) {
+    a = _mm512_add_ps(a, _mm512_load_ps(p + i));
+    b = _mm512_add_ps(b, _mm512_load_ps(p + i + 16));
+    c = _mm512_add_ps(c, _mm512_load_ps(p + i + 32));
+    d = _mm512_add_ps(d, _mm512_load_ps(p + i + 48));
+  }
+  alignas(64) float t[16];
+  _mm512_store_ps(t, _mm512_add_ps(_mm512_add_ps(a, b), _mm512_add_ps(c, d)));
+  return t[0] + t[15];
+}
+
+float read_scalar(const float* p, size_t n) {
+  float a = 0, b = 0, c = 0, d = 0;
+  for (size_t i = 0; i + 16 <= n; i += 16) {
+    a += p[i];
+    b += p[i + 4];
+    c += p[i + 8];
+    d += p[i + 12];
+  }
+  return a + b + c + d;
+}
+
+// `iters` rounds of 12 independent FMA chains (enough to cover FMA latency x ports).
+__attribute__((target("avx512f"))) float fma_avx512(int64_t iters) {
+  __m512 acc[12];
+  for (int j = 0; j < 12; ++j) acc[j] = _mm512_set1_ps(float(j) * 1e-3f);
+  const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+  for (int64_t i = 0; i < iters; ++i)
+#pragma GCC unroll 12
+    for (int j = 0; j < 12; ++j) acc[j] = _mm512_fmadd_ps(acc[j], m, c);
+  alignas(64) float t[16];
+  __m512 s = acc[0];
+  for (int j = 1; j < 12; ++j) s = _mm512_add_ps(s, acc[j]);
+  _mm512_store_ps(t, s);
+  return t[0];
+}
+
+__attribute__((target("avx2,fma"))) float fma_avx2(int64_t iters) {
+  __m256 acc[12];
+  for (int j = 0; j < 12; ++j) acc[j] = _mm256_set1_ps(float(j) * 1e-3f);
+  const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+  for (int64_t i = 0; i < iters; ++i)
+#pragma GCC unroll 12
+    for (int j = 0; j < 12; ++j) acc[j] = _mm256_fmadd_ps(acc[j], m, c);
+  alignas(32) float t[8];
+  __m256 s = acc[0];
+  for (int j = 1; j < 12; ++j) s = _mm256_add_ps(s, acc[j]);
+  _mm256_store_ps(t, s);
+  return t[0];
+}
+
+float fma_scalar(int64_t iters) {
+  float acc[8];
+  for (int j = 0; j < 8; ++j) acc[j] = float(j) * 1e-3f;
+  for (int64_t i = 0; i < iters; ++i)
+    for (int j = 0; j < 8; ++j) acc[j] = acc[j] * 0.999999f + 1e-7f;
+  float s = 0;
+  for (float a : acc) s += a;
+  return s;
+}
+
+}  // namespace
+
+double measure_read_bandwidth(thread_pool& pool, size_t bytes, int reps) {
+  const size_t n = bytes / sizeof(float) / 64 * 64;
+  if (n == 0 || reps < 1) throw tandem::error("bandwidth probe needs at least 256 bytes and one repetition");
+  struct free_deleter {
+    void operator()(float* p) const { std::free(p); }
+  };
+  std::unique_ptr<float, free_deleter> buf(static_cast<float*>(std::aligned_alloc(64, n * sizeof(float))));
+  if (!buf) throw tandem::error("bandwidth probe: cannot allocate its buffer; use a smaller size");
+  float* p = buf.get();
+  // First touch from the threads that will read (NUMA placement), then the timed passes.
+  const int64_t parts = pool.size() * 16;
+  auto range = [&](int64_t i, size_t& b, size_t& e) {
+    b = n / size_t(parts) * size_t(i) / 64 * 64;
+    e = i + 1 == parts ? n : n / size_t(parts) * size_t(i + 1) / 64 * 64;
+  };
+  pool.parallel_for(parts, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      size_t b, e;
+      range(i, b, e);
+      for (size_t j = b; j < e; ++j) p[j] = float(j & 7);
+    }
+  });
+  const cpu_isa isa = detected_isa();
+  std::atomic<float> sink{0};
+  double best = 0;
+  for (int r = 0; r < reps + 1; ++r) {  // the first pass only warms the TLB and page tables
+    const auto t0 = std::chrono::steady_clock::now();
+    pool.parallel_for(parts, [&](int64_t i0, int64_t i1) {
+      size_t b, e0, b1, e;
+      range(i0, b, e0);
+      range(i1 - 1, b1, e);
+      const float s = isa == cpu_isa::avx512 ? read_avx512(p + b, e - b)
+                      : isa == cpu_isa::avx2 ? read_avx2(p + b, e - b)
+                                             : read_scalar(p + b, e - b);
+      sink.store(s, std::memory_order_relaxed);
+    });
+    const double sec = seconds_since(t0);
+    if (r > 0) best = std::max(best, double(n * sizeof(float)) / sec);
+  }
+  return best;
+}
+
+double measure_peak_fma(thread_pool& pool, cpu_isa isa, int reps) {
+  isa = resolve_isa(isa);
+  const int lanes = isa == cpu_isa::avx512 ? 16 : isa == cpu_isa::avx2 ? 8 : 1;
+  const int chains = isa == cpu_isa::scalar ? 8 : 12;
+  const int64_t iters = isa == cpu_isa::scalar ? (int64_t(1) << 24) : (int64_t(1) << 22);
+  std::atomic<float> sink{0};
+  double best = 0;
+  for (int r = 0; r < std::max(1, reps); ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    pool.parallel_for(pool.size(), [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const float s = isa == cpu_isa::avx512 ? fma_avx512(iters)
+                        : isa == cpu_isa::avx2 ? fma_avx2(iters)
+                                               : fma_scalar(iters);
+        sink.store(s, std::memory_order_relaxed);
+      }
+    });
+    const double sec = seconds_since(t0);
+    best = std::max(best, 2.0 * double(lanes) * chains * double(iters) * pool.size() / sec);
+  }
+  return best;
+}
+
+}  // namespace tandem::cpu

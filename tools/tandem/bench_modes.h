@@ -1,0 +1,13 @@
+#pragma once
+/// The sub-modes of `tandem bench`; each takes the arguments after its name. One file per
+/// mode (cmd_bench_<mode>.cpp); cmd_bench.cpp dispatches by name.
+#include "tools/tandem/commands.h"
+
+namespace tandem::cli {
+
+int bench_model(args a);          ///< kernel throughput vs the measured roofline
+int bench_control_plane(args a);  ///< CPU per generated token of the actors, null model
+int bench_cache(args a);          ///< prefix reuse across tiers (bench_cache.cpp)
+int bench_transfer(args a);       ///< KV page transfer over UCX (bench_transfer.cpp)
+
+}  // namespace tandem::cli

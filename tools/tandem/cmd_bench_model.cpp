@@ -1,0 +1,283 @@
+// tandem bench model: prefill and decode throughput of a GGUF model on the CPU kernels,
+// each printed next to the ceiling measured in the same run (streaming read bandwidth for
+// decode, peak FMA rate for prefill), so the ratios stay meaningful on a loaded machine.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "actors/common/error.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/roofline.h"
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/gguf/gguf.h"
+#include "kernels/model/kv_pool.h"
+#include "kernels/model/llama.h"
+#include "tools/tandem/bench_modes.h"
+#include "tools/tandem/flags.h"
+
+namespace tandem::cli {
+
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::vector<int64_t> parse_list(const std::string& s, const char* flag) {
+  std::vector<int64_t> out;
+  std::stringstream ss(s);
+  std::string part;
+  while (std::getline(ss, part, ',')) {
+    try {
+      size_t used = 0;
+      const int64_t v = std::stoll(part, &used);
+      if (used != part.size() || v < 1 || v > 1024) throw 0;
+      out.push_back(v);
+    } catch (...) {
+      throw tandem::error(fmt::format("--{} expects comma-separated integers in [1, 1024], got '{}'", flag, s));
+    }
+  }
+  if (out.empty()) throw tandem::error(fmt::format("--{} is empty; give e.g. 1,8,32", flag));
+  return out;
+}
+
+/// What one decode step or prefill has to read and compute, from the tensor list.
+struct model_cost {
+  size_t step_bytes = 0;       ///< weights read by one forward (all matrices + output head)
+  double layer_params = 0;     ///< matrix elements of all layers
+  double output_params = 0;    ///< elements of the output head
+  std::string weight_type;     ///< type of blk.0.attn_q.weight
+};
+
+model_cost cost_of(const gguf::file& f, const model_config& c) {
+  model_cost m;
+  const gguf::tensor_info* embd = f.find_tensor("token_embd.weight");
+  const gguf::tensor_info* out = f.find_tensor("output.weight");
+  for (const auto& t : f.tensors()) {
+    if (&t == embd && out != nullptr) continue;  // only a few embedding rows are read
+    m.step_bytes += t.nbytes;
+    double n = 1;
+    for (int64_t d : t.dims) n *= double(d);
+    if (t.name.rfind("blk.", 0) == 0 && t.dims.size() == 2 && t.dims[1] > 1) m.layer_params += n;
+  }
+  m.output_params = double(c.n_vocab) * c.n_embd;
+  if (const auto* q = f.find_tensor("blk.0.attn_q.weight")) m.weight_type = std::string(to_string(q->type));
+  return m;
+}
+
+/// FLOP of causal attention for `n` new tokens after `pos0` cached ones (QK and AV).
+double attention_flops(const model_config& c, int64_t pos0, int64_t n) {
+  double ctx = 0;
+  for (int64_t t = 0; t < n; ++t) ctx += double(pos0 + t + 1);
+  return 4.0 * ctx * c.head_dim * c.n_head * c.n_layer;
+}
+
+struct seq_state {
+  std::vector<int32_t> pages;
+  int32_t pos = 0;
+  std::vector<int32_t> next;  // the token fed at the next step
+};
+
+struct decode_result {
+  int64_t batch = 0;
+  double tokens_per_s = 0, ms_per_step = 0, roofline = 0, of_peak = 0;
+};
+
+}  // namespace
+
+int bench_model(args a) {
+  for (const std::string& s : a)
+    if (s == "--null") {
+      std::vector<std::string> rest;
+      for (const std::string& r : a)
+        if (r != "--null") rest.push_back(r);
+      return bench_control_plane(rest);
+    }
+  flags f;
+  f.opt("model", "GGUF model file (required), e.g. from tandem make-model --preset small-110m")
+      .opt("threads", "kernel threads", "2")
+      .opt("isa", "kernel path: best | avx512 | avx2 | scalar", "best")
+      .opt("prompt", "prefill prompt length in tokens", "512")
+      .opt("batches", "decode batch sizes", "1,8,32")
+      .opt("steps", "timed decode steps per batch size and repetition (3 repetitions, the fastest counts)", "16")
+      .opt("context", "tokens already in each sequence's KV when decode starts", "32")
+      .opt("bandwidth-mb", "buffer of the bandwidth probe (well above the last-level cache)", "512")
+      .sw("json", "print one JSON object instead of the table")
+      .sw("null", "run the control-plane benchmark with a null model instead (see bench control-plane)");
+  if (!f.parse(a)) {
+    std::printf("usage: tandem bench model --model FILE [options]\n\n%s", f.help().c_str());
+    return 0;
+  }
+  if (!f.positional().empty())
+    throw tandem::error("unexpected argument '" + f.positional().front() + "': pass the model as --model FILE");
+  const std::string path = f.str("model");
+  if (path.empty()) throw tandem::error("missing --model FILE: make one with tandem make-model --preset small-110m");
+  const int64_t threads = f.num("threads"), prompt = f.num("prompt"), steps = f.num("steps"),
+                context = f.num("context"), bw_mb = f.num("bandwidth-mb");
+  if (threads < 1 || threads > 1024) throw tandem::error("--threads must be in [1, 1024]");
+  if (prompt < 1 || steps < 1 || context < 0 || bw_mb < 1)
+    throw tandem::error("--prompt, --steps and --bandwidth-mb must be >= 1, --context >= 0");
+  const std::vector<int64_t> batches = parse_list(f.str("batches"), "batches");
+  const bool json = f.on("json");
+
+  const gguf::file file = gguf::file::open(path);
+  cpu_options co;
+  co.threads = int32_t(threads);
+  co.isa = cpu::resolve_isa(cpu::parse_isa(f.str("isa")));
+  const auto model = llama_model::load(file, co);
+  const model_config& c = model->config();
+  const model_cost cost = cost_of(file, c);
+  const int32_t ps = 16;
+  const int64_t warm = 2;
+  const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
+  const int64_t reps = 3;  // timed repetitions per batch size; the fastest counts (shared machines)
+  const int64_t decode_ctx = context + int64_t(batches.size()) * (warm + reps * steps) + 1;
+  if (c.n_ctx > 0 && (prompt > c.n_ctx || decode_ctx > c.n_ctx))
+    throw tandem::error(fmt::format("--prompt {} or --context + steps ({}) exceed the model's context {}", prompt,
+                                    decode_ctx, c.n_ctx));
+
+  // Ceilings, measured now with the same thread count.
+  cpu::thread_pool probe_pool(static_cast<int32_t>(threads));
+  double bw = cpu::measure_read_bandwidth(probe_pool, size_t(bw_mb) << 20, 3);
+  double peak = cpu::measure_peak_fma(probe_pool, co.isa, 3);
+  double roofline_step_s = double(cost.step_bytes) / bw;
+
+  std::mt19937 rng(1);
+  std::uniform_int_distribution<int32_t> tok(1, c.n_vocab - 1);
+  std::vector<float> logits;
+
+  // Prefill: one sequence of `prompt` tokens (3 runs; the fastest counts, the first also warms).
+  double prefill_s = 1e30;
+  {
+    kv_pool pool(model->layout(ps), int32_t((prompt + ps - 1) / ps));
+    std::vector<int32_t> pages(static_cast<size_t>(pool.n_pages())), toks(static_cast<size_t>(prompt));
+    for (size_t i = 0; i < pages.size(); ++i) pages[i] = int32_t(i);
+    for (auto& t : toks) t = tok(rng);
+    for (int r = 0; r < 3; ++r) {
+      const batch_seq s{.tokens = toks, .pos = 0, .pages = pages, .want_logits = true};
+      const double t0 = now_s();
+      model->forward(std::span<const batch_seq>(&s, 1), pool, logits);
+      prefill_s = std::min(prefill_s, now_s() - t0);
+    }
+  }
+  const double prefill_flops =
+      2.0 * cost.layer_params * double(prompt) + 2.0 * cost.output_params + attention_flops(c, 0, prompt);
+  const double prefill_tps = double(prompt) / prefill_s;
+  double prefill_of_peak = prefill_flops / prefill_s / peak;
+
+  // Decode: `max_batch` sequences with `context` tokens each; batch b runs the first b.
+  const int64_t pages_per_seq = (decode_ctx + ps - 1) / ps;
+  kv_pool pool(model->layout(ps), int32_t(pages_per_seq * max_batch));
+  std::vector<seq_state> seqs(static_cast<size_t>(max_batch));
+  for (int64_t s = 0; s < max_batch; ++s) {
+    for (int64_t p = 0; p < pages_per_seq; ++p) seqs[size_t(s)].pages.push_back(int32_t(s * pages_per_seq + p));
+    seqs[size_t(s)].next = {tok(rng)};
+  }
+  if (context > 0) {
+    std::vector<std::vector<int32_t>> ctx_toks(static_cast<size_t>(max_batch));
+    std::vector<batch_seq> b;
+    for (int64_t s = 0; s < max_batch; ++s) {
+      for (int64_t i = 0; i < context; ++i) ctx_toks[size_t(s)].push_back(tok(rng));
+      b.push_back(batch_seq{.tokens = ctx_toks[size_t(s)], .pos = 0, .pages = seqs[size_t(s)].pages,
+                            .want_logits = false});
+    }
+    // In prompt-sized chunks of sequences, as a scheduler would.
+    const size_t per = size_t(std::max<int64_t>(1, prompt / std::max<int64_t>(1, context)));
+    for (size_t i = 0; i < b.size(); i += per)
+      model->forward(std::span<const batch_seq>(b.data() + i, std::min(per, b.size() - i)), pool, logits);
+    for (auto& s : seqs) s.pos = int32_t(context);
+  }
+  std::vector<decode_result> dec;
+  for (int64_t bsz : batches) {
+    double best = 1e30, attn = 0;
+    for (int64_t rep = 0; rep < reps; ++rep) {
+      double t0 = 0, rep_attn = 0;
+      for (int64_t step = rep == 0 ? -warm : 0; step < steps; ++step) {
+        if (step == 0) t0 = now_s();
+        std::vector<batch_seq> b;
+        for (int64_t s = 0; s < bsz; ++s) {
+          seq_state& q = seqs[size_t(s)];
+          b.push_back(batch_seq{.tokens = q.next, .pos = q.pos, .pages = q.pages, .want_logits = true});
+          if (step >= 0) rep_attn += attention_flops(c, q.pos, 1);
+        }
+        model->forward(b, pool, logits);
+        for (int64_t s = 0; s < bsz; ++s) {
+          seq_state& q = seqs[size_t(s)];
+          ++q.pos;
+          // Greedy next token, so the inputs look like a real decode.
+          const float* l = logits.data() + size_t(s) * size_t(c.n_vocab);
+          q.next = {int32_t(std::max_element(l, l + c.n_vocab) - l)};
+        }
+      }
+      const double sec = now_s() - t0;
+      if (sec < best) best = sec, attn = rep_attn;
+    }
+    const double sec = best;
+    decode_result r;
+    r.batch = bsz;
+    r.ms_per_step = sec / double(steps) * 1e3;
+    r.tokens_per_s = double(bsz * steps) / sec;
+    r.of_peak = (2.0 * (cost.layer_params + cost.output_params) * double(bsz * steps) + attn) / sec / peak;
+    dec.push_back(r);
+  }
+  // Ceilings again after the runs; the higher of the two counts, so load from other
+  // processes during one probe cannot flatter the ratios.
+  bw = std::max(bw, cpu::measure_read_bandwidth(probe_pool, size_t(bw_mb) << 20, 3));
+  const double peak2 = cpu::measure_peak_fma(probe_pool, co.isa, 3);
+  if (peak2 > peak) {
+    for (auto& r : dec) r.of_peak *= peak / peak2;
+    prefill_of_peak *= peak / peak2;
+    peak = peak2;
+  }
+  roofline_step_s = double(cost.step_bytes) / bw;
+  for (auto& r : dec) r.roofline = roofline_step_s / (r.ms_per_step / 1e3);
+  const decode_result* b1 = nullptr;
+  const decode_result* b32 = nullptr;
+  for (const auto& r : dec) {
+    if (r.batch == 1) b1 = &r;
+    if (r.batch == 32) b32 = &r;
+  }
+
+  const std::string isa_name(cpu::to_string(co.isa));
+  if (json) {
+    std::string d;
+    for (const auto& r : dec)
+      d += fmt::format("{}{{\"batch\":{},\"tokens_per_s\":{:.2f},\"ms_per_step\":{:.3f},\"roofline_fraction\":{:.4f},"
+                       "\"peak_fma_fraction\":{:.4f}}}",
+                       d.empty() ? "" : ",", r.batch, r.tokens_per_s, r.ms_per_step, r.roofline, r.of_peak);
+    std::printf(
+        "{\"model\":\"%s\",\"weight_type\":\"%s\",\"threads\":%lld,\"isa\":\"%s\",\"step_bytes\":%zu,"
+        "\"read_bandwidth_gbs\":%.3f,\"peak_fma_gflops\":%.2f,\"roofline_step_ms\":%.3f,"
+        "\"prefill\":{\"tokens\":%lld,\"tokens_per_s\":%.2f,\"seconds\":%.4f,\"peak_fma_fraction\":%.4f},"
+        "\"decode_context\":%lld,\"decode\":[%s],\"batch32_over_batch1\":%.3f}\n",
+        c.name.c_str(), cost.weight_type.c_str(), (long long)threads, isa_name.c_str(), cost.step_bytes, bw / 1e9,
+        peak / 1e9, roofline_step_s * 1e3, (long long)prompt, prefill_tps, prefill_s, prefill_of_peak,
+        (long long)context, d.c_str(), b1 && b32 ? b32->tokens_per_s / b1->tokens_per_s : 0.0);
+    return 0;
+  }
+  std::printf("model %s (%s weights): %d layers, %.1f MB of weights read per forward\n", c.name.c_str(),
+              cost.weight_type.c_str(), c.n_layer, double(cost.step_bytes) / 1e6);
+  std::printf("threads %lld, kernels %s; measured in this run (higher of before/after): read bandwidth %.2f GB/s, peak FMA %.1f GFLOP/s\n",
+              (long long)threads, isa_name.c_str(), bw / 1e9, peak / 1e9);
+  std::printf("roofline of one decode step (weight bytes / bandwidth): %.2f ms\n\n", roofline_step_s * 1e3);
+  std::printf("%-22s %12s %10s %12s %12s\n", "", "tokens/s", "ms/step", "of roofline", "of peak FMA");
+  std::printf("%-22s %12.1f %10.2f %12s %12.3f\n", fmt::format("prefill {} tokens", prompt).c_str(), prefill_tps,
+              prefill_s * 1e3, "-", prefill_of_peak);
+  for (const auto& r : dec)
+    std::printf("%-22s %12.1f %10.2f %12.3f %12.3f\n",
+                fmt::format("decode batch {} (ctx {})", r.batch, context).c_str(), r.tokens_per_s, r.ms_per_step,
+                r.roofline, r.of_peak);
+  std::printf("\ngoals: decode batch 1 >= 0.70 of roofline: %s", b1 ? fmt::format("{:.3f}", b1->roofline).c_str() : "n/a");
+  std::printf("; batch 32 >= 10x batch 1: %s",
+              b1 && b32 ? fmt::format("{:.2f}x", b32->tokens_per_s / b1->tokens_per_s).c_str() : "n/a");
+  std::printf("; prefill >= 0.50 of peak FMA: %.3f\n", prefill_of_peak);
+  return 0;
+}
+
+}  // namespace tandem::cli
