@@ -32,6 +32,6 @@ fi
 if ((asan)); then
   cmake --preset asan >/dev/null
   # Only the unit-test executables: the end-to-end suite runs above.
-  cmake --build --preset asan -j "$jobs" --target test_kernels test_actors test_transport
-  ctest --preset asan -j "$jobs" --timeout 900 -L 'test_kernels|test_actors|test_transport'
+  cmake --build --preset asan -j "$jobs" --target test_kernels test_actors test_transport test_config test_ucx
+  ctest --preset asan -j "$jobs" --timeout 900 -L 'test_kernels|test_actors|test_transport|test_config|test_ucx'
 fi
