@@ -135,9 +135,9 @@ struct temp_dir {
 
 /// `tandem serve` on free ports, with the ports parsed from its listening lines.
 struct server {
-  explicit server(const std::string& model, const std::string& stderr_path)
-      : proc({TANDEM_BINARY, "serve", "--model", model, "--port", "0", "--rpc-port", "0", "--log-level", "warn"}, {},
-             stderr_path) {
+  /// `extra` are more `tandem serve` flags, e.g. {"--max-queued-requests", "1"}.
+  explicit server(const std::string& model, const std::string& stderr_path, const std::vector<std::string>& extra = {})
+      : proc(argv(model, extra), {}, stderr_path) {
     std::regex re(R"(^tandem: (http|rpc) listening on 127\.0\.0\.1:(\d+)$)");
     while (http_port == 0 || rpc_port == 0) {
       auto line = proc.read_line(std::chrono::seconds(20));
@@ -146,6 +146,11 @@ struct server {
       if (!std::regex_match(*line, m, re)) throw std::runtime_error("unexpected stdout line from tandem serve: " + *line);
       (m[1] == "http" ? http_port : rpc_port) = static_cast<uint16_t>(std::stoi(m[2]));
     }
+  }
+  static std::vector<std::string> argv(const std::string& model, const std::vector<std::string>& extra) {
+    std::vector<std::string> a{TANDEM_BINARY, "serve", "--model", model, "--port", "0", "--rpc-port", "0", "--log-level", "warn"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
   }
   child proc;
   uint16_t http_port = 0, rpc_port = 0;

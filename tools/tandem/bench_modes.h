@@ -1,6 +1,9 @@
 #pragma once
 /// The sub-modes of `tandem bench`; each takes the arguments after its name. One file per
 /// mode (cmd_bench_<mode>.cpp); cmd_bench.cpp dispatches by name.
+#include <cstdint>
+#include <string>
+
 #include "tools/tandem/commands.h"
 
 namespace tandem::cli {
@@ -9,5 +12,8 @@ int bench_model(args a);          ///< kernel throughput vs the measured rooflin
 int bench_control_plane(args a);  ///< CPU per generated token of the actors, null model
 int bench_cache(args a);          ///< prefix reuse across tiers (bench_cache.cpp)
 int bench_transfer(args a);       ///< KV page transfer over UCX (bench_transfer.cpp)
+int bench_serve(args a);          ///< HTTP load generator: TTFT/ITL/goodput (cmd_bench_serve.cpp)
+/// Batched decode tokens/s of `model` at `batch` with `context` tokens cached (bench model's loop).
+double bench_model_decode_tokens_per_s(const std::string& model, int32_t threads, int64_t batch, int64_t context);
 
 }  // namespace tandem::cli

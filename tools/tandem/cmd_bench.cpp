@@ -1,5 +1,5 @@
 // tandem bench <mode>: dispatch to one benchmark. Add a mode by adding a row to `modes`
-// and its function to bench_modes.h (serve is still to come).
+// and its function to bench_modes.h.
 #include <cstdio>
 #include <string>
 
@@ -22,6 +22,7 @@ constexpr mode modes[] = {
     {"control-plane", bench_control_plane, "CPU us per generated token of router/schedulers/streaming (null model)"},
     {"cache", bench_cache, "multi-turn agentic workload: TTFT/throughput with the KV cache off, L1, L1+L2(+L3)"},
     {"transfer", bench_transfer, "KV page transfer bandwidth over UCX vs memcpy (and ucx_perftest)"},
+    {"serve", bench_serve, "HTTP load generator against a server: TTFT/TPOT/ITL, goodput, rejections"},
 };
 
 void usage() {

@@ -87,9 +87,92 @@ struct seq_state {
 struct decode_result {
   int64_t batch = 0;
   double tokens_per_s = 0, ms_per_step = 0, roofline = 0, of_peak = 0;
+  double attn_flops = 0;  ///< attention FLOP of the fastest repetition
 };
 
+/// Batched decode: `max(batches)` sequences with `context` random tokens cached, then for each
+/// batch size b, `steps` greedy steps of the first b (after 2 warm-up steps; 3 repetitions,
+/// the fastest counts). Shared by bench model and bench serve --compare-model.
+std::vector<decode_result> run_decode(llama_model& model, const std::vector<int64_t>& batches, int64_t steps,
+                                      int64_t context, int64_t prompt, int64_t decode_ctx, std::mt19937& rng) {
+  const model_config& c = model.config();
+  const int32_t ps = 16;
+  const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
+  std::uniform_int_distribution<int32_t> tok(1, c.n_vocab - 1);
+  std::vector<float> logits;
+  const int64_t pages_per_seq = (decode_ctx + ps - 1) / ps;
+  kv_pool pool(model.layout(ps), int32_t(pages_per_seq * max_batch));
+  std::vector<seq_state> seqs(static_cast<size_t>(max_batch));
+  for (int64_t s = 0; s < max_batch; ++s) {
+    for (int64_t p = 0; p < pages_per_seq; ++p) seqs[size_t(s)].pages.push_back(int32_t(s * pages_per_seq + p));
+    seqs[size_t(s)].next = {tok(rng)};
+  }
+  if (context > 0) {
+    std::vector<std::vector<int32_t>> ctx_toks(static_cast<size_t>(max_batch));
+    std::vector<batch_seq> b;
+    for (int64_t s = 0; s < max_batch; ++s) {
+      for (int64_t i = 0; i < context; ++i) ctx_toks[size_t(s)].push_back(tok(rng));
+      b.push_back(batch_seq{.tokens = ctx_toks[size_t(s)], .pos = 0, .pages = seqs[size_t(s)].pages,
+                            .want_logits = false});
+    }
+    // In prompt-sized chunks of sequences, as a scheduler would.
+    const size_t per = size_t(std::max<int64_t>(1, prompt / std::max<int64_t>(1, context)));
+    for (size_t i = 0; i < b.size(); i += per)
+      model.forward(std::span<const batch_seq>(b.data() + i, std::min(per, b.size() - i)), pool, logits);
+    for (auto& s : seqs) s.pos = int32_t(context);
+  }
+  std::vector<decode_result> dec;
+  const int64_t warm = 2, reps = 3;  // reps: timed repetitions per batch size; the fastest counts
+  for (int64_t bsz : batches) {
+    double best = 1e30, attn = 0;
+    for (int64_t rep = 0; rep < reps; ++rep) {
+      double t0 = 0, rep_attn = 0;
+      for (int64_t step = rep == 0 ? -warm : 0; step < steps; ++step) {
+        if (step == 0) t0 = now_s();
+        std::vector<batch_seq> b;
+        for (int64_t s = 0; s < bsz; ++s) {
+          seq_state& q = seqs[size_t(s)];
+          b.push_back(batch_seq{.tokens = q.next, .pos = q.pos, .pages = q.pages, .want_logits = true});
+          if (step >= 0) rep_attn += attention_flops(c, q.pos, 1);
+        }
+        model.forward(b, pool, logits);
+        for (int64_t s = 0; s < bsz; ++s) {
+          seq_state& q = seqs[size_t(s)];
+          ++q.pos;
+          // Greedy next token, so the inputs look like a real decode.
+          const float* l = logits.data() + size_t(s) * size_t(c.n_vocab);
+          q.next = {int32_t(std::max_element(l, l + c.n_vocab) - l)};
+        }
+      }
+      const double sec = now_s() - t0;
+      if (sec < best) best = sec, attn = rep_attn;
+    }
+    const double sec = best;
+    decode_result r;
+    r.batch = bsz;
+    r.ms_per_step = sec / double(steps) * 1e3;
+    r.tokens_per_s = double(bsz * steps) / sec;
+    r.attn_flops = attn;
+    dec.push_back(r);
+  }
+  return dec;
+}
+
 }  // namespace
+
+double bench_model_decode_tokens_per_s(const std::string& path, int32_t threads, int64_t batch, int64_t context) {
+  const gguf::file file = gguf::file::open(path);
+  cpu_options co;
+  co.threads = threads;
+  co.isa = cpu::resolve_isa(cpu_isa::best);
+  const auto model = llama_model::load(file, co);
+  const int64_t steps = 16, decode_ctx = context + 2 + 3 * steps + 1;
+  if (model->config().n_ctx > 0 && decode_ctx > model->config().n_ctx)
+    throw tandem::error(fmt::format("decode context {} exceeds the model's context {}; use shorter prompts or outputs",
+                                    decode_ctx, model->config().n_ctx));
+  std::mt19937 rng(1);
+  return run_decode(*model, {batch}, steps, context, 512, decode_ctx, rng).front().tokens_per_s;
+}
 
 int bench_model(args a) {
   for (const std::string& s : a)
@@ -135,7 +218,6 @@ int bench_model(args a) {
   const model_cost cost = cost_of(file, c);
   const int32_t ps = 16;
   const int64_t warm = 2;
-  const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
   const int64_t reps = 3;  // timed repetitions per batch size; the fastest counts (shared machines)
   const int64_t decode_ctx = context + int64_t(batches.size()) * (warm + reps * steps) + 1;
   if (c.n_ctx > 0 && (prompt > c.n_ctx || decode_ctx > c.n_ctx))
@@ -172,60 +254,9 @@ int bench_model(args a) {
   double prefill_of_peak = prefill_flops / prefill_s / peak;
 
   // Decode: `max_batch` sequences with `context` tokens each; batch b runs the first b.
-  const int64_t pages_per_seq = (decode_ctx + ps - 1) / ps;
-  kv_pool pool(model->layout(ps), int32_t(pages_per_seq * max_batch));
-  std::vector<seq_state> seqs(static_cast<size_t>(max_batch));
-  for (int64_t s = 0; s < max_batch; ++s) {
-    for (int64_t p = 0; p < pages_per_seq; ++p) seqs[size_t(s)].pages.push_back(int32_t(s * pages_per_seq + p));
-    seqs[size_t(s)].next = {tok(rng)};
-  }
-  if (context > 0) {
-    std::vector<std::vector<int32_t>> ctx_toks(static_cast<size_t>(max_batch));
-    std::vector<batch_seq> b;
-    for (int64_t s = 0; s < max_batch; ++s) {
-      for (int64_t i = 0; i < context; ++i) ctx_toks[size_t(s)].push_back(tok(rng));
-      b.push_back(batch_seq{.tokens = ctx_toks[size_t(s)], .pos = 0, .pages = seqs[size_t(s)].pages,
-                            .want_logits = false});
-    }
-    // In prompt-sized chunks of sequences, as a scheduler would.
-    const size_t per = size_t(std::max<int64_t>(1, prompt / std::max<int64_t>(1, context)));
-    for (size_t i = 0; i < b.size(); i += per)
-      model->forward(std::span<const batch_seq>(b.data() + i, std::min(per, b.size() - i)), pool, logits);
-    for (auto& s : seqs) s.pos = int32_t(context);
-  }
-  std::vector<decode_result> dec;
-  for (int64_t bsz : batches) {
-    double best = 1e30, attn = 0;
-    for (int64_t rep = 0; rep < reps; ++rep) {
-      double t0 = 0, rep_attn = 0;
-      for (int64_t step = rep == 0 ? -warm : 0; step < steps; ++step) {
-        if (step == 0) t0 = now_s();
-        std::vector<batch_seq> b;
-        for (int64_t s = 0; s < bsz; ++s) {
-          seq_state& q = seqs[size_t(s)];
-          b.push_back(batch_seq{.tokens = q.next, .pos = q.pos, .pages = q.pages, .want_logits = true});
-          if (step >= 0) rep_attn += attention_flops(c, q.pos, 1);
-        }
-        model->forward(b, pool, logits);
-        for (int64_t s = 0; s < bsz; ++s) {
-          seq_state& q = seqs[size_t(s)];
-          ++q.pos;
-          // Greedy next token, so the inputs look like a real decode.
-          const float* l = logits.data() + size_t(s) * size_t(c.n_vocab);
-          q.next = {int32_t(std::max_element(l, l + c.n_vocab) - l)};
-        }
-      }
-      const double sec = now_s() - t0;
-      if (sec < best) best = sec, attn = rep_attn;
-    }
-    const double sec = best;
-    decode_result r;
-    r.batch = bsz;
-    r.ms_per_step = sec / double(steps) * 1e3;
-    r.tokens_per_s = double(bsz * steps) / sec;
-    r.of_peak = (2.0 * (cost.layer_params + cost.output_params) * double(bsz * steps) + attn) / sec / peak;
-    dec.push_back(r);
-  }
+  std::vector<decode_result> dec = run_decode(*model, batches, steps, context, prompt, decode_ctx, rng);
+  for (auto& r : dec) r.of_peak = (2.0 * (cost.layer_params + cost.output_params) * double(r.batch * steps) + r.attn_flops) /
+                                  (r.ms_per_step * double(steps) / 1e3) / peak;
   // Ceilings again after the runs; the higher of the two counts, so load from other
   // processes during one probe cannot flatter the ratios.
   bw = std::max(bw, cpu::measure_read_bandwidth(probe_pool, size_t(bw_mb) << 20, 3));
