@@ -128,7 +128,7 @@ std::string words(std::mt19937& rng, int64_t n) {
 }
 
 /// A socket connected to host:port, or -1 with `err` set.
-int connect_tcp(const std::string& host, uint16_t port, std::string& err) {
+int connect_tcp(const std::string& host, uint16_t port, double timeout_s, std::string& err) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -141,6 +141,9 @@ int connect_tcp(const std::string& host, uint16_t port, std::string& err) {
   for (addrinfo* a = res; a; a = a->ai_next) {
     fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
     if (fd < 0) continue;
+    // Linux bounds a blocking connect by the send timeout: the request's timeout covers it.
+    timeval tv{time_t(timeout_s), suseconds_t((timeout_s - double(time_t(timeout_s))) * 1e6)};
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) break;
     ::close(fd);
     fd = -1;
@@ -245,7 +248,7 @@ void run_request(const options& o, const std::string& prompt, clock_type::time_p
     r.error = std::move(why);
   };
   std::string err;
-  int fd = connect_tcp(o.host, o.port, err);
+  int fd = connect_tcp(o.host, o.port, o.timeout_s, err);
   if (fd < 0) return finish(outcome::client_error, err);
   struct closer {
     int fd;
@@ -654,6 +657,7 @@ int bench_serve(args a) {
   // The embedded server: cluster + HTTP front end on its own thread, on a free port.
   std::unique_ptr<embedded_cluster> cluster;
   std::unique_ptr<front_end> fe;
+  std::promise<uint16_t> ready;  // the embedded front end's HTTP port; outlives its thread
   std::thread fe_thread;
   if (embedded) {
     if (f.has("port")) throw tandem::error("--port conflicts with --embedded (the embedded server picks a free port)");
@@ -671,15 +675,17 @@ int bench_serve(args a) {
     fo.rpc_port = -1;
     fo.lim = co.lim;
     fe = std::make_unique<front_end>(*cluster, fo);
-    std::promise<uint16_t> ready;
     auto port = ready.get_future();
     fe_thread = std::thread([&] {
+      bool reported = false;
       try {
         fe->run([&](const listener_info& l) {
-          if (l.what == "http") ready.set_value(l.port);
+          if (l.what == "http") ready.set_value(l.port), reported = true;
         });
       } catch (...) {
-        ready.set_exception(std::current_exception());
+        // After the port was reported the load is already running; the requests then fail
+        // with client errors that name the cause.
+        if (!reported) ready.set_exception(std::current_exception());
       }
     });
     try {
@@ -753,6 +759,12 @@ int bench_serve(args a) {
   if (compare)
     std::printf("compare: served %.1f tokens/s / bench model decode batch %lld (ctx %lld) %.1f tokens/s = %.3f (goal >= 0.8)\n",
                 out_tps, (long long)o.concurrency, (long long)model_ctx, model_tps, model_tps > 0 ? out_tps / model_tps : 0.0);
+  if (compare && !s.itl.empty()) {
+    // Without prefill and ramp: N streams each getting a token every median ITL.
+    const double steady_tps = double(o.concurrency) / (percentile(s.itl, 50) / 1e3);
+    std::printf("compare (decode only): %lld streams / ITL p50 = %.1f tokens/s = %.3f of bench model\n",
+                (long long)o.concurrency, steady_tps, model_tps > 0 ? steady_tps / model_tps : 0.0);
+  }
   for (const record& r : recs)
     if (r.out != outcome::completed && r.out != outcome::server_error && r.out != outcome::client_dropped) {
       std::printf("first failure (request %lld, %s): %s\n", (long long)r.index, outcome_name(r.out), r.error.c_str());
