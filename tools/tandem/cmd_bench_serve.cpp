@@ -593,6 +593,7 @@ int bench_serve(args a) {
       .opt("shared-prefix-tokens", "the first N words of each prompt are shared by its session group", "0")
       .opt("prefix-groups", "number of distinct shared prefixes (requests use them round robin)", "1")
       .opt("max-inflight", "open loop: client threads; arrivals beyond are counted as client_dropped", "256")
+      .opt("warmup", "requests sent one by one before the run and not counted (first-request setup)", "1")
       .opt("timeout-s", "client-side timeout of one request", "60")
       .opt("slo-ttft-ms", "goodput: TTFT bound (0 = none)", "0")
       .opt("slo-tpot-ms", "goodput: time per output token bound (0 = none)", "0")
@@ -709,6 +710,16 @@ int bench_serve(args a) {
   } stopper{fe, fe_thread};
 
   prompt_maker prompts(o);
+  const int64_t warmup = f.num("warmup");
+  if (warmup < 0 || warmup > 1000) throw tandem::error("--warmup must be in [0, 1000]");
+  for (int64_t i = 0; i < warmup; ++i) {
+    prompt_maker warm_prompts(o);  // its own generator: the run's prompts do not depend on --warmup
+    record r;
+    run_request(o, warm_prompts.next(i).first, clock_type::now(), r);
+    if (r.out != outcome::completed)
+      throw tandem::error(fmt::format("warm-up request {} did not complete ({}, HTTP {}): {}", i, outcome_name(r.out),
+                                      r.status, r.error));
+  }
   double wall_s = 0;
   const std::vector<record> recs = run_load(o, prompts, wall_s);
   const summary s = summarize(recs, wall_s, slo_ttft_ms, slo_tpot_ms);
