@@ -102,7 +102,7 @@ void check_counts(const json::value& j, int64_t requests) {
 
 }  // namespace
 
-TEST_CASE("bench serve: closed loop against tandem serve; JSON parses and every request has one outcome") {
+TEST_CASE("bench serve: closed loop against tandem serve, JSON parses and every request has one outcome") {
   bench_fixture fx;
   server srv(fx.model, (fx.dir.path / "serve.log").string());
   std::string out;
