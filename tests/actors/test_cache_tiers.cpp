@@ -177,7 +177,7 @@ TEST_CASE("page_file: CRC32C check value, round trip, corruption and mismatches 
   CHECK(d.files() == 0);
 }
 
-TEST_CASE("kv_layout: standard K/V unchanged; MLA latent and indexer caches are just components") {
+TEST_CASE("kv_layout: standard K/V unchanged, MLA latent and indexer caches are just components") {
   kv_layout std_l{2, 4, 8, 16};
   CHECK(std_l.is_standard());
   CHECK(std_l.page_bytes() == 2 * 2 * std_l.layer_floats() * sizeof(float));
@@ -198,7 +198,7 @@ TEST_CASE("kv_layout: standard K/V unchanged; MLA latent and indexer caches are 
   CHECK_FALSE(bad.valid());
 }
 
-TEST_CASE("cache_config: policies parse; validation names key, value, why and fix") {
+TEST_CASE("cache_config: policies parse, validation names key, value, why and fix") {
   cache_write_policy p;
   for (auto q : {cache_write_policy::write_through, cache_write_policy::write_through_selective,
                  cache_write_policy::write_back}) {
@@ -304,7 +304,7 @@ TEST_CASE("radix_cache: write_back to host on L1 eviction, load-back on a hit, d
   CHECK(c.disk_pages() == 1);  // files outlive the tree
 }
 
-TEST_CASE("radix_cache: write_through reaches disk; disk hits load through host; a bad file ends the prefix") {
+TEST_CASE("radix_cache: write_through reaches disk, disk hits load through host, a bad file ends the prefix") {
   page_allocator dev(4), host(4);
   radix_cache::options o;
   o.page_size = 2;
@@ -351,7 +351,7 @@ TEST_CASE("radix_cache: write_through reaches disk; disk hits load through host;
   CHECK(host.n_free() == 4);
 }
 
-TEST_CASE("radix_cache: min_load_back_tokens recomputes short host hits; selective backup after N hits") {
+TEST_CASE("radix_cache: min_load_back_tokens recomputes short host hits, selective backup after N hits") {
   page_allocator dev(8), host(8);
   radix_cache::options o;
   o.page_size = 2;
@@ -391,7 +391,7 @@ TEST_CASE("radix_cache: min_load_back_tokens recomputes short host hits; selecti
   CHECK(host.n_free() == 8);
 }
 
-TEST_CASE("cluster(fake): every write policy gives the cache-off output; L2 hits; every page returns") {
+TEST_CASE("cluster(fake): every write policy gives the cache-off output, L2 hits, every page returns") {
   for (auto pol : {cache_write_policy::write_through, cache_write_policy::write_through_selective,
                    cache_write_policy::write_back}) {
     CAPTURE(cache_write_policy_name(pol));
@@ -422,7 +422,7 @@ TEST_CASE("cluster(fake): every write policy gives the cache-off output; L2 hits
   CHECK(tier(*s1, "cache_pages_total", "host") == 0);
 }
 
-TEST_CASE("cluster(fake): disk tier survives a restart; corrupted files are misses, not wrong output") {
+TEST_CASE("cluster(fake): disk tier survives a restart, corrupted files are misses, not wrong output") {
   temp_dir d("restart");
   cache_config cc;
   cc.host_ratio = 1;

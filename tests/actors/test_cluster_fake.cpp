@@ -102,7 +102,7 @@ TEST_CASE("cluster(fake): seeded sampling is the same alone and batched") {
   CHECK(run_all(c, reqs) == alone);
 }
 
-TEST_CASE("cluster(fake): prefix cache on and off give the same output; hits are counted") {
+TEST_CASE("cluster(fake): prefix cache on and off give the same output, hits are counted") {
   std::vector<int32_t> shared = prompt_of(21, 3);
   std::vector<completion_request> reqs;
   for (int i = 0; i < 4; ++i) {
@@ -204,7 +204,7 @@ TEST_CASE("cluster(fake): queued-token bound rejects explicitly") {
   CHECK(col.tokens("t1").size() == 2);
 }
 
-TEST_CASE("cluster(fake): invalid requests fail with a message; router in-flight bound") {
+TEST_CASE("cluster(fake): invalid requests fail with a message, router in-flight bound") {
   auto l = small_limits();
   l.max_inflight_requests = 1;
   auto gate = std::make_shared<forward_gate>();
@@ -318,7 +318,7 @@ TEST_CASE("cluster(fake): deadline expiry in prefill and in the queue (injected 
   CHECK(c.metrics_text().find("reason=\"deadline\"} 2") != std::string::npos);
 }
 
-TEST_CASE("cluster(fake): page exhaustion preempts the youngest and keeps outputs; lone overflow fails") {
+TEST_CASE("cluster(fake): page exhaustion preempts the youngest and keeps outputs, lone overflow fails") {
   auto l = small_limits();
   l.device_pages = 8;  // 32 tokens of KV
   l.prefix_cache = false;

@@ -49,7 +49,7 @@ token_event run_one(actor_cluster& c, const std::string& id) {
 
 }  // namespace
 
-TEST_CASE("supervisor: a failed worker is restarted and the node serves again; the failure is exported") {
+TEST_CASE("supervisor: a failed worker is restarted and the node serves again, the failure is exported") {
   actor_cluster c(std::make_shared<fake_model>(), sup_opts(3));
   auto before = run_one(c, "a");
   REQUIRE_FALSE(before.err);

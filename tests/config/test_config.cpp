@@ -319,7 +319,7 @@ void write_file(const fs::path& p, const std::string& s) { std::ofstream(p) << s
 
 }  // namespace
 
-TEST_CASE("cli: check-config exits 0 valid, 1 invalid, 2 usage or I/O; serve --config refuses the same") {
+TEST_CASE("cli: check-config exits 0 valid, 1 invalid, 2 usage or I/O, serve --config refuses the same") {
   e2e::temp_dir dir;
   write_file(dir.path / "ok.toml", one_node());
   write_file(dir.path / "bad.toml", one_node("", "page_size = 0\n"));

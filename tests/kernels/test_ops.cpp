@@ -231,7 +231,7 @@ TEST_CASE("ops: paged attention (GQA, causal) matches contiguous attention") {
   CHECK_THROWS(cpu::paged_attention(q.data(), n_tok, 20, n_heads, pool, layer, pages, out.data(), scratch));
 }
 
-TEST_CASE("ops: thread_pool covers the range once and rethrows; threaded matmul is bit-identical") {
+TEST_CASE("ops: thread_pool covers the range once and rethrows, threaded matmul is bit-identical") {
   cpu::thread_pool pool(3);
   CHECK(pool.size() == 3);
   for (int64_t n : {1, 2, 3, 10, 1000}) {
@@ -258,7 +258,7 @@ TEST_CASE("ops: thread_pool covers the range once and rethrows; threaded matmul 
   }
 }
 
-TEST_CASE("ops: matmul throughput on a 768x2048 matrix (F16, Q8_0; batch 1 and 8)") {
+TEST_CASE("ops: matmul throughput on a 768x2048 matrix (F16, Q8_0, batch 1 and 8)") {
   // Reports GFLOP/s for the lead to quote; asserts only that the numbers are correct.
   const int64_t n = 768, k = 2048;
   const auto wf = random_floats(size_t(n * k), 11, 0.1f);

@@ -35,7 +35,7 @@ TEST_CASE("sampler: temperature 0 is argmax with ties to the lowest id") {
   for (int i = 0; i < 5; ++i) CHECK(s.sample(l) == 1);
 }
 
-TEST_CASE("sampler: the same seed gives the same tokens; top_k=1 is greedy; top_k/top_p restrict") {
+TEST_CASE("sampler: the same seed gives the same tokens, top_k=1 is greedy, top_k/top_p restrict") {
   const auto l = logits_row();
   sampling_params p;
   p.temperature = 1.0f;

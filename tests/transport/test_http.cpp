@@ -282,7 +282,7 @@ TEST_CASE("http: bad requests get JSON errors with status and a message naming t
   CHECK(met.body.find("tandem_http_requests_total{route=\"other\",status=\"404\"} 1") != std::string::npos);
 }
 
-TEST_CASE("http: engine errors map by kind; streams that started get an in-band error") {
+TEST_CASE("http: engine errors map by kind, streams that started get an in-band error") {
   server_fixture s;
   struct row {
     error_kind kind;

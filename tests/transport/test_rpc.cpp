@@ -104,7 +104,7 @@ TEST_CASE("rpc: errors carry their kind and message") {
   CHECK(c->health().ok);
 }
 
-TEST_CASE("rpc: client disconnect aborts the request; connecting to a closed port fails") {
+TEST_CASE("rpc: client disconnect aborts the request, connecting to a closed port fails") {
   {
     server_fixture s;
     fake_behavior b;
