@@ -98,6 +98,20 @@ class fake_model : public llama_model {
   std::shared_ptr<forward_gate> gate_;
 };
 
+/// Greedy output of fake_model (its default 64-token vocabulary) for `prompt`, computed
+/// directly from the same rule, so cluster tests compare against something independent.
+inline std::vector<int32_t> expected_greedy(std::vector<int32_t> prompt, int n) {
+  std::vector<int32_t> out;
+  for (int i = 0; i < n; ++i) {
+    int64_t sum = 0;
+    for (auto t : prompt) sum += t;
+    int32_t h = static_cast<int32_t>((int64_t(prompt.back()) + 1 + sum) % 64);
+    out.push_back(h);
+    prompt.push_back(h);
+  }
+  return out;
+}
+
 /// Collects events per request; wait for finished ones with a generous timeout.
 struct collector {
   std::mutex m;

@@ -46,17 +46,6 @@ bool contains(const std::vector<std::string>& v, const std::string& a, const std
   return false;
 }
 
-std::vector<int32_t> expected_greedy(std::vector<int32_t> prompt, int n) {
-  std::vector<int32_t> out;
-  for (int i = 0; i < n; ++i) {
-    int64_t sum = 0;
-    for (auto t : prompt) sum += t;
-    int32_t h = static_cast<int32_t>((int64_t(prompt.back()) + 1 + sum) % 64);
-    out.push_back(h);
-    prompt.push_back(h);
-  }
-  return out;
-}
 
 const stats_snapshot* find_actor(const std::vector<stats_snapshot>& v, const std::string& actor) {
   for (const auto& s : v)

@@ -26,18 +26,6 @@ std::vector<int32_t> prompt_of(int n, int salt) {
   return p;
 }
 
-/// Expected output of the fake model (same rule, computed here).
-std::vector<int32_t> expected_greedy(std::vector<int32_t> prompt, int n) {
-  std::vector<int32_t> out;
-  for (int i = 0; i < n; ++i) {
-    int64_t sum = 0;
-    for (auto t : prompt) sum += t;
-    int32_t h = static_cast<int32_t>((int64_t(prompt.back()) + 1 + sum) % 64);
-    out.push_back(h);
-    prompt.push_back(h);
-  }
-  return out;
-}
 
 std::vector<std::vector<int32_t>> run_all(actor_cluster& c, const std::vector<completion_request>& reqs) {
   collector col;
