@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -19,6 +20,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "kernels/model/make_model.h"
 
 namespace tandem::e2e {
 
@@ -133,18 +136,21 @@ struct temp_dir {
   std::filesystem::path path;
 };
 
-/// `tandem serve` on free ports, with the ports parsed from its listening lines.
+/// `tandem serve` on free ports, with the ports parsed from its listening lines. With
+/// "--admin-port" among `extra`, the admin port is waited for too.
 struct server {
   /// `extra` are more `tandem serve` flags, e.g. {"--max-queued-requests", "1"}.
   explicit server(const std::string& model, const std::string& stderr_path, const std::vector<std::string>& extra = {})
       : proc(argv(model, extra), {}, stderr_path) {
-    std::regex re(R"(^tandem: (http|rpc) listening on 127\.0\.0\.1:(\d+)$)");
-    while (http_port == 0 || rpc_port == 0) {
+    const bool want_admin = std::find(extra.begin(), extra.end(), "--admin-port") != extra.end();
+    std::regex re(R"(^tandem: (http|rpc|admin) listening on 127\.0\.0\.1:(\d+)$)");
+    while (http_port == 0 || rpc_port == 0 || (want_admin && admin_port == 0)) {
       auto line = proc.read_line(std::chrono::seconds(20));
       if (!line) throw std::runtime_error("tandem serve did not print its listening lines; see " + stderr_path);
       std::smatch m;
       if (!std::regex_match(*line, m, re)) throw std::runtime_error("unexpected stdout line from tandem serve: " + *line);
-      (m[1] == "http" ? http_port : rpc_port) = static_cast<uint16_t>(std::stoi(m[2]));
+      const auto port = static_cast<uint16_t>(std::stoi(m[2]));
+      (m[1] == "http" ? http_port : m[1] == "rpc" ? rpc_port : admin_port) = port;
     }
   }
   static std::vector<std::string> argv(const std::string& model, const std::vector<std::string>& extra) {
@@ -153,7 +159,18 @@ struct server {
     return a;
   }
   child proc;
-  uint16_t http_port = 0, rpc_port = 0;
+  uint16_t http_port = 0, rpc_port = 0, admin_port = 0;
 };
+
+/// Writes the micro preset (f16, seed 7) to `dir`/micro.gguf and returns its path.
+inline std::string write_micro_model(const std::filesystem::path& dir) {
+  const std::string path = (dir / "micro.gguf").string();
+  make_model_options o;
+  o.preset = "micro";
+  o.dtype = ggml_type::f16;
+  o.seed = 7;
+  write_random_llama(o, path);
+  return path;
+}
 
 }  // namespace tandem::e2e

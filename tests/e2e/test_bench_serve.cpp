@@ -20,14 +20,7 @@ using namespace tandem::e2e;
 namespace {
 
 struct bench_fixture {
-  bench_fixture() {
-    model = (dir.path / "micro.gguf").string();
-    make_model_options o;
-    o.preset = "micro";
-    o.dtype = ggml_type::f16;
-    o.seed = 7;
-    write_random_llama(o, model);
-  }
+  bench_fixture() : model(write_micro_model(dir.path)) {}
   /// Runs `tandem bench serve --port P <args> --json F`; returns the parsed JSON.
   json::value bench(uint16_t port, const std::vector<std::string>& args, std::string& out) {
     const std::string json_path = (dir.path / "bench.json").string();

@@ -2,7 +2,6 @@
 #include <doctest/doctest.h>
 
 #include <fstream>
-#include <regex>
 #include <sstream>
 
 #include "kernels/model/make_model.h"
@@ -28,26 +27,10 @@ std::string run_inspect(const std::vector<std::string>& args, int& code) {
 
 TEST_CASE("inspect: tandem inspect lists the actors and KV pool of a running node") {
   temp_dir dir;
-  std::string model = (dir.path / "micro.gguf").string();
-  make_model_options o;
-  o.preset = "micro";
-  o.dtype = ggml_type::f16;
-  o.seed = 7;
-  write_random_llama(o, model);
-  child srv({TANDEM_BINARY, "serve", "--model", model, "--port", "0", "--rpc-port", "0", "--admin-port", "0",
-             "--log-level", "warn"},
-            {}, (dir.path / "serve.log").string());
-  std::map<std::string, uint16_t> ports;
-  std::regex re(R"(^tandem: (http|rpc|admin) listening on 127\.0\.0\.1:(\d+)$)");
-  while (ports.size() < 3) {
-    auto line = srv.read_line(std::chrono::seconds(30));
-    REQUIRE(line);
-    std::smatch m;
-    REQUIRE(std::regex_match(*line, m, re));
-    ports[m[1]] = static_cast<uint16_t>(std::stoi(m[2]));
-  }
-  REQUIRE(test::post(ports["http"], "/v1/completions", R"({"model":"m","prompt":"hi","max_tokens":2})").status == 200);
-  std::string addr = "127.0.0.1:" + std::to_string(ports["admin"]);
+  const std::string model = write_micro_model(dir.path);
+  server srv(model, (dir.path / "serve.log").string(), {"--admin-port", "0"});
+  REQUIRE(test::post(srv.http_port, "/v1/completions", R"({"model":"m","prompt":"hi","max_tokens":2})").status == 200);
+  std::string addr = "127.0.0.1:" + std::to_string(srv.admin_port);
 
   int code = -1;
   auto js = run_inspect({addr, "--json"}, code);

@@ -52,12 +52,7 @@ std::map<std::string, std::string> rendered_metrics(const std::string& text) {
 
 TEST_CASE("metrics: every metric a running node renders is in docs/metrics.md, and vice versa") {
   temp_dir dir;
-  std::string model = (dir.path / "micro.gguf").string();
-  make_model_options o;
-  o.preset = "micro";
-  o.dtype = ggml_type::f16;
-  o.seed = 7;
-  write_random_llama(o, model);
+  const std::string model = write_micro_model(dir.path);
   server srv(model, (dir.path / "serve.log").string());
   // One finished request and one refused by the front end, so the per-event series exist.
   auto ok = test::post(srv.http_port, "/v1/completions", R"({"model":"m","prompt":"hello","max_tokens":3})");

@@ -67,13 +67,7 @@ direct_result direct_greedy(const std::string& model_path, const std::string& pr
 }
 
 struct fixture {
-  fixture() {
-    model = (dir.path / "micro.gguf").string();
-    make_model_options o;
-    o.preset = "micro";
-    o.dtype = ggml_type::f16;
-    o.seed = 7;
-    write_random_llama(o, model);
+  fixture() : model(write_micro_model(dir.path)) {
     log = (dir.path / "serve.log").string();
     srv = std::make_unique<server>(model, log);
   }
