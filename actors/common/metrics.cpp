@@ -1,5 +1,7 @@
 #include "actors/common/metrics.h"
 
+#include <sys/resource.h>
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -133,6 +135,13 @@ std::string render_prometheus(const std::vector<stats_snapshot>& snapshots) {
     for (const auto& l : g.lines) out += l + "\n";
   }
   return out;
+}
+
+double process_cpu_seconds() {
+  rusage u{};
+  if (::getrusage(RUSAGE_SELF, &u) != 0) return 0;
+  auto sec = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) / 1e6; };
+  return sec(u.ru_utime) + sec(u.ru_stime);
 }
 
 }  // namespace tandem

@@ -67,4 +67,7 @@ stats_snapshot read_stats(const wire& w);
 /// Prometheus text exposition: one `# HELP`/`# TYPE` per metric name.
 std::string render_prometheus(const std::vector<stats_snapshot>& snapshots);
 
+/// User + system CPU time of this process in seconds (0 if the kernel does not say).
+double process_cpu_seconds();
+
 }  // namespace tandem

@@ -7,7 +7,6 @@
 #include <mutex>
 #include <shared_mutex>
 
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -16,6 +15,7 @@
 #include "actors/cache_tier/cache_tier.h"
 #include "actors/cache_tier/page_file.h"
 #include "actors/common/logging.h"
+#include "actors/common/metrics.h"
 #include "actors/common/wire.h"
 #include "actors/decode_scheduler/decode_scheduler.h"
 #include "actors/prefill_scheduler/prefill_scheduler.h"
@@ -65,14 +65,6 @@ double process_rss_bytes() {
   uint64_t size = 0, resident = 0;
   if (!(in >> size >> resident)) return 0;
   return double(resident) * double(::sysconf(_SC_PAGESIZE));
-}
-
-/// User + system CPU time of this process (seconds).
-double process_cpu_seconds() {
-  rusage u{};
-  if (::getrusage(RUSAGE_SELF, &u) != 0) return 0;
-  auto sec = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) / 1e6; };
-  return sec(u.ru_utime) + sec(u.ru_stime);
 }
 
 int64_t pages_from_limits(const limits& lim, const kv_layout& layout) {

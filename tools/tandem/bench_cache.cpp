@@ -15,6 +15,7 @@
 #include "actors/runtime/embedded_cluster.h"
 #include "kernels/model/make_model.h"
 #include "kernels/tokenizer/tokenizer.h"
+#include "tools/tandem/bench_modes.h"
 #include "tools/tandem/commands.h"
 #include "tools/tandem/flags.h"
 
@@ -86,13 +87,8 @@ struct run_stats {
   int64_t prompt_tokens = 0, cached_tokens = 0, generated = 0, shareable = 0;
   std::vector<std::vector<int32_t>> outputs;  ///< per (session, turn), for the identity check
   std::string metrics;
-  double pct(double p) const {
-    if (ttft_ms.empty()) return 0;
-    auto v = ttft_ms;
-    std::sort(v.begin(), v.end());
-    size_t i = std::min(v.size() - 1, static_cast<size_t>(p * double(v.size() - 1) + 0.5));
-    return v[i];
-  }
+  /// TTFT percentile, `p` as a fraction (0.5 = p50).
+  double pct(double p) const { return percentile(ttft_ms, 100.0 * p); }
 };
 
 run_stats run_workload(embedded_cluster& c, const std::string& name, const bench_params& bp) {

@@ -4,6 +4,9 @@
 #include <cstdint>
 #include <string>
 
+#include <algorithm>
+#include <vector>
+
 #include "tools/tandem/commands.h"
 
 namespace tandem::cli {
@@ -15,5 +18,15 @@ int bench_transfer(args a);       ///< KV page transfer over UCX (bench_transfer
 int bench_serve(args a);          ///< HTTP load generator: TTFT/ITL/goodput (cmd_bench_serve.cpp)
 /// Batched decode tokens/s of `model` at `batch` with `context` tokens cached (bench model's loop).
 double bench_model_decode_tokens_per_s(const std::string& model, int32_t threads, int64_t batch, int64_t context);
+
+/// The `p`-th percentile (0..100) of `v`, interpolated between the two nearest ranks; 0 if
+/// `v` is empty. Every benchmark reports latencies with this one definition.
+inline double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double idx = p / 100.0 * double(v.size() - 1);
+  const size_t lo = size_t(idx), hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (idx - double(lo));
+}
 
 }  // namespace tandem::cli

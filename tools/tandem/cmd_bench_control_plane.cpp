@@ -5,7 +5,6 @@
 // machinery around the kernels.
 #include <fmt/format.h>
 #include <spdlog/sinks/null_sink.h>
-#include <sys/resource.h>
 #include <time.h>
 
 #include <atomic>
@@ -18,6 +17,7 @@
 #include <vector>
 
 #include "actors/common/error.h"
+#include "actors/common/metrics.h"
 #include "actors/runtime/actor_cluster.h"
 #include "kernels/model/llama.h"
 #include "tools/tandem/bench_modes.h"
@@ -31,12 +31,6 @@ double thread_cpu_s() {
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
-}
-
-double process_cpu_s() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + double(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
 }
 
 /// A model with no weights: each forward writes one-hot logits (next = last token + 1).
@@ -126,7 +120,7 @@ run_result run_once(actor_cluster& c, null_model& m, int64_t requests, int64_t p
   }
   const double f0 = m.forward_cpu_s();
   const int64_t n0 = m.forwards();
-  const double c0 = process_cpu_s();
+  const double c0 = process_cpu_seconds();
   const auto t0 = std::chrono::steady_clock::now();
   for (auto& r : reqs) c.submit(std::move(r), w.cb());
   if (!w.wait(requests, std::chrono::seconds(timeout_s)))
@@ -136,7 +130,7 @@ run_result run_once(actor_cluster& c, null_model& m, int64_t requests, int64_t p
                                     w.finished, requests, timeout_s));
   run_result r;
   r.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  r.cpu_s = process_cpu_s() - c0;
+  r.cpu_s = process_cpu_seconds() - c0;
   r.forward_s = m.forward_cpu_s() - f0;
   r.forwards = m.forwards() - n0;
   std::lock_guard lk(w.m);

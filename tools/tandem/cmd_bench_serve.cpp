@@ -354,14 +354,6 @@ struct prompt_maker {
   std::vector<std::string> prefixes_;
 };
 
-double percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const double idx = p / 100.0 * double(v.size() - 1);
-  const size_t lo = size_t(idx), hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (v[hi] - v[lo]) * (idx - double(lo));
-}
-
 /// Runs the load and returns one record per request (sent or dropped), by index.
 std::vector<record> run_load(const options& o, prompt_maker& prompts, double& wall_s) {
   std::mutex m;
