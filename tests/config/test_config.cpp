@@ -9,7 +9,6 @@
 
 #include "actors/config/cluster_config.h"
 #include "actors/config/toml.h"
-#include "kernels/model/make_model.h"
 #include "tests/e2e/process.h"
 #include "tests/transport/fake_api.h"
 
@@ -45,17 +44,6 @@ std::string three_nodes(const std::string& prefill_extra = "", const std::string
          prefill_extra +
          "\n[[node]]\nname = \"d\"\nhost = \"10.0.0.3\"\nroles = [\"decode\", \"cache\", \"worker\"]\n" + decode_extra +
          "\n";
-}
-
-/// A micro random-weight model in `dir` (the KV layout checks read its GGUF metadata).
-std::string make_micro_model(const fs::path& dir) {
-  std::string path = (dir / "micro.gguf").string();
-  make_model_options o;
-  o.preset = "micro";
-  o.dtype = ggml_type::f16;
-  o.seed = 7;
-  write_random_llama(o, path);
-  return path;
 }
 
 std::string joined(const config_check& c) {
@@ -223,7 +211,7 @@ TEST_CASE("check: did-you-mean picks the closest key within a typo's distance") 
 TEST_CASE("check: valid configs pass and fill the config") {
   auto m = test_machine();
   e2e::temp_dir dir;
-  std::string model = make_micro_model(dir.path);
+  std::string model = e2e::write_micro_model(dir.path);
   SUBCASE("one node with every role") {
     auto c = check_cluster_config(one_node("[model]\nthreads = 3\n[router]\npolicy = \"cache_aware\"\n"), "t.toml", m);
     INFO(joined(c));
@@ -265,7 +253,7 @@ TEST_CASE("check: valid configs pass and fill the config") {
 TEST_CASE("check: every invalid config is rejected with its message") {
   auto m = test_machine();
   e2e::temp_dir dir;
-  auto cases = invalid_cases(make_micro_model(dir.path));
+  auto cases = invalid_cases(e2e::write_micro_model(dir.path));
   CHECK(cases.size() >= 30);
   for (const auto& c : cases) {
     auto r = check_cluster_config(c.text, "t.toml", m);
@@ -354,7 +342,7 @@ TEST_CASE("cli: check-config exits 0 valid, 1 invalid, 2 usage or I/O, serve --c
 
 TEST_CASE("cli: serve --config runs the embedded cluster with the config's limits") {
   e2e::temp_dir dir;
-  std::string model = make_micro_model(dir.path);
+  std::string model = e2e::write_micro_model(dir.path);
   std::string cfg = "[limits]\nmax_body_bytes = 64\nkv_cache_mb = 16\n[model]\npath = \"" + model +
                     "\"\n[[node]]\nname = \"solo\"\n" + all_roles + "\nhttp_port = 0\nrpc_port = 0\nadmin_port = 0\n";
   write_file(dir.path / "solo.toml", cfg);

@@ -10,7 +10,6 @@
 #include <set>
 #include <sstream>
 
-#include "kernels/model/make_model.h"
 #include "tests/e2e/process.h"
 #include "transport/http/json.h"
 

@@ -4,7 +4,6 @@
 #include <fstream>
 #include <sstream>
 
-#include "kernels/model/make_model.h"
 #include "tests/e2e/process.h"
 #include "tests/transport/fake_api.h"
 #include "transport/http/json.h"

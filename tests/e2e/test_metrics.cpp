@@ -6,7 +6,6 @@
 #include <regex>
 #include <sstream>
 
-#include "kernels/model/make_model.h"
 #include "tests/e2e/process.h"
 #include "tests/transport/fake_api.h"
 

@@ -10,7 +10,6 @@
 
 #include "kernels/gguf/gguf.h"
 #include "kernels/model/llama.h"
-#include "kernels/model/make_model.h"
 #include "kernels/tokenizer/tokenizer.h"
 #include "tests/e2e/process.h"
 #include "tests/transport/fake_api.h"
