@@ -1,5 +1,8 @@
 // tandem check-config FILE: every check `tandem serve --config` runs before it starts anything.
+// With --list-nodes it also lists the nodes, one tab-separated line each, so deploy scripts
+// (deploy/launch-cluster.sh, deploy/systemd/install-units.sh) never parse TOML themselves.
 #include <cstdio>
+#include <string>
 
 #include "actors/common/error.h"
 #include "actors/config/cluster_config.h"
@@ -16,8 +19,13 @@ void print_config_problems(const config_check& c) {
 
 int check_config(args a) {
   flags f;
-  const char* usage = "usage: tandem check-config FILE\n"
+  f.sw("list-nodes", "if valid, print one line per node instead of the summary (columns below)");
+  const char* usage = "usage: tandem check-config [--list-nodes] FILE\n"
                       "  checks a cluster config (TOML; see docs/config.md) without starting anything.\n"
+                      "  --list-nodes: if the config is valid, print one line per node on stdout, fields separated\n"
+                      "    by tabs: name host numa_node roles(comma-joined) http_port rpc_port admin_port page_size\n"
+                      "    (page_size 0 = limits.page_size). Fields may be appended later: read the first eight.\n"
+                      "    Nothing is listed for an invalid config.\n"
                       "  exit code: 0 valid, 1 invalid (every problem is printed), 2 usage or I/O error\n";
   try {
     if (!f.parse(a)) {
@@ -45,6 +53,15 @@ int check_config(args a) {
     std::fprintf(stderr, "%s: %zu problem%s; fix %s and check again\n", path.c_str(), c.errors.size(),
                  c.errors.size() == 1 ? "" : "s", c.errors.size() == 1 ? "it" : "them");
     return 1;
+  }
+  if (f.on("list-nodes")) {
+    for (const auto& n : c.cfg.nodes) {
+      std::string roles;
+      for (const auto& r : n.roles) roles += (roles.empty() ? "" : ",") + r;
+      std::printf("%s\t%s\t%d\t%s\t%d\t%d\t%d\t%d\n", n.name.c_str(), n.host.c_str(), n.numa_node, roles.c_str(),
+                  n.http_port, n.rpc_port, n.admin_port, n.page_size);
+    }
+    return 0;
   }
   std::string names;
   for (const auto& n : c.cfg.nodes) names += (names.empty() ? "" : ", ") + n.name;
