@@ -4,9 +4,10 @@
 # with --local. The config is checked with `tandem check-config` first: on an invalid config
 # nothing is started. Start waits for every node's health (/health of a router node, the admin
 # interface of the others) and, if one does not come up, names it, shows its log tail and
-# stops what this run started.
+# stops what this run started. Several configs: their nodes together (e.g. replicas that are
+# each an embedded cluster: one all-roles node per config); node names must differ.
 #
-# usage: deploy/launch-cluster.sh CONFIG [--local] [--nodes a,b] [--stop | --status]
+# usage: deploy/launch-cluster.sh CONFIG... [--local] [--nodes a,b] [--stop | --status]
 #                                 [--run-dir DIR] [--timeout SECONDS]
 # environment:
 #   TANDEM_BIN          tandem binary here (check-config, inspect, --local nodes); default: tandem
@@ -17,9 +18,10 @@
 #   TANDEM_RUN_DIR      same as --run-dir; default: /tmp/tandem-cluster-<config name>
 #   TANDEM_SERVE_ARGS   more `tandem serve` flags (e.g. --log-format json)
 #   TANDEM_STOP_TIMEOUT seconds between SIGTERM and SIGKILL on --stop; default: 20
-# The run dir holds, on the host of each node, NAME.pid and NAME.log (and cluster.toml over
-# ssh: the config is copied there with scp); here it holds nodes.tsv, the node list of the last
-# start, which --stop and --status use so they work even after the config was edited.
+# The run dir holds, on the host of each node, NAME.pid and NAME.log (and the config over ssh:
+# copied there with scp); here it holds nodes.tsv, the node list of the last start, which
+# --stop and --status use so they work even after a config was edited. Over ssh, give
+# model.path as an absolute path on the hosts (nodes run in the ssh user's home directory).
 # Exit: 0 ok; 1 invalid config, a node failed to start, or --status found a node down; 2 usage.
 set -euo pipefail
 
@@ -28,7 +30,7 @@ usage() {
   exit 2
 }
 
-config="" local_mode=0 only="" action=start run_dir=${TANDEM_RUN_DIR:-} timeout_s=60
+configs=() local_mode=0 only="" action=start run_dir=${TANDEM_RUN_DIR:-} timeout_s=60
 while (($#)); do
   case "$1" in
     --local) local_mode=1 ;;
@@ -42,11 +44,11 @@ while (($#)); do
     --timeout=*) timeout_s=${1#*=} ;;
     -h | --help) usage ;;
     -*) echo "launch-cluster: unknown option $1" >&2; usage ;;
-    *) [[ -z $config ]] || { echo "launch-cluster: one config file, got '$config' and '$1'" >&2; usage; }; config=$1 ;;
+    *) configs+=("$1") ;;
   esac
   shift
 done
-[[ -n $config ]] || { echo "launch-cluster: no config file given" >&2; usage; }
+((${#configs[@]})) || { echo "launch-cluster: no config file given" >&2; usage; }
 [[ $timeout_s =~ ^[0-9]+$ ]] || { echo "launch-cluster: --timeout $timeout_s is not a number of seconds" >&2; exit 2; }
 
 tandem=${TANDEM_BIN:-tandem}
@@ -55,35 +57,45 @@ ssh_cmd=${TANDEM_SSH:-ssh}
 scp_cmd=${TANDEM_SCP:-scp}
 read -r -a ssh_opts <<<"${TANDEM_SSH_OPTS:--o BatchMode=yes -o ConnectTimeout=10}"
 stop_timeout_s=${TANDEM_STOP_TIMEOUT:-20}
-run_dir=${run_dir:-/tmp/tandem-cluster-$(basename "$config" .toml)}
+run_dir=${run_dir:-/tmp/tandem-cluster-$(basename "${configs[0]}" .toml)}
 mkdir -p "$run_dir"
 run_dir=$(cd "$run_dir" && pwd)
 command -v "$tandem" >/dev/null || { echo "launch-cluster: tandem binary '$tandem' not found; set TANDEM_BIN" >&2; exit 2; }
 
 # --- the node list: `tandem check-config --list-nodes` (this script never parses TOML)
-names=() hosts=() numas=() roles=() http_ports=() admin_ports=()
+cfgs=() names=() hosts=() numas=() roles=() http_ports=() admin_ports=()
 load_nodes() {
-  names=() hosts=() numas=() roles=() http_ports=() admin_ports=()
-  local name host numa role http rpc admin _rest
-  while IFS=$'\t' read -r name host numa role http rpc admin _rest; do
+  local cfg name host numa role http rpc admin _rest
+  while IFS=$'\t' read -r cfg name host numa role http rpc admin _rest; do
     [[ -n $name ]] || continue
-    names+=("$name") hosts+=("$host") numas+=("$numa") roles+=("$role") http_ports+=("$http") admin_ports+=("$admin")
+    cfgs+=("$cfg") names+=("$name") hosts+=("$host") numas+=("$numa") roles+=("$role") http_ports+=("$http") admin_ports+=("$admin")
   done <<<"$1"
 }
 
+# nodes.tsv: the config file of each node, then its --list-nodes line.
 listing=""
 if [[ $action == start || ! -f $run_dir/nodes.tsv ]]; then
-  [[ -f $config ]] || { echo "launch-cluster: config file $config not found" >&2; exit 2; }
-  # check-config's problems and notes go to our stderr as they are; stdout is the node list.
-  if ! listing=$("$tandem" check-config --list-nodes "$config"); then
-    echo "launch-cluster: $config is invalid (see above); nothing was started or stopped" >&2
-    exit 1
-  fi
-  [[ $action == start ]] && printf '%s\n' "$listing" >"$run_dir/nodes.tsv"
+  for c in "${configs[@]}"; do
+    [[ -f $c ]] || { echo "launch-cluster: config file $c not found" >&2; exit 2; }
+    abs=$(cd "$(dirname "$c")" && pwd)/$(basename "$c")
+    # check-config's problems and notes go to our stderr as they are; stdout is the node list.
+    if ! nodes=$("$tandem" check-config --list-nodes "$c"); then
+      echo "launch-cluster: $c is invalid (see above); nothing was started or stopped" >&2
+      exit 1
+    fi
+    while IFS= read -r line; do [[ -n $line ]] && listing+="$abs"$'\t'"$line"$'\n'; done <<<"$nodes"
+  done
+  [[ $action == start ]] && printf '%s' "$listing" >"$run_dir/nodes.tsv"
 else
   listing=$(cat "$run_dir/nodes.tsv")
 fi
 load_nodes "$listing"
+for i in "${!names[@]}"; do
+  for j in "${!names[@]}"; do
+    ((i < j)) && [[ ${names[$i]} == "${names[$j]}" ]] &&
+      { echo "launch-cluster: node name '${names[$i]}' is in ${cfgs[$i]} and ${cfgs[$j]}; rename one" >&2; exit 1; }
+  done
+done
 
 selected=()
 if [[ -n $only ]]; then
@@ -91,7 +103,7 @@ if [[ -n $only ]]; then
   for w in "${wanted[@]}"; do
     found=0
     for i in "${!names[@]}"; do [[ ${names[$i]} == "$w" ]] && { selected+=("$i"); found=1; }; done
-    ((found)) || { echo "launch-cluster: --nodes: $config has no node '$w'; its nodes: ${names[*]}" >&2; exit 2; }
+    ((found)) || { echo "launch-cluster: --nodes: no node '$w'; the nodes: ${names[*]}" >&2; exit 2; }
   done
 else
   selected=("${!names[@]}")
@@ -169,13 +181,13 @@ log_tail() {
 start_node() {
   local i=$1 cfg serve_bin
   if ((local_mode)); then
-    cfg=$(cd "$(dirname "$config")" && pwd)/$(basename "$config")
+    cfg=${cfgs[$i]}
     serve_bin=$(realpath "$(command -v "$tandem")")
   else
     [[ -n $(reach_host "$i") ]] || { echo "launch-cluster: node ${names[$i]} has host 0.0.0.0; ssh needs its address" >&2; return 1; }
-    cfg=$run_dir/cluster.toml
+    cfg=$run_dir/$(basename "${cfgs[$i]}")
     on_node "$i" "mkdir -p $(q "$run_dir")"
-    "$scp_cmd" "${ssh_opts[@]}" -q "$config" "$(reach_host "$i"):$cfg"
+    "$scp_cmd" "${ssh_opts[@]}" -q "${cfgs[$i]}" "$(reach_host "$i"):$cfg"
     serve_bin=$remote_tandem
   fi
   # numactl binds CPUs and memory to the node's NUMA node (-1: not pinned); without numactl on
@@ -254,7 +266,7 @@ case $action in
     ;;
   status)
     status=0
-    printf '%-16s %-16s %-32s %-8s %s\n' NODE HOST ROLES PID STATE
+    printf '%-16s %-16s %-36s %-8s %s\n' NODE HOST ROLES PID STATE
     for i in "${selected[@]}"; do
       pid=- state=""
       if is_running "$i"; then
@@ -264,7 +276,7 @@ case $action in
         state="not running"
         status=1
       fi
-      printf '%-16s %-16s %-32s %-8s %s\n' "${names[$i]}" "${hosts[$i]}" "${roles[$i]}" "$pid" "$state"
+      printf '%-16s %-16s %-36s %-8s %s\n' "${names[$i]}" "${hosts[$i]}" "${roles[$i]}" "$pid" "$state"
     done
     exit $status
     ;;
