@@ -27,7 +27,7 @@ set -euo pipefail
 
 usage() {
   sed -n '/^# usage:/,/^# Exit:/p' "$0" | sed 's/^# \{0,1\}//' >&2
-  exit 2
+  exit "${1:-2}"
 }
 
 configs=() local_mode=0 only="" action=start run_dir=${TANDEM_RUN_DIR:-} timeout_s=60
@@ -42,7 +42,7 @@ while (($#)); do
     --run-dir=*) run_dir=${1#*=} ;;
     --timeout) timeout_s=${2:?--timeout needs seconds}; shift ;;
     --timeout=*) timeout_s=${1#*=} ;;
-    -h | --help) usage ;;
+    -h | --help) usage 0 ;;
     -*) echo "launch-cluster: unknown option $1" >&2; usage ;;
     *) configs+=("$1") ;;
   esac

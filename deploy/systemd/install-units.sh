@@ -13,14 +13,14 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 
-usage() { sed -n '/^# usage:/,/^# Then:/p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '/^# usage:/,/^# Then:/p' "$0" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
 args=() bin="" unit_dir=/etc/systemd/system env_dir=/etc/tandem/nodes
 while (($#)); do
   case "$1" in
     --bin) bin=${2:?--bin needs a path}; shift ;;
     --unit-dir) unit_dir=${2:?--unit-dir needs a directory}; shift ;;
     --env-dir) env_dir=${2:?--env-dir needs a directory}; shift ;;
-    -h | --help) usage ;;
+    -h | --help) usage 0 ;;
     -*) echo "install-units: unknown option $1" >&2; usage ;;
     *) args+=("$1") ;;
   esac
