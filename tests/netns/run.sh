@@ -12,6 +12,9 @@
 #             completions over HTTP and `tandem generate` over Cap'n Proto RPC equal the
 #             reference; with one node's link down its requests fail (curl's error is shown)
 #             while the other serves, and after the link is up again they succeed.
+#   launch    deploy/launch-cluster.sh in the client namespace starts two nodes "over ssh" (a
+#             fake ssh running `ip netns exec` in the node's namespace), waits for their
+#             health over veth, they give the reference output, --status, --stop.
 #   pd        (only with TANDEM_NETNS_PD=1) router, prefill and decode in three namespaces,
 #             one config with cluster_port/kv_port per node: greedy output equals the
 #             reference; with the prefill node's link down a request fails with an HTTP error
@@ -218,6 +221,40 @@ link n1 up
 wait_for 10 health 10.77.0.3 8080 || fail "n1 does not answer within 10 s after its link is up"
 check_same "n1 after link up" 10.77.0.3 8080
 step "replicas: n1 link down -> requests fail, n0 serves; link up -> n1 serves the same output"
+
+# --- scenario: deploy/launch-cluster.sh run from the client namespace, its ssh going into the
+#     node namespaces (a fake ssh: `ip netns exec`), health-checking the nodes over veth
+src=$(cd "$(dirname "$0")/../.." && pwd)
+node_config l0 10.77.0.4
+node_config l1 10.77.0.5
+add_ns l0 10.77.0.4
+add_ns l1 10.77.0.5
+printf '10.77.0.4 %s\n10.77.0.5 %s\n' "$tag-l0" "$tag-l1" >"$tmp/hosts"
+cat >"$tmp/fake-ssh" <<'SH'
+#!/usr/bin/env bash
+while [[ $1 == -o ]]; do shift 2; done
+ns=$(awk -v h="$1" '$1 == h { print $2 }' "$NETNS_HOSTS")
+[[ -n $ns ]] || { echo "fake ssh: no namespace for host $1" >&2; exit 255; }
+exec ip netns exec "$ns" sh -c "$2"
+SH
+cat >"$tmp/fake-scp" <<'SH'
+#!/usr/bin/env bash
+while [[ $1 == -o || $1 == -q ]]; do [[ $1 == -o ]] && shift; shift; done
+cp "$1" "${2#*:}"
+SH
+chmod +x "$tmp/fake-ssh" "$tmp/fake-scp"
+launch() {
+  in_client env TANDEM_BIN="$tandem" TANDEM_REMOTE_BIN="$tandem" TANDEM_SSH="$tmp/fake-ssh" TANDEM_SCP="$tmp/fake-scp" \
+    NETNS_HOSTS="$tmp/hosts" "$src/deploy/launch-cluster.sh" "$@" --run-dir "$tmp/launch"
+}
+launch "$tmp/l0.toml" "$tmp/l1.toml" --timeout 30 >"$tmp/launch.log" 2>&1 || fail "launch-cluster.sh over (fake) ssh into the namespaces failed"
+[[ -n $(ip netns pids "$tag-l0") && -n $(ip netns pids "$tag-l1") ]] || fail "launch-cluster.sh did not start the nodes in their namespaces"
+check_same l0 10.77.0.4 8080
+check_same l1 10.77.0.5 8080
+launch x --status >"$tmp/launch-status.log" 2>&1 || fail "launch-cluster.sh --status: $(cat "$tmp/launch-status.log")"
+launch x --stop >>"$tmp/launch.log" 2>&1 || fail "launch-cluster.sh --stop"
+[[ -z $(ip netns pids "$tag-l0") && -z $(ip netns pids "$tag-l1") ]] || fail "processes left in l0/l1 after --stop"
+step "launch: launch-cluster.sh started l0, l1 in their namespaces (health over veth), same output, stopped them"
 
 # --- scenario: prefill/decode disaggregation across three namespaces
 if [[ ${TANDEM_NETNS_PD:-0} == 1 ]]; then
