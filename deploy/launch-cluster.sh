@@ -65,8 +65,8 @@ command -v "$tandem" >/dev/null || { echo "launch-cluster: tandem binary '$tande
 # --- the node list: `tandem check-config --list-nodes` (this script never parses TOML)
 cfgs=() names=() hosts=() numas=() roles=() http_ports=() admin_ports=()
 load_nodes() {
-  local cfg name host numa role http rpc admin _rest
-  while IFS=$'\t' read -r cfg name host numa role http rpc admin _rest; do
+  local cfg name host numa role http _rpc admin _rest
+  while IFS=$'\t' read -r cfg name host numa role http _rpc admin _rest; do
     [[ -n $name ]] || continue
     cfgs+=("$cfg") names+=("$name") hosts+=("$host") numas+=("$numa") roles+=("$role") http_ports+=("$http") admin_ports+=("$admin")
   done <<<"$1"

@@ -113,6 +113,7 @@ expand() {  # UNIT_KEY ENV_FILE
   sed -n "s/^$1=//p" "$units/tandem-node@.service" | sed -e 's/^-//'
 }
 run_unit_cmd() {  # KEY ENV_FILE
+  # shellcheck disable=SC1090  # the env file install-units.sh wrote
   (set -a && . "$2" && set +a && eval "exec $(expand "$1")")
 }
 cp "$envs/p.env" "$tmp/bad.env"

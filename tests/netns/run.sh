@@ -89,7 +89,7 @@ ip -n "$hub" link set lo up
 ip -n "$hub" link add br0 type bridge
 ip -n "$hub" link set br0 up
 
-declare -A ns_of veth_of   # address -> namespace, address -> hub-side veth
+declare -A veth_of   # address -> hub-side veth
 # add_ns NAME ADDRESS: a namespace on the bridge with ADDRESS/24 on its eth0.
 add_ns() {
   local ns=$tag-$1 addr=$2 vh vn
@@ -105,7 +105,6 @@ add_ns() {
   ip -n "$ns" addr add "$addr/24" dev eth0
   ip -n "$ns" link set eth0 up
   ip -n "$ns" link set lo up
-  ns_of[$addr]=$ns
   veth_of[$addr]=$vh
 }
 client=$tag-client
@@ -141,11 +140,11 @@ step "reference ready (single process on the client's loopback)"
 # start_nodes CONFIG...: every node of the configs in its own namespace at its host address.
 declare -A node_addr node_roles node_http node_admin node_pid
 start_nodes() {
-  local c listing name host numa roles http rpc admin _rest
+  local c listing name host _numa roles http _rpc admin _rest
   for c in "$@"; do
     listing=$("$tandem" check-config --list-nodes "$c" 2>"$tmp/check-config.log") ||
       fail "$c is invalid: $(cat "$tmp/check-config.log")"
-    while IFS=$'\t' read -r name host numa roles http rpc admin _rest; do
+    while IFS=$'\t' read -r name host _numa roles http _rpc admin _rest; do
       [[ $host == 10.77.0.* ]] || fail "node $name of $c has host $host; the harness needs 10.77.0.x"
       add_ns "$name" "$host"
       ip netns exec "$tag-$name" env UCX_TLS=tcp UCX_TCP_CM_REUSEADDR=y \
