@@ -419,6 +419,13 @@ std::vector<stats_snapshot> actor_cluster::snapshots(bool include_worker) const 
                  all_answered = false;
                  s.log->warn("stats from the supervisor failed: {}", s.sys->render(e));
                });
+  if (s.links.ingress)
+    self->request(s.links.ingress, std::chrono::milliseconds(opt_.query_timeout_ms), stats_atom::value)
+        .receive([&](const wire& w) { out.push_back(read_stats(w)); },
+                 [&](caf::error& e) {
+                   all_answered = false;
+                   s.log->warn("stats from the ingress failed: {}", s.sys->render(e));
+                 });
   int64_t now_ms = s.clk->now_ms();
   if (all_answered) s.last_heartbeat_ms = now_ms;
   stats_snapshot up;
