@@ -381,3 +381,14 @@ TEST_CASE("check: the example config in deploy/ is valid") {
   CHECK(c.ok());
   CHECK(c.cfg.find_node("solo") != nullptr);
 }
+
+TEST_CASE("check: the PD example config in deploy/ is valid and spreads the roles over three nodes") {
+  auto c = check_cluster_config_file(std::string(TANDEM_SOURCE_DIR) + "/deploy/cluster.pd.example.toml", test_machine());
+  INFO(joined(c));
+  CHECK(c.ok());
+  REQUIRE(c.cfg.nodes.size() == 3);
+  CHECK(c.cfg.nodes_with_role("router").size() == 1);
+  REQUIRE(c.cfg.nodes_with_role("prefill").size() == 1);
+  CHECK(c.cfg.nodes_with_role("prefill")[0]->kv_port > 0);
+  for (const auto& n : c.cfg.nodes) CHECK(n.cluster_port > 0);
+}
