@@ -93,7 +93,7 @@ bounded_actor remote_role(actor_cluster::state& s, const actor_cluster_options& 
   auto targets = s.links.with_role(role);
   if (targets.empty()) return {};
   if (role == "decode") targets.resize(1);  // the prefill's KV sends name this one node
-  return spawn_remote_proxy(*s.sys, role, std::move(targets), bound,
+  return spawn_remote_proxy(*s.sys, role, std::move(targets), bound, s.has("router"),
                             make_actor_logger("proxy_" + role, s.sink, opt.log_level));
 }
 

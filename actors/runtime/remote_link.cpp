@@ -11,6 +11,7 @@
 
 #include "actors/common/metrics.h"
 #include "actors/common/request.h"
+#include "actors/router/router.h"
 
 namespace tandem {
 
@@ -146,6 +147,7 @@ struct proxy_state {
   std::shared_ptr<spdlog::logger> log;
   size_t next = 0;
   int64_t bounced = 0;
+  bool notify_router = false;
   static inline const char* name = "proxy";
 
   proxy_target* pick(bool round_robin) {
@@ -165,8 +167,9 @@ struct proxy_state {
 };
 
 caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, std::string role, std::vector<remote_node> targets,
-                          std::shared_ptr<mailbox_gate> gate, std::shared_ptr<spdlog::logger> log) {
+                          std::shared_ptr<mailbox_gate> gate, bool notify_router, std::shared_ptr<spdlog::logger> log) {
   auto& st = self->state;
+  st.notify_router = notify_router;
   st.role = std::move(role);
   st.gate = std::move(gate);
   st.log = std::move(log);
@@ -182,6 +185,10 @@ caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, std::string ro
         s.log->warn("{} node {} is down ({}); its {} messages are answered here", s.role, t.node.name,
                     self->system().render(dm.reason), s.role);
       }
+    const bool any_up = std::any_of(s.targets.begin(), s.targets.end(), [](const proxy_target& t) { return t.up; });
+    if (!any_up && s.notify_router && s.peers.router)
+      caf::anon_send(s.peers.router.handle, node_down_atom::value, s.role,
+                     fmt::format("no {} node is reachable any more (configured: {})", s.role, s.names()));
   });
   return {
       [self](peers_atom, const peer_set& p) { self->state.peers = p; },
@@ -279,9 +286,9 @@ node_links link_nodes(caf::actor_system& sys, const std::string& node, const std
 }
 
 bounded_actor spawn_remote_proxy(caf::actor_system& sys, const std::string& role, std::vector<remote_node> targets,
-                                 int32_t bound, std::shared_ptr<spdlog::logger> log) {
+                                 int32_t bound, bool notify_router, std::shared_ptr<spdlog::logger> log) {
   auto gate = std::make_shared<mailbox_gate>(role, bound);
-  auto h = sys.spawn(proxy_actor, role, std::move(targets), gate, std::move(log));
+  auto h = sys.spawn(proxy_actor, role, std::move(targets), gate, notify_router, std::move(log));
   return bounded_actor{h, gate};
 }
 

@@ -52,8 +52,10 @@ node_links link_nodes(caf::actor_system& sys, const std::string& node, const std
 /// reachable. When no target is reachable, work is answered like a refusal at the ingress
 /// (`disconnected` instead of `overloaded`). Messages: (wire_atom, wire), (peers_atom,
 /// peer_set), (stats_atom) -> wire.
+/// With `notify_router` (the router runs on this node), the proxy tells the router when the
+/// last of its targets goes down (router.h, node_down_atom), so requests there end at once.
 bounded_actor spawn_remote_proxy(caf::actor_system& sys, const std::string& role, std::vector<remote_node> targets,
-                                 int32_t bound, std::shared_ptr<spdlog::logger> log);
+                                 int32_t bound, bool notify_router, std::shared_ptr<spdlog::logger> log);
 
 /// Answers an envelope that cannot be delivered: a submission or requeue gets an error event
 /// to the router; a handoff an error event and an abort of the source's send to the prefill.

@@ -335,8 +335,10 @@ TEST_CASE("pd: 200 requests aborted at random points leave every node's KV pool 
   INFO("router metrics:\n" << rm);
   auto settled = [](double want) {
     return [want](const std::string& m) {
+      // The actors answer a scrape one after another: wait until every part agrees.
       return metric(m, "tandem_kv_pages_free") == want && metric(m, "tandem_kv_transfer_live") == 0 &&
-             metric(m, "tandem_kv_transfer_quarantined_pages") == 0;
+             metric(m, "tandem_kv_transfer_quarantined_pages") == 0 &&
+             metric(m, "tandem_prefill_kv_sends_inflight") == 0 && metric(m, "tandem_decode_kv_receiving_requests") == 0;
     };
   };
   auto pm = wait_metrics(pd.prefill().http, settled(free_p));
@@ -353,6 +355,7 @@ TEST_CASE("pd: 200 requests aborted at random points leave every node's KV pool 
   MESSAGE("prefill: sends " << metric(pm, "tandem_prefill_kv_sends_total") << ", send failures " << metric(pm, "tandem_prefill_kv_send_failures_total") << "; decode: receives " << metric(dm, "tandem_decode_kv_receives_total") << ", receive failures " << metric(dm, "tandem_decode_kv_receive_failures_total") << ", hung up " << hung_up.load());
   // The cluster still serves.
   auto ok = complete(pd.router().http, "still alive", 8);
+  INFO(ok.raw);
   CHECK(ok.status == 200);
 }
 
@@ -386,4 +389,44 @@ TEST_CASE("pd: a failed KV transfer is recomputed or failed as transfer.failure_
     CHECK(again.status == 200);
     CHECK(again.text == want.text);
   }
+}
+
+TEST_CASE("pd: killing the decode node ends its requests with disconnected and frees the prefill node's pages") {
+  temp_dir dir;
+  // r15m decodes slowly enough that the requests are still decoding when the node dies.
+  const std::string model = std::string(TANDEM_SHARED_MODELS) + "/r15m-f16.gguf";
+  REQUIRE(std::filesystem::exists(model));
+  pd_cluster pd(model, dir.path, "fail", false);
+  INFO(pd.logs());
+  const double free_p = metric(test::get(pd.prefill().http, "/metrics").body, "tandem_kv_pages_free");
+  std::vector<completion> got(4);
+  std::vector<std::thread> ts;
+  for (size_t i = 0; i < got.size(); ++i)
+    ts.emplace_back([&, i] { got[i] = complete(pd.router().http, prompts[i], 400); });
+  auto dm = wait_metrics(pd.decode().http,
+                         [](const std::string& m) { return metric(m, "tandem_decode_running_requests") >= 1; });
+  REQUIRE(metric(dm, "tandem_decode_running_requests") >= 1);
+  ::kill(pd.decode().proc->pid(), SIGKILL);
+  for (auto& t : ts) t.join();
+  int ended_by_the_failure = 0;
+  for (const auto& c : got) {
+    INFO(c.raw);
+    if (c.status == 200) continue;  // finished before the node died
+    CHECK(c.status == 502);
+    CHECK(c.raw.find("decode") != std::string::npos);
+    ++ended_by_the_failure;
+  }
+  CHECK(ended_by_the_failure >= 1);
+  // The prefill node let go of every page it was sending to the dead node.
+  auto pm = wait_metrics(pd.prefill().http, [&](const std::string& m) {
+    return metric(m, "tandem_kv_pages_free") == free_p && metric(m, "tandem_prefill_kv_sends_inflight") == 0;
+  });
+  INFO("prefill metrics:\n" << pm);
+  CHECK(metric(pm, "tandem_kv_pages_free") == free_p);
+  CHECK(metric(pm, "tandem_prefill_kv_sends_inflight") == 0);
+  // New requests get an explicit error naming the missing role instead of hanging.
+  auto after = complete(pd.router().http, prompts[0], 8);
+  INFO(after.raw);
+  CHECK(after.status == 502);
+  CHECK(after.raw.find("no decode node is reachable") != std::string::npos);
 }
