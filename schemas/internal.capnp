@@ -37,6 +37,7 @@ struct SubmitRequest {
   generated @7 :List(Int32);
   admitOrder @8 :UInt64;      # arrival order (kept across preemption: "youngest" = largest)
   cachedTokens @9 :Int32;     # prompt tokens served from the prefix cache at first prefill
+  transferRetries @10 :Int32; # re-prefills after failed KV transfers (bounds the recompute policy)
 }
 
 # Where KV pages live; a cross-node version ships pages between pools using these fields.
@@ -59,6 +60,28 @@ struct PageDescriptor {
 struct KvHandoff {
   request @0 :SubmitRequest;  # generated includes the first token sampled by the prefill
   kv @1 :PageDescriptor;
+  # Non-zero when the pages live in another node's pool: the decode side allocates its own
+  # pages and pulls the KV with this transfer id (actors/worker/kv_port.h).
+  transferId @2 :UInt64;
+}
+
+# Scheduler -> its worker: drive a KV page transfer with a peer node's worker.
+# kvSend (prefill): write `pages` to the destination `peerNode` once it sends descriptors.
+# kvReceive (decode): receive into `pages` (allocated here) from the source `peerNode`.
+struct KvTransferOrder {
+  transferId @0 :UInt64;
+  id @1 :Text;                # request id
+  peerNode @2 :Text;
+  pages @3 :List(Int32);
+}
+
+# Worker -> scheduler: the transfer ended; `pages` are the caller's again (exactly once).
+struct KvTransferDone {
+  transferId @0 :UInt64;
+  id @1 :Text;
+  delivered @2 :Bool;         # destination: the KV is in the pages; source: it was written out
+  pages @3 :List(Int32);
+  error @4 :Text;             # why it failed (empty when delivered)
 }
 
 # One sequence of a forward batch (prefill chunk or decode step).
@@ -236,5 +259,9 @@ struct Envelope {
     error @15 :Error;
     cacheCopy @16 :CacheCopy;
     cacheCopyReply @17 :CacheCopyReply;
+    kvSend @18 :KvTransferOrder;
+    kvReceive @19 :KvTransferOrder;
+    kvAbort @20 :KvTransferOrder;   # only transferId is read
+    kvDone @21 :KvTransferDone;
   }
 }

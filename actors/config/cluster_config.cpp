@@ -28,6 +28,13 @@ bool node_config::all_roles() const {
   return true;
 }
 
+std::vector<const node_config*> cluster_config::nodes_with_role(const std::string& role) const {
+  std::vector<const node_config*> v;
+  for (const auto& n : nodes)
+    if (n.has_role(role)) v.push_back(&n);
+  return v;
+}
+
 const node_config* cluster_config::find_node(const std::string& name) const {
   for (const auto& n : nodes)
     if (n.name == name) return &n;
@@ -480,7 +487,8 @@ config_check check_cluster_config(const std::string& text, const std::string& so
     node_config n;
     n.line = t.pos.line;
     std::string tname = fmt::format("node[{}]", idx);
-    ck.known_keys(t, tname, {"name", "host", "roles", "http_port", "rpc_port", "admin_port", "numa_node", "page_size"});
+    ck.known_keys(t, tname, {"name", "host", "roles", "http_port", "rpc_port", "admin_port", "numa_node", "page_size",
+                            "cluster_port", "kv_port"});
     if (!ck.string(t, tname, "name", n.name)) {
       if (!t.find("name"))
         ck.error(t.pos, tname + ".name", nullptr, "is missing; give every node a unique name = \"...\"");
@@ -541,6 +549,11 @@ config_check check_cluster_config(const std::string& text, const std::string& so
         n.*member = int32_t(v);
       }
     }
+    for (auto [key, member] : {std::pair{"cluster_port", &node_config::cluster_port},
+                               std::pair{"kv_port", &node_config::kv_port}}) {
+      if (ck.integer(t, tname, key, 1, 65535, "use a TCP port 1..65535 (omit the key for none)", v))
+        n.*member = int32_t(v);
+    }
     if (ck.integer(t, tname, "numa_node", -1, 1023, "use -1 (not pinned) or a NUMA node id", v)) {
       n.numa_node = int32_t(v);
       if (n.numa_node >= 0 && is_local_host(n.host) && !m.numa_node_bytes.empty() &&
@@ -552,7 +565,8 @@ config_check check_cluster_config(const std::string& text, const std::string& so
       n.page_size = int32_t(v);
     // Ports: within a node and across nodes on the same host.
     for (auto [key, port] : {std::pair{"http_port", n.http_port}, std::pair{"rpc_port", n.rpc_port},
-                             std::pair{"admin_port", n.admin_port}}) {
+                             std::pair{"admin_port", n.admin_port}, std::pair{"cluster_port", n.cluster_port},
+                             std::pair{"kv_port", n.kv_port}}) {
       if (port == 0) continue;
       std::string where = fmt::format("{}.{}", label, key);
       std::string k = host_key(n.host) + ":" + std::to_string(port);
@@ -603,6 +617,24 @@ config_check check_cluster_config(const std::string& text, const std::string& so
           ck.error(p, fmt::format("node[{}].roles", i), nullptr,
                    fmt::format("node '{}' has a {} but no prefill or decode to use it; add a scheduler role or remove \"{}\"",
                                n.name, need, need));
+      }
+    }
+    // Links between nodes: the middleman port of every node, the KV listener of every prefill
+    // node whose decode is elsewhere.
+    if (cfg.nodes.size() > 1) {
+      for (size_t i = 0; i < cfg.nodes.size(); ++i) {
+        const auto& n = cfg.nodes[i];
+        toml::position p = node_tables[i]->pos;
+        if (n.cluster_port == 0)
+          ck.error(p, fmt::format("node[{}].cluster_port", i), nullptr,
+                   fmt::format("node '{}' has no cluster_port: in a cluster of {} nodes the actors of the other nodes "
+                               "reach this one's there; add cluster_port = <free TCP port>",
+                               n.name, cfg.nodes.size()));
+        if (n.has_role("prefill") && !n.has_role("decode") && n.kv_port == 0)
+          ck.error(p, fmt::format("node[{}].kv_port", i), nullptr,
+                   fmt::format("prefill node '{}' has no kv_port: its decode runs on another node, which connects "
+                               "there to receive KV pages over UCX; add kv_port = <free TCP port>",
+                               n.name));
       }
     }
     // Page sizes: KV pages move between prefill and decode nodes as they are.

@@ -22,6 +22,12 @@ struct node_config {
   int32_t admin_port = 8082;       ///< admin interface (`tandem inspect`)
   int32_t numa_node = -1;          ///< -1 = not pinned
   int32_t page_size = 0;           ///< 0 = limits.page_size
+  /// CAF middleman port: the node's ingress actor, where the other nodes' actors reach this
+  /// one's (0 = none; needed by every node of a cluster of several nodes).
+  int32_t cluster_port = 0;
+  /// UCX listener of the KV transfer engine (0 = none; needed by prefill nodes whose decode is
+  /// on another node: the decode nodes dial it).
+  int32_t kv_port = 0;
   int32_t line = 0;                ///< where the [[node]] starts, for messages
 
   bool has_role(const std::string& r) const;
@@ -40,6 +46,8 @@ struct cluster_config {
 
   /// nullptr if no node has that name.
   const node_config* find_node(const std::string& name) const;
+  /// The nodes with role `role`, in file order.
+  std::vector<const node_config*> nodes_with_role(const std::string& role) const;
 };
 
 /// What the checks know about the machine they run on.

@@ -9,6 +9,7 @@
 
 #include "actors/common/metrics.h"
 #include "actors/common/wire.h"
+#include "actors/worker/kv_port.h"
 
 namespace tandem {
 
@@ -19,6 +20,9 @@ struct dseq {
   std::vector<int32_t> pages;
   int32_t kv_len = 0;  ///< positions with KV; the last token (tokens.back()) is the next input
   bool aborted = false;
+  uint64_t transfer_id = 0;  ///< cross-node handoff: the KV transfer that fills `pages`
+  std::string source_node;
+  int32_t source_pages = 0;
   int32_t total_len() const { return req.total_len(); }
 };
 
@@ -32,6 +36,11 @@ struct decode_state {
   std::deque<dseq> waiting;  ///< handed off, holding pages, waiting for a batch slot
   bool busy = false;         ///< an allocation or a forward is outstanding
   std::vector<std::string> in_flight;
+  /// Cross-node handoffs: waiting for destination pages (by request id), then for the KV
+  /// transfer (by transfer id). Bounded by the decode mailbox and the worker's transfer table.
+  std::unordered_map<std::string, dseq> allocating;
+  std::unordered_map<uint64_t, dseq> receiving;
+  int64_t transfers_done = 0, transfers_failed = 0, transfer_recomputes = 0;
   int64_t steps = 0, tokens = 0, preemptions = 0, joined = 0;
   std::unordered_map<std::string, int64_t> rejected;
   static inline const char* name = "decode";
@@ -79,6 +88,150 @@ using decode_actor_t = caf::stateful_actor<decode_state>;
 
 void pump(decode_actor_t* self);
 
+/// A cross-node handoff whose KV transfer failed (or could not start): the configured policy.
+void transfer_failed(decode_actor_t* self, dseq d, const std::string& why) {
+  auto& s = self->state;
+  s.transfers_failed += 1;
+  s.free_pages(d.req.id, d.pages);
+  if (d.aborted) return;
+  if (s.opt.transfer_failure_policy == "recompute" && d.req.transfer_retries < s.opt.max_transfer_retries) {
+    s.transfer_recomputes += 1;
+    d.req.transfer_retries += 1;
+    s.log->info("request {}: KV transfer from node {} failed ({}); re-prefilling (retry {} of {})", d.req.id,
+                d.source_node, why, d.req.transfer_retries, s.opt.max_transfer_retries);
+    // Like a preemption: the tokens so far were emitted; prefill recomputes prompt ++ generated.
+    s.emit(d, {}, finish_reason::none, nullptr, "preempted");
+    s.peers.prefill.gate->enter_control();  // already admitted: must not be dropped
+    self->send(s.peers.prefill.handle, wire_atom::value,
+               make_wire([&](schema::Envelope::Builder env) { d.req.write(env.initRequeue()); }));
+    return;
+  }
+  s.rejected["kv_transfer"] += 1;
+  s.fail(d,
+         tandem::error(error_kind::disconnected,
+                       fmt::format("KV transfer of request {} from prefill node {} to decode node {} failed: {}{}; "
+                                   "retry the request",
+                                   d.req.id, d.source_node, s.opt.node, why,
+                                   s.opt.transfer_failure_policy == "recompute"
+                                       ? fmt::format(" (after {} re-prefills)", d.req.transfer_retries)
+                                       : std::string(" (transfer.failure_policy = fail)"))),
+         "kv_transfer");
+}
+
+/// Destination pages for a cross-node handoff, then the transfer order to the worker.
+void start_remote_handoff(decode_actor_t* self, dseq d, uint64_t tid, std::string source, const kv_layout& got) {
+  auto& s = self->state;
+  d.transfer_id = tid;
+  d.source_node = std::move(source);
+  d.source_pages = static_cast<int32_t>(d.pages.size());
+  d.pages.clear();  // the source's page ids: not ours
+  if (!(got == s.opt.layout)) {
+    transfer_failed(self, std::move(d),
+                    fmt::format("layout {} of the source differs from {} here", got.describe(), s.opt.layout.describe()));
+    return;
+  }
+  const int32_t need = (d.kv_len + s.page_size() - 1) / s.page_size();
+  if (d.kv_len != d.total_len() - 1 || need != d.source_pages || s.allocating.count(d.req.id)) {
+    transfer_failed(self, std::move(d),
+                    fmt::format("handoff with {} valid tokens in {} pages for {} tokens of sequence", d.kv_len,
+                                d.source_pages, d.total_len()));
+    return;
+  }
+  if (!s.peers.cache.gate->try_enter()) {
+    transfer_failed(self, std::move(d), "the cache tier's mailbox is full");
+    return;
+  }
+  std::string id = d.req.id;
+  s.allocating.emplace(id, std::move(d));
+  auto w = make_wire([&](schema::Envelope::Builder env) {
+    auto a = env.initAlloc();
+    a.setId(id);
+    a.setCount(need);
+  });
+  self->request(s.peers.cache.handle, caf::infinite, call_atom::value, std::move(w))
+      .then(
+          [self, id](const wire& r) {
+            auto& st = self->state;
+            auto it = st.allocating.find(id);
+            if (it == st.allocating.end()) return;
+            dseq q = std::move(it->second);
+            st.allocating.erase(it);
+            std::string why = "no free KV pages on the decode node";
+            try {
+              wire_reader rd(r);
+              auto env = rd.root();
+              if (env.isAllocReply() && env.getAllocReply().getOk()) {
+                q.pages = to_vector(env.getAllocReply().getPages());
+                why.clear();
+              } else if (env.isAllocReply()) {
+                why = read_error(env.getAllocReply().getError()).what();
+              }
+            } catch (const tandem::error& e) {
+              why = e.what();
+            }
+            if (!why.empty() || q.aborted) {
+              // The source still holds its pages for this transfer: tell it to let go.
+              st.peers.prefill.gate->enter_control();
+              self->send(st.peers.prefill.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
+                           auto a = env.initAbort();
+                           a.setId(q.req.id);
+                           a.setHops(8);  // only the prefill's transfer: do not chase it back here
+                         }));
+              if (q.aborted) {
+                st.free_pages(q.req.id, q.pages);
+                return;
+              }
+              transfer_failed(self, std::move(q), why);
+              return;
+            }
+            const uint64_t tid = q.transfer_id;
+            self->send(st.peers.worker.handle, kv_atom::value, make_wire([&](schema::Envelope::Builder env) {
+                         auto o = env.initKvReceive();
+                         o.setTransferId(tid);
+                         o.setId(q.req.id);
+                         o.setPeerNode(q.source_node);
+                         fill_list([&](unsigned n) { return o.initPages(n); }, q.pages);
+                       }));
+            st.receiving.emplace(tid, std::move(q));
+          },
+          [self, id](caf::error& e) {
+            auto& st = self->state;
+            auto it = st.allocating.find(id);
+            if (it == st.allocating.end()) return;
+            dseq q = std::move(it->second);
+            st.allocating.erase(it);
+            transfer_failed(self, std::move(q), fmt::format("cache tier unreachable: {}", self->system().render(e)));
+          });
+}
+
+/// The worker's answer for a transfer: the KV is in the pages (join the batch) or it failed.
+void on_kv_done(decode_actor_t* self, const wire& w) {
+  auto& s = self->state;
+  wire_reader rd(w);
+  auto env = rd.root();
+  if (!env.isKvDone()) return;
+  auto k = env.getKvDone();
+  auto it = s.receiving.find(k.getTransferId());
+  if (it == s.receiving.end()) {
+    s.log->warn("kv transfer {:#x}: completion for no handoff of this scheduler ignored", k.getTransferId());
+    return;
+  }
+  dseq d = std::move(it->second);
+  s.receiving.erase(it);
+  d.pages = to_vector(k.getPages());
+  if (d.aborted) {
+    s.free_pages(d.req.id, d.pages);
+    return;
+  }
+  if (!k.getDelivered()) {
+    transfer_failed(self, std::move(d), k.getError().cStr());
+    return;
+  }
+  s.transfers_done += 1;
+  s.waiting.push_back(std::move(d));
+  pump(self);
+}
+
 void on_handoff(decode_actor_t* self, schema::KvHandoff::Reader h) {
   auto& s = self->state;
   dseq d;
@@ -88,6 +241,10 @@ void on_handoff(decode_actor_t* self, schema::KvHandoff::Reader h) {
   d.kv_len = kv.getValidTokens();
   auto l = kv.getLayout();
   kv_layout got{l.getNLayers(), l.getNKvHeads(), l.getHeadDim(), l.getPageSize()};
+  if (h.getTransferId() != 0) {
+    start_remote_handoff(self, std::move(d), h.getTransferId(), kv.getNode().cStr(), got);
+    return;
+  }
   if (std::string(kv.getPoolId().cStr()) != s.opt.pool_id || !(got == s.opt.layout)) {
     // Cross-pool handoff needs a KV transfer this build does not do; the pages stay where they are.
     tandem::error e(
@@ -339,6 +496,20 @@ void on_abort(decode_actor_t* self, const std::string& id, int32_t hops) {
     s.waiting.erase(it);
     return;
   }
+  if (auto it = s.allocating.find(id); it != s.allocating.end()) {
+    it->second.aborted = true;  // its pages are freed when the allocation returns
+    return;
+  }
+  for (auto& [tid, d] : s.receiving) {
+    if (d.req.id != id) continue;
+    if (!d.aborted) {
+      d.aborted = true;  // pages come back by kvDone (after quarantine if a put may still land)
+      const uint64_t t = tid;
+      self->send(s.peers.worker.handle, kv_atom::value,
+                 make_wire([&](schema::Envelope::Builder env) { env.initKvAbort().setTransferId(t); }));
+    }
+    return;
+  }
   if (dseq* d = s.find(id)) {
     s.log->info("request {}: decode aborted after {} tokens", id, d->req.generated.size());
     d->aborted = true;  // leaves at the next pump (after the batch in flight, if any)
@@ -382,6 +553,13 @@ caf::behavior decode_actor(decode_actor_t* self, scheduler_options opt, std::sha
           s.log->error("decode: malformed message: {}", e.getDescription().cStr());
         }
       },
+      [self](kv_atom, const wire& w) {
+        try {
+          on_kv_done(self, w);
+        } catch (const std::exception& e) {
+          self->state.log->error("decode: bad KV transfer answer: {}", e.what());
+        }
+      },
       [self](stats_atom) -> wire {
         auto& s = self->state;
         std::vector<metric_sample> m = {
@@ -397,6 +575,14 @@ caf::behavior decode_actor(decode_actor_t* self, scheduler_options opt, std::sha
             {"decode_tokens_total", "", double(s.tokens), "counter", "Tokens sampled by decode steps"},
             {"decode_preemptions_total", "", double(s.preemptions), "counter",
              "Sequences preempted on KV page exhaustion (requeued for recompute)"},
+            {"decode_kv_receiving_requests", "", double(s.receiving.size() + s.allocating.size()), "gauge",
+             "Cross-node handoffs waiting for their KV pages (allocation or transfer)"},
+            {"decode_kv_receives_total", "", double(s.transfers_done), "counter",
+             "Cross-node handoffs whose KV pages arrived"},
+            {"decode_kv_receive_failures_total", "", double(s.transfers_failed), "counter",
+             "Cross-node handoffs whose KV transfer failed (then recomputed or failed by policy)"},
+            {"decode_kv_recomputes_total", "", double(s.transfer_recomputes), "counter",
+             "Requests re-prefilled after a failed KV transfer (transfer.failure_policy = recompute)"},
         };
         for (const auto& [r, n] : s.rejected)
           m.push_back({"rejections_total", fmt::format("actor=\"decode\",reason=\"{}\"", r), double(n),

@@ -9,10 +9,19 @@
 
 #include "actors/common/metrics.h"
 #include "actors/common/wire.h"
+#include "actors/worker/kv_port.h"
 
 namespace tandem {
 
 namespace {
+
+/// High 32 bits of this node's transfer ids (FNV-1a of the node name): ids of different
+/// prefill nodes do not collide at a decode node.
+uint64_t transfer_id_base(const std::string& node) {
+  uint32_t h = 2166136261u;
+  for (unsigned char c : node) h = (h ^ c) * 16777619u;
+  return uint64_t(h | 1u) << 32;
+}
 
 struct pseq {
   seq_request req;
@@ -36,6 +45,11 @@ struct prefill_state {
   bool busy = false;              ///< a forward batch is at the worker
   std::vector<std::pair<std::string, int32_t>> in_flight;  ///< (id, tokens) of that batch
   bool retry_wait = false;
+  /// Cross-node handoffs whose source pages the worker is writing out: transfer id -> request.
+  std::unordered_map<uint64_t, std::string> sending;
+  std::unordered_map<std::string, uint64_t> sending_by_id;
+  uint64_t next_transfer = 0;
+  int64_t transfers_done = 0, transfers_failed = 0;
   int64_t admitted = 0, requeues = 0, prompt_tokens_computed = 0, handoffs = 0, batches = 0;
   std::unordered_map<std::string, int64_t> rejected;
   static inline const char* name = "prefill";
@@ -195,6 +209,21 @@ void finish_prefill(prefill_actor_t* self, pseq& q, int32_t token) {
     return;
   }
   s.handoffs += 1;
+  uint64_t tid = 0;
+  if (!s.opt.remote_decode_node.empty()) {
+    // The pages stay here until the worker has written them to the decode node's pool; the
+    // decode scheduler allocates its own pages and pulls the KV with this transfer id.
+    tid = transfer_id_base(s.opt.node) | (++s.next_transfer & 0xffffffffull);
+    s.sending[tid] = q.req.id;
+    s.sending_by_id[q.req.id] = tid;
+    self->send(s.peers.worker.handle, kv_atom::value, make_wire([&](schema::Envelope::Builder env) {
+                 auto o = env.initKvSend();
+                 o.setTransferId(tid);
+                 o.setId(q.req.id);
+                 o.setPeerNode(s.opt.remote_decode_node);
+                 fill_list([&](unsigned n) { return o.initPages(n); }, q.pages);
+               }));
+  }
   self->send(s.peers.decode.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
                auto h = env.initHandoff();
                q.req.write(h.initRequest());
@@ -208,8 +237,35 @@ void finish_prefill(prefill_actor_t* self, pseq& q, int32_t token) {
                l.setHeadDim(s.opt.layout.head_dim);
                l.setPageSize(s.opt.layout.page_size);
                kv.setValidTokens(computed);
+               h.setTransferId(tid);
              }));
   q.pages.clear();  // ownership moved to the decode scheduler
+}
+
+/// The worker finished writing (or gave up on) the pages of a cross-node handoff.
+void on_kv_done(prefill_actor_t* self, const wire& w) {
+  auto& s = self->state;
+  wire_reader rd(w);
+  auto env = rd.root();
+  if (!env.isKvDone()) return;
+  auto d = env.getKvDone();
+  auto it = s.sending.find(d.getTransferId());
+  if (it == s.sending.end()) {
+    s.log->warn("kv transfer {:#x}: completion for no handoff of this scheduler ignored", d.getTransferId());
+    return;
+  }
+  std::string id = it->second;
+  s.sending.erase(it);
+  s.sending_by_id.erase(id);
+  if (d.getDelivered()) {
+    s.transfers_done += 1;
+  } else {
+    s.transfers_failed += 1;
+    s.log->info("request {}: KV send to node {} ended without delivery: {}", id, s.opt.remote_decode_node,
+                d.getError().cStr());
+  }
+  auto pages = to_vector(d.getPages());
+  s.free_pages(id, pages);
 }
 
 void on_forward_done(prefill_actor_t* self, const wire* w, const tandem::error* transport_err) {
@@ -366,6 +422,13 @@ void on_abort(prefill_actor_t* self, const std::string& id, int32_t hops) {
     }
     return;
   }
+  if (auto it = s.sending_by_id.find(id); it != s.sending_by_id.end()) {
+    // The decode side drops its half; this side stops writing (pages come back by kvDone).
+    s.log->info("request {}: KV send aborted", id);
+    self->send(s.peers.worker.handle, kv_atom::value, make_wire([&](schema::Envelope::Builder env) {
+                 env.initKvAbort().setTransferId(it->second);
+               }));
+  }
   // Not here: it moved on to decode (or is on its way back); follow it.
   if (hops < 8) {
     s.peers.decode.gate->enter_control();
@@ -406,6 +469,13 @@ caf::behavior prefill_actor(prefill_actor_t* self, scheduler_options opt, std::s
           s.log->error("prefill: malformed message: {}", e.getDescription().cStr());
         }
       },
+      [self](kv_atom, const wire& w) {
+        try {
+          on_kv_done(self, w);
+        } catch (const std::exception& e) {
+          self->state.log->error("prefill: bad KV transfer answer: {}", e.what());
+        }
+      },
       [self](tick_atom) {
         self->state.retry_wait = false;
         pump(self);
@@ -431,6 +501,12 @@ caf::behavior prefill_actor(prefill_actor_t* self, scheduler_options opt, std::s
              "Tokens computed by prefill"},
             {"prefill_batches_total", "", double(s.batches), "counter", "Prefill forward batches"},
             {"kv_handoffs_total", "", double(s.handoffs), "counter", "KV handoffs to the decode scheduler"},
+            {"prefill_kv_sends_inflight", "", double(s.sending.size()), "gauge",
+             "Cross-node handoffs whose source pages are being written to the decode node"},
+            {"prefill_kv_sends_total", "", double(s.transfers_done), "counter",
+             "Cross-node handoffs whose KV pages were written to the decode node"},
+            {"prefill_kv_send_failures_total", "", double(s.transfers_failed), "counter",
+             "Cross-node handoffs whose KV send failed or was aborted"},
         };
         for (const auto& [r, n] : s.rejected)
           m.push_back({"rejections_total", fmt::format("actor=\"prefill\",reason=\"{}\"", r), double(n),

@@ -24,6 +24,13 @@ struct scheduler_options {
   kv_layout layout;
   std::string pool_id = "local/worker0";
   std::string node = "local";
+  /// Non-empty: the decode scheduler runs on that node. Handoffs then carry a transfer id and
+  /// the worker writes the pages to the decode node's pool over the KV transport.
+  std::string remote_decode_node;
+  /// Decode side of a cross-node handoff: a failed KV transfer re-prefills the request
+  /// ("recompute", at most max_transfer_retries times) or ends it with an error ("fail").
+  std::string transfer_failure_policy = "recompute";
+  int32_t max_transfer_retries = 2;
   int32_t retry_ms = 2;  ///< real-time wait before retrying an allocation that found no pages
 };
 

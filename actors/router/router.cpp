@@ -313,6 +313,19 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, bounded_act
         }
       },
       [self](tick_atom) { on_tick(self); },
+      [self](node_down_atom, const std::string& role, const std::string& why) {
+        auto& s = self->state;
+        std::vector<std::string> ids;
+        for (const auto& [id, e] : s.table) {
+          const bool there = role == "decode" ? e.state == "decode"
+                                              : (e.state == "queued" || e.state == "prefill" || e.state == "preempted");
+          if (there) ids.push_back(id);
+        }
+        if (ids.empty()) return;
+        s.log->warn("{} requests end: {}", ids.size(), why);
+        tandem::error err(error_kind::disconnected, why + "; retry the request");
+        for (const auto& id : ids) s.finish_here(id, finish_reason::error, &err);
+      },
       [self](stop_atom) -> bool {
         auto& s = self->state;
         s.stopped = true;

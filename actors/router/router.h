@@ -33,6 +33,11 @@ struct inflight_list {
 /// Asks the router for its in-flight table: (inflight_atom) -> inflight_list.
 using inflight_atom = caf::atom_constant<caf::atom("inflight")>;
 
+/// A role's nodes are all unreachable (sent by the proxy of a remote role on the router's
+/// node): (node_down_atom, role, why) ends every in-flight request the router last saw in a
+/// state of that role ("decode"; "queued", "prefill", "preempted") with `disconnected`.
+using node_down_atom = caf::atom_constant<caf::atom("nodedown")>;
+
 struct router_options {
   limits lim;
   model_facts model;

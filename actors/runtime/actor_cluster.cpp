@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <caf/all.hpp>
+#include <caf/io/middleman.hpp>
 #include <mutex>
 #include <shared_mutex>
 
@@ -53,8 +54,21 @@ struct actor_cluster::state {
   std::string unhealthy_why;
   std::atomic<bool> unhealthy{false};
 
-  /// The current actors, copied under the lock (the supervisor may replace them).
-  std::vector<bounded_actor*> all() { return {&router, &prefill, &decode, &worker, &cache}; }
+  /// Multi-node: this node's ingress and the other nodes (empty for one process).
+  node_links links;
+  std::vector<std::string> roles;  ///< empty = every role
+  bool has(const std::string& r) const {
+    return roles.empty() || std::find(roles.begin(), roles.end(), r) != roles.end();
+  }
+
+  /// The current actors, copied under the lock (the supervisor may replace them). Roles of
+  /// other nodes are their local proxies; roles nobody here needs have no actor.
+  std::vector<bounded_actor*> all() {
+    std::vector<bounded_actor*> v;
+    for (auto* a : {&router, &prefill, &decode, &worker, &cache})
+      if (a->handle) v.push_back(a);
+    return v;
+  }
 };
 
 namespace {
@@ -73,8 +87,36 @@ int64_t pages_from_limits(const limits& lim, const kv_layout& layout) {
 }
 
 /// Spawns and wires one set of the node's actors into `s` (at start and on every restart).
+/// The proxy for a role of other nodes, or an empty handle if no other node has it.
+bounded_actor remote_role(actor_cluster::state& s, const actor_cluster_options& opt, const std::string& role,
+                          int32_t bound) {
+  auto targets = s.links.with_role(role);
+  if (targets.empty()) return {};
+  if (role == "decode") targets.resize(1);  // the prefill's KV sends name this one node
+  return spawn_remote_proxy(*s.sys, role, std::move(targets), bound, s.has("router"),
+                            make_actor_logger("proxy_" + role, s.sink, opt.log_level));
+}
+
 void spawn_set(actor_cluster::state& s, const actor_cluster_options& opt, int32_t n_pages) {
+  if (!s.has("worker")) {
+    // A router-only node: the front ends and the router; everything else is remote.
+    s.worker = s.cache = bounded_actor{};
+    s.prefill = remote_role(s, opt, "prefill", opt.lim.prefill_mailbox);
+    s.decode = remote_role(s, opt, "decode", opt.lim.decode_mailbox);
+    router_options ro;
+    ro.lim = opt.lim;
+    ro.model = s.facts;
+    ro.tick_ms = opt.router_tick_ms;
+    s.router = spawn_router(*s.sys, ro, s.prefill, s.clk, make_actor_logger("router", s.sink, opt.log_level));
+    peer_set peers{s.router, s.prefill, s.decode, {}, {}};
+    for (auto* a : {&s.prefill, &s.decode})
+      if (a->handle) caf::anon_send(a->handle, peers_atom::value, peers);
+    if (s.links.ingress) caf::anon_send(s.links.ingress, peers_atom::value, peers);
+    return;
+  }
   worker_options wo;
+  wo.kv_transfer = opt.kv_transfer;
+  wo.pool_id = opt.node_name + "/worker0";
   wo.n_pages = n_pages;
   wo.page_size = opt.lim.page_size;
   wo.mailbox_bound = opt.lim.worker_mailbox;
@@ -99,26 +141,41 @@ void spawn_set(actor_cluster::state& s, const actor_cluster_options& opt, int32_
   so.model = s.facts;
   so.layout = s.layout;
   so.pool_id = wo.pool_id;
-  s.prefill = spawn_prefill_scheduler(*s.sys, so, s.clk, make_actor_logger("prefill", s.sink, opt.log_level));
-  s.decode = spawn_decode_scheduler(*s.sys, so, s.clk, make_actor_logger("decode", s.sink, opt.log_level));
+  so.node = opt.node_name;
+  so.transfer_failure_policy = opt.transfer_failure_policy;
+  if (!s.has("decode")) {
+    auto d = s.links.with_role("decode");
+    if (!d.empty()) so.remote_decode_node = d.front().name;
+  }
+  if (!s.has("prefill")) so.lim.prefix_cache = false;  // nothing acquires prefixes on a decode-only node
+  s.prefill = s.has("prefill")
+                  ? spawn_prefill_scheduler(*s.sys, so, s.clk, make_actor_logger("prefill", s.sink, opt.log_level))
+                  : remote_role(s, opt, "prefill", opt.lim.prefill_mailbox);
+  s.decode = s.has("decode")
+                 ? spawn_decode_scheduler(*s.sys, so, s.clk, make_actor_logger("decode", s.sink, opt.log_level))
+                 : remote_role(s, opt, "decode", opt.lim.decode_mailbox);
 
   router_options ro;
   ro.lim = opt.lim;
   ro.model = s.facts;
   ro.tick_ms = opt.router_tick_ms;
-  s.router = spawn_router(*s.sys, ro, s.prefill, s.clk, make_actor_logger("router", s.sink, opt.log_level));
+  s.router = s.has("router")
+                 ? spawn_router(*s.sys, ro, s.prefill, s.clk, make_actor_logger("router", s.sink, opt.log_level))
+                 : remote_role(s, opt, "router", opt.lim.router_mailbox);
 
   peer_set peers{s.router, s.prefill, s.decode, s.worker, s.cache};
-  caf::anon_send(s.prefill.handle, peers_atom::value, peers);
-  caf::anon_send(s.decode.handle, peers_atom::value, peers);
+  for (auto* a : {&s.prefill, &s.decode, &s.router})
+    if (a->handle && (a != &s.router || !s.has("router"))) caf::anon_send(a->handle, peers_atom::value, peers);
+  if (s.links.ingress) caf::anon_send(s.links.ingress, peers_atom::value, peers);
 }
 
 std::vector<supervised_child> children_of(actor_cluster::state& s) {
-  return {{"router", s.router.handle},
-          {"prefill", s.prefill.handle},
-          {"decode", s.decode.handle},
-          {"worker", s.worker.handle},
-          {"cache_tier", s.cache.handle}};
+  std::vector<supervised_child> v;
+  for (auto [name, a] : {std::pair{"router", &s.router}, std::pair{"prefill", &s.prefill},
+                         std::pair{"decode", &s.decode}, std::pair{"worker", &s.worker},
+                         std::pair{"cache_tier", &s.cache}})
+    if (a->handle) v.push_back({name, a->handle});
+  return v;
 }
 
 }  // namespace
@@ -171,7 +228,15 @@ actor_cluster::actor_cluster(std::shared_ptr<llama_model> model, actor_cluster_o
 
   s.cfg.set("scheduler.max-threads", static_cast<size_t>(opt_.lim.scheduler_threads));
   s.cfg.add_message_type<wire>("tandem_wire");
+  s.roles = opt_.roles;
+  const bool multi_node = !opt_.remote_nodes.empty();
+  if (multi_node) s.cfg.load<caf::io::middleman>();
   s.sys = std::make_unique<caf::actor_system>(s.cfg);
+  if (multi_node) {
+    std::vector<std::string> local = opt_.roles;
+    s.links = link_nodes(*s.sys, opt_.node_name, opt_.cluster_host, opt_.cluster_port, local, opt_.remote_nodes,
+                         opt_.link_timeout_ms, make_actor_logger("cluster", sink, opt_.log_level));
+  }
 
   s.prefix_cache = prefix_cache;
   s.host_pages = host_pages;
@@ -224,13 +289,19 @@ void actor_cluster::shutdown() {
         .receive([](bool) {},
                  [&](caf::error& e) { s.log->warn("supervisor did not confirm shutdown: {}", s.sys->render(e)); });
     self->send_exit(s.supervisor, caf::exit_reason::user_shutdown);
-    self->request(s.router.handle, std::chrono::milliseconds(opt_.query_timeout_ms), stop_atom::value)
-        .receive(
-            [](bool) {},
-            [&](caf::error& e) { s.log->warn("router did not confirm shutdown: {}", s.sys->render(e)); });
+    if (s.has("router"))
+      self->request(s.router.handle, std::chrono::milliseconds(opt_.query_timeout_ms), stop_atom::value)
+          .receive(
+              [](bool) {},
+              [&](caf::error& e) { s.log->warn("router did not confirm shutdown: {}", s.sys->render(e)); });
     for (auto* a : {&s.router, &s.prefill, &s.decode, &s.cache, &s.worker})
-      self->send_exit(a->handle, caf::exit_reason::user_shutdown);
+      if (a->handle) self->send_exit(a->handle, caf::exit_reason::user_shutdown);
+    if (s.links.ingress) {
+      s.sys->middleman().unpublish(s.links.ingress, s.links.port);
+      self->send_exit(s.links.ingress, caf::exit_reason::user_shutdown);
+    }
   }
+  s.links = node_links{};
   s.sys->await_all_actors_done();
   s.router = s.prefill = s.decode = s.cache = s.worker = bounded_actor{};
   s.supervisor = caf::actor{};
@@ -247,6 +318,17 @@ void actor_cluster::submit(completion_request req, event_callback cb) {
           req.request_id,
           tandem::error(error_kind::disconnected, "the cluster is shut down; retry on another node"),
           static_cast<int32_t>(req.prompt.size())));
+    return;
+  }
+  if (!s.has("router")) {
+    std::string routers;
+    for (const auto& n : s.links.with_role("router")) routers += (routers.empty() ? "" : ", ") + n.name;
+    if (cb)
+      cb(error_event(req.request_id,
+                     tandem::error(error_kind::unimplemented,
+                                   fmt::format("node {} does not run the router; send requests to node {}",
+                                               opt_.node_name, routers.empty() ? "with the router role" : routers)),
+                     static_cast<int32_t>(req.prompt.size())));
     return;
   }
   if (s.unhealthy) {
@@ -280,7 +362,7 @@ void actor_cluster::submit(completion_request req, event_callback cb) {
 void actor_cluster::abort(const std::string& request_id) {
   auto& s = *st_;
   std::shared_lock<std::shared_mutex> sl(s.submit_mu);
-  if (s.stopped || s.unhealthy) return;
+  if (s.stopped || s.unhealthy || !s.has("router")) return;
   s.router.gate->enter_control();
   caf::anon_send(s.router.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
                    auto a = env.initAbort();
@@ -337,6 +419,13 @@ std::vector<stats_snapshot> actor_cluster::snapshots(bool include_worker) const 
                  all_answered = false;
                  s.log->warn("stats from the supervisor failed: {}", s.sys->render(e));
                });
+  if (s.links.ingress)
+    self->request(s.links.ingress, std::chrono::milliseconds(opt_.query_timeout_ms), stats_atom::value)
+        .receive([&](const wire& w) { out.push_back(read_stats(w)); },
+                 [&](caf::error& e) {
+                   all_answered = false;
+                   s.log->warn("stats from the ingress failed: {}", s.sys->render(e));
+                 });
   int64_t now_ms = s.clk->now_ms();
   if (all_answered) s.last_heartbeat_ms = now_ms;
   stats_snapshot up;
@@ -429,7 +518,8 @@ health_info actor_cluster::health() const {
       h.status = s.unhealthy_why;
       return h;
     }
-    actors = {s.router, s.prefill, s.decode, s.cache};
+    for (auto* a : {&s.router, &s.prefill, &s.decode, &s.cache})
+      if (a->handle) actors.push_back(*a);
   }
   caf::scoped_actor self{*s.sys};
   bool ok = true;
@@ -507,7 +597,7 @@ node_report actor_cluster::inspect() const {
     }
     r.actors.push_back(std::move(ar));
   }
-  if (!s.unhealthy) {
+  if (!s.unhealthy && s.has("router")) {
     caf::scoped_actor self{*s.sys};
     self->request(actors[0].handle, std::chrono::milliseconds(opt_.query_timeout_ms), inflight_atom::value)
         .receive([&](const inflight_list& l) { r.requests = l.requests; },

@@ -13,7 +13,9 @@
 #include "actors/common/clock.h"
 #include "actors/common/limits.h"
 #include "actors/common/metrics.h"
+#include "actors/runtime/remote_link.h"
 #include "actors/runtime/serving_api.h"
+#include "actors/worker/kv_port.h"
 #include "kernels/model/llama.h"
 
 namespace tandem {
@@ -30,6 +32,20 @@ struct actor_cluster_options {
   std::shared_ptr<const cluster_clock> clock;  ///< default: steady_clock
   int32_t router_tick_ms = 5;                  ///< deadline check period (real time)
   int32_t query_timeout_ms = 5000;             ///< stats/health requests to the actors
+
+  // --- one node of a multi-node cluster (docs/kv_transfer.md); empty `roles` = every role here
+  /// The roles of this node (router, prefill, decode, cache, worker).
+  std::vector<std::string> roles;
+  /// Where this node's ingress listens for the other nodes (CAF middleman).
+  std::string cluster_host = "127.0.0.1";
+  int32_t cluster_port = 0;
+  /// The other nodes; a role not on this node is reached on the first of them that has it.
+  std::vector<remote_node> remote_nodes;
+  int64_t link_timeout_ms = 60000;  ///< how long start-up waits for the other nodes
+  /// The worker's KV transfer port (cross-node handoffs); required on prefill and decode nodes
+  /// whose counterpart runs elsewhere.
+  kv_port_factory kv_transfer;
+  std::string transfer_failure_policy = "recompute";  ///< recompute | fail
 };
 
 class actor_cluster {

@@ -41,6 +41,7 @@ std::unique_ptr<embedded_cluster> embedded_cluster::start(const cluster_options&
   ao.log_level = opt.log_level;
   ao.log_json = opt.log_json;
   ao.node_name = opt.node_name;
+  if (opt.configure_node) opt.configure_node(ao);
   p->cluster = std::make_unique<actor_cluster>(std::move(model), ao);
   return std::unique_ptr<embedded_cluster>(new embedded_cluster(std::move(p)));
 }

@@ -2,6 +2,7 @@
 /// All roles (router, prefill scheduler, decode scheduler, worker, cache tier) in one process.
 /// The request still goes router -> prefill -> KV handoff -> decode through the same
 /// serialized messages that cross nodes in a disaggregated deployment.
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -11,6 +12,8 @@
 
 namespace tandem {
 
+struct actor_cluster_options;
+
 struct cluster_options {
   std::string model_path;           ///< GGUF file
   limits lim;
@@ -18,6 +21,9 @@ struct cluster_options {
   std::string log_level = "info";   ///< spdlog level name
   bool log_json = false;
   std::string node_name = "local";  ///< the config's [[node]] name; labels the node health metrics
+  /// One node of a multi-node cluster: sets the roles, links and KV transfer port of the
+  /// actor cluster's options (model_id is already filled in). Empty = every role here.
+  std::function<void(actor_cluster_options&)> configure_node;
 };
 
 class embedded_cluster : public serving_api {

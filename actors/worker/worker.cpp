@@ -5,6 +5,7 @@
 #include <caf/all.hpp>
 #include <chrono>
 #include <cstring>
+#include <map>
 
 #include "actors/cache_tier/page_file.h"
 #include "actors/common/metrics.h"
@@ -25,7 +26,14 @@ namespace {
 
 struct worker_state {
   std::shared_ptr<llama_model> model;
-  std::unique_ptr<kv_pool> pool;
+  std::unique_ptr<kv_pool> own_pool;  ///< without a transfer port
+  std::unique_ptr<kv_port> port;      ///< cross-node KV transfers; owns the pool then
+  kv_pool* pool = nullptr;
+  /// Who ordered each live transfer (gets its kvDone) and for which request.
+  std::map<uint64_t, std::pair<caf::actor, std::string>> transfers;
+  int64_t transfer_orders = 0, transfer_order_failures = 0;
+  bool tick_pending = false;
+  std::vector<metric_sample> extra_metrics;  ///< scratch of the stats handler
   std::unique_ptr<kv_pool> host;  ///< L2 pages (same layout), host memory
   uint64_t layout_fp = 0;
   int64_t copies = 0, copy_failures = 0;
@@ -201,12 +209,42 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
   st.opt = opt;
   st.gate = std::move(gate);
   st.log = std::move(log);
-  st.pool = std::make_unique<kv_pool>(st.model->layout(opt.page_size), opt.n_pages);
+  if (opt.kv_transfer) {
+    auto* st_ptr = &st;
+    st.port = opt.kv_transfer(
+        st.model->layout(opt.page_size), opt.n_pages,
+        [st_ptr](uint64_t tid, bool delivered, const std::vector<int32_t>& pages, const std::string& why) {
+          auto it = st_ptr->transfers.find(tid);
+          if (it == st_ptr->transfers.end()) {
+            st_ptr->log->error("kv transfer {:#x}: pages released for a transfer nobody ordered", tid);
+            return;
+          }
+          auto to = it->second.first;
+          auto id = it->second.second;
+          st_ptr->transfers.erase(it);
+          caf::anon_send(to, kv_atom::value, make_wire([&](schema::Envelope::Builder env) {
+                           auto d = env.initKvDone();
+                           d.setTransferId(tid);
+                           d.setId(id);
+                           d.setDelivered(delivered);
+                           fill_list([&](unsigned n) { return d.initPages(n); }, pages);
+                           d.setError(why);
+                         }));
+        });
+    st.pool = &st.port->pool();
+  } else {
+    st.own_pool = std::make_unique<kv_pool>(st.model->layout(opt.page_size), opt.n_pages);
+    st.pool = st.own_pool.get();
+  }
   st.layout_fp = st.pool->layout().fingerprint();
   if (opt.host_pages > 0) {
     st.host = std::make_unique<kv_pool>(st.pool->layout(), opt.host_pages);
     st.log->info("worker: host KV pool of {} pages, {:.1f} MiB", opt.host_pages,
                  double(st.host->bytes()) / (1024.0 * 1024.0));
+  }
+  if (st.port) {
+    st.tick_pending = true;
+    self->send(self, tick_atom::value);
   }
   st.log->info("worker up: pool {} with {} pages ({}), {:.1f} MiB", opt.pool_id, opt.n_pages,
                st.pool->layout().describe(), double(st.pool->bytes()) / (1024.0 * 1024.0));
@@ -236,8 +274,81 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
               tandem::error(error_kind::failed, fmt::format("forward pass failed: {}", e.what())));
         }
       },
+      [self](kv_atom, const wire& w) {
+        auto& s = self->state;
+        if (!s.port) {
+          s.log->error("worker: KV transfer order without a transfer port (node has no kv_port)");
+          return;
+        }
+        try {
+          wire_reader rd(w);
+          auto env = rd.root();
+          if (env.isKvAbort()) {
+            s.port->abort(env.getKvAbort().getTransferId());
+          } else if (env.isKvSend() || env.isKvReceive()) {
+            const bool send = env.isKvSend();
+            auto o = send ? env.getKvSend() : env.getKvReceive();
+            const uint64_t tid = o.getTransferId();
+            auto pages = to_vector(o.getPages());
+            auto to = caf::actor_cast<caf::actor>(self->current_sender());
+            s.transfers[tid] = {to, o.getId().cStr()};
+            s.transfer_orders += 1;
+            try {
+              if (send)
+                s.port->send(tid, o.getPeerNode().cStr(), pages);
+              else
+                s.port->receive(tid, o.getPeerNode().cStr(), pages);
+            } catch (const std::exception& e) {
+              // Not started: the pages are the orderer's again, through the same answer.
+              s.transfer_order_failures += 1;
+              s.transfers.erase(tid);
+              caf::anon_send(to, kv_atom::value, make_wire([&](schema::Envelope::Builder env2) {
+                               auto d = env2.initKvDone();
+                               d.setTransferId(tid);
+                               d.setId(o.getId());
+                               d.setDelivered(false);
+                               fill_list([&](unsigned n) { return d.initPages(n); }, pages);
+                               d.setError(e.what());
+                             }));
+            }
+          } else {
+            s.log->error("worker: unexpected KV message dropped");
+          }
+        } catch (const std::exception& e) {
+          s.log->error("worker: bad KV order: {}", e.what());
+        }
+        s.port->progress();
+        if (!s.tick_pending) {
+          s.tick_pending = true;
+          self->send(self, tick_atom::value);
+        }
+      },
+      [self](tick_atom) {
+        auto& s = self->state;
+        s.tick_pending = false;
+        if (!s.port) return;
+        // Spin while transfers move (a busy progress loop is what keeps tcp puts landing);
+        // otherwise look for new connections now and then.
+        bool moved = false;
+        for (int i = 0; i < 64 && s.port->progress(); ++i) moved = true;
+        s.tick_pending = true;
+        if (moved || s.port->busy())
+          self->send(self, tick_atom::value);
+        else
+          self->delayed_send(self, std::chrono::milliseconds(5), tick_atom::value);
+      },
       [self](stats_atom) -> wire {
         auto& s = self->state;
+        if (s.port) {
+          auto m = s.port->metrics();
+          m.push_back({"worker_transfer_orders_total", "", double(s.transfer_orders), "counter",
+                       "KV transfer orders (send and receive) taken by the worker"});
+          m.push_back({"worker_transfer_order_failures_total", "", double(s.transfer_order_failures), "counter",
+                       "KV transfer orders that could not start (unknown peer, table full)"});
+          m.push_back({"worker_transfers_live", "", double(s.transfers.size()), "gauge",
+                       "KV transfers whose pages the worker's transport still holds"});
+          for (auto& x : m) s.extra_metrics.push_back(x);
+        }
         std::vector<metric_sample> m = {
             {"worker_batches_total", "", double(s.batches), "counter", "Forward batches run"},
             {"worker_tokens_total", "", double(s.tokens), "counter", "Tokens run through the forward pass"},
@@ -249,6 +360,8 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
             {"worker_cache_copy_failures_total", "", double(s.copy_failures), "counter",
              "Cache tier page copy ops that failed (bad checksum, missing file, I/O)"},
         };
+        for (auto& x : s.extra_metrics) m.push_back(std::move(x));
+        s.extra_metrics.clear();
         return make_stats_wire("worker", m, {&s.forward_ms});
       },
   };

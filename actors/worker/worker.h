@@ -13,6 +13,7 @@
 
 #include "actors/common/bounded_mailbox.h"
 #include "actors/common/limits.h"
+#include "actors/worker/kv_port.h"
 #include "kernels/model/llama.h"
 
 namespace tandem {
@@ -26,6 +27,10 @@ struct worker_options {
   int32_t host_pages = 0;
   /// Directory of the disk (L3) tier; empty = none. The worker reads and writes its files.
   std::string disk_dir;
+  /// Cross-node KV transfers: when set, the device pool comes from the port (registered
+  /// transport memory) and the worker takes (kv_atom, wire{kvSend|kvReceive|kvAbort}) orders,
+  /// answering each transfer's end with (kv_atom, wire{kvDone}) to the actor that ordered it.
+  kv_port_factory kv_transfer;
 };
 
 /// Seed of the sampler of one token: depends only on the request seed and the token's index

@@ -11,11 +11,13 @@
 #include "actors/common/error.h"
 #include "actors/common/logging.h"
 #include "actors/config/cluster_config.h"
+#include "actors/runtime/actor_cluster.h"
 #include "actors/runtime/embedded_cluster.h"
 #include "tools/tandem/commands.h"
 #include "tools/tandem/config_report.h"
 #include "tools/tandem/flags.h"
 #include "transport/rpc/front_end.h"
+#include "transport/ucx/kv_port_ucx.h"
 
 namespace tandem::cli {
 
@@ -31,6 +33,55 @@ int port_flag(const flags& f, const std::string& name) {
   int64_t v = f.num(name);
   if (v < 0 || v > 65535) throw tandem::error("flag --" + name + " = " + std::to_string(v) + " is not a port; use 0..65535 (0 picks a free one)");
   return static_cast<int>(v);
+}
+
+/// A node with only some roles: links to the other nodes (CAF middleman) and, on prefill and
+/// decode nodes whose counterpart runs elsewhere, the worker's KV transfer port over UCX.
+void configure_partial_node(const cluster_config& cfg, const node_config& node, cluster_options& co) {
+  std::vector<remote_node> peers;
+  for (const auto& n : cfg.nodes) {
+    if (n.name == node.name) continue;
+    peers.push_back({n.name, n.host, n.cluster_port, n.roles, {}});
+  }
+  const bool needs_kv = (node.has_role("prefill") && !node.has_role("decode")) ||
+                        (node.has_role("decode") && !node.has_role("prefill"));
+  ucx::kv_port_options ko;
+  ko.node = node.name;
+  if (needs_kv) {
+    if (node.has_role("prefill")) {
+      ko.listen_host = node.host;
+      ko.listen_port = static_cast<uint16_t>(node.kv_port);
+    }
+    if (node.has_role("decode"))
+      for (const auto* p : cfg.nodes_with_role("prefill"))
+        if (p->name != node.name) ko.sources.push_back({p->name, p->host, static_cast<uint16_t>(p->kv_port)});
+    const char* tls = std::getenv("TANDEM_KV_TLS");
+    // The listener needs tcp (the sockaddr connection manager); shared memory carries the
+    // puts between processes of one host. UCX_TLS in the environment still wins in UCX.
+    ko.engine.tls = tls && *tls ? tls : "tcp,sm,self";
+    const char* fault = std::getenv("TANDEM_KV_FAULT");
+    ko.engine.faults = ucx::fault_hook_from_spec(fault ? fault : "");
+    const int64_t t = cfg.transfer_timeout_ms;
+    ko.engine.limits.bootstrap_ms = t;
+    ko.engine.limits.waiting_ms = t;
+    ko.engine.limits.transferring_ms = t;
+    ko.engine.limits.quarantine_ms = t;
+    ko.resolve_ms = t;
+  }
+  const std::string policy = cfg.transfer_failure_policy;
+  const node_config self = node;
+  co.configure_node = [peers, ko, needs_kv, policy, self](actor_cluster_options& ao) {
+    ao.roles = self.roles;
+    ao.cluster_host = self.host;
+    ao.cluster_port = self.cluster_port;
+    ao.remote_nodes = peers;
+    ao.transfer_failure_policy = policy;
+    if (needs_kv) {
+      auto k = ko;
+      k.model = ao.model_id;
+      ao.kv_transfer = ucx::make_kv_port_factory(k);
+    }
+  };
 }
 
 /// Fills the options from the node `--node` of the config `--config`, after every check of
@@ -55,12 +106,7 @@ void configure_from_file(const flags& f, cluster_options& co, front_end_options&
   if (!f.has("node")) throw tandem::error(fmt::format("--config needs --node NAME, one of: {}", names));
   const node_config* node = c.cfg.find_node(f.str("node"));
   if (!node) throw tandem::error(fmt::format("--node {}: {} has no such node; use one of: {}", f.str("node"), path, names));
-  if (!node->all_roles())
-    throw tandem::error(error_kind::unimplemented,
-                        fmt::format("node '{}' runs only some roles; a cluster spread over several processes is the "
-                                    "multi-node deployment issue (disaggregated prefill/decode across nodes), not "
-                                    "implemented yet. Put every role on one node to serve an embedded cluster",
-                                    node->name));
+  if (!node->all_roles()) configure_partial_node(c.cfg, *node, co);
   if (c.cfg.model_path.empty())
     throw tandem::error(fmt::format("{}: model.path is not set; add [model] path = \"FILE.gguf\"", path));
   co.model_path = c.cfg.model_path;

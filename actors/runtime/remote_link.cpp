@@ -1,0 +1,295 @@
+#include "actors/runtime/remote_link.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+#include <chrono>
+#include <map>
+#include <thread>
+
+#include "actors/common/metrics.h"
+#include "actors/common/request.h"
+#include "actors/router/router.h"
+
+namespace tandem {
+
+std::vector<remote_node> node_links::with_role(const std::string& role) const {
+  std::vector<remote_node> v;
+  for (const auto& p : peers)
+    if (std::find(p.roles.begin(), p.roles.end(), role) != p.roles.end()) v.push_back(p);
+  return v;
+}
+
+void bounce(const peer_set& peers, const wire& w, const tandem::error& e) {
+  try {
+    wire_reader rd(w);
+    auto env = rd.root();
+    schema::SubmitRequest::Reader r;
+    bool handoff = false;
+    if (env.isSubmit())
+      r = env.getSubmit();
+    else if (env.isRequeue())
+      r = env.getRequeue();
+    else if (env.isHandoff()) {
+      r = env.getHandoff().getRequest();
+      handoff = true;
+    } else
+      return;
+    const std::string id = r.getId().cStr();
+    if (peers.router) {
+      peers.router.gate->enter_control();
+      caf::anon_send(peers.router.handle, wire_atom::value,
+                     make_event(id, {}, finish_reason::error, &e, static_cast<int32_t>(r.getPrompt().size()),
+                                r.getCachedTokens(), "refused"));
+    }
+    if (handoff && peers.prefill) {
+      peers.prefill.gate->enter_control();
+      caf::anon_send(peers.prefill.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder b) {
+                       auto a = b.initAbort();
+                       a.setId(id);
+                       a.setHops(8);  // only the source's KV send; do not chase
+                     }));
+    }
+  } catch (const std::exception&) {
+    // Malformed: nothing to answer.
+  }
+}
+
+namespace {
+
+bool is_work(const wire& w) {
+  try {
+    wire_reader rd(w);
+    auto env = rd.root();
+    return env.isSubmit() || env.isHandoff();
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+struct ingress_state {
+  std::string node;
+  std::vector<std::string> local_roles;
+  peer_set peers;
+  std::shared_ptr<spdlog::logger> log;
+  std::map<std::string, int64_t> delivered, refused;
+  int64_t unknown = 0;
+  static inline const char* name = "ingress";
+
+  const bounded_actor* local(const std::string& role) const {
+    if (std::find(local_roles.begin(), local_roles.end(), role) == local_roles.end()) return nullptr;
+    if (role == "router") return &peers.router;
+    if (role == "prefill") return &peers.prefill;
+    if (role == "decode") return &peers.decode;
+    return nullptr;
+  }
+};
+
+caf::behavior ingress_actor(caf::stateful_actor<ingress_state>* self, std::string node,
+                            std::vector<std::string> local_roles, std::shared_ptr<spdlog::logger> log) {
+  auto& st = self->state;
+  st.node = std::move(node);
+  st.local_roles = std::move(local_roles);
+  st.log = std::move(log);
+  return {
+      [self](peers_atom, const peer_set& p) { self->state.peers = p; },
+      [self](wire_atom, const std::string& role, const wire& w) {
+        auto& s = self->state;
+        const bounded_actor* to = s.local(role);
+        if (!to || !*to) {
+          ++s.unknown;
+          s.log->warn("ingress: message for role '{}', which node {} does not run; dropped", role, s.node);
+          return;
+        }
+        if (is_work(w)) {
+          if (!to->gate->try_enter()) {
+            ++s.refused[role];
+            bounce(s.peers, w, to->gate->overloaded_error());
+            return;
+          }
+        } else {
+          to->gate->enter_control();
+        }
+        ++s.delivered[role];
+        caf::anon_send(to->handle, wire_atom::value, w);
+      },
+      [self](stats_atom) -> wire {
+        auto& s = self->state;
+        std::vector<metric_sample> m;
+        for (const auto& r : s.local_roles) {
+          if (r != "router" && r != "prefill" && r != "decode") continue;
+          auto lbl = fmt::format("role=\"{}\"", r);
+          m.push_back({"ingress_delivered_total", lbl, double(s.delivered[r]), "counter",
+                       "Messages from other nodes delivered to a local actor"});
+          m.push_back({"ingress_refused_total", lbl, double(s.refused[r]), "counter",
+                       "Work from other nodes refused at a full local mailbox (answered overloaded)"});
+        }
+        m.push_back({"ingress_misrouted_total", "", double(s.unknown), "counter",
+                     "Messages from other nodes for a role this node does not run"});
+        return make_stats_wire("ingress", m, {});
+      },
+  };
+}
+
+struct proxy_target {
+  remote_node node;
+  bool up = true;
+  int64_t sent = 0;
+};
+
+struct proxy_state {
+  std::string role;
+  std::vector<proxy_target> targets;
+  std::shared_ptr<mailbox_gate> gate;
+  peer_set peers;
+  std::shared_ptr<spdlog::logger> log;
+  size_t next = 0;
+  int64_t bounced = 0;
+  bool notify_router = false;
+  static inline const char* name = "proxy";
+
+  proxy_target* pick(bool round_robin) {
+    for (size_t k = 0; k < targets.size(); ++k) {
+      size_t i = round_robin ? (next + k) % targets.size() : k;
+      if (!targets[i].up) continue;
+      if (round_robin) next = i + 1;
+      return &targets[i];
+    }
+    return nullptr;
+  }
+  std::string names() const {
+    std::string v;
+    for (const auto& t : targets) v += (v.empty() ? "" : ", ") + t.node.name;
+    return v;
+  }
+};
+
+caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, std::string role, std::vector<remote_node> targets,
+                          std::shared_ptr<mailbox_gate> gate, bool notify_router, std::shared_ptr<spdlog::logger> log) {
+  auto& st = self->state;
+  st.notify_router = notify_router;
+  st.role = std::move(role);
+  st.gate = std::move(gate);
+  st.log = std::move(log);
+  for (auto& t : targets) {
+    self->monitor(t.ingress);
+    st.targets.push_back({std::move(t)});
+  }
+  self->set_down_handler([self](caf::down_msg& dm) {
+    auto& s = self->state;
+    for (auto& t : s.targets)
+      if (t.node.ingress.address() == dm.source && t.up) {
+        t.up = false;
+        s.log->warn("{} node {} is down ({}); its {} messages are answered here", s.role, t.node.name,
+                    self->system().render(dm.reason), s.role);
+      }
+    const bool any_up = std::any_of(s.targets.begin(), s.targets.end(), [](const proxy_target& t) { return t.up; });
+    if (!any_up && s.notify_router && s.peers.router)
+      caf::anon_send(s.peers.router.handle, node_down_atom::value, s.role,
+                     fmt::format("no {} node is reachable any more (configured: {})", s.role, s.names()));
+  });
+  return {
+      [self](peers_atom, const peer_set& p) { self->state.peers = p; },
+      [self](wire_atom, const wire& w) {
+        auto& s = self->state;
+        s.gate->leave();
+        bool rr = false, all = false;
+        try {
+          wire_reader rd(w);
+          auto env = rd.root();
+          rr = env.isSubmit() || env.isRequeue();
+          all = env.isAbort();
+        } catch (const std::exception&) {
+          s.log->error("proxy {}: malformed message dropped", s.role);
+          return;
+        }
+        if (all) {
+          for (auto& t : s.targets)
+            if (t.up) {
+              ++t.sent;
+              caf::anon_send(t.node.ingress, wire_atom::value, s.role, w);
+            }
+          return;
+        }
+        proxy_target* t = s.pick(rr);
+        if (!t) {
+          ++s.bounced;
+          bounce(s.peers, w,
+                 tandem::error(error_kind::disconnected,
+                               fmt::format("no {} node is reachable (configured: {}); retry when one is back", s.role,
+                                           s.names())));
+          return;
+        }
+        ++t->sent;
+        caf::anon_send(t->node.ingress, wire_atom::value, s.role, w);
+      },
+      [self](stats_atom) -> wire {
+        auto& s = self->state;
+        std::vector<metric_sample> m;
+        for (const auto& t : s.targets) {
+          auto lbl = fmt::format("role=\"{}\",peer=\"{}\"", s.role, t.node.name);
+          m.push_back({"remote_node_up", lbl, t.up ? 1.0 : 0.0, "gauge",
+                       "1 while the node running a remote role is connected, else 0"});
+          m.push_back({"remote_sent_total", lbl, double(t.sent), "counter",
+                       "Messages sent to a remote role's node"});
+        }
+        m.push_back({"remote_bounced_total", fmt::format("role=\"{}\"", s.role), double(s.bounced), "counter",
+                     "Messages for a remote role answered locally because no node of it was reachable"});
+        return make_stats_wire(s.role, m, {});
+      },
+  };
+}
+
+}  // namespace
+
+node_links link_nodes(caf::actor_system& sys, const std::string& node, const std::string& host, int32_t port,
+                      std::vector<std::string> local_roles, std::vector<remote_node> peers, int64_t timeout_ms,
+                      std::shared_ptr<spdlog::logger> log) {
+  node_links out;
+  out.ingress = sys.spawn(ingress_actor, node, std::move(local_roles), log);
+  auto bound = sys.middleman().publish(out.ingress, static_cast<uint16_t>(port), host.c_str(), true);
+  if (!bound) {
+    caf::anon_send_exit(out.ingress, caf::exit_reason::user_shutdown);
+    throw tandem::error(error_kind::failed,
+                        fmt::format("node {}: cannot listen for the other nodes on {}:{}: {}; free the port or change "
+                                    "cluster_port",
+                                    node, host, port, sys.render(bound.error())));
+  }
+  out.port = *bound;
+  log->info("node {}: ingress listening on {}:{} (cluster_port)", node, host, out.port);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (auto& p : peers) {
+    std::string last;
+    for (int attempt = 0;; ++attempt) {
+      auto a = sys.middleman().remote_actor(p.host, static_cast<uint16_t>(p.cluster_port));
+      if (a) {
+        p.ingress = *a;
+        break;
+      }
+      last = sys.render(a.error());
+      if (std::chrono::steady_clock::now() >= until) {
+        caf::anon_send_exit(out.ingress, caf::exit_reason::user_shutdown);
+        throw tandem::error(error_kind::disconnected,
+                            fmt::format("node {}: node {} at {}:{} did not answer within {} ms ({}); start it, or "
+                                        "check its host and cluster_port",
+                                        node, p.name, p.host, p.cluster_port, timeout_ms, last));
+      }
+      // Peers start in any order: back off and retry until the deadline.
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::min(20 * (attempt + 1), 200)));
+    }
+    log->info("node {}: linked to node {} ({}:{})", node, p.name, p.host, p.cluster_port);
+  }
+  out.peers = std::move(peers);
+  return out;
+}
+
+bounded_actor spawn_remote_proxy(caf::actor_system& sys, const std::string& role, std::vector<remote_node> targets,
+                                 int32_t bound, bool notify_router, std::shared_ptr<spdlog::logger> log) {
+  auto gate = std::make_shared<mailbox_gate>(role, bound);
+  auto h = sys.spawn(proxy_actor, role, std::move(targets), gate, notify_router, std::move(log));
+  return bounded_actor{h, gate};
+}
+
+}  // namespace tandem

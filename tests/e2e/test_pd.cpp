@@ -1,0 +1,432 @@
+// Prefill/decode disaggregation across processes: a router node, a prefill node and a decode
+// node (`tandem serve --config pd.toml --node NAME`, three processes on loopback) linked by
+// CAF's middleman, the KV pages moving over UCX. Checked against the single-process server.
+#include <doctest/doctest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "tests/e2e/process.h"
+#include "tests/transport/fake_api.h"
+#include "transport/http/json.h"
+
+using namespace tandem;
+using namespace tandem::e2e;
+
+namespace {
+
+/// A TCP port that was free a moment ago (the config needs fixed ports; ports of one test
+/// are distinct).
+uint16_t free_port(std::set<uint16_t>& taken) {
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = 0;
+    socklen_t len = sizeof a;
+    uint16_t port = 0;
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+      port = ntohs(a.sin_port);
+    ::close(fd);
+    if (port != 0 && taken.insert(port).second) return port;
+  }
+  throw std::runtime_error("no free port");
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct node_proc {
+  std::string name;
+  uint16_t http = 0, rpc = 0, admin = 0, cluster = 0, kv = 0;
+  std::string log;
+  std::unique_ptr<child> proc;
+};
+
+/// Router, prefill and decode as three `tandem serve` processes of one config.
+struct pd_cluster {
+  explicit pd_cluster(const std::string& model, const std::filesystem::path& dir, const std::string& policy,
+                      bool prefix_cache, const std::map<std::string, std::string>& prefill_env = {}) {
+    std::set<uint16_t> taken;
+    const char* names[] = {"router", "prefill-0", "decode-0"};
+    const char* roles[] = {R"(["router"])", R"(["prefill", "cache", "worker"])", R"(["decode", "cache", "worker"])"};
+    std::string cfg = "[limits]\npage_size = 16\nkv_cache_mb = 16\nmax_running_seqs = 8\n\n[model]\npath = \"" + model +
+                      "\"\n\n[cache]\nenabled = " + (prefix_cache ? "true" : "false") +
+                      "\n\n[transfer]\nfailure_policy = \"" + policy + "\"\ntimeout_ms = 5000\n";
+    for (int i = 0; i < 3; ++i) {
+      node_proc n;
+      n.name = names[i];
+      n.http = free_port(taken);
+      n.rpc = free_port(taken);
+      n.admin = free_port(taken);
+      n.cluster = free_port(taken);
+      if (i == 1) n.kv = free_port(taken);
+      n.log = (dir / (n.name + ".log")).string();
+      cfg += "\n[[node]]\nname = \"" + n.name + "\"\nhost = \"127.0.0.1\"\nroles = " + roles[i] +
+             "\nhttp_port = " + std::to_string(n.http) + "\nrpc_port = " + std::to_string(n.rpc) +
+             "\nadmin_port = " + std::to_string(n.admin) + "\ncluster_port = " + std::to_string(n.cluster) + "\n" +
+             (n.kv ? "kv_port = " + std::to_string(n.kv) + "\n" : "");
+      nodes.push_back(std::move(n));
+    }
+    config = (dir / "pd.toml").string();
+    std::ofstream(config) << cfg;
+    // All three start at once: each waits (with a deadline) for the others' ingress.
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      auto& n = nodes[i];
+      n.proc = std::make_unique<child>(
+          std::vector<std::string>{TANDEM_BINARY, "serve", "--config", config, "--node", n.name, "--log-level", "info"},
+          i == 1 ? prefill_env : std::map<std::string, std::string>{}, n.log);
+    }
+    for (auto& n : nodes) {
+      int seen = 0;
+      while (seen < 3) {
+        auto line = n.proc->read_line(std::chrono::seconds(30));
+        if (!line) throw std::runtime_error("node " + n.name + " did not print its listening lines:\n" + read_text(n.log));
+        if (line->find(" listening on 127.0.0.1:") != std::string::npos) ++seen;
+      }
+    }
+  }
+  node_proc& router() { return nodes[0]; }
+  node_proc& prefill() { return nodes[1]; }
+  node_proc& decode() { return nodes[2]; }
+  std::string logs() {
+    std::string s;
+    for (auto& n : nodes) s += "--- " + n.name + "\n" + read_text(n.log);
+    return s;
+  }
+
+  std::string config;
+  std::vector<node_proc> nodes;
+};
+
+std::string body(const std::string& prompt, int32_t max_tokens, bool stream = false) {
+  json::writer w;
+  w.begin_object()
+      .key("model").str("micro")
+      .key("prompt").str(prompt)
+      .key("max_tokens").num(max_tokens)
+      .key("temperature").real(0)
+      .key("stream").boolean(stream)
+      .end_object();
+  return w.take();
+}
+
+struct completion {
+  int status = 0;
+  std::string text, finish_reason, raw;
+};
+
+completion complete(uint16_t port, const std::string& prompt, int32_t max_tokens) {
+  auto resp = test::post(port, "/v1/completions", body(prompt, max_tokens));
+  completion c;
+  c.status = resp.status;
+  c.raw = resp.body;
+  if (resp.status != 200) return c;
+  auto v = json::parse(resp.body);
+  const auto& choice = v.find("choices")->arr.at(0);
+  c.text = choice.find("text")->s;
+  c.finish_reason = choice.find("finish_reason")->s;
+  return c;
+}
+
+/// The value of an unlabelled metric in a /metrics text (NaN if absent).
+double metric(const std::string& text, const std::string& name) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
+  }
+  return std::nan("");
+}
+
+/// Polls /metrics of `port` until `ok(text)` holds or the deadline passes; the last text.
+std::string wait_metrics(uint16_t port, const std::function<bool(const std::string&)>& ok,
+                         std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  std::string text;
+  while (true) {
+    text = test::get(port, "/metrics").body;
+    if (ok(text) || std::chrono::steady_clock::now() >= until) return text;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling a condition, with a deadline
+  }
+}
+
+/// name -> (type, rendered) of the rows of docs/metrics.md.
+std::map<std::string, std::pair<std::string, std::string>> documented_metrics() {
+  std::ifstream in(std::string(TANDEM_SOURCE_DIR) + "/docs/metrics.md");
+  std::map<std::string, std::pair<std::string, std::string>> out;
+  std::regex row(R"(^\| `(tandem_[a-z0-9_]+)` \| ([a-z]+) \|[^|]*\| ([a-z ]+) \|)");
+  std::string line;
+  while (std::getline(in, line)) {
+    std::smatch m;
+    if (std::regex_search(line, m, row)) out[m[1]] = {m[2], m[3]};
+  }
+  return out;
+}
+
+/// name -> type of the `# TYPE` lines of a /metrics text.
+std::map<std::string, std::string> rendered_metrics(const std::string& text) {
+  std::map<std::string, std::string> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("# TYPE ", 0) != 0) continue;
+    std::istringstream f(line.substr(7));
+    std::string name, type;
+    f >> name >> type;
+    out[name] = type;
+  }
+  return out;
+}
+
+const std::vector<std::string> prompts = {
+    "hello world",
+    "The quick brown fox jumps over the lazy dog and keeps running across the field until the sun goes down",
+    "a",
+    "Once upon a time in a land far away there lived a king who had three daughters and a very old dog named "
+    "Rex who liked to sleep by the fire every evening after dinner",
+    "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18",
+};
+
+}  // namespace
+
+TEST_CASE("pd: router, prefill and decode processes give the single-process greedy output byte for byte") {
+  temp_dir dir;
+  // The shared r15m model: its output depends on every position's KV, so a page that did not
+  // arrive (or arrived in the wrong place) changes the text; the micro model's barely does.
+  const std::string model = std::string(TANDEM_SHARED_MODELS) + "/r15m-f16.gguf";
+  REQUIRE(std::filesystem::exists(model));
+  server single(model, (dir.path / "single.log").string());
+  std::vector<completion> want;
+  for (const auto& p : prompts) want.push_back(complete(single.http_port, p, 24));
+  pd_cluster pd(model, dir.path, "fail", true);
+  INFO(pd.logs());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto got = complete(pd.router().http, prompts[i], 24);
+    INFO("prompt " << i << ": " << got.raw);
+    REQUIRE(got.status == 200);
+    CHECK(got.text == want[i].text);
+    CHECK(got.finish_reason == want[i].finish_reason);
+  }
+  // Concurrent: the same prompts, three times over, all at once (batched on both sides).
+  std::vector<completion> got(prompts.size() * 3);
+  std::vector<std::thread> ts;
+  for (size_t i = 0; i < got.size(); ++i)
+    ts.emplace_back([&, i] { got[i] = complete(pd.router().http, prompts[i % prompts.size()], 24); });
+  for (auto& t : ts) t.join();
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO("concurrent request " << i << ": " << got[i].raw);
+    CHECK(got[i].status == 200);
+    CHECK(got[i].text == want[i % prompts.size()].text);
+  }
+  // The KV really crossed: every request's pages were sent by prefill and received by decode.
+  const auto n = double(prompts.size() * 4);
+  auto pm = test::get(pd.prefill().http, "/metrics").body;
+  auto dm = test::get(pd.decode().http, "/metrics").body;
+  CHECK(metric(pm, "tandem_prefill_kv_sends_total") == n);
+  CHECK(metric(dm, "tandem_decode_kv_receives_total") == n);
+  CHECK(metric(dm, "tandem_kv_transfer_done_total") == n);
+  // docs/metrics.md both ways: what the nodes render is documented; every `pd node` row is
+  // rendered by at least one of them.
+  auto docs = documented_metrics();
+  std::set<std::string> seen;
+  for (auto& n : pd.nodes) {
+    for (const auto& [name, type] : rendered_metrics(test::get(n.http, "/metrics").body)) {
+      INFO("node " << n.name << " renders " << name << " (" << type << ")");
+      seen.insert(name);
+      auto d = docs.find(name);
+      CHECK_MESSAGE(d != docs.end(), "add it to docs/metrics.md");
+      if (d != docs.end()) CHECK(d->second.first == type);
+    }
+  }
+  for (const auto& [name, row] : docs) {
+    if (row.second != "pd node") continue;
+    INFO("documented pd node metric " << name);
+    CHECK(seen.count(name) == 1);
+  }
+  // A node without the router refuses requests and names the router node.
+  auto r = test::post(pd.decode().http, "/v1/completions", body("hi", 4));
+  CHECK(r.status != 200);
+  CHECK(r.body.find("send requests to node router") != std::string::npos);
+}
+
+TEST_CASE("pd: 200 requests aborted at random points leave every node's KV pool as it started") {
+  temp_dir dir;
+  const std::string model = write_micro_model(dir.path);
+  pd_cluster pd(model, dir.path, "recompute", false);
+  INFO(pd.logs());
+  auto start_p = test::get(pd.prefill().http, "/metrics").body;
+  auto start_d = test::get(pd.decode().http, "/metrics").body;
+  const double free_p = metric(start_p, "tandem_kv_pages_free"), free_d = metric(start_d, "tandem_kv_pages_free");
+  REQUIRE(free_p > 0);
+  REQUIRE(free_d > 0);
+
+  // Each request streams and the client hangs up after a seeded number of bytes of the
+  // response: 0 (queued or mid-prefill), a few (around the first token: mid-transfer) or more
+  // (mid-decode). Some finish before the hang-up point: those end normally.
+  std::mt19937 rng(20261203);
+  struct plan {
+    std::string prompt;
+    int32_t max_tokens;
+    size_t hangup_after;
+  };
+  std::vector<plan> plans;
+  for (int i = 0; i < 200; ++i) {
+    std::string p;
+    const int words = std::uniform_int_distribution<int>(1, 60)(rng);
+    for (int w = 0; w < words; ++w) p += "w" + std::to_string(std::uniform_int_distribution<int>(0, 99)(rng)) + " ";
+    const int where = std::uniform_int_distribution<int>(0, 3)(rng);
+    size_t after = where == 0 ? 0 : where == 1 ? std::uniform_int_distribution<size_t>(1, 200)(rng)
+                                               : std::uniform_int_distribution<size_t>(200, 2000)(rng);
+    plans.push_back({p, std::uniform_int_distribution<int32_t>(1, 48)(rng), after});
+  }
+  std::atomic<size_t> next{0};
+  std::atomic<int> hung_up{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 12; ++t)
+    ts.emplace_back([&] {
+      for (size_t i = next++; i < plans.size(); i = next++) {
+        const auto& pl = plans[i];
+        int fd = test::connect_to(pd.router().http);
+        if (fd < 0) continue;
+        test::send_all(fd, test::request_text("POST", "/v1/completions", body(pl.prompt, pl.max_tokens, true)));
+        size_t got = 0;
+        char buf[4096];
+        bool closed_early = true;
+        while (got < pl.hangup_after) {
+          ssize_t n = ::recv(fd, buf, std::min(sizeof buf, pl.hangup_after - got), 0);
+          if (n <= 0) {
+            closed_early = false;
+            break;
+          }
+          got += static_cast<size_t>(n);
+          if (std::string(buf, static_cast<size_t>(n)).find("0\r\n\r\n") != std::string::npos) {
+            closed_early = false;
+            break;
+          }
+        }
+        if (closed_early) ++hung_up;
+        ::close(fd);
+      }
+    });
+  for (auto& t : ts) t.join();
+  CHECK(hung_up > 100);
+
+  // Every request ends (the router's table empties), then every pool is whole again and no
+  // transfer holds pages.
+  auto rm = wait_metrics(pd.router().http, [](const std::string& m) {
+    return metric(m, "tandem_requests_inflight") == 0;
+  });
+  INFO("router metrics:\n" << rm);
+  auto settled = [](double want) {
+    return [want](const std::string& m) {
+      // The actors answer a scrape one after another: wait until every part agrees.
+      return metric(m, "tandem_kv_pages_free") == want && metric(m, "tandem_kv_transfer_live") == 0 &&
+             metric(m, "tandem_kv_transfer_quarantined_pages") == 0 &&
+             metric(m, "tandem_prefill_kv_sends_inflight") == 0 && metric(m, "tandem_decode_kv_receiving_requests") == 0;
+    };
+  };
+  auto pm = wait_metrics(pd.prefill().http, settled(free_p));
+  auto dm = wait_metrics(pd.decode().http, settled(free_d));
+  INFO("prefill metrics:\n" << pm);
+  INFO("decode metrics:\n" << dm);
+  CHECK(metric(pm, "tandem_kv_pages_free") == free_p);
+  CHECK(metric(dm, "tandem_kv_pages_free") == free_d);
+  CHECK(metric(pm, "tandem_kv_transfer_live") == 0);
+  CHECK(metric(dm, "tandem_kv_transfer_live") == 0);
+  CHECK(metric(pm, "tandem_prefill_kv_sends_inflight") == 0);
+  CHECK(metric(dm, "tandem_decode_kv_receiving_requests") == 0);
+  CHECK(metric(dm, "tandem_kv_transfer_quarantined_pages") == 0);
+  MESSAGE("prefill: sends " << metric(pm, "tandem_prefill_kv_sends_total") << ", send failures " << metric(pm, "tandem_prefill_kv_send_failures_total") << "; decode: receives " << metric(dm, "tandem_decode_kv_receives_total") << ", receive failures " << metric(dm, "tandem_decode_kv_receive_failures_total") << ", hung up " << hung_up.load());
+  // The cluster still serves.
+  auto ok = complete(pd.router().http, "still alive", 8);
+  INFO(ok.raw);
+  CHECK(ok.status == 200);
+}
+
+TEST_CASE("pd: a failed KV transfer is recomputed or failed as transfer.failure_policy says") {
+  temp_dir dir;
+  const std::string model = write_micro_model(dir.path);
+  server single(model, (dir.path / "single.log").string());
+  const auto want = complete(single.http_port, prompts[1], 16);
+  REQUIRE(want.status == 200);
+  SUBCASE("recompute: the request is prefilled again and the output is the same") {
+    pd_cluster pd(model, dir.path, "recompute", true, {{"TANDEM_KV_FAULT", "put:fail:1"}});
+    INFO(pd.logs());
+    auto got = complete(pd.router().http, prompts[1], 16);
+    INFO(got.raw);
+    REQUIRE(got.status == 200);
+    CHECK(got.text == want.text);
+    auto dm = test::get(pd.decode().http, "/metrics").body;
+    CHECK(metric(dm, "tandem_decode_kv_recomputes_total") == 1);
+    CHECK(metric(dm, "tandem_decode_kv_receive_failures_total") == 1);
+  }
+  SUBCASE("fail: the client gets an explicit error naming the transfer, the next request works") {
+    pd_cluster pd(model, dir.path, "fail", true, {{"TANDEM_KV_FAULT", "put:fail:1"}});
+    INFO(pd.logs());
+    auto got = complete(pd.router().http, prompts[1], 16);
+    INFO(got.raw);
+    CHECK(got.status == 502);
+    CHECK(got.raw.find("KV transfer of request") != std::string::npos);
+    CHECK(got.raw.find("from prefill node prefill-0 to decode node decode-0 failed") != std::string::npos);
+    CHECK(got.raw.find("transfer.failure_policy = fail") != std::string::npos);
+    auto again = complete(pd.router().http, prompts[1], 16);
+    CHECK(again.status == 200);
+    CHECK(again.text == want.text);
+  }
+}
+
+TEST_CASE("pd: killing the decode node ends its requests with disconnected and frees the prefill node's pages") {
+  temp_dir dir;
+  // r15m decodes slowly enough that the requests are still decoding when the node dies.
+  const std::string model = std::string(TANDEM_SHARED_MODELS) + "/r15m-f16.gguf";
+  REQUIRE(std::filesystem::exists(model));
+  pd_cluster pd(model, dir.path, "fail", false);
+  INFO(pd.logs());
+  const double free_p = metric(test::get(pd.prefill().http, "/metrics").body, "tandem_kv_pages_free");
+  std::vector<completion> got(4);
+  std::vector<std::thread> ts;
+  for (size_t i = 0; i < got.size(); ++i)
+    ts.emplace_back([&, i] { got[i] = complete(pd.router().http, prompts[i], 400); });
+  auto dm = wait_metrics(pd.decode().http,
+                         [](const std::string& m) { return metric(m, "tandem_decode_running_requests") >= 1; });
+  REQUIRE(metric(dm, "tandem_decode_running_requests") >= 1);
+  ::kill(pd.decode().proc->pid(), SIGKILL);
+  for (auto& t : ts) t.join();
+  int ended_by_the_failure = 0;
+  for (const auto& c : got) {
+    INFO(c.raw);
+    if (c.status == 200) continue;  // finished before the node died
+    CHECK(c.status == 502);
+    CHECK(c.raw.find("decode") != std::string::npos);
+    ++ended_by_the_failure;
+  }
+  CHECK(ended_by_the_failure >= 1);
+  // The prefill node let go of every page it was sending to the dead node.
+  auto pm = wait_metrics(pd.prefill().http, [&](const std::string& m) {
+    return metric(m, "tandem_kv_pages_free") == free_p && metric(m, "tandem_prefill_kv_sends_inflight") == 0;
+  });
+  INFO("prefill metrics:\n" << pm);
+  CHECK(metric(pm, "tandem_kv_pages_free") == free_p);
+  CHECK(metric(pm, "tandem_prefill_kv_sends_inflight") == 0);
+  // New requests get an explicit error naming the missing role instead of hanging.
+  auto after = complete(pd.router().http, prompts[0], 8);
+  INFO(after.raw);
+  CHECK(after.status == 502);
+  CHECK(after.raw.find("no decode node is reachable") != std::string::npos);
+}
