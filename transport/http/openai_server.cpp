@@ -801,6 +801,10 @@ void openai_server::set_auth(std::shared_ptr<const api_keys> keys, std::vector<s
   impl_->allowlist = std::move(allowlist);
 }
 
+kj::Promise<void> openai_server::serve_connection(kj::Own<kj::AsyncIoStream> conn) {
+  return impl_->server->listenHttp(kj::mv(conn));
+}
+
 kj::Promise<void> openai_server::drain() { return impl_->server->drain(); }
 
 std::string openai_server::http_metrics_text() const { return impl_->metrics(); }

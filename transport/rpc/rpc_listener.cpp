@@ -61,17 +61,25 @@ kj::Promise<void> rpc_listener::listen(kj::ConnectionReceiver& listener) {
       ++rejected_;
       spdlog::warn("{}: {} connections open (limits.max_rpc_connections); closing a new one", name_, open_);
     } else {
-      capnp::ReaderOptions opt;
-      // Words of 8 bytes, with headroom for the message framing.
-      opt.traversalLimitInWords = static_cast<uint64_t>(lim_.max_body_bytes) / 8 + 1024;
-      opt.nestingLimit = 64;
-      auto c = kj::heap<connection>(kj::mv(s), opt, kj::heap<gate>(*this));
-      ++open_;
-      auto done = c->network.onDisconnect();
-      tasks_.add(done.attach(kj::mv(c), kj::defer([this] { --open_; })));
+      tasks_.add(serve(kj::mv(s)));
     }
     return listen(listener);
   });
+}
+
+capnp::ReaderOptions rpc_listener::reader_options(const limits& lim) {
+  capnp::ReaderOptions opt;
+  // Words of 8 bytes, with headroom for the message framing.
+  opt.traversalLimitInWords = static_cast<uint64_t>(lim.max_body_bytes) / 8 + 1024;
+  opt.nestingLimit = 64;
+  return opt;
+}
+
+kj::Promise<void> rpc_listener::serve(kj::Own<kj::AsyncIoStream> s) {
+  auto c = kj::heap<connection>(kj::mv(s), reader_options(lim_), kj::heap<gate>(*this));
+  ++open_;
+  auto done = c->network.onDisconnect();
+  return done.attach(kj::mv(c), kj::defer([this] { --open_; }));
 }
 
 }  // namespace tandem

@@ -7,6 +7,7 @@
 #include <string>
 
 #include <capnp/capability.h>
+#include <capnp/message.h>
 #include <kj/async-io.h>
 
 #include "actors/common/limits.h"
@@ -32,6 +33,11 @@ class rpc_listener {
   int64_t auth_failures() const { return auth_failures_; }
   /// Accepts and serves connections; never resolves normally (drop it to stop listening).
   kj::Promise<void> listen(kj::ConnectionReceiver& listener);
+  /// Serves one already-accepted connection (what listen() does per accept; fuzzers and tests
+  /// feed in-memory pipes). Resolves when the peer disconnects.
+  kj::Promise<void> serve(kj::Own<kj::AsyncIoStream> stream);
+  /// The ReaderOptions every incoming message is read with (limits.max_body_bytes).
+  static capnp::ReaderOptions reader_options(const limits& lim);
   int open() const { return open_; }
   /// Connections closed at accept because `open()` was at the bound.
   int64_t rejected() const { return rejected_; }
