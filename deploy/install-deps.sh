@@ -9,6 +9,7 @@ packages=(
   libspdlog-dev libfmt-dev doctest-dev libssl-dev libnuma-dev libhwloc-dev
   nodejs npm iproute2
   prometheus jq
+  clang libclang-rt-14-dev
 )
 
 missing=()

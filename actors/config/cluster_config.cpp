@@ -273,6 +273,8 @@ const std::vector<i32_field>& limits_i32_fields() {
       {"max_context", &limits::max_context, 0, "use 0 for the model's context length"},
       {"max_new_tokens", &limits::max_new_tokens, 1, "use e.g. 4096"},
       {"max_rpc_connections", &limits::max_rpc_connections, 1, "use e.g. 256"},
+      {"http_header_timeout_ms", &limits::http_header_timeout_ms, 1, "use e.g. 15000 (15 s)"},
+      {"http_body_timeout_ms", &limits::http_body_timeout_ms, 1, "use e.g. 30000 (30 s)"},
       {"supervisor_max_restarts", &limits::supervisor_max_restarts, 0, "use e.g. 3 (0 = escalate at the first failure)"},
       {"supervisor_period_ms", &limits::supervisor_period_ms, 1, "use e.g. 60000 (1 minute)"},
       {"threads", &limits::threads, 1, "use the number of cores to compute on"},
