@@ -150,7 +150,7 @@ TEST_CASE("http auth: off without keys") {
   CHECK(get(s.http_port, "/metrics").status == 200);
 }
 
-TEST_CASE("rpc auth: the Node API needs a key; a wrong one fails naming the fix") {
+TEST_CASE("rpc auth: the Node API needs a key, and a wrong one fails naming the fix") {
   server_fixture s(with_keys());
   for (const std::string& bad : {std::string(), std::string("not-the-key-not-the-key")}) {
     try {

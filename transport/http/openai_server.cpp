@@ -370,7 +370,7 @@ struct openai_server::impl {
       for (auto& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
       if (type != "application/json")
         return send_error(response,
-                          {415, fmt::format("Content-Type {} is not supported; send the body as application/json", ct->cStr()),
+                          {415, fmt::format("Content-Type {} is not supported; send the body as application/json (curl: -H 'Content-Type: application/json')", ct->cStr()),
                            "invalid_request_error", "", "unsupported_media_type", std::nullopt},
                           r);
     }
