@@ -32,7 +32,7 @@ std::string decode_error(const std::vector<uint8_t>& b) {
 
 }  // namespace
 
-TEST_CASE("kv handshake: a hello round-trips; no pages, truncation and trailing bytes are refused") {
+TEST_CASE("kv handshake: a hello round-trips, and no pages, truncation or trailing bytes are refused") {
   auto b = encode_hello(hello());
   auto h = decode_hello(b.data(), b.size());
   CHECK(h.id.model == "r15m");
