@@ -10,6 +10,7 @@ packages=(
   nodejs npm iproute2
   prometheus jq
   numactl systemd procps
+  clang libclang-rt-14-dev
 )
 
 missing=()

@@ -29,6 +29,9 @@ if [[ -x /usr/local/cuda/bin/nvcc ]]; then
   cmake --build --preset cuda -j "$jobs" --target test_cuda_ops
 fi
 
+# libFuzzer targets (clang): replay the committed corpus, then fuzz each target 15 s (the whole step stays under ~4 min on 2 cores).
+tests/fuzz/run.sh 15
+
 if ((asan)); then
   cmake --preset asan >/dev/null
   # Only the unit-test executables: the end-to-end suite runs above.

@@ -28,6 +28,8 @@ std::string limits::validate() const {
            positive("page_size", page_size, "use 16 tokens per page"),
            positive("max_new_tokens", max_new_tokens, "use e.g. 4096"),
            positive("max_body_bytes", max_body_bytes, "use e.g. 4194304 (4 MiB)"),
+           positive("http_header_timeout_ms", http_header_timeout_ms, "use e.g. 15000 (15 s)"),
+           positive("http_body_timeout_ms", http_body_timeout_ms, "use e.g. 30000 (30 s)"),
            positive("supervisor_period_ms", supervisor_period_ms, "use e.g. 60000 (1 minute)"),
            positive("threads", threads, "use the number of cores to compute on"),
            positive("scheduler_threads", scheduler_threads, "use 2 or more"),

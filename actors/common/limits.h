@@ -36,6 +36,8 @@ struct limits {
   int32_t max_new_tokens = 4096;
   int64_t max_body_bytes = 4 << 20;      ///< HTTP request body
   int32_t max_rpc_connections = 256;     ///< open Cap'n Proto RPC connections; more are closed at accept
+  int32_t http_header_timeout_ms = 15000;  ///< a request head must arrive within this (slowloris)
+  int32_t http_body_timeout_ms = 30000;    ///< a request body must arrive within this (408 after)
 
   // --- supervision
   int32_t supervisor_max_restarts = 3;   ///< restarts of a node's actors allowed per period; one more escalates

@@ -1,11 +1,14 @@
 #include "actors/config/cluster_config.h"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <climits>
+#include <cstring>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -277,6 +280,8 @@ const std::vector<i32_field>& limits_i32_fields() {
       {"max_context", &limits::max_context, 0, "use 0 for the model's context length"},
       {"max_new_tokens", &limits::max_new_tokens, 1, "use e.g. 4096"},
       {"max_rpc_connections", &limits::max_rpc_connections, 1, "use e.g. 256"},
+      {"http_header_timeout_ms", &limits::http_header_timeout_ms, 1, "use e.g. 15000 (15 s)"},
+      {"http_body_timeout_ms", &limits::http_body_timeout_ms, 1, "use e.g. 30000 (30 s)"},
       {"supervisor_max_restarts", &limits::supervisor_max_restarts, 0, "use e.g. 3 (0 = escalate at the first failure)"},
       {"supervisor_period_ms", &limits::supervisor_period_ms, 1, "use e.g. 60000 (1 minute)"},
       {"threads", &limits::threads, 1, "use the number of cores to compute on"},
@@ -297,6 +302,43 @@ const std::vector<i64_field>& limits_i64_fields() {
       {"max_body_bytes", &limits::max_body_bytes, "use e.g. 4194304 (4 MiB)"},
   };
   return f;
+}
+
+/// [security]: the key file must exist and be private (the same rules `tandem serve` enforces
+/// when it reads the keys); allowlisted paths are absolute.
+void check_security(checker& ck, const value& t, cluster_config& cfg) {
+  ck.known_keys(t, "security", {"api_key_file", "auth_allowlist"});
+  if (ck.string(t, "security", "api_key_file", cfg.api_key_file)) {
+    const value* v = t.find("api_key_file");
+    struct stat st {};
+    if (cfg.api_key_file.empty())
+      ck.error(v->pos, "security.api_key_file", v, "is empty; give a file with one key per line, or drop the key (auth off)");
+    else if (::stat(cfg.api_key_file.c_str(), &st) != 0)
+      ck.error(v->pos, "security.api_key_file", v,
+               fmt::format("{}; create it with one key per line (e.g. `openssl rand -hex 32 > FILE`) and chmod 600 it",
+                           std::strerror(errno)));
+    else if (!S_ISREG(st.st_mode))
+      ck.error(v->pos, "security.api_key_file", v, "is not a regular file; give a file with one key per line");
+    else if (st.st_mode & (S_IRWXG | S_IRWXO))
+      ck.error(v->pos, "security.api_key_file", v,
+               fmt::format("is accessible by group or others (mode {:03o}); run `chmod 600 {}`", st.st_mode & 0777,
+                           cfg.api_key_file));
+  }
+  if (const value* v = t.find("auth_allowlist")) {
+    bool ok = v->type == value_type::array;
+    std::vector<std::string> paths;
+    if (ok)
+      for (const auto& e : v->items) {
+        if (e.type != value_type::string || e.str.empty() || e.str[0] != '/') ok = false;
+        else paths.push_back(e.str);
+      }
+    if (!ok)
+      ck.error(v->pos, "security.auth_allowlist", v,
+               "expected an array of absolute paths; write auth_allowlist = [\"/health\"] (add \"/metrics\" for an "
+               "unauthenticated Prometheus scrape)");
+    else
+      cfg.auth_allowlist = std::move(paths);
+  }
 }
 
 /// Addresses that reach this machine; the RAM and NUMA checks apply to nodes on them.
@@ -355,7 +397,7 @@ config_check check_cluster_config(const std::string& text, const std::string& so
     return out;
   }
   checker ck(source_name, out.errors);
-  ck.known_keys(root, "", {"limits", "model", "cache", "node", "router", "transfer"});
+  ck.known_keys(root, "", {"limits", "model", "cache", "node", "router", "transfer", "security"});
   size_t errors_before_limits = out.errors.size();
 
   // --- [limits]
@@ -462,6 +504,9 @@ config_check check_cluster_config(const std::string& text, const std::string& so
     if (ck.integer(*t, "transfer", "timeout_ms", 1, 3600000, "use e.g. 10000 (10 s)", v))
       cfg.transfer_timeout_ms = int32_t(v);
   }
+
+  // --- [security]
+  if (const value* t = ck.table(root, "security")) check_security(ck, *t, cfg);
 
   // --- [[node]]
   const value* nodes_v = root.find("node");

@@ -43,6 +43,10 @@ struct cluster_config {
   std::string router_policy = "round_robin";        ///< round_robin | power_of_two | cache_aware
   std::string transfer_failure_policy = "recompute";  ///< recompute | fail
   int32_t transfer_timeout_ms = 10000;
+  /// [security]: API keys of the external interfaces ("" = auth off) and the HTTP paths
+  /// served without a key (docs/security.md).
+  std::string api_key_file;
+  std::vector<std::string> auth_allowlist = {"/health"};
 
   /// nullptr if no node has that name.
   const node_config* find_node(const std::string& name) const;

@@ -60,6 +60,15 @@ struct invalid_case {
   std::string expect;  ///< substring of one of the errors
 };
 
+/// A key file with mode 644 (whatever the umask), for the permission check.
+std::string world_readable_key_file() {
+  auto p = std::filesystem::temp_directory_path() / "tandem-test-config-keys-644";
+  std::ofstream(p) << "0123456789abcdef0123456789abcdef\n";
+  std::filesystem::permissions(p, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write |
+                                      std::filesystem::perms::group_read | std::filesystem::perms::others_read);
+  return p.string();
+}
+
 std::vector<invalid_case> invalid_cases(const std::string& mp) {
   return {
       // --- syntax
@@ -113,6 +122,13 @@ std::vector<invalid_case> invalid_cases(const std::string& mp) {
       {"router policy typo", one_node("[router]\npolicy = \"roundrobin\"\n"), "router.policy = \"roundrobin\": not a known value; did you mean 'round_robin'?"},
       {"failure policy", one_node("[transfer]\nfailure_policy = \"retry\"\n"), "transfer.failure_policy = \"retry\": not a known value; use one of: recompute, fail"},
       {"transfer timeout 0", one_node("[transfer]\ntimeout_ms = 0\n"), "transfer.timeout_ms = 0: out of range 1 .. 3600000"},
+      // --- [security]
+      {"api key file missing", one_node("[security]\napi_key_file = \"/nonexistent/keys\"\n"), "security.api_key_file = \"/nonexistent/keys\": No such file or directory; create it with one key per line"},
+      {"api key file readable by others", one_node("[security]\napi_key_file = \"" + world_readable_key_file() + "\"\n"), "is accessible by group or others (mode 644); run `chmod 600"},
+      {"api key file empty path", one_node("[security]\napi_key_file = \"\"\n"), "security.api_key_file = \"\": is empty"},
+      {"allowlist not absolute", one_node("[security]\nauth_allowlist = [\"health\"]\n"), "expected an array of absolute paths; write auth_allowlist = [\"/health\"]"},
+      {"allowlist not an array", one_node("[security]\nauth_allowlist = \"/health\"\n"), "security.auth_allowlist = \"/health\": expected an array of absolute paths"},
+      {"unknown security key", one_node("[security]\napi_key_fil = \"k\"\n"), "security.api_key_fil: unknown key; did you mean 'api_key_file'?"},
       // --- nodes and roles
       {"no nodes", "[limits]\npage_size = 16\n", "node: no [[node]] entries"},
       {"node single brackets", "[node]\nname = \"a\"\n", "node: is a table, not an array of tables; write each node as [[node]]"},

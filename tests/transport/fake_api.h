@@ -241,19 +241,18 @@ class fake_api final : public serving_api {
 /// The front ends on a background thread, on free ports.
 class server_fixture {
  public:
-  explicit server_fixture(limits lim = {}) {
-    front_end_options o;
-    o.http_port = 0;
-    o.rpc_port = 0;
-    o.lim = lim;
+  explicit server_fixture(limits lim = {}) : server_fixture(options(lim)) {}
+  /// Free ports for HTTP and RPC (and admin if o.admin_port is 0); keys etc. as given.
+  explicit server_fixture(front_end_options o) {
     fe_ = std::make_unique<front_end>(api, o);
     std::promise<void> ready;
     auto fut = ready.get_future();
-    thread_ = std::thread([this, &ready] {
+    thread_ = std::thread([this, &ready, &o] {
       try {
         fe_->run([&](const listener_info& l) {
-          (l.what == "http" ? http_port : rpc_port) = l.port;
-          if (http_port && rpc_port) ready.set_value();
+          (l.what == "http" ? http_port : l.what == "rpc" ? rpc_port : admin_port) = l.port;
+          bound[l.what] = l.host;
+          if (http_port && rpc_port && (o.admin_port < 0 || admin_port)) ready.set_value();
         });
       } catch (...) {
         ready.set_exception(std::current_exception());
@@ -266,8 +265,17 @@ class server_fixture {
     thread_.join();
   }
 
+  static front_end_options options(limits lim = {}) {
+    front_end_options o;
+    o.http_port = 0;
+    o.rpc_port = 0;
+    o.lim = lim;
+    return o;
+  }
+
   fake_api api;
-  uint16_t http_port = 0, rpc_port = 0;
+  uint16_t http_port = 0, rpc_port = 0, admin_port = 0;
+  std::map<std::string, std::string> bound;  ///< listener -> the address it bound
 
  private:
   std::unique_ptr<front_end> fe_;

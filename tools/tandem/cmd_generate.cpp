@@ -4,6 +4,7 @@
 #include "actors/common/error.h"
 #include "tools/tandem/commands.h"
 #include "tools/tandem/flags.h"
+#include "transport/auth/api_keys.h"
 #include "transport/client/client.h"
 
 namespace tandem::cli {
@@ -18,7 +19,8 @@ int generate(args a) {
       .opt("top-p", "nucleus sampling; 1 = off", "1.0")
       .opt("top-k", "0 = off", "0")
       .opt("seed", "sampling seed", "0")
-      .sw("ignore-eos", "keep generating past EOS");
+      .sw("ignore-eos", "keep generating past EOS")
+      .opt("api-key-file", "file whose first key is sent to the node (default: $TANDEM_API_KEY)");
   if (!f.parse(a)) {
     std::fprintf(stderr, "usage: tandem generate --prompt TEXT [options]\n%s", f.help().c_str());
     return 0;
@@ -34,7 +36,7 @@ int generate(args a) {
   p.seed = static_cast<uint64_t>(f.num("seed"));
   p.ignore_eos = f.on("ignore-eos");
 
-  auto c = client::connect(f.str("host"), static_cast<uint16_t>(port));
+  auto c = client::connect(f.str("host"), static_cast<uint16_t>(port), client_api_key(f.str("api-key-file")));
   auto r = c->generate(f.str("prompt"), p, [](std::string_view text) {
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);

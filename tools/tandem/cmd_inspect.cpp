@@ -8,6 +8,8 @@
 
 #include "actors/common/error.h"
 #include "schemas/admin.capnp.h"
+#include "schemas/auth.capnp.h"
+#include "transport/auth/api_keys.h"
 #include "tools/tandem/commands.h"
 #include "tools/tandem/flags.h"
 #include "transport/http/json.h"
@@ -99,7 +101,8 @@ int inspect(args a) {
   f.sw("json", "print one JSON object per report instead of tables")
       .opt("watch", "repeat every SECONDS until interrupted (or --count reports)", "0")
       .opt("count", "with --watch: stop after this many reports (0 = until interrupted)", "0")
-      .opt("max-requests", "in-flight requests to list (oldest first)", "50");
+      .opt("max-requests", "in-flight requests to list (oldest first)", "50")
+      .opt("api-key-file", "file whose first key is sent to the node (default: $TANDEM_API_KEY)");
   const char* usage = "usage: tandem inspect HOST:PORT [--json] [--watch SECONDS] [--count N]\n"
                       "  HOST:PORT is the node's admin port (admin_port in the config, --admin-port of serve)\n";
   if (!f.parse(a)) {
@@ -125,11 +128,14 @@ int inspect(args a) {
   if (watch < 0) throw tandem::error("--watch SECONDS must be >= 0");
   if (max_requests < 0 || max_requests > 100000) throw tandem::error("--max-requests must be in 0..100000");
   bool json = f.on("json");
+  std::string key = client_api_key(f.str("api-key-file"));
 
   try {
     capnp::EzRpcClient client(host, static_cast<unsigned>(port));
     auto& ws = client.getWaitScope();
-    auto admin = client.getMain<admin::Admin>();
+    auto gate = client.getMain<auth::Gate>().authenticateRequest();
+    gate.setKey(key);
+    auto admin = gate.send().wait(ws).getCap().castAs<admin::Admin>();
     for (int64_t n = 1;; ++n) {
       auto req = admin.inspectRequest();
       req.setMaxRequests(static_cast<int32_t>(max_requests));
@@ -143,6 +149,9 @@ int inspect(args a) {
       client.getIoProvider().getTimer().afterDelay(static_cast<int64_t>(watch * 1000) * kj::MILLISECONDS).wait(ws);
     }
   } catch (const kj::Exception& e) {
+    // The node refused the key: say so, not "is a node serving there?".
+    if (e.getType() == kj::Exception::Type::FAILED && std::string_view(e.getDescription().cStr()).find("API key") != std::string_view::npos)
+      throw tandem::error(error_kind::failed, fmt::format("cannot inspect {}: {}", addr, e.getDescription().cStr()));
     throw tandem::error(error_kind::disconnected,
                         fmt::format("cannot inspect {}: {}; is a node serving its admin port there (admin_port in the "
                                     "config, --admin-port of tandem serve)?",

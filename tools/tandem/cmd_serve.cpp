@@ -16,6 +16,7 @@
 #include "tools/tandem/commands.h"
 #include "tools/tandem/config_report.h"
 #include "tools/tandem/flags.h"
+#include "transport/auth/api_keys.h"
 #include "transport/rpc/front_end.h"
 #include "transport/ucx/kv_port_ucx.h"
 
@@ -118,6 +119,35 @@ void configure_from_file(const flags& f, cluster_options& co, front_end_options&
   fo.http_port = node->http_port;
   fo.rpc_port = node->rpc_port;
   fo.admin_port = node->admin_port;
+  fo.auth_allowlist = c.cfg.auth_allowlist;
+  if (!c.cfg.api_key_file.empty()) fo.keys = std::make_shared<api_keys>(api_keys::load_file(c.cfg.api_key_file));
+}
+
+/// --api-key-file / --auth-allowlist (without --config; the config's [security] otherwise), and
+/// the warning for a node reachable from the network without keys.
+void configure_security(const flags& f, front_end_options& fo) {
+  if (f.has("config") && (f.has("api-key-file") || f.has("auth-allowlist")))
+    throw tandem::error("flags --api-key-file/--auth-allowlist conflict with --config: set [security] api_key_file and "
+                        "auth_allowlist in the file instead");
+  if (f.has("api-key-file")) fo.keys = std::make_shared<api_keys>(api_keys::load_file(f.str("api-key-file")));
+  if (f.has("auth-allowlist")) {
+    fo.auth_allowlist.clear();
+    std::string list = f.str("auth-allowlist");
+    for (size_t p = 0; p <= list.size();) {
+      size_t e = std::min(list.find(',', p), list.size());
+      std::string path = list.substr(p, e - p);
+      if (!path.empty() && path[0] != '/')
+        throw tandem::error("flag --auth-allowlist: '" + path + "' is not an absolute path; use e.g. /health,/metrics");
+      if (!path.empty()) fo.auth_allowlist.push_back(path);
+      p = e + 1;
+    }
+  }
+  const std::string& h = fo.host;
+  bool loopback = h == "localhost" || h == "::1" || h.rfind("127.", 0) == 0;
+  if (!loopback && (!fo.keys || fo.keys->empty()))
+    spdlog::warn("tandem serve: binding {} without API keys: anyone who can reach these ports can generate and inspect; "
+                 "pass --api-key-file FILE (or [security] api_key_file) or bind 127.0.0.1 (docs/security.md)",
+                 h);
 }
 
 }  // namespace
@@ -144,7 +174,9 @@ int serve(args a) {
       .opt("cache-write-policy", "write_through, write_through_selective or write_back", "write_through_selective")
       .opt("cache-disk-dir", "directory of the disk KV cache tier (L3); empty = none")
       .opt("cache-disk-size-gb", "bound of the disk tier in GiB", "0")
-      .opt("min-load-back-tokens", "shorter host/disk hits are recomputed (0 = one page)", "0");
+      .opt("min-load-back-tokens", "shorter host/disk hits are recomputed (0 = one page)", "0")
+      .opt("api-key-file", "API keys, one per line (chmod 600); every HTTP route but --auth-allowlist, the RPC and the admin port then need one")
+      .opt("auth-allowlist", "comma-separated HTTP paths served without a key", "/health");
   if (!f.parse(a)) {
     std::fprintf(stderr, "usage: tandem serve --model FILE [options]\n       tandem serve --config FILE --node NAME\n%s",
                  f.help().c_str());
@@ -189,6 +221,7 @@ int serve(args a) {
                           " must be a token count >= 0 (0 = one page)");
     co.cache.min_load_back_tokens = static_cast<int32_t>(min_lb);
   }
+  configure_security(f, fo);
   if (auto msg = co.lim.validate(); !msg.empty()) throw tandem::error(msg);
   auto level = spdlog::level::from_str(co.log_level);
   if (level == spdlog::level::off && co.log_level != "off")

@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "schemas/api.capnp.h"
+#include "schemas/auth.capnp.h"
 
 namespace tandem {
 
@@ -135,7 +136,7 @@ struct client::impl {
 client::client(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
 client::~client() = default;
 
-std::unique_ptr<client> client::connect(const std::string& host, uint16_t port) {
+std::unique_ptr<client> client::connect(const std::string& host, uint16_t port, const std::string& api_key) {
   auto p = std::make_unique<impl>();
   try {
     auto addr = p->io.provider->getNetwork().parseAddress(host, port).wait(p->io.waitScope);
@@ -145,8 +146,14 @@ std::unique_ptr<client> client::connect(const std::string& host, uint16_t port) 
                                               e.getDescription().cStr() + "; check that `tandem serve` runs there");
   }
   p->rpc = kj::heap<capnp::TwoPartyClient>(*p->stream);
-  p->node = p->rpc->bootstrap().castAs<api::Node>();
   p->disconnected = p->rpc->onDisconnect().fork();
+  // The bootstrap is a Gate (schemas/auth.capnp): trade the key for the Node capability now,
+  // so a wrong key fails here rather than at the first call.
+  auto req = p->rpc->bootstrap().castAs<auth::Gate>().authenticateRequest();
+  req.setKey(api_key);
+  p->node = p->wait(req.send().then([](capnp::Response<auth::Gate::AuthenticateResults>&& r) {
+    return r.getCap().castAs<api::Node>();
+  }));
   return std::unique_ptr<client>(new client(std::move(p)));
 }
 

@@ -52,8 +52,10 @@ using text_callback = std::function<bool(std::string_view text)>;
 
 class client {
  public:
-  /// Connects; throws tandem::error (disconnected) naming the address if it cannot.
-  static std::unique_ptr<client> connect(const std::string& host, uint16_t port);
+  /// Connects and authenticates with `api_key` (see client_api_key() in transport/auth/api_keys.h;
+  /// "" when the node runs without keys). Throws tandem::error (disconnected) naming the address
+  /// if it cannot connect, (failed) if the node refuses the key.
+  static std::unique_ptr<client> connect(const std::string& host, uint16_t port, const std::string& api_key = "");
   ~client();
 
   /// Streams a completion of `prompt` (text, tokenized by the server). Throws tandem::error

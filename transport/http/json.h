@@ -23,6 +23,8 @@ enum class kind : uint8_t { null, boolean, number, string, array, object };
 /// Lower-case JSON type name ("string", "number", ...) for error messages.
 std::string_view kind_name(kind k);
 
+struct member;
+
 struct value {
   kind k = kind::null;
   bool b = false;
@@ -31,10 +33,18 @@ struct value {
   int64_t i = 0;        ///< valid iff is_int
   std::string s;
   std::vector<value> arr;
-  std::vector<std::pair<std::string, value>> obj;  ///< in document order; duplicates rejected
+  /// In document order; duplicates rejected. (A struct, not std::pair: a pair of the
+  /// incomplete `value` does not compile with clang and libstdc++.)
+  std::vector<member> obj;
 
   /// Member of an object, or nullptr (also when this is not an object).
   const value* find(std::string_view key) const;
+};
+
+struct member {
+  member(std::string k, value v) : first(std::move(k)), second(std::move(v)) {}
+  std::string first;
+  value second;
 };
 
 /// Parses one JSON document. Throws parse_error.

@@ -115,6 +115,9 @@ kj::StringPtr status_text(unsigned s) {
   switch (s) {
     case 200: return "OK";
     case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 408: return "Request Timeout";
+    case 415: return "Unsupported Media Type";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 413: return "Payload Too Large";
@@ -214,11 +217,30 @@ struct gen_state;
 
 struct openai_server::impl {
   impl(serving_api& a, const limits& l, kj::Timer& t)
-      : api(a), lim(l), timer(t), header_table(make_table()), ids("cmpl"), chat_ids("chatcmpl") {
+      : api(a), lim(l), timer(t), header_table(make_table()), ids("cmpl"), chat_ids("chatcmpl"), protocol_errors(*this) {
+    kj::HttpServerSettings settings;
+    // Slowloris: a client must send its whole request head within this time, else it is closed.
+    settings.headerTimeout = lim.http_header_timeout_ms * kj::MILLISECONDS;
+    settings.errorHandler = protocol_errors;
     server = kj::heap<kj::HttpServer>(
         timer, *header_table,
-        [this](kj::AsyncIoStream& conn) -> kj::Own<kj::HttpService> { return kj::heap<connection_service>(*this, conn); });
+        [this](kj::AsyncIoStream& conn) -> kj::Own<kj::HttpService> { return kj::heap<connection_service>(*this, conn); },
+        settings);
   }
+
+  /// Unparseable requests (bad request line, headers) get the same JSON error shape as the rest.
+  struct json_protocol_errors final : kj::HttpServerErrorHandler {
+    explicit json_protocol_errors(impl& s) : srv(s) {}
+    kj::Promise<void> handleClientProtocolError(kj::HttpHeaders::ProtocolError e, kj::HttpService::Response& response) override {
+      ++srv.protocol_error_count;
+      unsigned status = e.statusCode >= 400 && e.statusCode < 500 ? e.statusCode : 400;
+      return srv.send_error(response,
+                            {status, fmt::format("malformed HTTP request: {}; send an HTTP/1.1 request", e.description.cStr()),
+                             "invalid_request_error", "", "bad_http", std::nullopt},
+                            r_other);
+    }
+    impl& srv;
+  };
 
   kj::Own<kj::HttpHeaderTable> make_table() {
     kj::HttpHeaderTable::Builder b;
@@ -226,6 +248,8 @@ struct openai_server::impl {
     h_retry_after = b.add("Retry-After");
     h_cache_control = b.add("Cache-Control");
     h_allow = b.add("Allow");
+    h_authorization = b.add("Authorization");
+    h_www_authenticate = b.add("WWW-Authenticate");
     return b.build();
   }
 
@@ -261,6 +285,10 @@ struct openai_server::impl {
     out += fmt::format("tandem_http_stream_events_total {}\n", stream_events);
     head("tandem_http_completion_tokens_total", "counter", "Completion tokens returned over HTTP.");
     out += fmt::format("tandem_http_completion_tokens_total {}\n", completion_tokens);
+    head("tandem_http_auth_failures_total", "counter", "Requests refused with 401 for a missing or wrong API key.");
+    out += fmt::format("tandem_http_auth_failures_total {}\n", auth_failures);
+    head("tandem_http_protocol_errors_total", "counter", "Requests that were not valid HTTP.");
+    out += fmt::format("tandem_http_protocol_errors_total {}\n", protocol_error_count);
     return out;
   }
 
@@ -277,6 +305,7 @@ struct openai_server::impl {
       h.set(h_retry_after, ra);
     }
     if (allow != nullptr) h.set(h_allow, allow);
+    if (status == 401) h.set(h_www_authenticate, "Bearer");
     auto out = response.send(status, status_text(status), h, static_cast<uint64_t>(body.size()));
     auto owned = kj::heapString(body.data(), body.size());
     auto p = out->write(owned.begin(), owned.size());
@@ -292,6 +321,7 @@ struct openai_server::impl {
                            kj::AsyncInputStream& body, kj::HttpService::Response& response, kj::AsyncIoStream& conn) {
     std::string path(url.cStr());
     if (auto q = path.find('?'); q != std::string::npos) path.resize(q);
+    if (auto e = check_auth(path, headers)) return send_error(response, *e, r_other);
     route_id r = r_other;
     bool post = false;
     if (path == "/v1/completions") r = r_completions, post = true;
@@ -333,6 +363,17 @@ struct openai_server::impl {
       return send_body(response, 200, "text/plain; version=0.0.4; charset=utf-8", std::move(text), r);
     }
 
+    KJ_IF_MAYBE(ct, headers.get(h_content_type)) {
+      std::string_view v(ct->cStr());
+      std::string type(v.substr(0, v.find(';')));
+      while (!type.empty() && type.back() == ' ') type.pop_back();
+      for (auto& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      if (type != "application/json")
+        return send_error(response,
+                          {415, fmt::format("Content-Type {} is not supported; send the body as application/json (curl: -H 'Content-Type: application/json')", ct->cStr()),
+                           "invalid_request_error", "", "unsupported_media_type", std::nullopt},
+                          r);
+    }
     // POST: check the declared size before reading, then cap the read.
     uint64_t max = static_cast<uint64_t>(lim.max_body_bytes);
     auto too_large = [this, &response, r, max](std::string got) {
@@ -348,8 +389,19 @@ struct openai_server::impl {
     }
     auto buf = kj::heap<std::string>();
     auto& bref = *buf;
+    // A body dribbled slowly holds a connection as long as a slow head would: bound it too.
+    auto body_timed_out = kj::heap<bool>(false);
+    auto& tref = *body_timed_out;
+    auto timeout = timer.afterDelay(lim.http_body_timeout_ms * kj::MILLISECONDS).then([&tref] { tref = true; });
     return read_capped(body, bref, max + 1)
-        .then([this, &response, r, &conn, too_large, max, &bref]() -> kj::Promise<void> {
+        .exclusiveJoin(kj::mv(timeout))
+        .then([this, &response, r, &conn, too_large, max, &bref, &tref]() -> kj::Promise<void> {
+          if (tref)
+            return send_error(response,
+                              {408, fmt::format("the request body did not arrive within {} ms (limits.http_body_timeout_ms); send it at once",
+                                                lim.http_body_timeout_ms),
+                               "invalid_request_error", "", "body_timeout", std::nullopt},
+                              r);
           if (bref.size() > max) return too_large("more than " + std::to_string(max));
           try {
             return generate(r, bref, response, conn);
@@ -357,7 +409,21 @@ struct openai_server::impl {
             return send_error(response, e, r);
           }
         })
-        .attach(kj::mv(buf));
+        .attach(kj::mv(buf), kj::mv(body_timed_out));
+  }
+
+  /// A 401 unless the request carries a valid key or its path is allowlisted (or auth is off).
+  std::optional<http_error> check_auth(const std::string& path, const kj::HttpHeaders& headers) {
+    if (!keys || keys->empty()) return std::nullopt;
+    if (std::find(allowlist.begin(), allowlist.end(), path) != allowlist.end()) return std::nullopt;
+    std::optional<std::string_view> token;
+    KJ_IF_MAYBE(a, headers.get(h_authorization)) { token = bearer_token(std::string_view(a->cStr())); }
+    if (token && keys->check(*token)) return std::nullopt;
+    ++auth_failures;
+    return http_error{401,
+                      token ? "the API key is not valid; send one of the server's keys as Authorization: Bearer KEY"
+                            : "an API key is required; send Authorization: Bearer KEY (the server's --api-key-file)",
+                      "invalid_request_error", "", token ? "invalid_api_key" : "missing_api_key", std::nullopt};
   }
 
   /// Reads the body into `out` until EOF or until it holds `cap` bytes (chunked bodies have
@@ -401,13 +467,18 @@ struct openai_server::impl {
   limits lim;
   kj::Timer& timer;
   kj::HttpHeaderId h_content_type = kj::HttpHeaderId::HOST, h_retry_after = kj::HttpHeaderId::HOST,
-                   h_cache_control = kj::HttpHeaderId::HOST, h_allow = kj::HttpHeaderId::HOST;
+                   h_cache_control = kj::HttpHeaderId::HOST, h_allow = kj::HttpHeaderId::HOST,
+                   h_authorization = kj::HttpHeaderId::HOST, h_www_authenticate = kj::HttpHeaderId::HOST;
+  std::shared_ptr<const api_keys> keys;
+  std::vector<std::string> allowlist;
   kj::Own<kj::HttpHeaderTable> header_table;
   transport::request_ids ids, chat_ids;
+  json_protocol_errors protocol_errors;
   kj::Own<kj::HttpServer> server;
 
   std::map<std::pair<int, unsigned>, int64_t> requests;
   int64_t in_flight = 0, client_disconnects = 0, timeouts = 0, stream_events = 0, completion_tokens = 0;
+  int64_t auth_failures = 0, protocol_error_count = 0;
 };
 
 namespace {
@@ -724,6 +795,15 @@ openai_server::openai_server(serving_api& api, const limits& lim, kj::Timer& tim
 openai_server::~openai_server() = default;
 
 kj::Promise<void> openai_server::listen(kj::ConnectionReceiver& listener) { return impl_->server->listenHttp(listener); }
+
+void openai_server::set_auth(std::shared_ptr<const api_keys> keys, std::vector<std::string> allowlist) {
+  impl_->keys = std::move(keys);
+  impl_->allowlist = std::move(allowlist);
+}
+
+kj::Promise<void> openai_server::serve_connection(kj::Own<kj::AsyncIoStream> conn) {
+  return impl_->server->listenHttp(kj::mv(conn));
+}
 
 kj::Promise<void> openai_server::drain() { return impl_->server->drain(); }
 

@@ -22,6 +22,7 @@
 
 #include "actors/common/limits.h"
 #include "actors/runtime/serving_api.h"
+#include "transport/auth/api_keys.h"
 
 namespace tandem {
 
@@ -46,6 +47,11 @@ class openai_server {
 
   /// Accepts and serves connections; never resolves normally (drop it to stop listening).
   kj::Promise<void> listen(kj::ConnectionReceiver& listener);
+  /// Serves one already-accepted connection until it closes (fuzzers feed in-memory pipes).
+  kj::Promise<void> serve_connection(kj::Own<kj::AsyncIoStream> conn);
+  /// Requires `Authorization: Bearer KEY` with one of `keys` on every path but `allowlist`
+  /// (exact paths, query ignored); null or empty keys = auth off. Call before listen().
+  void set_auth(std::shared_ptr<const api_keys> keys, std::vector<std::string> allowlist);
   /// Stops accepting requests and resolves when running ones have finished.
   kj::Promise<void> drain();
   /// Prometheus text of the HTTP metrics alone (tandem_http_*).

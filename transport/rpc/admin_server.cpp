@@ -87,4 +87,6 @@ admin_server::~admin_server() = default;
 
 kj::Promise<void> admin_server::listen(kj::ConnectionReceiver& listener) { return impl_->listener.listen(listener); }
 
+void admin_server::set_api_keys(std::shared_ptr<const api_keys> keys) { impl_->listener.set_api_keys(std::move(keys)); }
+
 }  // namespace tandem

@@ -7,6 +7,7 @@
 
 #include "actors/common/limits.h"
 #include "actors/runtime/serving_api.h"
+#include "transport/auth/api_keys.h"
 
 namespace tandem {
 
@@ -20,6 +21,8 @@ class admin_server {
 
   /// Accepts and serves connections; never resolves normally (drop it to stop listening).
   kj::Promise<void> listen(kj::ConnectionReceiver& listener);
+  /// Keys a connection must present (schemas/auth.capnp Gate); null or empty = auth off.
+  void set_api_keys(std::shared_ptr<const api_keys> keys);
 
   struct impl;
 

@@ -1,5 +1,9 @@
 #include "transport/rpc/front_end.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <csignal>
 
 #include <kj/async-io.h>
@@ -11,6 +15,27 @@
 #include "transport/rpc/rpc_server.h"
 
 namespace tandem {
+
+namespace {
+
+/// The address a listener really bound (getsockname), so the "listening on" line shows what
+/// the kernel accepts connections on, not what was asked for.
+std::string bound_address(kj::ConnectionReceiver& l, const std::string& fallback) {
+  sockaddr_storage ss{};
+  kj::uint len = sizeof ss;
+  try {
+    l.getsockname(reinterpret_cast<sockaddr*>(&ss), &len);
+  } catch (const kj::Exception&) {
+    return fallback;
+  }
+  char buf[INET6_ADDRSTRLEN] = {};
+  if (ss.ss_family == AF_INET) inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&ss)->sin_addr, buf, sizeof buf);
+  else if (ss.ss_family == AF_INET6) inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr, buf, sizeof buf);
+  else return fallback;
+  return buf;
+}
+
+}  // namespace
 
 struct front_end::stopper {
   std::mutex m;
@@ -56,30 +81,33 @@ void front_end::run(const std::function<void(const listener_info&)>& on_listenin
   if (opt_.http_port >= 0) {
     http_l = bind(opt_.http_port, "http");
     http = kj::heap<openai_server>(api_, opt_.lim, timer);
+    http->set_auth(opt_.keys, opt_.auth_allowlist);
   }
   if (opt_.rpc_port >= 0) {
     rpc_l = bind(opt_.rpc_port, "rpc");
     rpc = kj::heap<rpc_server>(api_, opt_.lim, timer);
+    rpc->set_api_keys(opt_.keys);
   }
   if (opt_.admin_port >= 0) {
     admin_l = bind(opt_.admin_port, "admin");
     admin = kj::heap<admin_server>(api_, opt_.lim);
+    admin->set_api_keys(opt_.keys);
   }
   auto on_fail = [](const char* what) {
     return [what](kj::Exception&& e) { spdlog::error("{} listener failed: {}", what, e.getDescription().cStr()); };
   };
   if (http) {
     serving.add(http->listen(*http_l).catch_(on_fail("http")));
-    on_listening({"http", opt_.host, static_cast<uint16_t>(http_l->getPort())});
+    on_listening({"http", bound_address(*http_l, opt_.host), static_cast<uint16_t>(http_l->getPort())});
   }
   if (rpc) {
     serving.add(rpc->listen(*rpc_l).catch_(on_fail("rpc")));
-    on_listening({"rpc", opt_.host, static_cast<uint16_t>(rpc_l->getPort())});
+    on_listening({"rpc", bound_address(*rpc_l, opt_.host), static_cast<uint16_t>(rpc_l->getPort())});
   }
 
   if (admin) {
     serving.add(admin->listen(*admin_l).catch_(on_fail("admin")));
-    on_listening({"admin", opt_.host, static_cast<uint16_t>(admin_l->getPort())});
+    on_listening({"admin", bound_address(*admin_l, opt_.host), static_cast<uint16_t>(admin_l->getPort())});
   }
 
   auto paf = kj::newPromiseAndCrossThreadFulfiller<void>();

@@ -6,9 +6,11 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "actors/common/limits.h"
 #include "actors/runtime/serving_api.h"
+#include "transport/auth/api_keys.h"
 
 namespace tandem {
 
@@ -18,6 +20,10 @@ struct front_end_options {
   int rpc_port = 8081;             ///< 0 picks a free port; -1 disables RPC
   int admin_port = -1;             ///< admin interface (`tandem inspect`); 0 picks a free port; -1 disables it
   limits lim;
+  /// API keys of the HTTP, RPC and admin listeners; null or empty = auth off (docs/security.md).
+  std::shared_ptr<const api_keys> keys;
+  /// HTTP paths served without a key when keys are set.
+  std::vector<std::string> auth_allowlist = {"/health"};
   /// Stop on SIGINT/SIGTERM. The caller must have called kj::UnixEventPort::captureSignal()
   /// for both before starting any thread.
   bool handle_signals = false;
@@ -26,7 +32,7 @@ struct front_end_options {
 /// A bound listener, reported once it accepts connections.
 struct listener_info {
   std::string what;  ///< "http", "rpc" or "admin"
-  std::string host;
+  std::string host;  ///< the address the kernel bound (getsockname), e.g. 127.0.0.1
   uint16_t port = 0;
 };
 

@@ -1,7 +1,10 @@
 #include "transport/rpc/rpc_listener.h"
 
 #include <capnp/rpc-twoparty.h>
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
+
+#include "schemas/auth.capnp.h"
 
 namespace tandem {
 
@@ -13,6 +16,30 @@ struct rpc_listener::connection {
   kj::Own<kj::AsyncIoStream> stream;
   capnp::TwoPartyVatNetwork network;
   capnp::RpcSystem<capnp::rpc::twoparty::VatId> rpc;
+};
+
+/// The bootstrap of every connection: trades a valid key for the real capability.
+class rpc_listener::gate final : public auth::Gate::Server {
+ public:
+  explicit gate(rpc_listener& l) : l_(l) {}
+
+ protected:
+  kj::Promise<void> authenticate(AuthenticateContext ctx) override {
+    auto key = ctx.getParams().getKey();
+    if (l_.keys_ && !l_.keys_->check(std::string_view(key.begin(), key.size()))) {
+      ++l_.auth_failures_;
+      spdlog::warn("{}: refused a connection's API key", l_.name_);
+      return KJ_EXCEPTION(FAILED, kj::str(fmt::format(
+                                      "{}: {}; pass one of the node's API keys (--api-key-file FILE of the client, or "
+                                      "the TANDEM_API_KEY environment variable)",
+                                      l_.name_, key.size() == 0 ? "an API key is required" : "the API key is not valid")));
+    }
+    ctx.getResults().setCap(l_.bootstrap_);
+    return kj::READY_NOW;
+  }
+
+ private:
+  rpc_listener& l_;
 };
 
 void rpc_listener::log_errors::taskFailed(kj::Exception&& e) {
@@ -34,17 +61,25 @@ kj::Promise<void> rpc_listener::listen(kj::ConnectionReceiver& listener) {
       ++rejected_;
       spdlog::warn("{}: {} connections open (limits.max_rpc_connections); closing a new one", name_, open_);
     } else {
-      capnp::ReaderOptions opt;
-      // Words of 8 bytes, with headroom for the message framing.
-      opt.traversalLimitInWords = static_cast<uint64_t>(lim_.max_body_bytes) / 8 + 1024;
-      opt.nestingLimit = 64;
-      auto c = kj::heap<connection>(kj::mv(s), opt, bootstrap_);
-      ++open_;
-      auto done = c->network.onDisconnect();
-      tasks_.add(done.attach(kj::mv(c), kj::defer([this] { --open_; })));
+      tasks_.add(serve(kj::mv(s)));
     }
     return listen(listener);
   });
+}
+
+capnp::ReaderOptions rpc_listener::reader_options(const limits& lim) {
+  capnp::ReaderOptions opt;
+  // Words of 8 bytes, with headroom for the message framing.
+  opt.traversalLimitInWords = static_cast<uint64_t>(lim.max_body_bytes) / 8 + 1024;
+  opt.nestingLimit = 64;
+  return opt;
+}
+
+kj::Promise<void> rpc_listener::serve(kj::Own<kj::AsyncIoStream> s) {
+  auto c = kj::heap<connection>(kj::mv(s), reader_options(lim_), kj::heap<gate>(*this));
+  ++open_;
+  auto done = c->network.onDisconnect();
+  return done.attach(kj::mv(c), kj::defer([this] { --open_; }));
 }
 
 }  // namespace tandem

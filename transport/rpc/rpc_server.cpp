@@ -244,6 +244,8 @@ rpc_server::~rpc_server() = default;
 
 kj::Promise<void> rpc_server::listen(kj::ConnectionReceiver& listener) { return impl_->listener.listen(listener); }
 
+void rpc_server::set_api_keys(std::shared_ptr<const api_keys> keys) { impl_->listener.set_api_keys(std::move(keys)); }
+
 int rpc_server::connections() const { return impl_->listener.open(); }
 
 }  // namespace tandem

@@ -432,14 +432,9 @@ void kv_engine::on_am(unsigned am_id, ucp_ep_h reply_ep, const void* data, size_
       p.hello_received = true;
       maybe_ready(pid, p);
     } else if (am_id == am_descriptors) {
-      if (length < 12) throw tandem::error("short KV descriptor message");
-      transfer_id tid;
-      uint32_t n;
-      std::memcpy(&tid, bytes, 8);
-      std::memcpy(&n, bytes + 8, 4);
-      if (length != 12 + size_t(n) * 4) throw tandem::error("malformed KV descriptor message");
-      std::vector<int32_t> pages(n);
-      if (n) std::memcpy(pages.data(), bytes + 12, size_t(n) * 4);
+      kv_descriptors d = decode_descriptors(bytes, length);
+      transfer_id tid = d.transfer;
+      std::vector<int32_t> pages = std::move(d.pages);
       later([this, pid, tid, pages = std::move(pages)]() mutable { table_.on_descriptors(pid, tid, std::move(pages)); });
     } else if (am_id == am_notify) {
       if (length != 9) throw tandem::error("malformed KV notification");
@@ -480,11 +475,7 @@ void kv_engine::connect(peer_id id) {
 void kv_engine::send_descriptors(peer_id peer, transfer_id id, const std::vector<int32_t>& dst_pages) {
   auto d = fault(fault_point::descriptors, id, notify_kind::started);
   if (d.action == fault_action::drop || d.action == fault_action::fail) return;
-  std::vector<uint8_t> msg(12 + dst_pages.size() * 4);
-  uint32_t n = uint32_t(dst_pages.size());
-  std::memcpy(msg.data(), &id, 8);
-  std::memcpy(msg.data() + 8, &n, 4);
-  if (n) std::memcpy(msg.data() + 12, dst_pages.data(), size_t(n) * 4);
+  std::vector<uint8_t> msg = encode_descriptors({id, dst_pages});
   auto send = [this, peer, msg = std::move(msg)]() mutable {
     auto it = peers_.find(peer);
     if (it != peers_.end() && it->second.ep && !it->second.closing) send_am(it->second, am_descriptors, std::move(msg));

@@ -95,9 +95,41 @@ kv_hello decode_hello(const uint8_t* data, size_t size) {
   h.id.layout.page_size = r.pod<int32_t>();
   h.pool_base = r.pod<uint64_t>();
   h.n_pages = r.pod<int32_t>();
+  if (h.n_pages <= 0)
+    throw tandem::error(fmt::format("KV handshake of node '{}' offers a pool of {} pages; a peer must have at least one",
+                                    h.id.node, h.n_pages));
   h.rkey = r.bytes();
   h.worker_address = r.bytes();
+  if (r.at != r.n) throw tandem::error("KV handshake message has trailing bytes; both nodes must run the same tandem version");
   return h;
+}
+
+std::vector<uint8_t> encode_descriptors(const kv_descriptors& d) {
+  std::vector<uint8_t> msg(12 + d.pages.size() * 4);
+  uint32_t n = uint32_t(d.pages.size());
+  std::memcpy(msg.data(), &d.transfer, 8);
+  std::memcpy(msg.data() + 8, &n, 4);
+  if (n) std::memcpy(msg.data() + 12, d.pages.data(), size_t(n) * 4);
+  return msg;
+}
+
+kv_descriptors decode_descriptors(const uint8_t* data, size_t size) {
+  if (size < 12) throw tandem::error("short KV descriptor message");
+  kv_descriptors d;
+  uint32_t n;
+  std::memcpy(&d.transfer, data, 8);
+  std::memcpy(&n, data + 8, 4);
+  if (size != 12 + size_t(n) * 4) throw tandem::error("malformed KV descriptor message");
+  d.pages.resize(n);
+  if (n) std::memcpy(d.pages.data(), data + 12, size_t(n) * 4);
+  return d;
+}
+
+std::string check_page_ids(const std::vector<int32_t>& pages, int32_t n_pages) {
+  for (size_t i = 0; i < pages.size(); ++i)
+    if (pages[i] < 0 || pages[i] >= n_pages)
+      return fmt::format("page id {} (entry {}) is outside the pool of {} pages", pages[i], i, n_pages);
+  return {};
 }
 
 std::string check_compatible(const kv_identity& local, const kv_identity& remote) {

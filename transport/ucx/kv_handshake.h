@@ -34,6 +34,20 @@ std::vector<uint8_t> encode_hello(const kv_hello& h);
 /// Throws tandem::error if the bytes are not a hello of this protocol version.
 kv_hello decode_hello(const uint8_t* data, size_t size);
 
+/// The descriptor message: destination -> source, where the pages of a transfer go.
+struct kv_descriptors {
+  uint64_t transfer = 0;
+  std::vector<int32_t> pages;  ///< destination page ids, one per source page
+};
+
+std::vector<uint8_t> encode_descriptors(const kv_descriptors& d);
+/// Throws tandem::error if the bytes are not exactly one descriptor message.
+kv_descriptors decode_descriptors(const uint8_t* data, size_t size);
+
+/// Empty if every id of `pages` is a page of a pool of `n_pages` pages; otherwise a message
+/// naming the first bad id. A peer's descriptors and hello are untrusted input.
+std::string check_page_ids(const std::vector<int32_t>& pages, int32_t n_pages);
+
 /// Empty if `local` and `remote` can exchange pages; otherwise a message that names both
 /// sides' values of every field that differs and the fix.
 std::string check_compatible(const kv_identity& local, const kv_identity& remote);

@@ -1,0 +1,64 @@
+// The KV handshake and descriptor messages as untrusted input (what tests/fuzz/fuzz_kv fuzzes).
+#include <doctest/doctest.h>
+
+#include "actors/common/error.h"
+#include "transport/ucx/kv_handshake.h"
+
+using namespace tandem::ucx;
+
+namespace {
+
+kv_hello hello() {
+  kv_hello h;
+  h.id.node = "p";
+  h.id.model = "r15m";
+  h.id.layout.n_layers = 2;
+  h.id.layout.n_kv_heads = 2;
+  h.id.layout.head_dim = 8;
+  h.id.layout.page_size = 16;
+  h.n_pages = 4;
+  h.rkey = {1, 2};
+  return h;
+}
+
+std::string decode_error(const std::vector<uint8_t>& b) {
+  try {
+    decode_hello(b.data(), b.size());
+  } catch (const tandem::error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("kv handshake: a hello round-trips, and no pages, truncation or trailing bytes are refused") {
+  auto b = encode_hello(hello());
+  auto h = decode_hello(b.data(), b.size());
+  CHECK(h.id.model == "r15m");
+  CHECK(h.n_pages == 4);
+  CHECK(h.rkey == std::vector<uint8_t>{1, 2});
+
+  auto none = hello();
+  none.n_pages = 0;
+  CHECK(decode_error(encode_hello(none)).find("offers a pool of 0 pages") != std::string::npos);
+  auto trailing = b;
+  trailing.push_back(0);
+  CHECK(decode_error(trailing).find("trailing bytes") != std::string::npos);
+  auto truncated = b;
+  truncated.pop_back();
+  CHECK(decode_error(truncated).find("truncated KV handshake") != std::string::npos);
+}
+
+TEST_CASE("kv descriptors: exact sizes, and page ids checked against the pool") {
+  auto b = encode_descriptors({42, {0, 3, 1}});
+  auto d = decode_descriptors(b.data(), b.size());
+  CHECK(d.transfer == 42);
+  CHECK(d.pages == std::vector<int32_t>{0, 3, 1});
+  CHECK(check_page_ids(d.pages, 4).empty());
+  CHECK(check_page_ids({0, 4}, 4) == "page id 4 (entry 1) is outside the pool of 4 pages");
+  CHECK(check_page_ids({-1}, 4).find("page id -1") != std::string::npos);
+  b.push_back(0);
+  CHECK_THROWS_WITH(decode_descriptors(b.data(), b.size()), "malformed KV descriptor message");
+  CHECK_THROWS_WITH(decode_descriptors(b.data(), 11), "short KV descriptor message");
+}
