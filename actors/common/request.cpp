@@ -20,6 +20,7 @@ seq_request seq_request::read(schema::SubmitRequest::Reader r) {
   s.deadline_ms = r.getDeadlineMs();
   s.admit_order = r.getAdmitOrder();
   s.cached_tokens = r.getCachedTokens();
+  s.decode_target = r.getDecodeTarget().cStr();
   return s;
 }
 
@@ -38,6 +39,7 @@ void seq_request::write(schema::SubmitRequest::Builder b) const {
   b.setDeadlineMs(deadline_ms);
   b.setAdmitOrder(admit_order);
   b.setCachedTokens(cached_tokens);
+  if (!decode_target.empty()) b.setDecodeTarget(decode_target);
 }
 
 std::vector<int32_t> seq_request::all_tokens() const {

@@ -23,6 +23,7 @@ struct seq_request {
   int64_t deadline_ms = 0;
   uint64_t admit_order = 0;
   int32_t cached_tokens = 0;
+  std::string decode_target;  ///< the router's choice of decode target ("" = the prefill's own)
 
   static seq_request read(schema::SubmitRequest::Reader r);
   void write(schema::SubmitRequest::Builder b) const;

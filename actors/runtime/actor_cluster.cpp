@@ -106,7 +106,12 @@ void spawn_set(actor_cluster::state& s, const actor_cluster_options& opt, int32_
   ro.lim = opt.lim;
   ro.model = s.facts;
   ro.tick_ms = opt.router_tick_ms;
-  s.router = spawn_router(*s.sys, ro, s.prefill, s.clk, make_actor_logger("router", s.sink, opt.log_level));
+  ro.policy = opt.policy;
+  // The targets this process has: one prefill and one decode scheduler (a disaggregated
+  // deployment passes several; the names are the ones their credits carry).
+  s.router = spawn_router(*s.sys, ro, {route_target{so.node + "/prefill", s.prefill}},
+                          {route_target{so.node + "/decode", s.decode}}, s.clk,
+                          make_actor_logger("router", s.sink, opt.log_level));
 
   peer_set peers{s.router, s.prefill, s.decode, s.worker, s.cache};
   caf::anon_send(s.prefill.handle, peers_atom::value, peers);
@@ -400,7 +405,8 @@ stats_info actor_cluster::stats() const {
   // refused at the router's own mailbox (the only gate the front end passes directly).
   static const char* overloaded_reasons[] = {"queue_requests", "queue_tokens",    "kv_pages",
                                              "inflight_full",  "prefill_mailbox", "decode_mailbox",
-                                             "cache_mailbox",  "deadline"};
+                                             "cache_mailbox",  "deadline",        "queue_wait",
+                                             "queue_timeout",  "decode_pages"};
   double rej = 0;
   for (const auto& s : v)
     for (const auto& m : s.metrics) {

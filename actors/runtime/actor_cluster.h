@@ -13,6 +13,7 @@
 #include "actors/common/clock.h"
 #include "actors/common/limits.h"
 #include "actors/common/metrics.h"
+#include "actors/router/router_policy.h"
 #include "actors/runtime/serving_api.h"
 #include "kernels/model/llama.h"
 
@@ -30,6 +31,7 @@ struct actor_cluster_options {
   std::shared_ptr<const cluster_clock> clock;  ///< default: steady_clock
   int32_t router_tick_ms = 5;                  ///< deadline check period (real time)
   int32_t query_timeout_ms = 5000;             ///< stats/health requests to the actors
+  route_policy_options policy;                 ///< the router's target choice ([router] policy)
 };
 
 class actor_cluster {

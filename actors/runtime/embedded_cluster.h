@@ -18,6 +18,7 @@ struct cluster_options {
   std::string log_level = "info";   ///< spdlog level name
   bool log_json = false;
   std::string node_name = "local";  ///< the config's [[node]] name; labels the node health metrics
+  std::string router_policy = "round_robin";  ///< round_robin | power_of_two | cache_aware ([router] policy)
 };
 
 class embedded_cluster : public serving_api {
