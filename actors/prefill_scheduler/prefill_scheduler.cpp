@@ -85,16 +85,17 @@ struct prefill_state {
   }
 
   /// Drain rate: prompt tokens computed per wall second while the prefill had work, over
-  /// windows of at least 20 ms (the worker is shared with decode, so this is the rate the
-  /// queue actually drains at, not the kernel's peak).
+  /// windows of at least 100 ms (the worker is shared with decode, so this is the rate the
+  /// queue actually drains at, not the kernel's peak; short windows see one batch only and
+  /// overestimate it).
   void note_computed(int64_t tokens, int64_t now_ms) {
     if (window_start_ms < 0) window_start_ms = batch_start_ms;
     window_tokens += tokens;
     const int64_t dt = now_ms - window_start_ms;
     const bool idle = waiting.empty() && active.empty() && !acquiring;
-    if (dt >= 20 || (idle && dt >= 2)) {
+    if (dt >= 100 || (idle && (dt >= 20 || (dt >= 2 && tokens_per_s <= 0)))) {
       const double sample = double(window_tokens) * 1000.0 / double(dt);
-      tokens_per_s = tokens_per_s <= 0 ? sample : 0.7 * tokens_per_s + 0.3 * sample;
+      tokens_per_s = tokens_per_s <= 0 ? sample : 0.5 * tokens_per_s + 0.5 * sample;
       window_start_ms = idle ? -1 : now_ms;
       window_tokens = 0;
     } else if (idle) {
