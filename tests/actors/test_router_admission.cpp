@@ -167,7 +167,7 @@ TEST_CASE("router admission: refuses from credits before sending, with Retry-Aft
   CHECK(r.boxes[0]->submits == std::deque<std::string>{"a", "d"});
 }
 
-TEST_CASE("router admission: an empty queue always admits; the request-count bound counts in-transit work") {
+TEST_CASE("router admission: an empty queue always admits, the request-count bound counts in-transit work") {
   limits l = small_limits();
   l.max_queued_requests = 2;
   l.max_queue_wait_ms = 10;

@@ -48,7 +48,7 @@ std::vector<test::http_response> burst(uint16_t port, int n, int max_tokens) {
 
 }  // namespace
 
-TEST_CASE("admission e2e: a full queue answers 503 with Retry-After and a JSON error; every request one answer") {
+TEST_CASE("admission e2e: a full queue answers 503 with Retry-After and a JSON error, every request one answer") {
   temp_dir dir;
   const std::string model = write_micro_model(dir.path);
   server srv(model, (dir.path / "serve.log").string(), {"--max-queued-requests", "1", "--max-running-seqs", "1"});

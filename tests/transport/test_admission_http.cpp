@@ -67,7 +67,7 @@ TEST_CASE("http: per-client rate limit answers 429 with Retry-After and a JSON e
   CHECK(met.body.find("tandem_http_requests_total{route=\"/v1/completions\",status=\"429\"} 2") != std::string::npos);
 }
 
-TEST_CASE("http: Retry-After comes from the router's drain estimate; queue timeouts are 504") {
+TEST_CASE("http: Retry-After comes from the router's drain estimate, queue timeouts are 504") {
   server_fixture s;
   fake_behavior b;
   b.fail = error(error_kind::overloaded, "queue full");
