@@ -28,6 +28,9 @@ struct limits {
   int32_t rate_limit_rps = 0;
   int32_t rate_limit_burst = 0;          ///< bucket size; 0 = rate_limit_rps (at least 1)
   int32_t rate_limit_max_clients = 4096; ///< buckets kept; the least recently seen client goes first
+  /// Refuse (503, decode_pages) while the decode target is backed up (sequences waiting for a
+  /// batch slot) and its free KV pages cannot hold the new prompt.
+  bool decode_page_admission = true;
 
   // --- routing
   int32_t router_max_retries = 2;        ///< re-routes of a request refused (overloaded/disconnected) before its first token

@@ -370,6 +370,7 @@ config_check check_cluster_config(const std::string& text, const std::string& so
     for (const auto& f : limits_i32_fields()) known.push_back(f.name);
     for (const auto& f : limits_i64_fields()) known.push_back(f.name);
     known.push_back("prefix_cache");
+    known.push_back("decode_page_admission");
     ck.known_keys(*lim_t, "limits", known);
     for (const auto& f : limits_i32_fields()) {
       int64_t v = 0;
@@ -384,6 +385,7 @@ config_check check_cluster_config(const std::string& text, const std::string& so
       if (ck.integer(*lim_t, "limits", f.name, 1, INT64_MAX, f.fix, v)) cfg.lim.*f.member = v;
     }
     ck.boolean(*lim_t, "limits", "prefix_cache", cfg.lim.prefix_cache);
+    ck.boolean(*lim_t, "limits", "decode_page_admission", cfg.lim.decode_page_admission);
   }
   toml::position lim_pos = lim_t ? lim_t->pos : toml::position{1, 1};
 

@@ -284,11 +284,6 @@ void on_forward_done(prefill_actor_t* self, const wire* w, const tandem::error* 
   s.in_flight.clear();
   std::vector<int32_t> sampled;
   std::optional<tandem::error> err = read_forward_result(w, transport_err, sampled);
-  if (!err) {
-    int64_t n = 0;
-    for (const auto& b : batch) n += b.second;
-    s.note_computed(n, s.clk->now_ms());
-  }
   for (size_t i = 0; i < batch.size(); ++i) {
     auto it = std::find_if(s.active.begin(), s.active.end(),
                            [&](const pseq& q) { return q.req.id == batch[i].first; });
@@ -309,6 +304,13 @@ void on_forward_done(prefill_actor_t* self, const wire* w, const tandem::error* 
       finish_prefill(self, *it, i < sampled.size() ? sampled[i] : -1);
       s.active.erase(it);
     }
+  }
+  // After the finished sequences left `active`, so an idle prefill ends the rate window here
+  // (a window spanning idle time would underestimate the drain rate).
+  if (!err) {
+    int64_t n = 0;
+    for (const auto& b : batch) n += b.second;
+    s.note_computed(n, s.clk->now_ms());
   }
   pump(self);
 }

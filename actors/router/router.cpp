@@ -285,7 +285,7 @@ struct router_state {
       }
       const auto& dlo = decodes[size_t(d)].load;
       const int32_t need = pages_for(n + 1);
-      if (dlo.free_pages >= 0 && dlo.waiting_seqs > 0 && dlo.free_pages < need) {
+      if (opt.lim.decode_page_admission && dlo.free_pages >= 0 && dlo.waiting_seqs > 0 && dlo.free_pages < need) {
         // The decode batch is full and backed up with sequences holding pages: a new one
         // would only be preempted (recomputed) or fail there.
         out.prefill = -1;

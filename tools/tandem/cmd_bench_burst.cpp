@@ -67,6 +67,15 @@ class served_cluster {
     cluster_.reset();
   }
   uint16_t port() const { return port_; }
+  /// The non-zero series of `name` ("labels value" lines) in the node's /metrics text.
+  std::string nonzero(const std::string& name) const {
+    std::istringstream in(cluster_->metrics_text());
+    std::string line, out;
+    while (std::getline(in, line))
+      if (line.rfind(name + "{", 0) == 0 && line.substr(line.rfind(' ') + 1) != "0")
+        out += (out.empty() ? "" : ", ") + line.substr(name.size());
+    return out;
+  }
   /// A metric's value summed over its series in the node's /metrics text (0 if absent).
   double metric(const std::string& name) const {
     std::istringstream in(cluster_->metrics_text());
@@ -185,6 +194,7 @@ int bench_burst(args a) {
   unbounded.lim.max_inflight_requests = std::numeric_limits<int32_t>::max() / 2;
   unbounded.lim.router_mailbox = unbounded.lim.prefill_mailbox = unbounded.lim.decode_mailbox = 1 << 20;
   unbounded.lim.router_max_retries = 0;
+  unbounded.lim.decode_page_admission = false;
 
   auto warm = [&](uint16_t port) {
     options w = o;
@@ -257,6 +267,8 @@ int bench_burst(args a) {
   results[1].burst = run_phase("burst_3x", ob, 3.0 * capacity, burst_s);
   queue_marks(results[0], cu);
   queue_marks(results[1], cb);
+  std::printf("refusals by reason: unbounded [%s]; bounded [%s]\n", cu.nonzero("tandem_rejections_total").c_str(),
+              cb.nonzero("tandem_rejections_total").c_str());
 
   std::printf("%-10s %-10s %8s %8s %8s %10s %10s %10s %10s %12s\n", "cluster", "phase", "rate", "sent", "200",
               "rejected", "ttft p50", "ttft p99", "rej p50", "rej p99 (ms)");
