@@ -38,6 +38,7 @@ struct SubmitRequest {
   admitOrder @8 :UInt64;      # arrival order (kept across preemption: "youngest" = largest)
   cachedTokens @9 :Int32;     # prompt tokens served from the prefix cache at first prefill
   transferRetries @10 :Int32; # re-prefills after failed KV transfers (bounds the recompute policy)
+  decodeTarget @11 :Text;     # the decode target the router paired with the prefill ("" = the prefill's own)
 }
 
 # Where KV pages live; a cross-node version ships pages between pools using these fields.
@@ -239,6 +240,26 @@ struct StatsReply {
   histograms @2 :List(Histogram);
 }
 
+# Scheduler -> router: what the scheduler can still take (sent when it changes, and as the
+# answer to a CreditQuery, the router's heartbeat). The router admits against it before it
+# sends work, so it can refuse what the target could not place.
+struct Credit {
+  target @0 :Text;            # "node/prefill" or "node/decode"
+  role @1 :Text;              # "prefill" or "decode"
+  seq @2 :UInt64;             # increases with every credit of the target
+  received @3 :UInt64;        # submissions the prefill scheduler has taken off its mailbox (admitted or refused)
+  queuedRequests @4 :Int32;   # prefill: requests waiting
+  queuedTokens @5 :Int64;     # prefill: prompt tokens waiting (and being prefilled)
+  freeRequests @6 :Int32;     # prefill: max_queued_requests - queuedRequests
+  freeTokens @7 :Int64;       # prefill: max_queued_tokens - queuedTokens
+  tokensPerS @8 :Float64;     # prefill: measured drain rate of the queue (0 = not measured yet)
+  freePages @9 :Int32;        # decode: KV pages free at the last allocation (-1 = unknown)
+  runningSeqs @10 :Int32;     # decode: sequences in the batch
+  waitingSeqs @11 :Int32;     # decode: handed off, waiting for a batch slot
+  maxRunningSeqs @12 :Int32;  # decode: limits.max_running_seqs
+  activeTokens @13 :Int64;    # prefill: prompt tokens admitted past the queue and not computed yet
+}
+
 struct Envelope {
   union {
     submit @0 :SubmitRequest;
@@ -263,5 +284,7 @@ struct Envelope {
     kvReceive @19 :KvTransferOrder;
     kvAbort @20 :KvTransferOrder;   # only transferId is read
     kvDone @21 :KvTransferDone;
+    credit @22 :Credit;           # scheduler -> router
+    creditQuery @23 :StatsQuery;  # router -> scheduler: send a Credit now (heartbeat)
   }
 }

@@ -31,6 +31,12 @@ std::string limits::validate() const {
            positive("http_header_timeout_ms", http_header_timeout_ms, "use e.g. 15000 (15 s)"),
            positive("http_body_timeout_ms", http_body_timeout_ms, "use e.g. 30000 (30 s)"),
            positive("supervisor_period_ms", supervisor_period_ms, "use e.g. 60000 (1 minute)"),
+           positive("rate_limit_max_clients", rate_limit_max_clients, "use e.g. 4096"),
+           positive("router_retry_base_ms", router_retry_base_ms, "use e.g. 5"),
+           positive("router_retry_max_ms", router_retry_max_ms, "use e.g. 200"),
+           positive("breaker_failures", breaker_failures, "use e.g. 5"),
+           positive("breaker_cooldown_ms", breaker_cooldown_ms, "use e.g. 1000"),
+           positive("router_heartbeat_ms", router_heartbeat_ms, "use e.g. 1000"),
            positive("threads", threads, "use the number of cores to compute on"),
            positive("scheduler_threads", scheduler_threads, "use 2 or more"),
        }) {
@@ -42,6 +48,18 @@ std::string limits::validate() const {
   if (supervisor_max_restarts < 0)
     return fmt::format("limits.supervisor_max_restarts = {} must be >= 0 (0 = never restart, escalate at once)",
                        supervisor_max_restarts);
+  for (auto [name, v] : {std::pair<const char*, int32_t>{"max_queue_wait_ms", max_queue_wait_ms},
+                         {"queue_timeout_ms", queue_timeout_ms},
+                         {"rate_limit_rps", rate_limit_rps},
+                         {"rate_limit_burst", rate_limit_burst},
+                         {"router_max_retries", router_max_retries}})
+    if (v < 0) return fmt::format("limits.{} = {} must be >= 0 (0 = off)", name, v);
+  if (rate_limit_burst > 0 && rate_limit_rps == 0)
+    return fmt::format("limits.rate_limit_burst = {} needs limits.rate_limit_rps > 0; set both or neither",
+                       rate_limit_burst);
+  if (router_retry_max_ms < router_retry_base_ms)
+    return fmt::format("limits.router_retry_max_ms = {} is below router_retry_base_ms = {}; raise it",
+                       router_retry_max_ms, router_retry_base_ms);
   if (max_context < 0) return fmt::format("limits.max_context = {} must be >= 0 (0 = the model's)", max_context);
   if (page_size > 4096) return fmt::format("limits.page_size = {} is too large; use 16..256 tokens", page_size);
   return "";

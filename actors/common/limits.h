@@ -19,6 +19,26 @@ struct limits {
   int64_t max_queued_tokens = 262144;    ///< prompt tokens waiting for prefill
   int32_t max_inflight_requests = 1024;  ///< router's in-flight table
   int32_t request_timeout_ms = 600000;   ///< default deadline of a request
+  /// Refuse (503) when the chosen prefill target's estimated queue wait (queued tokens /
+  /// measured drain rate) would exceed this; keeps admitted TTFT bounded in a burst. 0 = off.
+  int32_t max_queue_wait_ms = 0;
+  /// A request still queued (no prefill started) this long after arrival ends with 504. 0 = off.
+  int32_t queue_timeout_ms = 0;
+  /// Per client (bearer token, else address) token bucket at the HTTP front end: 429 beyond. 0 = off.
+  int32_t rate_limit_rps = 0;
+  int32_t rate_limit_burst = 0;          ///< bucket size; 0 = rate_limit_rps (at least 1)
+  int32_t rate_limit_max_clients = 4096; ///< buckets kept; the least recently seen client goes first
+  /// Refuse (503, decode_pages) while the decode target is backed up (sequences waiting for a
+  /// batch slot) and its free KV pages cannot hold the new prompt.
+  bool decode_page_admission = true;
+
+  // --- routing
+  int32_t router_max_retries = 2;        ///< re-routes of a request refused (overloaded/disconnected) before its first token
+  int32_t router_retry_base_ms = 5;      ///< first retry backoff; doubles per retry (jittered)
+  int32_t router_retry_max_ms = 200;     ///< backoff cap
+  int32_t breaker_failures = 5;          ///< consecutive `disconnected` failures that open a target's circuit breaker
+  int32_t breaker_cooldown_ms = 1000;    ///< open -> half-open (one probe) after this
+  int32_t router_heartbeat_ms = 1000;    ///< credit query to a quiet target; stale (unhealthy) after 3x
 
   // --- batching
   int32_t prefill_chunk_tokens = 256;    ///< chunked prefill: tokens per forward step

@@ -21,6 +21,7 @@ seq_request seq_request::read(schema::SubmitRequest::Reader r) {
   s.admit_order = r.getAdmitOrder();
   s.cached_tokens = r.getCachedTokens();
   s.transfer_retries = r.getTransferRetries();
+  s.decode_target = r.getDecodeTarget().cStr();
   return s;
 }
 
@@ -40,6 +41,7 @@ void seq_request::write(schema::SubmitRequest::Builder b) const {
   b.setAdmitOrder(admit_order);
   b.setCachedTokens(cached_tokens);
   b.setTransferRetries(transfer_retries);
+  if (!decode_target.empty()) b.setDecodeTarget(decode_target);
 }
 
 std::vector<int32_t> seq_request::all_tokens() const {

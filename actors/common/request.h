@@ -24,6 +24,7 @@ struct seq_request {
   uint64_t admit_order = 0;
   int32_t cached_tokens = 0;
   int32_t transfer_retries = 0;  ///< re-prefills after failed KV transfers
+  std::string decode_target;  ///< the router's choice of decode target ("" = the prefill's own)
 
   static seq_request read(schema::SubmitRequest::Reader r);
   void write(schema::SubmitRequest::Builder b) const;

@@ -284,6 +284,17 @@ const std::vector<i32_field>& limits_i32_fields() {
       {"http_body_timeout_ms", &limits::http_body_timeout_ms, 1, "use e.g. 30000 (30 s)"},
       {"supervisor_max_restarts", &limits::supervisor_max_restarts, 0, "use e.g. 3 (0 = escalate at the first failure)"},
       {"supervisor_period_ms", &limits::supervisor_period_ms, 1, "use e.g. 60000 (1 minute)"},
+      {"max_queue_wait_ms", &limits::max_queue_wait_ms, 0, "use e.g. 2000 (0 = off)"},
+      {"queue_timeout_ms", &limits::queue_timeout_ms, 0, "use e.g. 30000 (0 = off)"},
+      {"rate_limit_rps", &limits::rate_limit_rps, 0, "use e.g. 10 requests per second per client (0 = off)"},
+      {"rate_limit_burst", &limits::rate_limit_burst, 0, "use e.g. 20 (0 = rate_limit_rps)"},
+      {"rate_limit_max_clients", &limits::rate_limit_max_clients, 1, "use e.g. 4096"},
+      {"router_max_retries", &limits::router_max_retries, 0, "use e.g. 2 (0 = no retries)"},
+      {"router_retry_base_ms", &limits::router_retry_base_ms, 1, "use e.g. 5"},
+      {"router_retry_max_ms", &limits::router_retry_max_ms, 1, "use e.g. 200"},
+      {"breaker_failures", &limits::breaker_failures, 1, "use e.g. 5"},
+      {"breaker_cooldown_ms", &limits::breaker_cooldown_ms, 1, "use e.g. 1000"},
+      {"router_heartbeat_ms", &limits::router_heartbeat_ms, 1, "use e.g. 1000"},
       {"threads", &limits::threads, 1, "use the number of cores to compute on"},
       {"scheduler_threads", &limits::scheduler_threads, 1, "use 2 or more"},
   };
@@ -408,6 +419,7 @@ config_check check_cluster_config(const std::string& text, const std::string& so
     for (const auto& f : limits_i32_fields()) known.push_back(f.name);
     for (const auto& f : limits_i64_fields()) known.push_back(f.name);
     known.push_back("prefix_cache");
+    known.push_back("decode_page_admission");
     ck.known_keys(*lim_t, "limits", known);
     for (const auto& f : limits_i32_fields()) {
       int64_t v = 0;
@@ -422,6 +434,7 @@ config_check check_cluster_config(const std::string& text, const std::string& so
       if (ck.integer(*lim_t, "limits", f.name, 1, INT64_MAX, f.fix, v)) cfg.lim.*f.member = v;
     }
     ck.boolean(*lim_t, "limits", "prefix_cache", cfg.lim.prefix_cache);
+    ck.boolean(*lim_t, "limits", "decode_page_admission", cfg.lim.decode_page_admission);
   }
   toml::position lim_pos = lim_t ? lim_t->pos : toml::position{1, 1};
 

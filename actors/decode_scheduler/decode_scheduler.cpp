@@ -42,6 +42,10 @@ struct decode_state {
   std::unordered_map<uint64_t, dseq> receiving;
   int64_t transfers_done = 0, transfers_failed = 0, transfer_recomputes = 0;
   int64_t steps = 0, tokens = 0, preemptions = 0, joined = 0;
+  int32_t pool_free_pages = -1;  ///< KV pages free at the last allocation reply (-1 = none yet)
+  uint64_t credit_seq = 0;
+  int64_t last_credit_key[3] = {-2, -2, -2};
+  int64_t credits_sent = 0;
   std::unordered_map<std::string, int64_t> rejected;
   static inline const char* name = "decode";
 
@@ -76,6 +80,26 @@ struct decode_state {
     log->info("request {}: {}", d.req.id, e.what());
     free_pages(d.req.id, d.pages);
     emit(d, {}, finish_reason::error, &e, "decode");
+  }
+  /// Sends the router a credit if the batch, the waiting list or the free pages changed
+  /// (or `force`: a heartbeat answer).
+  void send_credit(bool force) {
+    if (!peers.router) return;
+    const int64_t key[3] = {int64_t(running.size()), int64_t(waiting.size()), pool_free_pages};
+    if (!force && std::equal(key, key + 3, last_credit_key)) return;
+    std::copy(key, key + 3, last_credit_key);
+    credits_sent += 1;
+    peers.router.gate->enter_control();
+    caf::anon_send(peers.router.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
+                     auto c = env.initCredit();
+                     c.setTarget(opt.node + "/decode");
+                     c.setRole("decode");
+                     c.setSeq(++credit_seq);
+                     c.setFreePages(pool_free_pages);
+                     c.setRunningSeqs(static_cast<int32_t>(running.size()));
+                     c.setWaitingSeqs(static_cast<int32_t>(waiting.size()));
+                     c.setMaxRunningSeqs(opt.lim.max_running_seqs);
+                   }));
   }
   dseq* find(const std::string& id) {
     for (auto& d : running)
@@ -406,6 +430,7 @@ void on_alloc(decode_actor_t* self, const wire& w,
   try {
     wire_reader rd(w);
     auto env = rd.root();
+    if (env.isAllocReply()) s.pool_free_pages = env.getAllocReply().getFree();
     if (env.isAllocReply() && env.getAllocReply().getOk()) {
       pages = to_vector(env.getAllocReply().getPages());
       ok = true;
@@ -433,7 +458,14 @@ void on_alloc(decode_actor_t* self, const wire& w,
   pump(self);
 }
 
+void pump_once(decode_actor_t* self);
+
 void pump(decode_actor_t* self) {
+  pump_once(self);
+  self->state.send_credit(false);
+}
+
+void pump_once(decode_actor_t* self) {
   auto& s = self->state;
   if (s.busy) return;
   // Aborted sequences not in a batch leave now.
@@ -534,7 +566,10 @@ caf::behavior decode_actor(decode_actor_t* self, scheduler_options opt, std::sha
   st.clk = std::move(clk);
   st.log = std::move(log);
   return {
-      [self](peers_atom, const peer_set& p) { self->state.peers = p; },
+      [self](peers_atom, const peer_set& p) {
+        self->state.peers = p;
+        self->state.send_credit(true);
+      },
       [self](wire_atom, const wire& w) {
         auto& s = self->state;
         s.gate->leave();
@@ -545,6 +580,8 @@ caf::behavior decode_actor(decode_actor_t* self, scheduler_options opt, std::sha
             on_handoff(self, env.getHandoff());
           else if (env.isAbort())
             on_abort(self, env.getAbort().getId().cStr(), env.getAbort().getHops());
+          else if (env.isCreditQuery())
+            s.send_credit(true);
           else
             s.log->error("decode: unexpected message dropped");
         } catch (const tandem::error& e) {
@@ -583,6 +620,8 @@ caf::behavior decode_actor(decode_actor_t* self, scheduler_options opt, std::sha
              "Cross-node handoffs whose KV transfer failed (then recomputed or failed by policy)"},
             {"decode_kv_recomputes_total", "", double(s.transfer_recomputes), "counter",
              "Requests re-prefilled after a failed KV transfer (transfer.failure_policy = recompute)"},
+            {"decode_credits_sent_total", "", double(s.credits_sent), "counter",
+             "Credits sent to the router (batch/page changes and heartbeat answers)"},
         };
         for (const auto& [r, n] : s.rejected)
           m.push_back({"rejections_total", fmt::format("actor=\"decode\",reason=\"{}\"", r), double(n),

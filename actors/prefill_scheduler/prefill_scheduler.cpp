@@ -51,10 +51,72 @@ struct prefill_state {
   uint64_t next_transfer = 0;
   int64_t transfers_done = 0, transfers_failed = 0;
   int64_t admitted = 0, requeues = 0, prompt_tokens_computed = 0, handoffs = 0, batches = 0;
+  // --- credits to the router (what this scheduler can still take) and the drain rate they carry
+  uint64_t received = 0;      ///< submissions taken off the mailbox (admitted or refused)
+  uint64_t credit_seq = 0;
+  int64_t last_credit_key[5] = {-1, -1, -1, -1, -1};
+  int64_t batch_start_ms = 0;
+  int64_t window_start_ms = -1;  ///< start of the current drain-rate window (-1: no work)
+  int64_t window_tokens = 0;
+  double tokens_per_s = 0;       ///< EWMA of the measured drain rate
+  int64_t queued_tokens_high_water = 0;
+  int32_t queued_requests_high_water = 0;
+  int64_t credits_sent = 0;
   std::unordered_map<std::string, int64_t> rejected;
   static inline const char* name = "prefill";
 
   int32_t page_size() const { return opt.layout.page_size; }
+
+  /// Prompt tokens admitted past the queue (acquiring pages or being prefilled) not computed yet.
+  int64_t active_tokens() const {
+    int64_t t = acquiring ? int64_t(acquiring->tokens.size()) : 0;
+    for (const auto& q : active) t += int64_t(q.tokens.size()) - q.computed;
+    return t;
+  }
+
+  /// Sends the router a credit if what it says changed (or `force`: a heartbeat answer).
+  void send_credit(bool force) {
+    if (!peers.router) return;
+    const int64_t key[5] = {int64_t(waiting.size()), queued_tokens, active_tokens(), int64_t(tokens_per_s),
+                            int64_t(received)};
+    if (!force && std::equal(key, key + 5, last_credit_key)) return;
+    std::copy(key, key + 5, last_credit_key);
+    credits_sent += 1;
+    emit(make_wire([&](schema::Envelope::Builder env) {
+      auto c = env.initCredit();
+      c.setTarget(opt.node + "/prefill");
+      c.setRole("prefill");
+      c.setSeq(++credit_seq);
+      c.setReceived(received);
+      c.setQueuedRequests(static_cast<int32_t>(waiting.size()));
+      c.setQueuedTokens(queued_tokens);
+      c.setActiveTokens(key[2]);
+      c.setFreeRequests(std::max<int32_t>(0, opt.lim.max_queued_requests - static_cast<int32_t>(waiting.size())));
+      c.setFreeTokens(std::max<int64_t>(0, opt.lim.max_queued_tokens - queued_tokens));
+      c.setTokensPerS(tokens_per_s);
+      c.setFreePages(-1);
+    }));
+  }
+
+  /// Drain rate: prompt tokens computed per wall second while the prefill had work, over
+  /// windows of at least 100 ms (the worker is shared with decode, so this is the rate the
+  /// queue actually drains at, not the kernel's peak; short windows see one batch only and
+  /// overestimate it).
+  void note_computed(int64_t tokens, int64_t now_ms) {
+    if (window_start_ms < 0) window_start_ms = batch_start_ms;
+    window_tokens += tokens;
+    const int64_t dt = now_ms - window_start_ms;
+    const bool idle = waiting.empty() && active.empty() && !acquiring;
+    if (dt >= 100 || (idle && (dt >= 20 || (dt >= 2 && tokens_per_s <= 0)))) {
+      const double sample = double(window_tokens) * 1000.0 / double(dt);
+      tokens_per_s = tokens_per_s <= 0 ? sample : 0.5 * tokens_per_s + 0.5 * sample;
+      window_start_ms = idle ? -1 : now_ms;
+      window_tokens = 0;
+    } else if (idle) {
+      window_start_ms = -1;
+      window_tokens = 0;
+    }
+  }
 
   void emit(const wire& w) {
     peers.router.gate->enter_control();
@@ -108,6 +170,7 @@ void on_submit(prefill_actor_t* self, seq_request r, bool requeue) {
     pump(self);
     return;
   }
+  s.received += 1;
   const auto& lim = s.opt.lim;
   const int64_t n = static_cast<int64_t>(q.tokens.size());
   if (static_cast<int32_t>(s.waiting.size()) >= lim.max_queued_requests) {
@@ -132,6 +195,8 @@ void on_submit(prefill_actor_t* self, seq_request r, bool requeue) {
   s.admitted += 1;
   s.queued_tokens += n;
   s.waiting.push_back(std::move(q));
+  s.queued_tokens_high_water = std::max(s.queued_tokens_high_water, s.queued_tokens);
+  s.queued_requests_high_water = std::max(s.queued_requests_high_water, static_cast<int32_t>(s.waiting.size()));
   pump(self);
 }
 
@@ -296,6 +361,13 @@ void on_forward_done(prefill_actor_t* self, const wire* w, const tandem::error* 
       s.active.erase(it);
     }
   }
+  // After the finished sequences left `active`, so an idle prefill ends the rate window here
+  // (a window spanning idle time would underestimate the drain rate).
+  if (!err) {
+    int64_t n = 0;
+    for (const auto& b : batch) n += b.second;
+    s.note_computed(n, s.clk->now_ms());
+  }
   pump(self);
 }
 
@@ -347,6 +419,7 @@ void start_batch(prefill_actor_t* self) {
   }
   s.busy = true;
   s.batches += 1;
+  s.batch_start_ms = s.clk->now_ms();
   self->request(s.peers.worker.handle, caf::infinite, call_atom::value, make_wire(mb))
       .then([self](const wire& r) { on_forward_done(self, &r, nullptr); },
             [self](caf::error& e) {
@@ -394,6 +467,7 @@ void pump(prefill_actor_t* self) {
     }
   }
   if (!s.busy && !s.active.empty()) start_batch(self);
+  s.send_credit(false);
 }
 
 void on_abort(prefill_actor_t* self, const std::string& id, int32_t hops) {
@@ -448,7 +522,10 @@ caf::behavior prefill_actor(prefill_actor_t* self, scheduler_options opt, std::s
   st.clk = std::move(clk);
   st.log = std::move(log);
   return {
-      [self](peers_atom, const peer_set& p) { self->state.peers = p; },
+      [self](peers_atom, const peer_set& p) {
+        self->state.peers = p;
+        self->state.send_credit(true);  // the router's first view of this target
+      },
       [self](wire_atom, const wire& w) {
         auto& s = self->state;
         s.gate->leave();
@@ -461,8 +538,12 @@ caf::behavior prefill_actor(prefill_actor_t* self, scheduler_options opt, std::s
             on_submit(self, seq_request::read(env.getRequeue()), true);
           else if (env.isAbort())
             on_abort(self, env.getAbort().getId().cStr(), env.getAbort().getHops());
+          else if (env.isCreditQuery())
+            s.send_credit(true);
           else
             s.log->error("prefill: unexpected message dropped");
+          // A refused submission or an abort changes no queue pump() saw: report it here.
+          if (env.isSubmit() || env.isAbort()) s.send_credit(false);
         } catch (const tandem::error& e) {
           s.log->error("prefill: {}", e.what());
         } catch (const kj::Exception& e) {
@@ -507,6 +588,14 @@ caf::behavior prefill_actor(prefill_actor_t* self, scheduler_options opt, std::s
              "Cross-node handoffs whose KV pages were written to the decode node"},
             {"prefill_kv_send_failures_total", "", double(s.transfers_failed), "counter",
              "Cross-node handoffs whose KV send failed or was aborted"},
+            {"prefill_queued_requests_high_water", "", double(s.queued_requests_high_water), "gauge",
+             "Most requests ever waiting for prefill (never above limits.max_queued_requests)"},
+            {"prefill_queued_tokens_high_water", "", double(s.queued_tokens_high_water), "gauge",
+             "Most prompt tokens ever waiting for prefill (never above limits.max_queued_tokens)"},
+            {"prefill_drain_tokens_per_s", "", s.tokens_per_s, "gauge",
+             "Measured rate the prefill queue drains at (prompt tokens per second while it has work)"},
+            {"prefill_credits_sent_total", "", double(s.credits_sent), "counter",
+             "Credits sent to the router (queue changes and heartbeat answers)"},
         };
         for (const auto& [r, n] : s.rejected)
           m.push_back({"rejections_total", fmt::format("actor=\"prefill\",reason=\"{}\"", r), double(n),

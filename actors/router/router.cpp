@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <caf/all.hpp>
+#include <cmath>
+#include <deque>
 #include <unordered_map>
 
 #include "actors/common/metrics.h"
@@ -23,8 +25,44 @@ token_event error_event(const std::string& request_id, const tandem::error& e, i
 
 namespace {
 
+using retry_atom = caf::atom_constant<caf::atom("retry")>;
+using heartbeat_atom = caf::atom_constant<caf::atom("heartbt")>;
+
+/// A prefill target as the router sees it: its last credit plus what was sent since.
+struct prefill_target {
+  route_target t;
+  target_load load;            ///< from the last credit (queued_* without the in-transit part)
+  int64_t active_tokens = 0;
+  uint64_t sent = 0;           ///< submissions sent to it
+  std::deque<int64_t> in_transit;  ///< prompt tokens of submissions it has not taken yet
+  int64_t in_transit_tokens = 0;
+  uint64_t last_seq = 0;
+  target_health health;
+  circuit_breaker breaker;
+  int64_t routed = 0;
+
+  int64_t queued_requests() const { return load.queued_requests + int64_t(in_transit.size()); }
+  int64_t queued_tokens() const { return load.queued_tokens + in_transit_tokens; }
+  /// Everything ahead of a new request: waiting, in transit and not yet computed.
+  int64_t backlog_tokens() const { return queued_tokens() + active_tokens; }
+};
+
+struct decode_target {
+  route_target t;
+  target_load load;
+  uint64_t last_seq = 0;
+  target_health health;
+  circuit_breaker breaker;
+  int64_t routed = 0;
+};
+
 struct entry {
   event_callback cb;
+  seq_request req;   ///< kept for re-routing until the first token
+  int prefill = 0;   ///< index of its prefill target
+  int decode = -1;   ///< index of its decode target (-1: the prefill's own)
+  int32_t retries = 0;
+  std::vector<int> tried;  ///< prefill targets that refused it
   int64_t submit_ms = 0;
   int64_t first_token_ms = -1;
   int64_t last_token_ms = -1;
@@ -35,9 +73,22 @@ struct entry {
   std::string state = "queued";
 };
 
+/// Where a request goes, or why it cannot go anywhere now.
+struct placement {
+  int prefill = -1, decode = -1;
+  std::optional<tandem::error> err;
+  std::string reason;
+  int64_t retry_after_ms = 0;
+};
+
 struct router_state {
   router_options opt;
-  bounded_actor prefill;
+  std::vector<prefill_target> prefills;
+  std::vector<decode_target> decodes;
+  std::optional<route_policy> policy;
+  std::mt19937_64 jitter;
+  int64_t start_ms = 0;
+  int64_t retries_total = 0, local_prefill_candidates = 0;
   std::shared_ptr<mailbox_gate> gate;
   std::shared_ptr<const cluster_clock> clk;
   std::shared_ptr<spdlog::logger> log;
@@ -62,15 +113,19 @@ struct router_state {
   }
 
   void reject(const std::string& id, const event_callback& cb, const tandem::error& e,
-              const std::string& reason, int32_t prompt_tokens) {
+              const std::string& reason, int32_t prompt_tokens, int64_t retry_after_ms = 0) {
     rejected_by_reason[reason] += 1;
     finished_by_reason["error"] += 1;
     log->info("request {}: rejected ({}): {}", id, reason, e.what());
-    deliver(cb, error_event(id, e, prompt_tokens), *log);
+    auto ev = error_event(id, e, prompt_tokens);
+    ev.reject_reason = reason;
+    ev.retry_after_ms = retry_after_ms;
+    deliver(cb, std::move(ev), *log);
   }
 
   /// Ends an in-flight request with a final event it did not get from a stage.
-  void finish_here(const std::string& id, finish_reason reason, const tandem::error* err) {
+  void finish_here(const std::string& id, finish_reason reason, const tandem::error* err,
+                   const std::string& reject_reason = "", int64_t retry_after_ms = 0) {
     auto it = table.find(id);
     if (it == table.end()) return;
     token_event ev;
@@ -81,6 +136,8 @@ struct router_state {
     ev.prompt_tokens = it->second.prompt_tokens;
     ev.completion_tokens = it->second.completion_tokens;
     ev.cached_tokens = it->second.cached_tokens;
+    ev.reject_reason = reject_reason;
+    ev.retry_after_ms = retry_after_ms;
     account_finish(it->second, reason);
     auto cb = std::move(it->second.cb);
     table.erase(it);
@@ -105,6 +162,188 @@ struct router_state {
     e2e.observe(double(now - e.submit_ms));
     if (e.completion_tokens > 1 && e.first_token_ms >= 0)
       tpot.observe(double(e.last_token_ms - e.first_token_ms) / double(e.completion_tokens - 1));
+  }
+
+  int32_t pages_for(int64_t tokens) const {
+    const int32_t ps = std::max(1, opt.lim.page_size);
+    return static_cast<int32_t>((tokens + ps - 1) / ps);
+  }
+
+  /// Time until target `p` could take `n` more tokens under the bound that refused it.
+  int64_t drain_ms(const prefill_target& p, int64_t excess_tokens) const {
+    const int64_t w = estimate_queue_wait_ms(std::max<int64_t>(excess_tokens, 1), p.load.prefill_tokens_per_s);
+    return w < 0 ? 1000 : std::max<int64_t>(w, 1);
+  }
+
+  /// Empty if target `p` can place a request of `n` prompt tokens now, else why not.
+  std::optional<placement> check_prefill(const prefill_target& p, int64_t n) const {
+    const auto& lim = opt.lim;
+    placement no;
+    const int64_t qr = p.queued_requests(), qt = p.queued_tokens();
+    if (qr >= lim.max_queued_requests) {
+      const int64_t per = qr > 0 ? std::max<int64_t>(qt / qr, 1) : n;
+      no.reason = "queue_requests";
+      no.retry_after_ms = drain_ms(p, (qr - lim.max_queued_requests + 1) * per + p.active_tokens);
+      no.err = tandem::error(error_kind::overloaded,
+                             fmt::format("prefill target {} has {} requests queued (limits.max_queued_requests = {}); "
+                                         "retry after {} ms",
+                                         p.t.name, qr, lim.max_queued_requests, no.retry_after_ms));
+      return no;
+    }
+    if (qt + n > lim.max_queued_tokens) {
+      no.reason = "queue_tokens";
+      no.retry_after_ms = drain_ms(p, qt + n - lim.max_queued_tokens + p.active_tokens);
+      no.err = tandem::error(error_kind::overloaded,
+                             fmt::format("prefill target {} holds {} queued prompt tokens; {} more would exceed "
+                                         "limits.max_queued_tokens = {}; retry after {} ms",
+                                         p.t.name, qt, n, lim.max_queued_tokens, no.retry_after_ms));
+      return no;
+    }
+    if (lim.max_queue_wait_ms > 0 && (qr > 0 || p.active_tokens > 0)) {
+      // An empty queue always admits: a prompt that alone takes longer than the bound must
+      // still be servable.
+      const int64_t wait = estimate_queue_wait_ms(p.backlog_tokens() + n, p.load.prefill_tokens_per_s);
+      if (wait > lim.max_queue_wait_ms) {
+        no.reason = "queue_wait";
+        no.retry_after_ms = std::max<int64_t>(wait - lim.max_queue_wait_ms, 1);
+        no.err = tandem::error(
+            error_kind::overloaded,
+            fmt::format("prefill target {} would make the request wait ~{} ms ({} tokens ahead at {:.0f} tokens/s; "
+                        "limits.max_queue_wait_ms = {}); retry after {} ms",
+                        p.t.name, wait, p.backlog_tokens(), p.load.prefill_tokens_per_s, lim.max_queue_wait_ms,
+                        no.retry_after_ms));
+        return no;
+      }
+    }
+    return std::nullopt;
+  }
+
+  /// Chooses a (prefill, decode) pair that can place `r`, avoiding `avoid` where another target exists.
+  placement place(const seq_request& r, const std::vector<int>& avoid) {
+    const int64_t now = clk->now_ms();
+    const int64_t n = static_cast<int64_t>(r.prompt.size());
+    std::vector<target_load> loads;
+    std::vector<bool> ok;
+    bool any = false;
+    for (size_t i = 0; i < prefills.size(); ++i) {
+      auto& p = prefills[i];
+      target_load l = p.load;
+      l.queued_requests = p.queued_requests();
+      l.queued_tokens = p.backlog_tokens();
+      loads.push_back(l);
+      const bool up = p.health.healthy(now, start_ms) && p.breaker.would_allow(now);
+      ok.push_back(up);
+      any = any || up;
+    }
+    placement out;
+    if (!any) {
+      out.reason = "no_target";
+      out.retry_after_ms = opt.lim.breaker_cooldown_ms;
+      out.err = tandem::error(error_kind::disconnected,
+                              fmt::format("no healthy prefill target of {} (stale credits or open circuit breakers); "
+                                          "retry on another node",
+                                          prefills.size()));
+      return out;
+    }
+    {
+      auto pref = ok;
+      bool left = false;
+      for (int a : avoid)
+        if (a >= 0 && size_t(a) < pref.size()) pref[size_t(a)] = false;
+      for (bool b : pref) left = left || b;
+      if (left) ok = pref;  // a fresh target if there is one, else the same again
+    }
+    std::optional<placement> first_no;
+    int32_t cached = 0;
+    for (size_t k = 0; k < prefills.size(); ++k) {
+      int t = policy->choose_prefill(r.prompt, loads, ok, &cached);
+      if (t < 0) break;
+      auto no = check_prefill(prefills[size_t(t)], n);
+      if (!no) {
+        out.prefill = t;
+        break;
+      }
+      if (!first_no) first_no = std::move(no);
+      ok[size_t(t)] = false;
+    }
+    if (out.prefill < 0) return *first_no;
+    if (!decodes.empty()) {
+      std::vector<target_load> dl;
+      std::vector<bool> dok;
+      for (auto& d : decodes) {
+        dl.push_back(d.load);
+        dok.push_back(d.health.healthy(now, start_ms) && d.breaker.would_allow(now));
+      }
+      const int d = policy->choose_decode(dl, dok);
+      if (d < 0) {
+        out.prefill = -1;
+        out.reason = "no_target";
+        out.retry_after_ms = opt.lim.breaker_cooldown_ms;
+        out.err = tandem::error(error_kind::disconnected,
+                                fmt::format("no healthy decode target of {}; retry on another node", decodes.size()));
+        return out;
+      }
+      const auto& dlo = decodes[size_t(d)].load;
+      const int32_t need = pages_for(n + 1);
+      if (opt.lim.decode_page_admission && dlo.free_pages >= 0 && dlo.waiting_seqs > 0 && dlo.free_pages < need) {
+        // The decode batch is full and backed up with sequences holding pages: a new one
+        // would only be preempted (recomputed) or fail there.
+        out.prefill = -1;
+        out.reason = "decode_pages";
+        out.retry_after_ms = 1000;
+        out.err = tandem::error(
+            error_kind::overloaded,
+            fmt::format("decode target {} has {} free KV pages and {} sequences waiting for a batch slot; the "
+                        "prompt needs {} pages; retry later or raise limits.kv_cache_mb",
+                        decodes[size_t(d)].t.name, dlo.free_pages, dlo.waiting_seqs, need));
+        return out;
+      }
+      out.decode = d;
+      // Conditional disaggregation: would this prompt be better prefilled next to its decode batch?
+      int64_t shortest = -1;
+      for (const auto& p : prefills) {
+        const int64_t w = estimate_queue_wait_ms(p.backlog_tokens(), p.load.prefill_tokens_per_s);
+        if (w >= 0 && (shortest < 0 || w < shortest)) shortest = w;
+      }
+      if (prefill_locally(opt.local_prefill, static_cast<int32_t>(n), cached, shortest, dlo)) local_prefill_candidates += 1;
+    }
+    return out;
+  }
+
+  void on_credit(schema::Credit::Reader c) {
+    const std::string name = c.getTarget().cStr();
+    const int64_t now = clk->now_ms();
+    if (std::string(c.getRole().cStr()) == "decode") {
+      for (auto& d : decodes) {
+        if (d.t.name != name) continue;
+        d.health.on_credit(now);
+        if (c.getSeq() <= d.last_seq) return;
+        d.last_seq = c.getSeq();
+        d.load.free_pages = c.getFreePages();
+        d.load.running_seqs = c.getRunningSeqs();
+        d.load.waiting_seqs = c.getWaitingSeqs();
+        d.load.max_running_seqs = c.getMaxRunningSeqs();
+        return;
+      }
+      return;
+    }
+    for (auto& p : prefills) {
+      if (p.t.name != name) continue;
+      p.health.on_credit(now);
+      if (c.getSeq() <= p.last_seq) return;  // reordered: an older view
+      p.last_seq = c.getSeq();
+      p.load.queued_requests = c.getQueuedRequests();
+      p.load.queued_tokens = c.getQueuedTokens();
+      p.load.prefill_tokens_per_s = c.getTokensPerS();
+      p.active_tokens = c.getActiveTokens();
+      // The target has taken `received` of our submissions: they are in its numbers now.
+      const uint64_t received = c.getReceived();
+      while (!p.in_transit.empty() && p.sent - p.in_transit.size() < received) {
+        p.in_transit_tokens -= p.in_transit.front();
+        p.in_transit.pop_front();
+      }
+      return;
+    }
   }
 
   std::string validate(const seq_request& r) const {
@@ -135,6 +374,39 @@ void schedule_tick(router_actor_t* self) {
   if (s.tick_pending || s.table.empty()) return;
   s.tick_pending = true;
   self->delayed_send(self, std::chrono::milliseconds(s.opt.tick_ms), tick_atom::value);
+}
+
+/// Sends `e`'s request to the placement's targets; false (and the request ended) if the
+/// target's mailbox is full.
+bool dispatch(router_actor_t* self, entry& e, const placement& pl) {
+  auto& s = self->state;
+  auto& p = s.prefills[size_t(pl.prefill)];
+  const std::string id = e.req.id;
+  if (!p.t.actor.gate->try_enter()) {
+    auto err = p.t.actor.gate->overloaded_error();
+    s.rejected_by_reason["prefill_mailbox"] += 1;
+    s.finish_here(id, finish_reason::error, &err, "prefill_mailbox", 1000);
+    return false;
+  }
+  const int64_t now = s.clk->now_ms();
+  p.breaker.allow(now);  // takes the half-open probe slot, if that is the state
+  e.prefill = pl.prefill;
+  e.decode = pl.decode;
+  e.state = "queued";
+  e.req.decode_target = pl.decode >= 0 ? s.decodes[size_t(pl.decode)].t.name : "";
+  if (pl.decode >= 0) {
+    s.decodes[size_t(pl.decode)].breaker.allow(now);
+    s.decodes[size_t(pl.decode)].routed += 1;
+  }
+  const int64_t n = static_cast<int64_t>(e.req.prompt.size());
+  p.sent += 1;
+  p.in_transit.push_back(n);
+  p.in_transit_tokens += n;
+  p.routed += 1;
+  s.policy->on_routed(e.req.prompt, pl.prefill);
+  self->send(p.t.actor.handle, wire_atom::value,
+             make_wire([&](schema::Envelope::Builder env) { e.req.write(env.initSubmit()); }));
+  return true;
 }
 
 void on_submit(router_actor_t* self, const wire& w, event_callback cb) {
@@ -180,8 +452,9 @@ void on_submit(router_actor_t* self, const wire& w, event_callback cb) {
   const int64_t def = now + s.opt.lim.request_timeout_ms;
   r.deadline_ms = r.deadline_ms > 0 ? std::min(r.deadline_ms, def) : def;
   r.admit_order = s.next_order++;
-  if (!s.prefill.gate->try_enter()) {
-    s.reject(r.id, cb, s.prefill.gate->overloaded_error(), "prefill_mailbox", prompt_len);
+  auto pl = s.place(r, {});
+  if (pl.err) {
+    s.reject(r.id, cb, *pl.err, pl.reason, prompt_len, pl.retry_after_ms);
     return;
   }
   entry e;
@@ -189,13 +462,14 @@ void on_submit(router_actor_t* self, const wire& w, event_callback cb) {
   e.submit_ms = now;
   e.deadline_ms = r.deadline_ms;
   e.prompt_tokens = prompt_len;
-  s.table.emplace(r.id, std::move(e));
+  e.req = r;
+  auto [it, fresh] = s.table.emplace(r.id, std::move(e));
+  (void)fresh;
+  if (!dispatch(self, it->second, pl)) return;
   s.requests_total += 1;
   s.prompt_tokens_total += prompt_len;
-  s.log->debug("request {}: accepted ({} prompt tokens, max_tokens {}, deadline in {} ms)", r.id, prompt_len,
-               r.max_tokens, r.deadline_ms - now);
-  self->send(s.prefill.handle, wire_atom::value,
-             make_wire([&](schema::Envelope::Builder env) { r.write(env.initSubmit()); }));
+  s.log->debug("request {}: accepted ({} prompt tokens, max_tokens {}, deadline in {} ms) -> {}", r.id, prompt_len,
+               r.max_tokens, r.deadline_ms - now, s.prefills[size_t(pl.prefill)].t.name);
   schedule_tick(self);
 }
 
@@ -205,12 +479,39 @@ void on_event(router_actor_t* self, schema::TokenEvent::Reader ev) {
   auto it = s.table.find(id);
   if (it == s.table.end()) return;  // already ended here (abort, deadline): the stage's late event is moot
   auto& e = it->second;
+  if (e.state == "retrying") return;  // a late event of the attempt that was refused
   e.state = ev.getState().cStr();
   if (ev.getCachedTokens() > 0) e.cached_tokens = ev.getCachedTokens();
   auto tokens = to_vector(ev.getTokens());
   const int64_t now = s.clk->now_ms();
+  if (ev.getFinished() && from_schema(ev.getReason()) == finish_reason::error && e.first_token_ms < 0 &&
+      tokens.empty()) {
+    auto err = read_error(ev.getError());
+    const bool retryable = err.kind() == error_kind::overloaded || err.kind() == error_kind::disconnected;
+    const bool at_decode = e.state == "decode" && e.decode >= 0;
+    if (err.kind() == error_kind::disconnected) {
+      if (at_decode) s.decodes[size_t(e.decode)].breaker.on_failure(now);
+      else s.prefills[size_t(e.prefill)].breaker.on_failure(now);
+    }
+    if (retryable && e.retries < s.opt.lim.router_max_retries) {
+      backoff_policy b{s.opt.lim.router_max_retries, s.opt.lim.router_retry_base_ms, s.opt.lim.router_retry_max_ms};
+      const int64_t delay = b.delay_ms(e.retries + 1, s.jitter);
+      if (now + delay < e.deadline_ms) {
+        e.retries += 1;
+        e.tried.push_back(e.prefill);
+        e.state = "retrying";
+        s.retries_total += 1;
+        s.log->info("request {}: {} refused it ({}); retry {} in {} ms", id, s.prefills[size_t(e.prefill)].t.name,
+                    err.what(), e.retries, delay);
+        self->delayed_send(self, std::chrono::milliseconds(delay), retry_atom::value, id);
+        return;
+      }
+    }
+  }
   if (!tokens.empty()) {
     if (e.first_token_ms < 0) {
+      s.prefills[size_t(e.prefill)].breaker.on_success();
+      if (e.decode >= 0) s.decodes[size_t(e.decode)].breaker.on_success();
       e.first_token_ms = now;
       s.ttft.observe(double(now - e.submit_ms));
     }
@@ -239,10 +540,12 @@ void on_event(router_actor_t* self, schema::TokenEvent::Reader ev) {
   }
 }
 
-void send_abort(router_actor_t* self, const std::string& id) {
+void send_abort(router_actor_t* self, const std::string& id, int target) {
   auto& s = self->state;
-  s.prefill.gate->enter_control();
-  self->send(s.prefill.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
+  if (target < 0 || size_t(target) >= s.prefills.size()) return;
+  auto& a = s.prefills[size_t(target)].t.actor;
+  a.gate->enter_control();
+  self->send(a.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
                auto a = env.initAbort();
                a.setId(id);
                a.setHops(0);
@@ -254,36 +557,108 @@ void on_tick(router_actor_t* self) {
   s.tick_pending = false;
   const int64_t now = s.clk->now_ms();
   std::vector<std::string> expired;
+  const int32_t qt = s.opt.lim.queue_timeout_ms;
+  auto queued = [](const entry& e) { return e.state == "queued" || e.state == "retrying"; };
   for (const auto& [id, e] : s.table)
-    if (now >= e.deadline_ms) expired.push_back(id);
+    if (now >= e.deadline_ms || (qt > 0 && queued(e) && now - e.submit_ms >= qt)) expired.push_back(id);
   for (const auto& id : expired) {
     const auto& e = s.table.at(id);
-    tandem::error err(
-        error_kind::overloaded,
-        fmt::format("request deadline exceeded after {} ms in state {}; raise request_timeout_ms or "
-                    "reduce load",
-                    now - e.submit_ms, e.state));
-    s.log->warn("request {}: {}", id, err.what());
-    s.rejected_by_reason["deadline"] += 1;
-    s.finish_here(id, finish_reason::error, &err);
-    send_abort(self, id);
+    const int target = e.state == "retrying" ? -1 : e.prefill;
+    if (queued(e)) {
+      // Never started: the queue (not the request) took too long -> 504 at the front end.
+      const auto& p = s.prefills[size_t(e.prefill)];
+      const int64_t ra = s.drain_ms(p, p.backlog_tokens());
+      tandem::error err(error_kind::overloaded,
+                        fmt::format("request waited {} ms in the prefill queue of {} without starting "
+                                    "(limits.queue_timeout_ms = {}, request_timeout_ms = {}); retry after {} ms or "
+                                    "lower the load",
+                                    now - e.submit_ms, p.t.name, qt, s.opt.lim.request_timeout_ms, ra));
+      s.log->warn("request {}: {}", id, err.what());
+      s.rejected_by_reason["queue_timeout"] += 1;
+      s.finish_here(id, finish_reason::error, &err, "queue_timeout", ra);
+    } else {
+      tandem::error err(
+          error_kind::overloaded,
+          fmt::format("request deadline exceeded after {} ms in state {}; raise request_timeout_ms or "
+                      "reduce load",
+                      now - e.submit_ms, e.state));
+      s.log->warn("request {}: {}", id, err.what());
+      s.rejected_by_reason["deadline"] += 1;
+      s.finish_here(id, finish_reason::error, &err, "deadline");
+    }
+    send_abort(self, id, target);
   }
   schedule_tick(self);
 }
 
-caf::behavior router_actor(router_actor_t* self, router_options opt, bounded_actor prefill,
-                           std::shared_ptr<mailbox_gate> gate, std::shared_ptr<const cluster_clock> clk,
-                           std::shared_ptr<spdlog::logger> log) {
+/// A refused request's backoff is over: place it again, on a fresh target if there is one.
+void on_retry(router_actor_t* self, const std::string& id) {
+  auto& s = self->state;
+  auto it = s.table.find(id);
+  if (it == s.table.end() || it->second.state != "retrying") return;
+  auto& e = it->second;
+  auto pl = s.place(e.req, e.tried);
+  if (pl.err) {
+    s.rejected_by_reason[pl.reason] += 1;
+    s.finish_here(id, finish_reason::error, &*pl.err, pl.reason, pl.retry_after_ms);
+    return;
+  }
+  dispatch(self, e, pl);
+}
+
+/// Health checks: a target whose last credit is older than one heartbeat is asked for one;
+/// after three it counts as unhealthy (the policy skips it).
+void on_heartbeat(router_actor_t* self) {
+  auto& s = self->state;
+  const int64_t now = s.clk->now_ms();
+  auto query = [&](const bounded_actor& a) {
+    if (!a) return;
+    a.gate->enter_control();
+    self->send(a.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
+                 env.initCreditQuery().setFrom("router");
+               }));
+  };
+  for (auto& p : s.prefills)
+    if (p.health.age_ms(now, s.start_ms) >= s.opt.lim.router_heartbeat_ms) query(p.t.actor);
+  for (auto& d : s.decodes)
+    if (d.health.age_ms(now, s.start_ms) >= s.opt.lim.router_heartbeat_ms) query(d.t.actor);
+  self->delayed_send(self, std::chrono::milliseconds(s.opt.lim.router_heartbeat_ms), heartbeat_atom::value);
+}
+
+caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector<route_target> prefill,
+                           std::vector<route_target> decode, std::shared_ptr<mailbox_gate> gate,
+                           std::shared_ptr<const cluster_clock> clk, std::shared_ptr<spdlog::logger> log) {
   auto& st = self->state;
   st.opt = opt;
-  st.prefill = std::move(prefill);
   st.gate = std::move(gate);
   st.clk = std::move(clk);
   st.log = std::move(log);
+  st.start_ms = st.clk->now_ms();
+  const int64_t stale = 3 * int64_t(opt.lim.router_heartbeat_ms);
+  for (auto& t : prefill) {
+    prefill_target p;
+    p.t = std::move(t);
+    p.health = target_health(stale);
+    p.breaker = circuit_breaker(opt.lim.breaker_failures, opt.lim.breaker_cooldown_ms);
+    st.prefills.push_back(std::move(p));
+  }
+  for (auto& t : decode) {
+    decode_target d;
+    d.t = std::move(t);
+    d.health = target_health(stale);
+    d.breaker = circuit_breaker(opt.lim.breaker_failures, opt.lim.breaker_cooldown_ms);
+    st.decodes.push_back(std::move(d));
+  }
+  auto po = opt.policy;
+  po.block_tokens = opt.lim.page_size;
+  st.policy.emplace(po, opt.seed);
+  st.jitter.seed(opt.seed ^ 0x9e3779b97f4a7c15ull);
   // Every reason the router can refuse for is exported from the start (at 0), so dashboards
   // and alerts see the series before the first rejection.
-  for (const char* r : {"malformed", "shutdown", "invalid", "duplicate_id", "inflight_full", "prefill_mailbox", "deadline"})
+  for (const char* r : {"malformed", "shutdown", "invalid", "duplicate_id", "inflight_full", "prefill_mailbox", "deadline",
+                        "queue_requests", "queue_tokens", "queue_wait", "queue_timeout", "decode_pages", "no_target"})
     st.rejected_by_reason[r] = 0;
+  self->delayed_send(self, std::chrono::milliseconds(opt.lim.router_heartbeat_ms), heartbeat_atom::value);
   return {
       [self](submit_atom, const wire& w, const callback_box& cb) {
         self->state.gate->leave();
@@ -297,12 +672,16 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, bounded_act
           auto env = rd.root();
           if (env.isEvent()) {
             on_event(self, env.getEvent());
+          } else if (env.isCredit()) {
+            s.on_credit(env.getCredit());
           } else if (env.isAbort()) {
             std::string id = env.getAbort().getId().cStr();
-            if (!s.table.count(id)) return;
+            auto it = s.table.find(id);
+            if (it == s.table.end()) return;
+            const int target = it->second.state == "retrying" ? -1 : it->second.prefill;
             s.log->info("request {}: aborted by the client", id);
             s.finish_here(id, finish_reason::abort, nullptr);
-            send_abort(self, id);
+            send_abort(self, id, target);
           } else {
             s.log->error("router: unexpected message dropped");
           }
@@ -326,6 +705,8 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, bounded_act
         tandem::error err(error_kind::disconnected, why + "; retry the request");
         for (const auto& id : ids) s.finish_here(id, finish_reason::error, &err);
       },
+      [self](retry_atom, const std::string& id) { on_retry(self, id); },
+      [self](heartbeat_atom) { on_heartbeat(self); },
       [self](stop_atom) -> bool {
         auto& s = self->state;
         s.stopped = true;
@@ -363,6 +744,42 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, bounded_act
         for (const auto& [r, n] : s.finished_by_reason)
           m.push_back({"requests_finished_total", fmt::format("reason=\"{}\"", r), double(n), "counter",
                        "Requests ended, by finish reason"});
+        m.push_back({"router_retries_total", "", double(s.retries_total), "counter",
+                     "Requests re-routed after a target refused them before their first token"});
+        m.push_back({"router_local_prefill_candidates_total", "", double(s.local_prefill_candidates), "counter",
+                     "Requests the conditional-disaggregation rule would prefill on their decode node"});
+        m.push_back({"router_prefix_index_nodes", "", double(s.policy->index().size()), "gauge",
+                     "Nodes of the cache_aware prefix index (bounded, LRU)"});
+        m.push_back({"router_balance_fallbacks_total", "", double(s.policy->balance_fallbacks()), "counter",
+                     "cache_aware choices overridden by the balance thresholds"});
+        const int64_t now = s.clk->now_ms();
+        auto target_metrics = [&](const std::string& name, const target_health& h, const circuit_breaker& b,
+                                  int64_t routed) {
+          auto l = fmt::format("target=\"{}\"", name);
+          m.push_back({"router_target_healthy", l, h.healthy(now, s.start_ms) ? 1.0 : 0.0, "gauge",
+                       "1 while the target's credits are fresh (3 heartbeats), else 0"});
+          m.push_back({"router_target_credit_age_ms", l, double(h.age_ms(now, s.start_ms)), "gauge",
+                       "Age of the target's last credit"});
+          m.push_back({"router_breaker_state", l, double(static_cast<int>(b.current(now))), "gauge",
+                       "Circuit breaker of the target: 0 closed, 1 open, 2 half-open"});
+          m.push_back({"router_breaker_opens_total", l, double(b.opens()), "counter",
+                       "Times the target's circuit breaker opened"});
+          m.push_back({"router_routed_total", l, double(routed), "counter", "Requests sent to the target"});
+        };
+        for (const auto& p : s.prefills) {
+          target_metrics(p.t.name, p.health, p.breaker, p.routed);
+          auto l = fmt::format("target=\"{}\"", p.t.name);
+          m.push_back({"router_target_queued_tokens", l, double(p.backlog_tokens()), "gauge",
+                       "Prompt tokens ahead of a new request at the prefill target (credits + in transit)"});
+          m.push_back({"router_target_queue_wait_ms", l,
+                       double(estimate_queue_wait_ms(p.backlog_tokens(), p.load.prefill_tokens_per_s)), "gauge",
+                       "Estimated queue wait of the prefill target (-1 = drain rate not measured yet)"});
+        }
+        for (const auto& d : s.decodes) {
+          target_metrics(d.t.name, d.health, d.breaker, d.routed);
+          m.push_back({"router_target_free_pages", fmt::format("target=\"{}\"", d.t.name), double(d.load.free_pages),
+                       "gauge", "KV pages free at the decode target's last allocation (-1 = unknown)"});
+        }
         for (const auto& [r, n] : s.rejected_by_reason)
           m.push_back({"rejections_total", fmt::format("actor=\"router\",reason=\"{}\"", r), double(n),
                        "counter", "Requests refused or ended early, by reason"});
@@ -373,11 +790,19 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, bounded_act
 
 }  // namespace
 
+bounded_actor spawn_router(caf::actor_system& sys, const router_options& opt, std::vector<route_target> prefill,
+                           std::vector<route_target> decode, std::shared_ptr<const cluster_clock> clk,
+                           std::shared_ptr<spdlog::logger> log) {
+  if (prefill.empty()) throw tandem::error(error_kind::failed, "the router needs at least one prefill target");
+  auto gate = std::make_shared<mailbox_gate>("router", opt.lim.router_mailbox);
+  auto h = sys.spawn(router_actor, opt, std::move(prefill), std::move(decode), gate, std::move(clk), std::move(log));
+  return bounded_actor{h, gate};
+}
+
 bounded_actor spawn_router(caf::actor_system& sys, const router_options& opt, bounded_actor prefill,
                            std::shared_ptr<const cluster_clock> clk, std::shared_ptr<spdlog::logger> log) {
-  auto gate = std::make_shared<mailbox_gate>("router", opt.lim.router_mailbox);
-  auto h = sys.spawn(router_actor, opt, std::move(prefill), gate, std::move(clk), std::move(log));
-  return bounded_actor{h, gate};
+  return spawn_router(sys, opt, {route_target{"local/prefill", std::move(prefill)}}, {}, std::move(clk),
+                      std::move(log));
 }
 
 }  // namespace tandem

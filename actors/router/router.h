@@ -16,6 +16,7 @@
 #include "actors/common/clock.h"
 #include "actors/common/limits.h"
 #include "actors/common/request.h"
+#include "actors/router/router_policy.h"
 #include "actors/runtime/serving_api.h"
 
 namespace tandem {
@@ -42,10 +43,25 @@ struct router_options {
   limits lim;
   model_facts model;
   int32_t tick_ms = 5;  ///< how often deadlines are checked (real time)
+  route_policy_options policy;        ///< which prefill/decode target a request goes to
+  local_prefill_rule local_prefill;   ///< conditional disaggregation (counted; see router_policy.h)
+  uint64_t seed = 0x7a6e64656d;       ///< the policy's and the retry jitter's RNG
 };
 
-/// Messages: (submit_atom, wire{submit}, callback_box), (wire_atom, wire{event|abort}),
-/// (stats_atom) -> wire, (inflight_atom) -> inflight_list, (stop_atom) -> bool. `prefill` must be set before traffic arrives.
+/// A scheduler the router can send work to, named like its credits ("node/prefill").
+struct route_target {
+  std::string name;
+  bounded_actor actor;
+};
+
+/// Messages: (submit_atom, wire{submit}, callback_box), (wire_atom, wire{event|abort|credit}),
+/// (stats_atom) -> wire, (inflight_atom) -> inflight_list, (stop_atom) -> bool.
+/// Routes over `prefill` targets (at least one) and `decode` targets (may be empty: each
+/// prefill then hands off to its own decode peer). Admission uses the targets' credits.
+bounded_actor spawn_router(caf::actor_system& sys, const router_options& opt, std::vector<route_target> prefill,
+                           std::vector<route_target> decode, std::shared_ptr<const cluster_clock> clk,
+                           std::shared_ptr<spdlog::logger> log);
+/// One prefill target named "local/prefill", no decode targets.
 bounded_actor spawn_router(caf::actor_system& sys, const router_options& opt, bounded_actor prefill,
                            std::shared_ptr<const cluster_clock> clk, std::shared_ptr<spdlog::logger> log);
 

@@ -97,6 +97,23 @@ bounded_actor remote_role(actor_cluster::state& s, const actor_cluster_options& 
                             make_actor_logger("proxy_" + role, s.sink, opt.log_level));
 }
 
+/// The name a role's credits carry: `node/role` of the node that runs it (this one, or the
+/// first other node with the role, which is the one its proxy reaches).
+std::string target_name(actor_cluster::state& s, const actor_cluster_options& opt, const std::string& role) {
+  if (s.has(role)) return opt.node_name + "/" + role;
+  auto nodes = s.links.with_role(role);
+  return (nodes.empty() ? opt.node_name : nodes.front().name) + "/" + role;
+}
+
+/// The router over the prefill and decode targets this node reaches (local or proxied).
+bounded_actor spawn_router_for(actor_cluster::state& s, const actor_cluster_options& opt, router_options& ro) {
+  std::vector<route_target> prefills, decodes;
+  if (s.prefill) prefills.push_back(route_target{target_name(s, opt, "prefill"), s.prefill});
+  if (s.decode) decodes.push_back(route_target{target_name(s, opt, "decode"), s.decode});
+  return spawn_router(*s.sys, ro, std::move(prefills), std::move(decodes), s.clk,
+                      make_actor_logger("router", s.sink, opt.log_level));
+}
+
 void spawn_set(actor_cluster::state& s, const actor_cluster_options& opt, int32_t n_pages) {
   if (!s.has("worker")) {
     // A router-only node: the front ends and the router; everything else is remote.
@@ -107,7 +124,8 @@ void spawn_set(actor_cluster::state& s, const actor_cluster_options& opt, int32_
     ro.lim = opt.lim;
     ro.model = s.facts;
     ro.tick_ms = opt.router_tick_ms;
-    s.router = spawn_router(*s.sys, ro, s.prefill, s.clk, make_actor_logger("router", s.sink, opt.log_level));
+    ro.policy = opt.policy;
+    s.router = spawn_router_for(s, opt, ro);
     peer_set peers{s.router, s.prefill, s.decode, {}, {}};
     for (auto* a : {&s.prefill, &s.decode})
       if (a->handle) caf::anon_send(a->handle, peers_atom::value, peers);
@@ -159,9 +177,8 @@ void spawn_set(actor_cluster::state& s, const actor_cluster_options& opt, int32_
   ro.lim = opt.lim;
   ro.model = s.facts;
   ro.tick_ms = opt.router_tick_ms;
-  s.router = s.has("router")
-                 ? spawn_router(*s.sys, ro, s.prefill, s.clk, make_actor_logger("router", s.sink, opt.log_level))
-                 : remote_role(s, opt, "router", opt.lim.router_mailbox);
+  ro.policy = opt.policy;
+  s.router = s.has("router") ? spawn_router_for(s, opt, ro) : remote_role(s, opt, "router", opt.lim.router_mailbox);
 
   peer_set peers{s.router, s.prefill, s.decode, s.worker, s.cache};
   for (auto* a : {&s.prefill, &s.decode, &s.router})
@@ -489,7 +506,8 @@ stats_info actor_cluster::stats() const {
   // refused at the router's own mailbox (the only gate the front end passes directly).
   static const char* overloaded_reasons[] = {"queue_requests", "queue_tokens",    "kv_pages",
                                              "inflight_full",  "prefill_mailbox", "decode_mailbox",
-                                             "cache_mailbox",  "deadline"};
+                                             "cache_mailbox",  "deadline",        "queue_wait",
+                                             "queue_timeout",  "decode_pages"};
   double rej = 0;
   for (const auto& s : v)
     for (const auto& m : s.metrics) {

@@ -14,6 +14,7 @@
 #include "actors/common/limits.h"
 #include "actors/common/metrics.h"
 #include "actors/runtime/remote_link.h"
+#include "actors/router/router_policy.h"
 #include "actors/runtime/serving_api.h"
 #include "actors/worker/kv_port.h"
 #include "kernels/model/llama.h"
@@ -46,6 +47,7 @@ struct actor_cluster_options {
   /// whose counterpart runs elsewhere.
   kv_port_factory kv_transfer;
   std::string transfer_failure_policy = "recompute";  ///< recompute | fail
+  route_policy_options policy;                 ///< the router's target choice ([router] policy)
 };
 
 class actor_cluster {

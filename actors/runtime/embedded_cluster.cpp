@@ -26,6 +26,10 @@ struct embedded_cluster::impl {
 std::unique_ptr<embedded_cluster> embedded_cluster::start(const cluster_options& opt) {
   auto bad = opt.lim.validate();
   if (!bad.empty()) throw tandem::error(error_kind::failed, bad);
+  auto policy = parse_route_policy(opt.router_policy);
+  if (!policy)
+    throw tandem::error(error_kind::failed, "router policy '" + opt.router_policy +
+                                                "' is not a policy; use round_robin, power_of_two or cache_aware");
   auto p = std::make_unique<impl>(gguf::file::open(opt.model_path));
   p->tok = tokenizer::from_gguf(p->file);
   cpu_options co;
@@ -42,6 +46,7 @@ std::unique_ptr<embedded_cluster> embedded_cluster::start(const cluster_options&
   ao.log_json = opt.log_json;
   ao.node_name = opt.node_name;
   if (opt.configure_node) opt.configure_node(ao);
+  ao.policy.kind = *policy;
   p->cluster = std::make_unique<actor_cluster>(std::move(model), ao);
   return std::unique_ptr<embedded_cluster>(new embedded_cluster(std::move(p)));
 }

@@ -24,6 +24,7 @@ struct cluster_options {
   /// One node of a multi-node cluster: sets the roles, links and KV transfer port of the
   /// actor cluster's options (model_id is already filled in). Empty = every role here.
   std::function<void(actor_cluster_options&)> configure_node;
+  std::string router_policy = "round_robin";  ///< round_robin | power_of_two | cache_aware ([router] policy)
 };
 
 class embedded_cluster : public serving_api {

@@ -40,6 +40,12 @@ struct token_event {
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;     ///< total so far
   int32_t cached_tokens = 0;         ///< prompt tokens served from the prefix cache
+  /// Set on a refusal: the bound or check that refused (e.g. "queue_wait", "queue_timeout");
+  /// the HTTP front end picks the status from it (queue_timeout -> 504).
+  std::string reject_reason;
+  /// Set on an `overloaded` refusal: when the refused work could be placed (estimated drain
+  /// time of the queue); HTTP sends it as Retry-After. 0 = unknown.
+  int64_t retry_after_ms = 0;
 };
 
 /// Called on an actor thread: must be quick and thread-safe (post to your own loop).

@@ -68,6 +68,8 @@ struct fake_behavior {
   std::optional<error> fail;            ///< error event...
   size_t fail_after = 0;                ///< ...after this many tokens (0 = immediately)
   bool hold = false;                    ///< after the first chunk, wait for abort()
+  std::string reject_reason;            ///< with `fail`: the refusal's reason (e.g. "queue_timeout")
+  int64_t retry_after_ms = 0;           ///< with `fail`: the router's Retry-After estimate
 };
 
 class fake_api final : public serving_api {
@@ -185,6 +187,8 @@ class fake_api final : public serving_api {
       e.finished = true;
       e.reason = finish_reason::error;
       e.err = j.beh.fail;
+      e.reject_reason = j.beh.reject_reason;
+      e.retry_after_ms = j.beh.retry_after_ms;
       j.cb(e);
       return;
     }

@@ -16,6 +16,7 @@ int bench_control_plane(args a);  ///< CPU per generated token of the actors, nu
 int bench_cache(args a);          ///< prefix reuse across tiers (bench_cache.cpp)
 int bench_transfer(args a);       ///< KV page transfer over UCX (bench_transfer.cpp)
 int bench_serve(args a);          ///< HTTP load generator: TTFT/ITL/goodput (cmd_bench_serve.cpp)
+int bench_burst(args a);          ///< the overload incident: unbounded vs bounded under a 3x burst (cmd_bench_burst.cpp)
 /// Batched decode tokens/s of `model` at `batch` with `context` tokens cached (bench model's loop).
 double bench_model_decode_tokens_per_s(const std::string& model, int32_t threads, int64_t batch, int64_t context);
 

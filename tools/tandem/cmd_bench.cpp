@@ -23,6 +23,7 @@ constexpr mode modes[] = {
     {"cache", bench_cache, "multi-turn agentic workload: TTFT/throughput with the KV cache off, L1, L1+L2(+L3)"},
     {"transfer", bench_transfer, "KV page transfer bandwidth over UCX vs memcpy (and ucx_perftest)"},
     {"serve", bench_serve, "HTTP load generator against a server: TTFT/TPOT/ITL, goodput, rejections"},
+    {"burst", bench_burst, "3x-capacity burst against unbounded queues and Tandem's bounds: admitted p99 TTFT, rejections"},
 };
 
 void usage() {

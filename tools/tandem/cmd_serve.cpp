@@ -90,7 +90,9 @@ void configure_partial_node(const cluster_config& cfg, const node_config& node, 
 void configure_from_file(const flags& f, cluster_options& co, front_end_options& fo) {
   for (const char* flag : {"model", "host", "port", "rpc-port", "admin-port", "threads", "page-size", "kv-cache-mb", "max-running-seqs",
                            "max-queued-requests", "max-body-bytes", "host-ratio", "host-size-gb",
-                           "cache-write-policy", "cache-disk-dir", "cache-disk-size-gb", "min-load-back-tokens"})
+                           "cache-write-policy", "cache-disk-dir", "cache-disk-size-gb", "min-load-back-tokens",
+                           "max-queued-tokens", "max-queue-wait-ms", "queue-timeout-ms", "request-timeout-ms",
+                           "rate-limit-rps", "rate-limit-burst", "router-policy", "device-pages"})
     if (f.has(flag))
       throw tandem::error(fmt::format("flag --{} conflicts with --config: the config file sets it; edit the file instead",
                                       flag));
@@ -114,6 +116,7 @@ void configure_from_file(const flags& f, cluster_options& co, front_end_options&
   co.node_name = node->name;
   co.lim = c.cfg.lim;
   co.cache = c.cfg.cache;
+  co.router_policy = c.cfg.router_policy;
   if (node->page_size) co.lim.page_size = node->page_size;
   fo.host = node->host;
   fo.http_port = node->http_port;
@@ -176,7 +179,15 @@ int serve(args a) {
       .opt("cache-disk-size-gb", "bound of the disk tier in GiB", "0")
       .opt("min-load-back-tokens", "shorter host/disk hits are recomputed (0 = one page)", "0")
       .opt("api-key-file", "API keys, one per line (chmod 600); every HTTP route but --auth-allowlist, the RPC and the admin port then need one")
-      .opt("auth-allowlist", "comma-separated HTTP paths served without a key", "/health");
+      .opt("auth-allowlist", "comma-separated HTTP paths served without a key", "/health")
+      .opt("max-queued-tokens", "prompt tokens waiting for prefill before new requests get 503", "262144")
+      .opt("max-queue-wait-ms", "503 when the estimated prefill queue wait would exceed this (0 = off)", "0")
+      .opt("queue-timeout-ms", "504 for a request still queued this long (0 = off)", "0")
+      .opt("request-timeout-ms", "deadline of every request", "600000")
+      .opt("rate-limit-rps", "per-client (bearer token, else address) requests/s before 429 (0 = off)", "0")
+      .opt("rate-limit-burst", "per-client bucket size (0 = --rate-limit-rps)", "0")
+      .opt("device-pages", "KV pages of the device pool (0 = from --kv-cache-mb)", "0")
+      .opt("router-policy", "round_robin, power_of_two or cache_aware", "round_robin");
   if (!f.parse(a)) {
     std::fprintf(stderr, "usage: tandem serve --model FILE [options]\n       tandem serve --config FILE --node NAME\n%s",
                  f.help().c_str());
@@ -201,6 +212,20 @@ int serve(args a) {
     co.lim.kv_cache_mb = positive_i32(f, "kv-cache-mb");
     co.lim.max_running_seqs = positive_i32(f, "max-running-seqs");
     co.lim.max_queued_requests = positive_i32(f, "max-queued-requests");
+    co.lim.max_queued_tokens = f.num("max-queued-tokens");
+    co.lim.request_timeout_ms = positive_i32(f, "request-timeout-ms");
+    auto non_negative_i32 = [&](const std::string& name) {
+      int64_t v = f.num(name);
+      if (v < 0 || v > INT32_MAX)
+        throw tandem::error("flag --" + name + " = " + std::to_string(v) + " must be an integer >= 0 (0 = off)");
+      return static_cast<int32_t>(v);
+    };
+    co.lim.max_queue_wait_ms = non_negative_i32("max-queue-wait-ms");
+    co.lim.queue_timeout_ms = non_negative_i32("queue-timeout-ms");
+    co.lim.rate_limit_rps = non_negative_i32("rate-limit-rps");
+    co.lim.rate_limit_burst = non_negative_i32("rate-limit-burst");
+    co.lim.device_pages = non_negative_i32("device-pages");
+    co.router_policy = f.str("router-policy");
     int64_t body = f.num("max-body-bytes");
     if (body <= 0) throw tandem::error("flag --max-body-bytes = " + std::to_string(body) + " must be > 0");
     co.lim.max_body_bytes = body;

@@ -1,5 +1,7 @@
 #include "transport/http/openai_server.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -17,6 +19,7 @@
 #include "kernels/tokenizer/tokenizer.h"
 #include "transport/http/generation.h"
 #include "transport/http/json.h"
+#include "transport/http/rate_limiter.h"
 
 namespace tandem {
 
@@ -87,9 +90,17 @@ http_error bad_request(std::string msg, std::string param = "", std::string code
   return {400, std::move(msg), "invalid_request_error", std::move(param), std::move(code), std::nullopt};
 }
 
-http_error from_engine(const error& e) {
+/// Retry-After seconds from the router's estimate (ms; 0 = unknown -> 1 s).
+int retry_after_s(int64_t ms) { return ms <= 0 ? 1 : static_cast<int>(std::min<int64_t>((ms + 999) / 1000, 86400)); }
+
+/// The status of a refused request. A queue timeout (still queued past its queue deadline)
+/// is 504: the server, not the client, ran out of time. 408 is not used: the OpenAI API
+/// carries no client deadline for the server to miss.
+http_error from_engine(const error& e, const std::string& reason = "", int64_t retry_after_ms = 0) {
+  if (e.kind() == error_kind::overloaded && reason == "queue_timeout")
+    return {504, e.what(), "timeout_error", "", "queue_timeout", retry_after_s(retry_after_ms)};
   switch (e.kind()) {
-    case error_kind::overloaded: return {503, e.what(), "overloaded_error", "", "overloaded", 1};
+    case error_kind::overloaded: return {503, e.what(), "overloaded_error", "", "overloaded", retry_after_s(retry_after_ms)};
     case error_kind::disconnected: return {502, e.what(), "server_error", "", "disconnected", std::nullopt};
     case error_kind::unimplemented: return {501, e.what(), "server_error", "", "unimplemented", std::nullopt};
     case error_kind::failed: break;
@@ -126,6 +137,8 @@ kj::StringPtr status_text(unsigned s) {
     case 501: return "Not Implemented";
     case 502: return "Bad Gateway";
     case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    case 429: return "Too Many Requests";
   }
   return "Error";
 }
@@ -217,7 +230,8 @@ struct gen_state;
 
 struct openai_server::impl {
   impl(serving_api& a, const limits& l, kj::Timer& t)
-      : api(a), lim(l), timer(t), header_table(make_table()), ids("cmpl"), chat_ids("chatcmpl"), protocol_errors(*this) {
+      : api(a), lim(l), timer(t), header_table(make_table()), ids("cmpl"), chat_ids("chatcmpl"), protocol_errors(*this),
+        limiter(l.rate_limit_rps, l.rate_limit_burst, l.rate_limit_max_clients) {
     kj::HttpServerSettings settings;
     // Slowloris: a client must send its whole request head within this time, else it is closed.
     settings.headerTimeout = lim.http_header_timeout_ms * kj::MILLISECONDS;
@@ -289,6 +303,12 @@ struct openai_server::impl {
     out += fmt::format("tandem_http_auth_failures_total {}\n", auth_failures);
     head("tandem_http_protocol_errors_total", "counter", "Requests that were not valid HTTP.");
     out += fmt::format("tandem_http_protocol_errors_total {}\n", protocol_error_count);
+    head("tandem_http_rate_limited_total", "counter", "Requests refused with 429 by the per-client rate limit.");
+    out += fmt::format("tandem_http_rate_limited_total {}\n", limiter.refused());
+    head("tandem_http_rate_limit_clients", "gauge", "Clients with a rate-limit bucket (bound: limits.rate_limit_max_clients).");
+    out += fmt::format("tandem_http_rate_limit_clients {}\n", limiter.clients());
+    head("tandem_http_stream_errors_total", "counter", "Streams that had started and ended with an in-band error event.");
+    out += fmt::format("tandem_http_stream_errors_total {}\n", stream_errors);
     return out;
   }
 
@@ -374,6 +394,25 @@ struct openai_server::impl {
                            "invalid_request_error", "", "unsupported_media_type", std::nullopt},
                           r);
     }
+    // Per-client rate limit, before anything is read or computed for the request.
+    if (limiter.enabled()) {
+      std::string auth;
+      KJ_IF_MAYBE(a, headers.get(h_authorization)) { auth = a->cStr(); }
+      auto v = limiter.take(transport::rate_limit_key(auth, peer_address(conn)),
+                            std::chrono::duration_cast<std::chrono::milliseconds>(
+                                std::chrono::steady_clock::now().time_since_epoch())
+                                .count());
+      if (!v.allowed)
+        return send_error(response,
+                          {429,
+                           fmt::format("rate limit of {} requests/s (burst {}) per client exceeded "
+                                       "(limits.rate_limit_rps / rate_limit_burst); retry after {} ms",
+                                       lim.rate_limit_rps, lim.rate_limit_burst > 0 ? lim.rate_limit_burst : std::max(1, lim.rate_limit_rps),
+                                       v.retry_after_ms),
+                           "rate_limit_error", "", "rate_limited", retry_after_s(v.retry_after_ms)},
+                          r);
+    }
+
     // POST: check the declared size before reading, then cap the read.
     uint64_t max = static_cast<uint64_t>(lim.max_body_bytes);
     auto too_large = [this, &response, r, max](std::string got) {
@@ -443,6 +482,23 @@ struct openai_server::impl {
   kj::Promise<void> generate(route_id r, const std::string& text, kj::HttpService::Response& response,
                              kj::AsyncIoStream& conn);
 
+  /// The peer's IP address (no port: one client may open many connections); "" if unknown.
+  static std::string peer_address(kj::AsyncIoStream& conn) {
+    KJ_IF_MAYBE(fd, conn.getFd()) {
+      sockaddr_storage ss{};
+      socklen_t len = sizeof ss;
+      if (::getpeername(*fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0) {
+        char buf[INET6_ADDRSTRLEN] = {0};
+        if (ss.ss_family == AF_INET)
+          ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&ss)->sin_addr, buf, sizeof buf);
+        else if (ss.ss_family == AF_INET6)
+          ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr, buf, sizeof buf);
+        return buf;
+      }
+    }
+    return "";
+  }
+
   /// Resolves if the client closes the connection (write side gone, or EOF on read).
   kj::Promise<void> watch_disconnect(kj::AsyncIoStream& conn) {
     return conn.whenWriteDisconnected().exclusiveJoin(poll_eof(conn));
@@ -475,9 +531,11 @@ struct openai_server::impl {
   transport::request_ids ids, chat_ids;
   json_protocol_errors protocol_errors;
   kj::Own<kj::HttpServer> server;
+  transport::rate_limiter limiter;  ///< kj thread only
 
   std::map<std::pair<int, unsigned>, int64_t> requests;
-  int64_t in_flight = 0, client_disconnects = 0, timeouts = 0, stream_events = 0, completion_tokens = 0;
+  int64_t in_flight = 0, client_disconnects = 0, timeouts = 0, stream_events = 0, completion_tokens = 0,
+          stream_errors = 0;
   int64_t auth_failures = 0, protocol_error_count = 0;
 };
 
@@ -514,6 +572,8 @@ struct gen_state {
       done = true;
       reason = ev.reason;
       err = ev.err;
+      reject_reason = ev.reject_reason;
+      retry_after_ms = ev.retry_after_ms;
       completion_tokens = ev.completion_tokens;
       if (!err) {
         delta += text.finish();
@@ -563,6 +623,8 @@ struct gen_state {
   std::chrono::steady_clock::time_point deadline;
   finish_reason reason = finish_reason::none;
   std::optional<error> err;
+  std::string reject_reason;
+  int64_t retry_after_ms = 0;
   int32_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
   std::string full;
   bool first_chunk = true;
@@ -624,7 +686,9 @@ std::string render_events(gen_state& g, const std::string& delta) {
     if (!delta.empty() || (g.chat && g.first_chunk)) data = sse(chunk_json(g, delta, false));
   } else if (g.err) {
     if (!delta.empty()) data = sse(chunk_json(g, delta, false));
-    data += sse(error_json(from_engine(*g.err))) + "data: [DONE]\n\n";
+    // The status line went out with the first token: the error travels in-band, then [DONE].
+    ++g.srv.stream_errors;
+    data += sse(error_json(from_engine(*g.err, g.reject_reason, g.retry_after_ms))) + "data: [DONE]\n\n";
   } else {
     g.srv.completion_tokens += g.completion_tokens;
     data = sse(chunk_json(g, delta, true));
@@ -756,7 +820,7 @@ kj::Promise<void> openai_server::impl::generate(route_id r, const std::string& t
 
   if (!pr.stream) {
     auto work = collect(gs).then([this, &gs, &response, r]() -> kj::Promise<void> {
-      if (gs.err) return send_error(response, from_engine(*gs.err), r);
+      if (gs.err) return send_error(response, from_engine(*gs.err, gs.reject_reason, gs.retry_after_ms), r);
       completion_tokens += gs.completion_tokens;
       json::writer w;
       w.begin_object();
@@ -777,7 +841,7 @@ kj::Promise<void> openai_server::impl::generate(route_id r, const std::string& t
   auto work = gs.next().then([this, &gs, &response, r](std::vector<token_event> evs) -> kj::Promise<void> {
     if (!evs.empty() && evs[0].finished && evs[0].err) {
       gs.consume_one(evs[0]);
-      return send_error(response, from_engine(*gs.err), r);
+      return send_error(response, from_engine(*gs.err, gs.reject_reason, gs.retry_after_ms), r);
     }
     count(r, 200);
     kj::HttpHeaders h(*header_table);

@@ -1,0 +1,265 @@
+// The router's credit-based admission, retries and circuit breaker, against scripted targets:
+// the test plays the prefill and decode schedulers (sends their credits and events by hand),
+// on a manual clock, so every decision is deterministic.
+#include <doctest/doctest.h>
+
+#include <caf/all.hpp>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+
+#include "actors/common/logging.h"
+#include "actors/common/metrics.h"
+#include "actors/common/wire.h"
+#include "actors/router/router.h"
+#include "tests/actors/support.h"
+
+using namespace tandem;
+using namespace tandem::test;
+
+namespace {
+
+/// A scripted target: records every wire it gets.
+struct inbox {
+  std::mutex m;
+  std::condition_variable cv;
+  std::deque<std::string> submits;  ///< request ids
+  int queries = 0;
+  void push(const wire& w) {
+    wire_reader rd(w);
+    auto env = rd.root();
+    std::lock_guard lk(m);
+    if (env.isSubmit()) submits.push_back(env.getSubmit().getId().cStr());
+    if (env.isCreditQuery()) queries += 1;
+    cv.notify_all();
+  }
+  bool wait_submits(size_t n) {
+    std::unique_lock lk(m);
+    return cv.wait_for(lk, std::chrono::seconds(20), [&] { return submits.size() >= n; });
+  }
+};
+
+caf::behavior target_actor(caf::event_based_actor*, std::shared_ptr<mailbox_gate> gate, std::shared_ptr<inbox> box) {
+  return {[gate, box](wire_atom, const wire& w) {
+    gate->leave();
+    box->push(w);
+  }};
+}
+
+struct rig {
+  caf::actor_system_config cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  std::shared_ptr<manual_clock> clk = std::make_shared<manual_clock>();
+  std::vector<std::shared_ptr<inbox>> boxes;
+  bounded_actor router;
+  collector col;
+
+  rig(limits lim, int n_prefill, route_policy_kind kind = route_policy_kind::round_robin) {
+    cfg.add_message_type<wire>("tandem_wire");
+    sys = std::make_unique<caf::actor_system>(cfg);
+    std::vector<route_target> prefill;
+    for (int i = 0; i < n_prefill; ++i) {
+      auto box = std::make_shared<inbox>();
+      auto gate = std::make_shared<mailbox_gate>("prefill", 1024);
+      boxes.push_back(box);
+      prefill.push_back({"n" + std::to_string(i) + "/prefill", bounded_actor{sys->spawn(target_actor, gate, box), gate}});
+    }
+    router_options ro;
+    ro.lim = lim;
+    ro.model = model_facts{-1, 4096, 64};
+    ro.policy.kind = kind;
+    router = spawn_router(*sys, ro, std::move(prefill), {}, clk, make_actor_logger("router", quiet_sink(), "off"));
+    stats();  // the router has started (and read the clock) before a test moves it
+  }
+  ~rig() {
+    caf::anon_send_exit(router.handle, caf::exit_reason::user_shutdown);
+    sys->await_all_actors_done();
+  }
+
+  /// Waits until the targets together got `n` submissions.
+  bool wait_total(size_t n) {
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (std::chrono::steady_clock::now() < until) {
+      size_t t = 0;
+      for (auto& b : boxes) {
+        std::lock_guard lk(b->m);
+        t += b->submits.size();
+      }
+      if (t >= n) return true;
+      std::this_thread::yield();
+    }
+    return false;
+  }
+  void submit(const std::string& id, int32_t n_tokens) {
+    seq_request r;
+    r.id = id;
+    for (int i = 0; i < n_tokens; ++i) r.prompt.push_back(1 + i % 60);
+    r.max_tokens = 4;
+    router.gate->enter_control();
+    caf::anon_send(router.handle, submit_atom::value,
+                   make_wire([&](schema::Envelope::Builder env) { r.write(env.initSubmit()); }),
+                   callback_box{col.cb()});
+  }
+  void send(const wire& w) {
+    router.gate->enter_control();
+    caf::anon_send(router.handle, wire_atom::value, w);
+  }
+  void credit(int target, uint64_t seq, uint64_t received, int32_t queued, int64_t tokens, double rate,
+              int64_t active = 0) {
+    send(make_wire([&](schema::Envelope::Builder env) {
+      auto c = env.initCredit();
+      c.setTarget("n" + std::to_string(target) + "/prefill");
+      c.setRole("prefill");
+      c.setSeq(seq);
+      c.setReceived(received);
+      c.setQueuedRequests(queued);
+      c.setQueuedTokens(tokens);
+      c.setActiveTokens(active);
+      c.setTokensPerS(rate);
+    }));
+  }
+  void fail(const std::string& id, error_kind k) {
+    tandem::error e(k, "scripted refusal");
+    send(make_event(id, {}, finish_reason::error, &e, 0, 0, "prefill"));
+  }
+  void token(const std::string& id, int32_t t, bool last) {
+    send(make_event(id, {t}, last ? finish_reason::length : finish_reason::none, nullptr, 0, 0, "decode"));
+  }
+  stats_snapshot stats() {
+    caf::scoped_actor self{*sys};
+    stats_snapshot out;
+    self->request(router.handle, std::chrono::seconds(10), stats_atom::value)
+        .receive([&](const wire& w) { out = read_stats(w); }, [](caf::error&) {});
+    return out;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("router admission: refuses from credits before sending, with Retry-After from the drain time") {
+  limits l = small_limits();
+  l.max_queued_requests = 100;
+  l.max_queued_tokens = 1000;
+  l.max_queue_wait_ms = 500;
+  rig r(l, 1);
+  // The target reports 300 tokens waiting at 1000 tokens/s: 300 ms of queue.
+  r.credit(0, 1, 0, 3, 300, 1000);
+  r.submit("a", 100);  // 400 ms: admitted
+  REQUIRE(r.boxes[0]->wait_submits(1));
+  r.submit("b", 150);  // 300 + 100 (in transit) + 150 = 550 ms > 500: refused, never sent
+  REQUIRE(r.col.wait_finished(1));
+  auto ev = r.col.last("b");
+  REQUIRE(ev.err);
+  CHECK(ev.err->kind() == error_kind::overloaded);
+  CHECK(ev.reject_reason == "queue_wait");
+  CHECK(ev.retry_after_ms == 50);  // drains below the bound in 550 - 500 ms
+  CHECK(std::string(ev.err->what()).find("max_queue_wait_ms") != std::string::npos);
+  // The queued-token bound: 400 known + 700 > 1000.
+  r.submit("c", 700);
+  REQUIRE(r.col.wait_finished(2));
+  CHECK(r.col.last("c").reject_reason == "queue_tokens");
+  CHECK(r.col.last("c").retry_after_ms == 100);  // (400 + 700 - 1000) tokens at 1000/s
+  // The credit that counts "a" as received (and drained): room again.
+  r.credit(0, 2, 1, 0, 0, 1000);
+  r.submit("d", 150);
+  REQUIRE(r.boxes[0]->wait_submits(2));
+  std::lock_guard lk(r.boxes[0]->m);
+  CHECK(r.boxes[0]->submits == std::deque<std::string>{"a", "d"});
+}
+
+TEST_CASE("router admission: an empty queue always admits, the request-count bound counts in-transit work") {
+  limits l = small_limits();
+  l.max_queued_requests = 2;
+  l.max_queue_wait_ms = 10;
+  rig r(l, 1);
+  r.credit(0, 1, 0, 0, 0, 100);  // slow target: any prompt waits > 10 ms
+  r.submit("big", 400);          // ... but nothing is ahead of it
+  REQUIRE(r.boxes[0]->wait_submits(1));
+  r.credit(0, 2, 1, 0, 0, 1e9);  // "big" taken and done; fast now
+  r.submit("x1", 4);
+  r.submit("x2", 4);
+  r.submit("x3", 4);  // x1, x2 in transit = 2 queued: refused
+  REQUIRE(r.col.wait_finished(1));
+  CHECK(r.col.last("x3").reject_reason == "queue_requests");
+  CHECK(r.stats().value("rejections_total", "actor=\"router\",reason=\"queue_requests\"") == 1);
+}
+
+TEST_CASE("router retries: overloaded before the first token goes to a fresh target after backoff") {
+  limits l = small_limits();
+  l.router_max_retries = 2;
+  l.router_retry_base_ms = 1;
+  l.router_retry_max_ms = 2;
+  rig r(l, 2);
+  r.submit("q", 8);
+  // Round robin: target 0 first. It refuses; the retry goes to target 1.
+  REQUIRE(r.boxes[0]->wait_submits(1));
+  r.fail("q", error_kind::overloaded);
+  REQUIRE(r.boxes[1]->wait_submits(1));
+  r.token("q", 5, true);
+  REQUIRE(r.col.wait_finished(1));
+  CHECK_FALSE(r.col.last("q").err);
+  CHECK(r.col.tokens("q") == std::vector<int32_t>{5});
+  CHECK(r.stats().value("router_retries_total") == 1);
+  // A request refused more often than router_max_retries ends with the last refusal.
+  r.submit("z", 8);
+  for (size_t n = 3; n <= 5; ++n) {
+    REQUIRE(r.wait_total(n));
+    r.fail("z", error_kind::overloaded);
+  }
+  REQUIRE(r.col.wait_finished(2));
+  REQUIRE(r.col.last("z").err);
+  CHECK(r.col.last("z").err->kind() == error_kind::overloaded);
+  CHECK(r.stats().value("router_retries_total") == 3);
+  CHECK(r.col.duplicate_finishes == 0);
+  // `failed` is not retried.
+  r.submit("f", 8);
+  REQUIRE(r.wait_total(6));
+  r.fail("f", error_kind::failed);
+  REQUIRE(r.col.wait_finished(3));
+  CHECK(r.col.last("f").err->kind() == error_kind::failed);
+}
+
+TEST_CASE("router circuit breaker: consecutive disconnects open it, the cooldown half-opens it") {
+  limits l = small_limits();
+  l.router_max_retries = 0;
+  l.breaker_failures = 2;
+  l.breaker_cooldown_ms = 1000;
+  rig r(l, 1);
+  for (int i = 0; i < 2; ++i) {
+    std::string id = "d" + std::to_string(i);
+    r.submit(id, 8);
+    REQUIRE(r.boxes[0]->wait_submits(size_t(i + 1)));
+    r.fail(id, error_kind::disconnected);
+    REQUIRE(r.col.wait_finished(i + 1));
+  }
+  CHECK(r.stats().value("router_breaker_state", "target=\"n0/prefill\"") == 1);
+  r.submit("blocked", 8);
+  REQUIRE(r.col.wait_finished(3));
+  CHECK(r.col.last("blocked").reject_reason == "no_target");
+  CHECK(r.col.last("blocked").err->kind() == error_kind::disconnected);
+  r.clk->advance_ms(1000);
+  r.credit(0, 1, 2, 0, 0, 0);  // still fresh after the clock moved
+  r.submit("probe", 8);
+  REQUIRE(r.boxes[0]->wait_submits(3));
+  r.submit("second", 8);  // half-open: only the probe goes through
+  REQUIRE(r.col.wait_finished(4));
+  CHECK(r.col.last("second").reject_reason == "no_target");
+  r.token("probe", 1, true);
+  REQUIRE(r.col.wait_finished(5));
+  CHECK(r.stats().value("router_breaker_state", "target=\"n0/prefill\"") == 0);
+  r.submit("after", 8);
+  REQUIRE(r.boxes[0]->wait_submits(4));
+}
+
+TEST_CASE("router health: a target silent for three heartbeats is skipped") {
+  limits l = small_limits();
+  l.router_heartbeat_ms = 100;
+  rig r(l, 2, route_policy_kind::power_of_two);
+  r.clk->advance_ms(250);
+  r.credit(1, 1, 0, 0, 0, 0);  // only target 1 speaks
+  r.clk->advance_ms(100);      // target 0: 350 ms since wiring > 300
+  for (int i = 0; i < 10; ++i) r.submit("h" + std::to_string(i), 4);
+  REQUIRE(r.boxes[1]->wait_submits(10));
+  std::lock_guard lk(r.boxes[0]->m);
+  CHECK(r.boxes[0]->submits.empty());
+}

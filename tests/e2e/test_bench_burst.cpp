@@ -1,0 +1,63 @@
+// `tandem bench burst` with tiny durations on the micro model: the run completes and its JSON
+// has every field, with consistent counts (not the timings, which depend on the machine).
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "tests/e2e/process.h"
+#include "transport/http/json.h"
+
+using namespace tandem;
+using namespace tandem::e2e;
+
+TEST_CASE("bench burst: one run, both clusters, every JSON field, no request without a final answer") {
+  temp_dir dir;
+  const std::string model = write_micro_model(dir.path);
+  const std::string json_path = (dir.path / "burst.json").string();
+  child c({TANDEM_BINARY, "bench", "burst", "--model", model, "--capacity-s", "0.3", "--load-s", "0.3", "--burst-s",
+           "0.3", "--max-tokens", "4", "--prompt-tokens", "16", "--json", json_path},
+          {}, (dir.path / "bench.log").string());
+  const std::string out = c.read_all(std::chrono::seconds(120));
+  INFO("stdout:\n" << out);
+  REQUIRE(c.wait(std::chrono::seconds(10)) == 0);
+  CHECK(out.find("goal: bounded admitted p99 TTFT <= 1.5x") != std::string::npos);
+  std::ifstream in(json_path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto j = json::parse(ss.str());
+  REQUIRE(j.find("capacity_rps"));
+  CHECK(j.find("capacity_rps")->num > 0);
+  const json::value* clusters = j.find("clusters");
+  REQUIRE(clusters);
+  for (const char* name : {"unbounded", "bounded"}) {
+    INFO("cluster " << name);
+    const json::value* cl = clusters->find(name);
+    REQUIRE(cl);
+    for (const char* ph : {"load_0_8x", "burst_3x"}) {
+      INFO("phase " << ph);
+      const json::value* p = cl->find(ph);
+      REQUIRE(p);
+      for (const char* k : {"rate", "sent", "completed", "rejected", "status", "ttft_ms", "rejection_ms", "without_final_answer"})
+        CHECK_MESSAGE(p->find(k), "missing " << k);
+      const json::value* st = p->find("status");
+      REQUIRE(st);
+      // Every request sent got a status (200, 503, 504, 429) and nothing is unaccounted.
+      CHECK(st->find("200")->i + st->find("503")->i + st->find("504")->i + st->find("429")->i == p->find("sent")->i);
+      CHECK(p->find("without_final_answer")->i == 0);
+      CHECK(p->find("ttft_ms")->find("p99"));
+    }
+    for (const char* k : {"ttft_p99_ratio", "max_queue_wait_ms", "queue_high_water_requests", "queue_bound_requests",
+                          "queue_high_water_tokens", "queue_bound_tokens"})
+      CHECK_MESSAGE(cl->find(k), "missing " << k);
+    // The deepest queue never exceeds its bound.
+    CHECK(cl->find("queue_high_water_requests")->num <= cl->find("queue_bound_requests")->num);
+  }
+  CHECK(clusters->find("bounded")->find("max_queue_wait_ms")->num > 0);
+  const json::value* goal = j.find("goal");
+  REQUIRE(goal);
+  for (const char* k : {"ttft_ratio", "ttft_ratio_max", "ttft_met", "rejection_p99_ms", "rejection_met",
+                        "queue_within_bound", "without_final_answer"})
+    CHECK_MESSAGE(goal->find(k), "missing " << k);
+  CHECK(goal->find("without_final_answer")->i == 0);
+}

@@ -1,0 +1,327 @@
+// tandem bench burst: the overload incident, reproduced side by side in one run. On the same
+// model and machine it starts (a) an embedded cluster with unbounded queues and (b) one with
+// Tandem's bounds (the default limits plus a queue-wait bound), each behind its own HTTP
+// front end, measures capacity (closed loop), then runs on each a Poisson load at 0.8x
+// capacity and a 3x capacity burst. It prints the p99 TTFT of the admitted requests of the
+// burst against the same cluster's p99 at 0.8x (goal with bounds: <= 1.5x), the rejection
+// latency (goal < 50 ms), the deepest prefill queue seen against its bound (from the node's
+// metrics) and the requests that got no final answer (must be 0).
+#include <fmt/format.h>
+
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <future>
+#include <limits>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "actors/common/error.h"
+#include "actors/runtime/embedded_cluster.h"
+#include "tools/tandem/bench_load.h"
+#include "tools/tandem/bench_modes.h"
+#include "tools/tandem/flags.h"
+#include "transport/http/json.h"
+#include "transport/rpc/front_end.h"
+
+namespace tandem::cli {
+
+namespace {
+
+using namespace load;
+
+/// An embedded cluster and its HTTP front end on a free port, on a thread of its own.
+class served_cluster {
+ public:
+  served_cluster(const cluster_options& co) : cluster_(embedded_cluster::start(co)) {
+    front_end_options fo;
+    fo.http_port = 0;
+    fo.rpc_port = -1;
+    fo.lim = co.lim;
+    fe_ = std::make_unique<front_end>(*cluster_, fo);
+    std::promise<uint16_t> ready;
+    auto port = ready.get_future();
+    thread_ = std::thread([this, &ready] {
+      bool reported = false;
+      try {
+        fe_->run([&](const listener_info& l) {
+          if (l.what == "http") ready.set_value(l.port), reported = true;
+        });
+      } catch (...) {
+        if (!reported) ready.set_exception(std::current_exception());
+      }
+    });
+    try {
+      port_ = port.get();
+    } catch (...) {
+      thread_.join();
+      throw;
+    }
+  }
+  ~served_cluster() {
+    fe_->stop();
+    thread_.join();
+    fe_.reset();
+    cluster_.reset();
+  }
+  uint16_t port() const { return port_; }
+  /// The non-zero series of `name` ("labels value" lines) in the node's /metrics text.
+  std::string nonzero(const std::string& name) const {
+    std::istringstream in(cluster_->metrics_text());
+    std::string line, out;
+    while (std::getline(in, line))
+      if (line.rfind(name + "{", 0) == 0 && line.substr(line.rfind(' ') + 1) != "0")
+        out += (out.empty() ? "" : ", ") + line.substr(name.size());
+    return out;
+  }
+  /// A metric's value summed over its series in the node's /metrics text (0 if absent).
+  double metric(const std::string& name) const {
+    std::istringstream in(cluster_->metrics_text());
+    std::string line;
+    double v = 0;
+    while (std::getline(in, line)) {
+      if (line.rfind(name, 0) != 0) continue;
+      const char next = line.size() > name.size() ? line[name.size()] : '\0';
+      if (next != ' ' && next != '{') continue;
+      v += std::strtod(line.c_str() + line.rfind(' ') + 1, nullptr);
+    }
+    return v;
+  }
+
+ private:
+  std::unique_ptr<embedded_cluster> cluster_;
+  std::unique_ptr<front_end> fe_;
+  std::thread thread_;
+  uint16_t port_ = 0;
+};
+
+/// One load phase against one cluster.
+struct phase {
+  std::string name;
+  double rate = 0;
+  summary s;
+  int64_t without_answer = 0;  ///< sent, but no status and [DONE] nor error answer (timeouts, broken streams)
+  int64_t st504 = 0;
+};
+
+phase run_phase(const std::string& name, options o, double rate, double duration_s) {
+  phase p;
+  p.name = name;
+  p.rate = rate;
+  o.rate = rate;
+  o.burst = 0;
+  o.concurrency = 0;
+  o.requests = 0;
+  o.duration_s = duration_s;
+  prompt_maker prompts(o);
+  double wall = 0;
+  auto recs = run_load(o, prompts, wall);
+  p.s = summarize(recs, wall, 0, 0);
+  for (const auto& r : recs) {
+    if (r.status == 504) ++p.st504;
+    if (r.out == outcome::timeout || r.out == outcome::client_error) ++p.without_answer;
+  }
+  return p;
+}
+
+void write_phase(json::writer& w, const phase& p) {
+  w.key(p.name).begin_object();
+  w.key("rate").real(p.rate).key("sent").num(p.s.sent);
+  const int64_t completed = p.s.by_outcome.count(outcome::completed) ? p.s.by_outcome.at(outcome::completed) : 0;
+  w.key("completed").num(completed);
+  w.key("rejected").num(int64_t(p.s.reject.size()));
+  w.key("status").begin_object().key("200").num(p.s.st200).key("503").num(p.s.st503).key("429").num(p.s.st429);
+  w.key("504").num(p.st504).end_object();
+  write_pcts(w, "ttft_ms", p.s.ttft);
+  write_pcts(w, "rejection_ms", p.s.reject);
+  w.key("without_final_answer").num(p.without_answer);
+  w.end_object();
+}
+
+}  // namespace
+
+int bench_burst(args a) {
+  flags f;
+  f.opt("model", "GGUF model file (required; tandem make-model writes a small one)")
+      .opt("threads", "kernel threads of each cluster's worker", "1")
+      .opt("max-running-seqs", "decode batch size of both clusters", "8")
+      .opt("prompt-tokens", "prompt length in words (~tokens)", "64")
+      .opt("max-tokens", "output tokens per request", "16")
+      .opt("capacity-s", "closed-loop capacity measurement (seconds)", "4")
+      .opt("load-s", "the 0.8x capacity Poisson run (seconds)", "6")
+      .opt("burst-s", "the 3x capacity burst (seconds)", "4")
+      .opt("max-queue-wait-ms",
+           "queue-wait bound of the bounded cluster (0 = the unbounded cluster's p99 TTFT at 0.8x)", "0")
+      .opt("timeout-s", "client-side timeout of one request", "60")
+      .opt("seed", "seed of arrivals and prompts", "1")
+      .opt("json", "write the results to this file");
+  if (!f.parse(a)) {
+    std::printf("usage: tandem bench burst --model FILE [options]\n\n%s", f.help().c_str());
+    return 0;
+  }
+  if (!f.positional().empty()) throw tandem::error("unexpected argument '" + f.positional().front() + "'");
+  const std::string model = f.str("model");
+  if (model.empty()) throw tandem::error("--model FILE is required (write one with tandem make-model)");
+  const double cap_s = f.real("capacity-s"), load_s = f.real("load-s"), burst_s = f.real("burst-s");
+  if (!(cap_s > 0) || !(load_s > 0) || !(burst_s > 0))
+    throw tandem::error("--capacity-s, --load-s and --burst-s must be > 0 seconds");
+  const int64_t threads = f.num("threads"), running = f.num("max-running-seqs");
+  if (threads < 1 || threads > 1024) throw tandem::error("--threads must be in [1, 1024]");
+  if (running < 1 || running > 4096) throw tandem::error("--max-running-seqs must be in [1, 4096]");
+  options o;
+  o.prompt_min = o.prompt_max = f.num("prompt-tokens");
+  o.max_tokens = f.num("max-tokens");
+  o.timeout_s = f.real("timeout-s");
+  o.seed = uint32_t(f.num("seed"));
+  o.max_inflight = 2048;  // the client never drops an arrival: overload must reach the server
+  if (o.prompt_min < 1 || o.max_tokens < 1 || !(o.timeout_s > 0))
+    throw tandem::error("--prompt-tokens and --max-tokens must be >= 1, --timeout-s > 0");
+  int64_t queue_wait_ms = f.num("max-queue-wait-ms");
+  if (queue_wait_ms < 0 || queue_wait_ms > INT32_MAX) throw tandem::error("--max-queue-wait-ms must be >= 0");
+  std::signal(SIGPIPE, SIG_IGN);
+
+  cluster_options base;
+  base.model_path = model;
+  base.log_level = "error";
+  base.lim.threads = int32_t(threads);
+  base.lim.max_running_seqs = int32_t(running);
+  // (a) Unbounded: every admission bound out of the way (the incident's configuration).
+  cluster_options unbounded = base;
+  unbounded.lim.max_queued_requests = std::numeric_limits<int32_t>::max() / 2;
+  unbounded.lim.max_queued_tokens = std::numeric_limits<int64_t>::max() / 4;
+  unbounded.lim.max_inflight_requests = std::numeric_limits<int32_t>::max() / 2;
+  unbounded.lim.router_mailbox = unbounded.lim.prefill_mailbox = unbounded.lim.decode_mailbox = 1 << 20;
+  unbounded.lim.router_max_retries = 0;
+  unbounded.lim.decode_page_admission = false;
+
+  auto warm = [&](uint16_t port) {
+    options w = o;
+    w.port = port;
+    prompt_maker pm(w);
+    record r;
+    run_request(w, pm.next(0).first, clock_type::now(), r);
+    if (r.out != outcome::completed)
+      throw tandem::error(fmt::format("warm-up request did not complete ({}, HTTP {}): {}", outcome_name(r.out), r.status,
+                                      r.error));
+  };
+
+  struct result {
+    std::string name;
+    phase load, burst;
+    double q_hw_requests = 0, q_bound_requests = 0, q_hw_tokens = 0, q_bound_tokens = 0, queue_wait_ms = 0;
+    double ratio() const {
+      const double base = percentile(load.s.ttft, 99);
+      return base > 0 ? percentile(burst.s.ttft, 99) / base : 0;
+    }
+  };
+  std::vector<result> results(2);
+  results[0].name = "unbounded";
+  results[1].name = "bounded";
+  double capacity = 0;
+  auto queue_marks = [](result& r, const served_cluster& c) {
+    r.q_hw_requests = c.metric("tandem_prefill_queued_requests_high_water");
+    r.q_bound_requests = c.metric("tandem_prefill_queued_requests_bound");
+    r.q_hw_tokens = c.metric("tandem_prefill_queued_tokens_high_water");
+    r.q_bound_tokens = c.metric("tandem_prefill_queued_tokens_bound");
+  };
+  // The phases alternate between the clusters (U 0.8x, B 0.8x, U 3x, B 3x) so a change in the
+  // machine's background load affects both alike. run_load returns when every request has
+  // its answer, so a cluster's backlog is drained before the next phase starts.
+  served_cluster cu(unbounded);
+  o.port = cu.port();
+  warm(cu.port());
+  {
+    // Capacity: closed loop at the decode batch size, completed requests per second.
+    options cl = o;
+    cl.concurrency = running;
+    cl.requests = 0;
+    cl.duration_s = cap_s;
+    prompt_maker pm(cl);
+    double wall = 0;
+    auto recs = run_load(cl, pm, wall);
+    auto s = summarize(recs, wall, 0, 0);
+    const int64_t done = s.by_outcome.count(outcome::completed) ? s.by_outcome.at(outcome::completed) : 0;
+    capacity = double(done) / s.active_s;
+    if (!(capacity > 0)) throw tandem::error("capacity measurement completed no request; raise --capacity-s");
+  }
+  std::printf("tandem bench burst: %s, prompts %lld words, %lld output tokens, decode batch %lld\n", model.c_str(),
+              (long long)o.prompt_min, (long long)o.max_tokens, (long long)running);
+  std::printf("capacity (closed loop, %lld streams, %.1f s): %.2f req/s\n", (long long)running, cap_s, capacity);
+  results[0].load = run_phase("load_0_8x", o, 0.8 * capacity, load_s);
+  if (queue_wait_ms == 0) {
+    // The operator's choice made from the SLO: a request may queue as long as the normal-load
+    // p99 TTFT; its prefill then fits in the remaining 0.5x of the goal.
+    queue_wait_ms = std::max<int64_t>(1, int64_t(percentile(results[0].load.s.ttft, 99)));
+  }
+  cluster_options bounded = base;                          // Tandem's default bounds ...
+  bounded.lim.max_queue_wait_ms = int32_t(queue_wait_ms);  // ... plus the queue-wait bound
+  served_cluster cb(bounded);
+  options ob = o;
+  ob.port = cb.port();
+  warm(cb.port());
+  results[1].queue_wait_ms = double(queue_wait_ms);
+  results[1].load = run_phase("load_0_8x", ob, 0.8 * capacity, load_s);
+  results[0].burst = run_phase("burst_3x", o, 3.0 * capacity, burst_s);
+  results[1].burst = run_phase("burst_3x", ob, 3.0 * capacity, burst_s);
+  queue_marks(results[0], cu);
+  queue_marks(results[1], cb);
+  std::printf("refusals by reason: unbounded [%s]; bounded [%s]\n", cu.nonzero("tandem_rejections_total").c_str(),
+              cb.nonzero("tandem_rejections_total").c_str());
+
+  std::printf("%-10s %-10s %8s %8s %8s %10s %10s %10s %10s %12s\n", "cluster", "phase", "rate", "sent", "200",
+              "rejected", "ttft p50", "ttft p99", "rej p50", "rej p99 (ms)");
+  for (const auto& r : results)
+    for (const phase* p : {&r.load, &r.burst})
+      std::printf("%-10s %-10s %8.2f %8lld %8lld %10zu %10.1f %10.1f %10.2f %12.2f\n", r.name.c_str(), p->name.c_str(),
+                  p->rate, (long long)p->s.sent, (long long)p->s.st200, p->s.reject.size(), percentile(p->s.ttft, 50),
+                  percentile(p->s.ttft, 99), percentile(p->s.reject, 50), percentile(p->s.reject, 99));
+  int64_t without = 0;
+  for (const auto& r : results) {
+    without += r.load.without_answer + r.burst.without_answer;
+    std::printf("%-10s burst admitted p99 TTFT %.1f ms = %.2fx its 0.8x-load p99 %.1f ms; queue high water %.0f "
+                "requests (bound %.0f), %.0f tokens (bound %.0f)%s\n",
+                r.name.c_str(), percentile(r.burst.s.ttft, 99), r.ratio(), percentile(r.load.s.ttft, 99),
+                r.q_hw_requests, r.q_bound_requests, r.q_hw_tokens, r.q_bound_tokens,
+                r.queue_wait_ms > 0 ? fmt::format("; max_queue_wait_ms {:.0f}", r.queue_wait_ms).c_str() : "");
+  }
+  const auto& b = results[1];
+  const double rej_p99 = percentile(b.burst.s.reject, 99);
+  const bool ttft_ok = b.ratio() > 0 && b.ratio() <= 1.5;
+  const bool rej_ok = b.burst.s.reject.empty() || rej_p99 < 50;
+  const bool queue_ok = b.q_hw_requests <= b.q_bound_requests && b.q_hw_tokens <= b.q_bound_tokens;
+  std::printf("goal: bounded admitted p99 TTFT <= 1.5x: %.2fx %s; rejections < 50 ms: p99 %.2f ms %s; queue within its "
+              "bound: %s; requests without a final answer: %lld %s\n",
+              b.ratio(), ttft_ok ? "met" : "MISSED", rej_p99, rej_ok ? "met" : "MISSED", queue_ok ? "yes" : "NO",
+              (long long)without, without == 0 ? "met" : "MISSED");
+
+  if (f.has("json")) {
+    json::writer w;
+    w.begin_object().key("model").str(model).key("prompt_tokens").num(o.prompt_min).key("max_tokens").num(o.max_tokens);
+    w.key("max_running_seqs").num(running).key("capacity_rps").real(capacity);
+    w.key("clusters").begin_object();
+    for (const auto& r : results) {
+      w.key(r.name).begin_object();
+      write_phase(w, r.load);
+      write_phase(w, r.burst);
+      w.key("ttft_p99_ratio").real(r.ratio());
+      w.key("max_queue_wait_ms").real(r.queue_wait_ms);
+      w.key("queue_high_water_requests").real(r.q_hw_requests).key("queue_bound_requests").real(r.q_bound_requests);
+      w.key("queue_high_water_tokens").real(r.q_hw_tokens).key("queue_bound_tokens").real(r.q_bound_tokens);
+      w.end_object();
+    }
+    w.end_object();
+    w.key("goal").begin_object().key("ttft_ratio").real(b.ratio()).key("ttft_ratio_max").real(1.5);
+    w.key("ttft_met").boolean(ttft_ok).key("rejection_p99_ms").real(rej_p99).key("rejection_p99_ms_max").real(50);
+    w.key("rejection_met").boolean(rej_ok).key("queue_within_bound").boolean(queue_ok);
+    w.key("without_final_answer").num(without).end_object();
+    w.end_object();
+    std::ofstream out(f.str("json"));
+    out << w.text() << "\n";
+    if (!out) throw tandem::error("cannot write --json " + f.str("json"));
+  }
+  return 0;
+}
+
+}  // namespace tandem::cli
