@@ -40,6 +40,7 @@ kv_cache_mb = 64
 name = "r"
 host = "10.0.0.1"
 roles = ["router"]
+cluster_port = 9000
 http_port = 9080
 admin_port = 9082
 
@@ -49,12 +50,15 @@ host = "10.0.0.2"
 roles = ["prefill", "cache", "worker"]
 numa_node = 0
 page_size = 16
+cluster_port = 9000
+kv_port = 9001
 
 [[node]]
 name = "d"
 host = "10.0.0.3"
 roles = ["decode", "cache", "worker"]
 rpc_port = 7001
+cluster_port = 9000
 )";
 
 }  // namespace

@@ -77,7 +77,7 @@ run=$tmp/run
 grep -q "a is healthy" "$tmp/start.out" && grep -q "b is healthy" "$tmp/start.out" || fail "start did not report both nodes healthy"
 for p in "$base" $((base + 3)); do
   curl -sf "http://127.0.0.1:$p/health" -o /dev/null || fail "/health of port $p"
-  curl -sf "http://127.0.0.1:$p/v1/completions" -d '{"prompt":"hello","max_tokens":4,"temperature":0}' | grep -q '"finish_reason":"length"' ||
+  curl -sf -H 'Content-Type: application/json' "http://127.0.0.1:$p/v1/completions" -d '{"prompt":"hello","max_tokens":4,"temperature":0}' | grep -q '"finish_reason":"length"' ||
     fail "completion on port $p"
 done
 "$launch" x --local --status --run-dir "$run" >"$tmp/status.out" || fail "--status of two healthy nodes is not 0"

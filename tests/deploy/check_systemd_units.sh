@@ -58,15 +58,19 @@ cat >"$tmp/pd.toml" <<'TOML'
 name = "r"
 host = "10.0.0.1"
 roles = ["router"]
+cluster_port = 9000
 [[node]]
 name = "p"
 host = "10.0.0.2"
 roles = ["prefill", "cache", "worker"]
 numa_node = 1
+cluster_port = 9000
+kv_port = 9001
 [[node]]
 name = "d"
 host = "10.0.0.3"
 roles = ["decode", "cache", "worker"]
+cluster_port = 9000
 TOML
 
 # 1. env files: the config, the node and its numactl binding.

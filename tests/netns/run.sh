@@ -15,7 +15,7 @@
 #   launch    deploy/launch-cluster.sh in the client namespace starts two nodes "over ssh" (a
 #             fake ssh running `ip netns exec` in the node's namespace), waits for their
 #             health over veth, they give the reference output, --status, --stop.
-#   pd        (only with TANDEM_NETNS_PD=1) router, prefill and decode in three namespaces,
+#   pd        (on by default; TANDEM_NETNS_PD=0 skips it) router, prefill and decode in three namespaces,
 #             one config with cluster_port/kv_port per node: greedy output equals the
 #             reference; with the prefill node's link down a request fails with an HTTP error
 #             (transfer.failure_policy = "fail") instead of hanging; after up it succeeds.
@@ -123,7 +123,7 @@ prompts=("Once upon a time" "The quick brown fox" "hello")
 completion() {
   local body
   body=$(jq -cn --arg p "$3" '{model: "m", prompt: $p, max_tokens: 16, temperature: 0}')
-  in_client curl -sS --fail-with-body --max-time 20 "${@:4}" "http://$1:$2/v1/completions" -d "$body" | jq -er '.choices[0].text'
+  in_client curl -sS --fail-with-body --max-time 20 -H "Content-Type: application/json" "${@:4}" "http://$1:$2/v1/completions" -d "$body" | jq -er '.choices[0].text'
 }
 health() { in_client curl -sf --max-time 2 "http://$1:$2/health" -o /dev/null; }
 wait_for 30 health 127.0.0.1 8080 || fail "the reference server did not become healthy"
@@ -256,7 +256,7 @@ launch x --stop >>"$tmp/launch.log" 2>&1 || fail "launch-cluster.sh --stop"
 step "launch: launch-cluster.sh started l0, l1 in their namespaces (health over veth), same output, stopped them"
 
 # --- scenario: prefill/decode disaggregation across three namespaces
-if [[ ${TANDEM_NETNS_PD:-0} == 1 ]]; then
+if [[ ${TANDEM_NETNS_PD:-1} == 1 ]]; then
   cat >"$tmp/pd.toml" <<EOF
 [limits]
 kv_cache_mb = 16
@@ -300,6 +300,7 @@ EOF
   step "pd: greedy output across three namespaces equals the single process"
   link prefill down
   code=$(in_client curl -sS --max-time 30 -o "$tmp/pd-down.json" -w '%{http_code}' http://10.77.0.11:8080/v1/completions \
+    -H "Content-Type: application/json" \
     -d '{"model":"m","prompt":"hello","max_tokens":16,"temperature":0}') || fail "the router did not answer with prefill's link down"
   ((code >= 500)) || fail "with prefill's link down the router answered $code: $(cat "$tmp/pd-down.json")"
   msg=$(jq -er '.error.message' "$tmp/pd-down.json") || fail "no error message: $(cat "$tmp/pd-down.json")"
@@ -311,6 +312,6 @@ EOF
   check_same "pd cluster after link up" 10.77.0.11 8080
   step "pd: prefill link down -> HTTP error; link up -> same output again"
 else
-  echo "  (pd scenario not run: set TANDEM_NETNS_PD=1 once nodes with some roles can serve)"
+  echo "  (pd scenario skipped: TANDEM_NETNS_PD=0)"
 fi
 step "ok"
