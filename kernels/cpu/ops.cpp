@@ -559,17 +559,13 @@ TANDEM_AVX512 void tile_avx512(const uint8_t* const* rows, int64_t k, const floa
     }
 }
 
-// 4 decoded weight rows x `count` (< 6) activation rows.
+// 4 decoded weight rows x `count` (< C) activation rows.
+template <int C>
 TANDEM_AVX512 void tile_avx512_rest(const uint8_t* const* rows, int64_t k, const float* x, float* y, int64_t n,
                                     int64_t r0, int64_t b0, int64_t count) {
-  constexpr ggml_type D = ggml_type::f32;
-  switch (count) {
-    case 5: return tile_avx512<D, 4, 5>(rows, k, x, y, n, r0, b0);
-    case 4: return tile_avx512<D, 4, 4>(rows, k, x, y, n, r0, b0);
-    case 3: return tile_avx512<D, 4, 3>(rows, k, x, y, n, r0, b0);
-    case 2: return tile_avx512<D, 4, 2>(rows, k, x, y, n, r0, b0);
-    case 1: return tile_avx512<D, 4, 1>(rows, k, x, y, n, r0, b0);
-    default: return;
+  if constexpr (C > 1) {
+    if (count == C - 1) return tile_avx512<ggml_type::f32, 4, C - 1>(rows, k, x, y, n, r0, b0);
+    return tile_avx512_rest<C - 1>(rows, k, x, y, n, r0, b0, count);
   }
 }
 
@@ -596,7 +592,7 @@ TANDEM_AVX512 void decode_row_avx512(const uint8_t* row, float* out, int64_t k) 
 // Rows [r0, r1). Batch 1 decodes the weights in registers, 8 rows side by side (enough
 // loads in flight to stream at memory speed). A larger batch is cut into blocks of
 // activation rows that stay in L2 (`x_block_bytes`); for each block, 4 weight rows are
-// decoded once into `buf` (exact) and run as f32 tiles of 4 rows x 6 activation rows
+// decoded once into `buf` (exact) and run as f32 tiles of 4 rows x up to 6 activation rows
 // (24 accumulators, 10 loads per 24 FMAs) while they sit in L1. Weights are read from
 // memory once per call for a decode batch (one block) and once per block for a prefill.
 template <ggml_type T>
@@ -635,9 +631,18 @@ void rows_avx512(const tensor_view& w, const float* x, int64_t batch, float* y, 
             rows[i] = reinterpret_cast<const uint8_t*>(buf.data() + i * k);
           }
         }
+        // Tiles of nearly equal width (8 = 4 + 4, 32 = 6 + 6 + 5 + 5 + 5 + 5): a narrow
+        // remainder tile would reload its 4 weight rows for only a few FMAs.
+        const int64_t tiles = (be - bb + 5) / 6, width = (be - bb) / tiles, wide = (be - bb) % tiles;
         int64_t b = bb;
-        for (; b + 6 <= be; b += 6) tile_avx512<D, 4, 6>(rows, k, x, y, n, r, b);
-        tile_avx512_rest(rows, k, x, y, n, r, b, be - b);
+        for (int64_t t = 0; t < tiles; ++t) {
+          const int64_t cnt = width + (t < wide ? 1 : 0);  // the first `wide` tiles are one wider
+          if (cnt == 6)
+            tile_avx512<D, 4, 6>(rows, k, x, y, n, r, b);
+          else
+            tile_avx512_rest<6>(rows, k, x, y, n, r, b, cnt);
+          b += cnt;
+        }
       }
     }
     r = r4;

@@ -358,13 +358,15 @@ TEST_CASE("ops: isa names parse, best resolves to a runnable path, a missing one
 }
 
 TEST_CASE("ops: every isa path of matmul matches the reference and keeps its bits over batch and threads") {
-  // Covers the k % 16 and k % 8 tails, the 4x6 tiles with every remainder, and (k = 2048,
+  // Covers the k % 16 and k % 8 tails, the 4x6 tiles with every remainder, the balanced
+  // tile widths of decode batches 2, 8 and 32 (2, 4+4, 6+6+5+5+5+5), and (k = 2048,
   // batch 100) several L2 blocks of activation rows on the avx512 path.
   cpu::thread_pool pool(2);
   struct shape {
     int64_t n, k, batch;
   };
-  for (const shape sh : {shape{70, 40, 13}, shape{45, 100, 7}, shape{64, 96, 11}, shape{24, 2048, 100}}) {
+  for (const shape sh : {shape{70, 40, 13}, shape{45, 100, 7}, shape{64, 96, 11}, shape{24, 2048, 100},
+                          shape{33, 64, 2}, shape{16, 96, 8}, shape{20, 768, 32}}) {
     const auto wf = random_floats(size_t(sh.n * sh.k), 21, 0.2f);
     const auto x = random_floats(size_t(sh.batch * sh.k), 22);
     for (ggml_type t : {ggml_type::f32, ggml_type::f16, ggml_type::bf16, ggml_type::q8_0}) {
