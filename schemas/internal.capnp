@@ -108,6 +108,9 @@ struct TokenEvent {
   promptTokens @5 :Int32;
   cachedTokens @6 :Int32;
   state @7 :Text;             # where the request is now ("queued", "prefill", "decode")
+  firstIndex @8 :Int32;       # index in the completion of tokens[0] (tokens generated before
+                              # this event): the router orders the events of different stages
+                              # (links), drops duplicates and holds back after a gap
 }
 
 # Router -> prefill -> decode (-> prefill ...): drop the request and free its pages.

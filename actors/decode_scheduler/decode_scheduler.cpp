@@ -50,7 +50,8 @@ struct decode_state {
     peers.router.gate->enter_control();
     caf::anon_send(peers.router.handle, wire_atom::value,
                    make_event(d.req.id, toks, reason, err, static_cast<int32_t>(d.req.prompt.size()),
-                              d.req.cached_tokens, state));
+                              d.req.cached_tokens, state,
+                              static_cast<int32_t>(d.req.generated.size() - toks.size())));
   }
   void free_pages(const std::string& id, std::vector<int32_t>& pages) {
     if (pages.empty()) return;

@@ -49,7 +49,7 @@ struct prefill_state {
   void emit_event(const pseq& s, const std::vector<int32_t>& toks, finish_reason reason,
                   const tandem::error* err, const char* state) {
     emit(make_event(s.req.id, toks, reason, err, static_cast<int32_t>(s.req.prompt.size()),
-                    s.req.cached_tokens, state));
+                    s.req.cached_tokens, state, static_cast<int32_t>(s.req.generated.size() - toks.size())));
   }
   void free_pages(const std::string& id, std::vector<int32_t>& pages) {
     if (pages.empty()) return;

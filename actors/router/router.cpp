@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <caf/all.hpp>
+#include <map>
+#include <optional>
 #include <unordered_map>
 
 #include "actors/common/metrics.h"
@@ -21,7 +23,45 @@ token_event error_event(const std::string& request_id, const tandem::error& e, i
   return ev;
 }
 
+struct callback_box::guard {
+  event_callback cb;
+  std::string id;
+  int32_t prompt_tokens = 0;
+  bool taken = false;
+  ~guard() {
+    if (taken || !cb) return;
+    try {
+      cb(error_event(id,
+                     tandem::error(error_kind::disconnected,
+                                   "the router failed before it read the request; retry it"),
+                     prompt_tokens));
+    } catch (...) {  // a destructor must not throw; the callback's failure has nowhere to go
+    }
+  }
+};
+
+callback_box::callback_box(event_callback cb, std::string request_id, int32_t prompt_tokens)
+    : g_(std::make_shared<guard>()) {
+  g_->cb = std::move(cb);
+  g_->id = std::move(request_id);
+  g_->prompt_tokens = prompt_tokens;
+}
+
+event_callback callback_box::take() const {
+  if (!g_ || g_->taken) return {};
+  g_->taken = true;
+  return std::move(g_->cb);
+}
+
 namespace {
+
+/// One stage event, read off the wire (kept while an earlier one is missing).
+struct stage_event {
+  std::vector<int32_t> tokens;
+  bool finished = false;
+  finish_reason reason = finish_reason::none;
+  std::optional<tandem::error> err;
+};
 
 struct entry {
   event_callback cb;
@@ -33,6 +73,8 @@ struct entry {
   int32_t completion_tokens = 0;
   int32_t cached_tokens = 0;
   std::string state = "queued";
+  /// Events that overtook an earlier one, by completion index (at most max_new_tokens + 1).
+  std::map<int32_t, stage_event> early;
 };
 
 struct router_state {
@@ -199,43 +241,72 @@ void on_submit(router_actor_t* self, const wire& w, event_callback cb) {
   schedule_tick(self);
 }
 
-void on_event(router_actor_t* self, schema::TokenEvent::Reader ev) {
-  auto& s = self->state;
-  std::string id = ev.getId().cStr();
-  auto it = s.table.find(id);
-  if (it == s.table.end()) return;  // already ended here (abort, deadline): the stage's late event is moot
+/// Delivers `ev`, whose tokens start at completion index `first`, trimming tokens delivered
+/// already (a duplicate). Returns true if the request ended.
+bool deliver_in_order(router_state& s, std::unordered_map<std::string, entry>::iterator it, int32_t first,
+                      stage_event ev) {
   auto& e = it->second;
-  e.state = ev.getState().cStr();
-  if (ev.getCachedTokens() > 0) e.cached_tokens = ev.getCachedTokens();
-  auto tokens = to_vector(ev.getTokens());
+  const auto skip = static_cast<size_t>(std::max(0, e.completion_tokens - first));
+  if (skip >= ev.tokens.size()) ev.tokens.clear();
+  else ev.tokens.erase(ev.tokens.begin(), ev.tokens.begin() + static_cast<std::ptrdiff_t>(skip));
   const int64_t now = s.clk->now_ms();
-  if (!tokens.empty()) {
+  if (!ev.tokens.empty()) {
     if (e.first_token_ms < 0) {
       e.first_token_ms = now;
       s.ttft.observe(double(now - e.submit_ms));
     }
     e.last_token_ms = now;
-    e.completion_tokens += static_cast<int32_t>(tokens.size());
-    s.tokens_generated += static_cast<int64_t>(tokens.size());
+    e.completion_tokens += static_cast<int32_t>(ev.tokens.size());
+    s.tokens_generated += static_cast<int64_t>(ev.tokens.size());
   }
-  if (tokens.empty() && !ev.getFinished()) return;  // progress only
+  if (ev.tokens.empty() && !ev.finished) return false;  // a duplicate
   token_event out;
-  out.request_id = id;
-  out.tokens = std::move(tokens);
-  out.finished = ev.getFinished();
-  out.reason = from_schema(ev.getReason());
-  if (out.reason == finish_reason::error) out.err = read_error(ev.getError());
+  out.request_id = it->first;
+  out.tokens = std::move(ev.tokens);
+  out.finished = ev.finished;
+  out.reason = ev.reason;
+  out.err = std::move(ev.err);
   out.prompt_tokens = e.prompt_tokens;
   out.completion_tokens = e.completion_tokens;
   out.cached_tokens = e.cached_tokens;
-  if (out.finished) {
-    s.account_finish(e, out.reason);
-    if (out.err) s.log->info("request {}: ended with error: {}", id, out.err->what());
-    auto cb = std::move(e.cb);
-    s.table.erase(it);
-    router_state::deliver(cb, std::move(out), *s.log);
-  } else {
+  if (!out.finished) {
     router_state::deliver(e.cb, std::move(out), *s.log);
+    return false;
+  }
+  s.account_finish(e, out.reason);
+  if (out.err) s.log->info("request {}: ended with error: {}", it->first, out.err->what());
+  auto cb = std::move(e.cb);
+  s.table.erase(it);
+  router_state::deliver(cb, std::move(out), *s.log);
+  return true;
+}
+
+void on_event(router_actor_t* self, schema::TokenEvent::Reader r) {
+  auto& s = self->state;
+  std::string id = r.getId().cStr();
+  auto it = s.table.find(id);
+  if (it == s.table.end()) return;  // already ended here (abort, deadline): the stage's late event is moot
+  auto& e = it->second;
+  e.state = r.getState().cStr();
+  if (r.getCachedTokens() > 0) e.cached_tokens = r.getCachedTokens();
+  stage_event ev;
+  ev.tokens = to_vector(r.getTokens());
+  ev.finished = r.getFinished();
+  ev.reason = from_schema(r.getReason());
+  if (ev.reason == finish_reason::error) ev.err = read_error(r.getError());
+  if (ev.tokens.empty() && !ev.finished) return;  // progress only
+  // Prefill and decode (possibly on other nodes) send on different links: an event may
+  // overtake an earlier one, or come twice. Hold it until the tokens before it arrived; a gap
+  // that never fills ends the request at its deadline, never as a wrong completion.
+  const int32_t first = r.getFirstIndex();
+  if (first > e.completion_tokens) {
+    if (static_cast<int32_t>(e.early.size()) <= s.opt.lim.max_new_tokens) e.early.emplace(first, std::move(ev));
+    return;
+  }
+  if (deliver_in_order(s, it, first, std::move(ev))) return;
+  while (!it->second.early.empty() && it->second.early.begin()->first <= it->second.completion_tokens) {
+    auto nh = it->second.early.extract(it->second.early.begin());
+    if (deliver_in_order(s, it, nh.key(), std::move(nh.mapped()))) return;
   }
 }
 
@@ -287,7 +358,7 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, bounded_act
   return {
       [self](submit_atom, const wire& w, const callback_box& cb) {
         self->state.gate->leave();
-        on_submit(self, w, cb.cb);
+        on_submit(self, w, cb.take());
       },
       [self](wire_atom, const wire& w) {
         auto& s = self->state;

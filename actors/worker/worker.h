@@ -26,6 +26,9 @@ struct worker_options {
   int32_t host_pages = 0;
   /// Directory of the disk (L3) tier; empty = none. The worker reads and writes its files.
   std::string disk_dir;
+  /// Own thread (a forward pass blocks). The deterministic simulation (tests/sim) sets false
+  /// so the worker runs on its single-threaded test scheduler like every other actor.
+  bool detached = true;
 };
 
 /// Seed of the sampler of one token: depends only on the request seed and the token's index
