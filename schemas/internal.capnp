@@ -59,6 +59,8 @@ struct PageDescriptor {
 struct KvHandoff {
   request @0 :SubmitRequest;  # generated includes the first token sampled by the prefill
   kv @1 :PageDescriptor;
+  handoffSeq @2 :UInt64;      # unique per sending prefill (kv.node): a link's late copy of a
+                              # handoff already taken is recognized and ignored by the decode
 }
 
 # One sequence of a forward batch (prefill chunk or decode step).

@@ -4,6 +4,7 @@
 #include <spdlog/sinks/null_sink.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
 
 #include "actors/cache_tier/cache_tier.h"
@@ -58,6 +59,7 @@ struct link_state {
     int64_t due_ms;
     caf::response_promise rp;
     caf::message msg;
+    bool copy = false;  ///< a duplicate (sent as the link's own message)
   };
   world* w = nullptr;
   std::string link_name;
@@ -104,6 +106,7 @@ struct world : gate_fault {
   bool escalated = false;
   int32_t restarts = 0;
   int32_t faults = 0;
+  int64_t copies = 0;  ///< duplicates the links delivered
   std::deque<std::string> trace;
   std::map<std::string, req_record> reqs;
   std::vector<std::string> violations;
@@ -151,11 +154,15 @@ struct world : gate_fault {
       wire_reader rd(m.get_as<wire>(1));
       auto env = rd.root();
       switch (env.which()) {
-        case schema::Envelope::SUBMIT: k = {"Submit", true, false}; break;     // router deadline covers a loss
-        case schema::Envelope::ABORT: k = {"Abort", true, true}; break;        // the request ends anyway
-        case schema::Envelope::REQUEUE: k = {"Requeue", true, false}; break;   // pages were freed before
-        case schema::Envelope::HANDOFF: k = {"Handoff", false, false}; break;  // carries page ownership
-        case schema::Envelope::EVENT: k = {"Event", false, false}; break;
+        // Loss: the router's deadline ends the request. Copies: the receiver ignores an id it holds.
+        case schema::Envelope::SUBMIT: k = {"Submit", true, true}; break;
+        case schema::Envelope::ABORT: k = {"Abort", true, true}; break;       // the request ends anyway
+        case schema::Envelope::REQUEUE: k = {"Requeue", true, true}; break;   // its pages were freed before
+        // A lost handoff would lose the page ownership it carries (the cross-node transfer protocol,
+        // transport/ucx/transfer_state, owns that case); a copy is ignored by the decode scheduler.
+        case schema::Envelope::HANDOFF: k = {"Handoff", false, true}; break;
+        // The router orders events by firstIndex, drops copies, and holds back after a gap.
+        case schema::Envelope::EVENT: k = {"Event", true, true}; break;
         case schema::Envelope::FREE: k = {"Free", false, false}; break;
         case schema::Envelope::INSERT: k = {"Insert", false, false}; break;
         default: k = {"wire", false, false}; break;
@@ -166,7 +173,12 @@ struct world : gate_fault {
     return k;
   }
 
-  void deliver(link_actor_t* self, link_state::held& h) { h.rp.delegate(self->state.dest, std::move(h.msg)); }
+  void deliver(link_actor_t* self, link_state::held& h) {
+    if (h.copy)
+      self->send(self->state.dest, std::move(h.msg));  // nobody waits for a copy's answer
+    else
+      h.rp.delegate(self->state.dest, std::move(h.msg));
+  }
 
   void flush(link_actor_t* self) {
     auto& s = self->state;
@@ -190,24 +202,33 @@ struct world : gate_fault {
       s.gate->leave();  // it never reaches the mailbox it was counted into
       return rp;
     }
-    if (s.cross_node && k.duplicable && rng.chance(f.duplicate)) {
-      ++faults;
-      note(fmt::format("fault: {} duplicated on {}", k.what, s.link_name));
-      s.gate->enter_control();
-      self->send(s.dest, msg);
-    }
+    const bool twice = s.cross_node && k.duplicable && rng.chance(f.duplicate);
     int64_t due = now();
-    if (rng.chance(f.delay)) {
+    // In one process CAF enqueues at send time, so local links keep causal order (an Insert the
+    // prefill sent before its handoff reaches the cache tier before the decode's Free): only a
+    // cross-node link may hold a message back.
+    if (s.cross_node && rng.chance(f.delay)) {
       due += rng.between(1, std::max(1, f.max_delay_ms));
       ++faults;
       note(fmt::format("fault: {} delayed to t={} on {}", k.what, due, s.link_name));
     }
     if (!s.q.empty()) due = std::max(due, s.q.back().due_ms);
+    std::optional<caf::message> copy;
+    if (twice) {
+      // A retransmission: the copy follows the original on the link (the link keeps its order).
+      ++faults;
+      note(fmt::format("fault: {} duplicated on {}", k.what, s.link_name));
+      s.gate->enter_control();
+      ++copies;
+      copy = msg;
+    }
     if (due <= now() && s.q.empty()) {
       rp.delegate(s.dest, std::move(msg));
+      if (copy) self->send(s.dest, std::move(*copy));
       return rp;
     }
-    s.q.push_back({due, rp, std::move(msg)});
+    s.q.push_back({due, rp, std::move(msg), false});
+    if (copy) s.q.push_back({due, caf::response_promise{}, std::move(*copy), true});
     flush(self);
     return rp;
   }
@@ -430,6 +451,19 @@ fault_menu pick_faults(sim_rng& r) {
   f.crashes = r.chance(0.3) ? static_cast<int32_t>(r.between(1, 3)) : 0;
   f.time_step = some(0.2);
   f.max_time_step_ms = static_cast<int32_t>(r.between(1, 30));
+  // TANDEM_SIM_OFF=reject,delay,drop,dup,forward,crash,time: the same run without those faults
+  // (every random choice is still drawn), to find which fault a failure needs.
+  if (const char* off = std::getenv("TANDEM_SIM_OFF")) {
+    std::string o = off;
+    auto has = [&](const char* k) { return o.find(k) != std::string::npos; };
+    if (has("reject")) f.gate_reject = 0;
+    if (has("delay")) f.delay = 0;
+    if (has("drop")) f.drop = 0;
+    if (has("dup")) f.duplicate = 0;
+    if (has("forward")) f.forward_fail = 0;
+    if (has("time")) f.time_step = 0;
+    if (has("crash")) f.crashes = 0;
+  }
   return f;
 }
 
@@ -581,8 +615,10 @@ sim_result run_seed(uint64_t seed) {
   for (auto* a : {&w.cur.router, &w.cur.prefill, &w.cur.decode, &w.cur.worker, &w.cur.cache}) {
     const auto& g = *a->gate;
     // Work-creating messages stop at the bound; control messages (frees, events, aborts of
-    // admitted requests) may pass it, bounded by the in-flight requests.
-    const int32_t slack = 4 * w.lim.max_inflight_requests;
+    // admitted requests) may pass it: at most one event per token plus a few per request and
+    // per preemption, and the copies a link made.
+    int64_t slack = w.copies;
+    for (const auto& a : arrivals) slack += a.max_tokens + 6;
     if (g.high_water() > g.bound() + slack)
       w.violate(fmt::format("mailbox of {}: {} messages waiting, bound {} (+{} control)", g.actor_name(), g.high_water(),
                             g.bound(), slack));

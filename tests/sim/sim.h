@@ -35,7 +35,8 @@ class sim_rng {
   uint64_t below(uint64_t n) { return next() % n; }
   /// Uniform in [lo, hi].
   int64_t between(int64_t lo, int64_t hi) { return lo + int64_t(below(uint64_t(hi - lo + 1))); }
-  bool chance(double p) { return p > 0 && double(next() >> 11) * 0x1.0p-53 < p; }
+  /// Always draws, so turning one fault off (TANDEM_SIM_OFF) keeps every other choice of the run.
+  bool chance(double p) { return double(next() >> 11) * 0x1.0p-53 < p; }
 
  private:
   uint64_t s_;
@@ -44,7 +45,7 @@ class sim_rng {
 /// The fault menu of one run (chosen from the seed; some runs are nearly fault free).
 struct fault_menu {
   double gate_reject = 0;   ///< a work-creating send finds the mailbox full (every gate)
-  double delay = 0;         ///< a message waits on its link (FIFO per link kept): every link
+  double delay = 0;         ///< a message waits on its cross-node link (FIFO per link kept)
   int32_t max_delay_ms = 0;
   double drop = 0;          ///< lost on a cross-node link (only messages whose loss a deadline covers)
   double duplicate = 0;     ///< delivered twice on a cross-node link (idempotent messages only)
