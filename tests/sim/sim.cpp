@@ -125,6 +125,7 @@ struct world : gate_fault {
 
   bool reject(const std::string& actor_name) override {
     if (!rng.chance(f.gate_reject)) return false;
+    if (!f.reject_only.empty() && f.reject_only != actor_name) return false;
     ++faults;
     note(fmt::format("fault: {} mailbox full", actor_name));
     return true;
@@ -494,7 +495,8 @@ limits pick_limits(sim_rng& r) {
 std::string sim_result::report() const {
   std::string out = fmt::format(
       "simulation seed {} failed ({} steps, {} simulated ms, {} requests, {} faults, {} restarts)\n"
-      "replay: TANDEM_SIM_SEED={} build/dev/tests/test_sim -tc='sim: replay*'\n",
+      "replay: TANDEM_SIM_SEED={} build/dev/tests/test_sim -tc='sim: replay*'   (TANDEM_SIM_OFF=reject,delay,drop,dup,"
+      "forward,crash,time: the same run without those faults)\n",
       seed, steps, sim_ms, requests, faults, restarts, seed);
   for (const auto& v : violations) out += "  violation: " + v + "\n";
   out += "  last events:\n";
@@ -502,10 +504,11 @@ std::string sim_result::report() const {
   return out;
 }
 
-sim_result run_seed(uint64_t seed) {
+sim_result run_seed(uint64_t seed, const fault_menu* menu) {
   world w(seed);
   w.lim = pick_limits(w.rng);
   w.f = pick_faults(w.rng);
+  if (menu) w.f = *menu;
   w.start();
   w.note(fmt::format("seed {}: {} pages, chunk {}, running {}, prefix cache {}, timeout {} ms; faults: reject {:.3f} "
                      "delay {:.2f}/{}ms drop {:.2f} dup {:.2f} forward {:.3f} crashes {} time {:.2f}/{}ms",

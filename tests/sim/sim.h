@@ -53,6 +53,7 @@ struct fault_menu {
   int32_t crashes = 0;      ///< actor crashes (exit with an error; the supervisor restarts the set)
   double time_step = 0;     ///< before a step, simulated time moves 1..max_time_step_ms
   int32_t max_time_step_ms = 1;
+  std::string reject_only;  ///< if set, only this actor's gate refuses (regression tests)
 };
 
 /// What one run found; `ok()` iff every invariant held.
@@ -68,7 +69,8 @@ struct sim_result {
   std::string report() const;
 };
 
-/// Runs one seed to quiescence and checks the invariants.
-sim_result run_seed(uint64_t seed);
+/// Runs one seed to quiescence and checks the invariants. `menu`: these faults instead of the
+/// seed's own choice (the limits and the workload still come from the seed).
+sim_result run_seed(uint64_t seed, const fault_menu* menu = nullptr);
 
 }  // namespace tandem::sim
