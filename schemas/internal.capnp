@@ -64,6 +64,8 @@ struct KvHandoff {
   # Non-zero when the pages live in another node's pool: the decode side allocates its own
   # pages and pulls the KV with this transfer id (actors/worker/kv_port.h).
   transferId @2 :UInt64;
+  handoffSeq @3 :UInt64;      # unique per sending prefill (kv.node): a link's late copy of a
+                              # handoff already taken is recognized and ignored by the decode
 }
 
 # Scheduler -> its worker: drive a KV page transfer with a peer node's worker.
@@ -132,6 +134,9 @@ struct TokenEvent {
   promptTokens @5 :Int32;
   cachedTokens @6 :Int32;
   state @7 :Text;             # where the request is now ("queued", "prefill", "decode")
+  firstIndex @8 :Int32;       # index in the completion of tokens[0] (tokens generated before
+                              # this event): the router orders the events of different stages
+                              # (links), drops duplicates and holds back after a gap
 }
 
 # Router -> prefill -> decode (-> prefill ...): drop the request and free its pages.

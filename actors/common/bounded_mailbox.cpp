@@ -13,6 +13,10 @@ mailbox_gate::mailbox_gate(std::string actor_name, int32_t bound)
 }
 
 bool mailbox_gate::try_enter() {
+  if (fault_ && fault_->reject(name_)) {
+    rejected_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
   int32_t d = depth_.load(std::memory_order_relaxed);
   while (true) {
     if (d >= bound_) {

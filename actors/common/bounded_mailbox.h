@@ -18,6 +18,16 @@
 
 namespace tandem {
 
+/// Fault injection at the gates (the deterministic simulation, tests/sim): consulted by
+/// `try_enter` before the bound, so a sender sees a full mailbox it would not see otherwise.
+/// Off (null) by default; set before any traffic.
+class gate_fault {
+ public:
+  virtual ~gate_fault() = default;
+  /// True: refuse this work-creating message as if the mailbox of `actor_name` were full.
+  virtual bool reject(const std::string& actor_name) = 0;
+};
+
 class mailbox_gate {
  public:
   mailbox_gate(std::string actor_name, int32_t bound);
@@ -35,6 +45,8 @@ class mailbox_gate {
   int64_t rejected() const { return rejected_.load(std::memory_order_relaxed); }
   int64_t accepted() const { return accepted_.load(std::memory_order_relaxed); }
   const std::string& actor_name() const { return name_; }
+  /// Installs (or, with null, removes) the fault injector; call before any traffic.
+  void set_fault(std::shared_ptr<gate_fault> f) { fault_ = std::move(f); }
   /// The error a rejected sender reports.
   tandem::error overloaded_error() const;
 
@@ -42,6 +54,7 @@ class mailbox_gate {
   void note_depth(int32_t d);
   std::string name_;
   int32_t bound_;
+  std::shared_ptr<gate_fault> fault_;
   std::atomic<int32_t> depth_{0};
   std::atomic<int32_t> high_water_{0};
   std::atomic<int64_t> rejected_{0};

@@ -94,7 +94,7 @@ finish_reason from_schema(schema::FinishReason r) {
 
 wire make_event(const std::string& id, const std::vector<int32_t>& tokens, finish_reason reason,
                 const tandem::error* err, int32_t prompt_tokens, int32_t cached_tokens,
-                const std::string& state) {
+                const std::string& state, int32_t first_index) {
   return make_wire([&](schema::Envelope::Builder env) {
     auto e = env.initEvent();
     e.setId(id);
@@ -105,6 +105,7 @@ wire make_event(const std::string& id, const std::vector<int32_t>& tokens, finis
     e.setPromptTokens(prompt_tokens);
     e.setCachedTokens(cached_tokens);
     e.setState(state);
+    e.setFirstIndex(first_index);
   });
 }
 

@@ -45,10 +45,11 @@ struct model_facts {
 /// finish_reason::none if the request continues.
 finish_reason apply_token(seq_request& r, int32_t token, const model_facts& m);
 
-/// A TokenEvent envelope.
+/// A TokenEvent envelope. `first_index`: index in the completion of tokens[0], i.e. how many
+/// tokens the request generated before these (r.generated.size() - tokens.size()).
 wire make_event(const std::string& id, const std::vector<int32_t>& tokens, finish_reason reason,
                 const tandem::error* err, int32_t prompt_tokens, int32_t cached_tokens,
-                const std::string& state);
+                const std::string& state, int32_t first_index);
 
 schema::FinishReason to_schema(finish_reason r);
 finish_reason from_schema(schema::FinishReason r);

@@ -6,6 +6,7 @@
 #include <caf/all.hpp>
 #include <deque>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "actors/common/metrics.h"
 #include "actors/common/wire.h"
@@ -47,6 +48,10 @@ struct decode_state {
   int64_t last_credit_key[3] = {-2, -2, -2};
   int64_t credits_sent = 0;
   std::unordered_map<std::string, int64_t> rejected;
+  /// The last `handoff_window` handoffs taken ("node/seq"), to recognize a link's late copies.
+  static constexpr size_t handoff_window = 4096;
+  std::unordered_set<std::string> taken_handoffs;
+  std::deque<std::string> taken_order;
   static inline const char* name = "decode";
 
   int32_t page_size() const { return opt.layout.page_size; }
@@ -63,7 +68,8 @@ struct decode_state {
     peers.router.gate->enter_control();
     caf::anon_send(peers.router.handle, wire_atom::value,
                    make_event(d.req.id, toks, reason, err, static_cast<int32_t>(d.req.prompt.size()),
-                              d.req.cached_tokens, state));
+                              d.req.cached_tokens, state,
+                              static_cast<int32_t>(d.req.generated.size() - toks.size())));
   }
   void free_pages(const std::string& id, std::vector<int32_t>& pages) {
     if (pages.empty()) return;
@@ -260,6 +266,30 @@ void on_handoff(decode_actor_t* self, schema::KvHandoff::Reader h) {
   auto& s = self->state;
   dseq d;
   d.req = seq_request::read(h.getRequest());
+  // A link that delivers twice (a retry across nodes) must not make two sequences share the
+  // pages. A copy of a handoff already taken (even one whose sequence has ended since) is
+  // ignored; a second computation of a sequence held here (a duplicated submission) is freed.
+  const std::string key = fmt::format("{}/{}", h.getKv().getNode().cStr(), h.getHandoffSeq());
+  if (s.taken_handoffs.count(key)) {
+    s.rejected["duplicate_handoff"] += 1;
+    s.log->warn("request {}: copy of KV handoff {} ignored", d.req.id, key);
+    return;
+  }
+  s.taken_handoffs.insert(key);
+  s.taken_order.push_back(key);
+  if (s.taken_order.size() > decode_state::handoff_window) {
+    s.taken_handoffs.erase(s.taken_order.front());
+    s.taken_order.pop_front();
+  }
+  bool held = s.find(d.req.id) != nullptr;
+  for (const auto& x : s.waiting) held = held || x.req.id == d.req.id;
+  if (held) {
+    s.rejected["duplicate_handoff"] += 1;
+    s.log->warn("request {}: second KV handoff of a running sequence; its pages are freed", d.req.id);
+    auto pages = to_vector(h.getKv().getPageIds());
+    s.free_pages(d.req.id, pages);
+    return;
+  }
   auto kv = h.getKv();
   d.pages = to_vector(kv.getPageIds());
   d.kv_len = kv.getValidTokens();

@@ -50,6 +50,9 @@ struct prefill_state {
   std::unordered_map<std::string, uint64_t> sending_by_id;
   uint64_t next_transfer = 0;
   int64_t transfers_done = 0, transfers_failed = 0;
+  /// Numbers the handoffs; starts at the spawn time (ms << 20) so a restarted prefill does not
+  /// reuse the numbers of its predecessor.
+  uint64_t next_handoff = 0;
   int64_t admitted = 0, requeues = 0, prompt_tokens_computed = 0, handoffs = 0, batches = 0;
   // --- credits to the router (what this scheduler can still take) and the drain rate they carry
   uint64_t received = 0;      ///< submissions taken off the mailbox (admitted or refused)
@@ -125,7 +128,7 @@ struct prefill_state {
   void emit_event(const pseq& s, const std::vector<int32_t>& toks, finish_reason reason,
                   const tandem::error* err, const char* state) {
     emit(make_event(s.req.id, toks, reason, err, static_cast<int32_t>(s.req.prompt.size()),
-                    s.req.cached_tokens, state));
+                    s.req.cached_tokens, state, static_cast<int32_t>(s.req.generated.size() - toks.size())));
   }
   void free_pages(const std::string& id, std::vector<int32_t>& pages) {
     if (pages.empty()) return;
@@ -158,6 +161,14 @@ void schedule_retry(prefill_actor_t* self) {
 
 void on_submit(prefill_actor_t* self, seq_request r, bool requeue) {
   auto& s = self->state;
+  // A link that delivers twice (a retry across nodes) must not start the request twice.
+  auto same = [&](const pseq& x) { return x.req.id == r.id; };
+  if ((s.acquiring && same(*s.acquiring)) || std::any_of(s.waiting.begin(), s.waiting.end(), same) ||
+      std::any_of(s.active.begin(), s.active.end(), same)) {
+    s.rejected["duplicate_submit"] += 1;
+    s.log->warn("request {}: duplicate {} ignored", r.id, requeue ? "requeue" : "submission");
+    return;
+  }
   pseq q;
   q.req = std::move(r);
   q.tokens = q.req.all_tokens();
@@ -291,6 +302,7 @@ void finish_prefill(prefill_actor_t* self, pseq& q, int32_t token) {
   }
   self->send(s.peers.decode.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
                auto h = env.initHandoff();
+               h.setHandoffSeq(s.next_handoff++);
                q.req.write(h.initRequest());
                auto kv = h.initKv();
                kv.setPoolId(s.opt.pool_id);
@@ -412,8 +424,9 @@ void start_batch(prefill_actor_t* self) {
     s.in_flight.emplace_back(q.req.id, counts[i]);
   }
   if (!s.peers.worker.gate->try_enter()) {
+    // The batch's sequences end with the error (on_forward_done takes `in_flight`); clearing it
+    // first failed nobody and pump() retried at once, recursing while the mailbox stayed full.
     auto e = s.peers.worker.gate->overloaded_error();
-    s.in_flight.clear();
     on_forward_done(self, nullptr, &e);
     return;
   }
@@ -521,6 +534,7 @@ caf::behavior prefill_actor(prefill_actor_t* self, scheduler_options opt, std::s
   st.gate = std::move(gate);
   st.clk = std::move(clk);
   st.log = std::move(log);
+  st.next_handoff = (static_cast<uint64_t>(st.clk->now_ms()) << 20) + 1;
   return {
       [self](peers_atom, const peer_set& p) {
         self->state.peers = p;

@@ -6,6 +6,8 @@
 #include <caf/all.hpp>
 #include <cmath>
 #include <deque>
+#include <map>
+#include <optional>
 #include <unordered_map>
 
 #include "actors/common/metrics.h"
@@ -21,6 +23,36 @@ token_event error_event(const std::string& request_id, const tandem::error& e, i
   ev.err = e;
   ev.prompt_tokens = prompt_tokens;
   return ev;
+}
+
+struct callback_box::guard {
+  event_callback cb;
+  std::string id;
+  int32_t prompt_tokens = 0;
+  bool taken = false;
+  ~guard() {
+    if (taken || !cb) return;
+    try {
+      cb(error_event(id,
+                     tandem::error(error_kind::disconnected,
+                                   "the router failed before it read the request; retry it"),
+                     prompt_tokens));
+    } catch (...) {  // a destructor must not throw; the callback's failure has nowhere to go
+    }
+  }
+};
+
+callback_box::callback_box(event_callback cb, std::string request_id, int32_t prompt_tokens)
+    : g_(std::make_shared<guard>()) {
+  g_->cb = std::move(cb);
+  g_->id = std::move(request_id);
+  g_->prompt_tokens = prompt_tokens;
+}
+
+event_callback callback_box::take() const {
+  if (!g_ || g_->taken) return {};
+  g_->taken = true;
+  return std::move(g_->cb);
 }
 
 namespace {
@@ -56,6 +88,14 @@ struct decode_target {
   int64_t routed = 0;
 };
 
+/// One stage event, read off the wire (kept while an earlier one is missing).
+struct stage_event {
+  std::vector<int32_t> tokens;
+  bool finished = false;
+  finish_reason reason = finish_reason::none;
+  std::optional<tandem::error> err;
+};
+
 struct entry {
   event_callback cb;
   seq_request req;   ///< kept for re-routing until the first token
@@ -71,6 +111,8 @@ struct entry {
   int32_t completion_tokens = 0;
   int32_t cached_tokens = 0;
   std::string state = "queued";
+  /// Events that overtook an earlier one, by completion index (at most max_new_tokens + 1).
+  std::map<int32_t, stage_event> early;
 };
 
 /// Where a request goes, or why it cannot go anywhere now.
@@ -473,20 +515,67 @@ void on_submit(router_actor_t* self, const wire& w, event_callback cb) {
   schedule_tick(self);
 }
 
-void on_event(router_actor_t* self, schema::TokenEvent::Reader ev) {
+/// Delivers `ev`, whose tokens start at completion index `first`, trimming tokens delivered
+/// already (a duplicate). Returns true if the request ended.
+bool deliver_in_order(router_state& s, std::unordered_map<std::string, entry>::iterator it, int32_t first,
+                      stage_event ev) {
+  auto& e = it->second;
+  const auto skip = static_cast<size_t>(std::max(0, e.completion_tokens - first));
+  if (skip >= ev.tokens.size()) ev.tokens.clear();
+  else ev.tokens.erase(ev.tokens.begin(), ev.tokens.begin() + static_cast<std::ptrdiff_t>(skip));
+  const int64_t now = s.clk->now_ms();
+  if (!ev.tokens.empty()) {
+    if (e.first_token_ms < 0) {
+      s.prefills[size_t(e.prefill)].breaker.on_success();
+      if (e.decode >= 0) s.decodes[size_t(e.decode)].breaker.on_success();
+      e.first_token_ms = now;
+      s.ttft.observe(double(now - e.submit_ms));
+    }
+    e.last_token_ms = now;
+    e.completion_tokens += static_cast<int32_t>(ev.tokens.size());
+    s.tokens_generated += static_cast<int64_t>(ev.tokens.size());
+  }
+  if (ev.tokens.empty() && !ev.finished) return false;  // a duplicate
+  token_event out;
+  out.request_id = it->first;
+  out.tokens = std::move(ev.tokens);
+  out.finished = ev.finished;
+  out.reason = ev.reason;
+  out.err = std::move(ev.err);
+  out.prompt_tokens = e.prompt_tokens;
+  out.completion_tokens = e.completion_tokens;
+  out.cached_tokens = e.cached_tokens;
+  if (!out.finished) {
+    router_state::deliver(e.cb, std::move(out), *s.log);
+    return false;
+  }
+  s.account_finish(e, out.reason);
+  if (out.err) s.log->info("request {}: ended with error: {}", it->first, out.err->what());
+  auto cb = std::move(e.cb);
+  s.table.erase(it);
+  router_state::deliver(cb, std::move(out), *s.log);
+  return true;
+}
+
+void on_event(router_actor_t* self, schema::TokenEvent::Reader r) {
   auto& s = self->state;
-  std::string id = ev.getId().cStr();
+  std::string id = r.getId().cStr();
   auto it = s.table.find(id);
   if (it == s.table.end()) return;  // already ended here (abort, deadline): the stage's late event is moot
   auto& e = it->second;
   if (e.state == "retrying") return;  // a late event of the attempt that was refused
-  e.state = ev.getState().cStr();
-  if (ev.getCachedTokens() > 0) e.cached_tokens = ev.getCachedTokens();
-  auto tokens = to_vector(ev.getTokens());
+  e.state = r.getState().cStr();
+  if (r.getCachedTokens() > 0) e.cached_tokens = r.getCachedTokens();
+  stage_event ev;
+  ev.tokens = to_vector(r.getTokens());
+  ev.finished = r.getFinished();
+  ev.reason = from_schema(r.getReason());
+  if (ev.reason == finish_reason::error) ev.err = read_error(r.getError());
+  if (ev.tokens.empty() && !ev.finished) return;  // progress only
   const int64_t now = s.clk->now_ms();
-  if (ev.getFinished() && from_schema(ev.getReason()) == finish_reason::error && e.first_token_ms < 0 &&
-      tokens.empty()) {
-    auto err = read_error(ev.getError());
+  // A refusal before the first token: retry a retryable one on a fresh target.
+  if (ev.finished && ev.reason == finish_reason::error && ev.err && e.first_token_ms < 0 && ev.tokens.empty()) {
+    const auto& err = *ev.err;
     const bool retryable = err.kind() == error_kind::overloaded || err.kind() == error_kind::disconnected;
     const bool at_decode = e.state == "decode" && e.decode >= 0;
     if (err.kind() == error_kind::disconnected) {
@@ -500,6 +589,7 @@ void on_event(router_actor_t* self, schema::TokenEvent::Reader ev) {
         e.retries += 1;
         e.tried.push_back(e.prefill);
         e.state = "retrying";
+        e.early.clear();  // the next attempt numbers its events from 0 again
         s.retries_total += 1;
         s.log->info("request {}: {} refused it ({}); retry {} in {} ms", id, s.prefills[size_t(e.prefill)].t.name,
                     err.what(), e.retries, delay);
@@ -508,35 +598,18 @@ void on_event(router_actor_t* self, schema::TokenEvent::Reader ev) {
       }
     }
   }
-  if (!tokens.empty()) {
-    if (e.first_token_ms < 0) {
-      s.prefills[size_t(e.prefill)].breaker.on_success();
-      if (e.decode >= 0) s.decodes[size_t(e.decode)].breaker.on_success();
-      e.first_token_ms = now;
-      s.ttft.observe(double(now - e.submit_ms));
-    }
-    e.last_token_ms = now;
-    e.completion_tokens += static_cast<int32_t>(tokens.size());
-    s.tokens_generated += static_cast<int64_t>(tokens.size());
+  // Prefill and decode (possibly on other nodes) send on different links: an event may
+  // overtake an earlier one, or come twice. Hold it until the tokens before it arrived; a gap
+  // that never fills ends the request at its deadline, never as a wrong completion.
+  const int32_t first = r.getFirstIndex();
+  if (first > e.completion_tokens) {
+    if (static_cast<int32_t>(e.early.size()) <= s.opt.lim.max_new_tokens) e.early.emplace(first, std::move(ev));
+    return;
   }
-  if (tokens.empty() && !ev.getFinished()) return;  // progress only
-  token_event out;
-  out.request_id = id;
-  out.tokens = std::move(tokens);
-  out.finished = ev.getFinished();
-  out.reason = from_schema(ev.getReason());
-  if (out.reason == finish_reason::error) out.err = read_error(ev.getError());
-  out.prompt_tokens = e.prompt_tokens;
-  out.completion_tokens = e.completion_tokens;
-  out.cached_tokens = e.cached_tokens;
-  if (out.finished) {
-    s.account_finish(e, out.reason);
-    if (out.err) s.log->info("request {}: ended with error: {}", id, out.err->what());
-    auto cb = std::move(e.cb);
-    s.table.erase(it);
-    router_state::deliver(cb, std::move(out), *s.log);
-  } else {
-    router_state::deliver(e.cb, std::move(out), *s.log);
+  if (deliver_in_order(s, it, first, std::move(ev))) return;
+  while (!it->second.early.empty() && it->second.early.begin()->first <= it->second.completion_tokens) {
+    auto nh = it->second.early.extract(it->second.early.begin());
+    if (deliver_in_order(s, it, nh.key(), std::move(nh.mapped()))) return;
   }
 }
 
@@ -662,7 +735,7 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
   return {
       [self](submit_atom, const wire& w, const callback_box& cb) {
         self->state.gate->leave();
-        on_submit(self, w, cb.cb);
+        on_submit(self, w, cb.take());
       },
       [self](wire_atom, const wire& w) {
         auto& s = self->state;

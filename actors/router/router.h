@@ -21,9 +21,20 @@
 
 namespace tandem {
 
-/// The local-only part of a submission (never serialized).
-struct callback_box {
-  event_callback cb;
+/// The local-only part of a submission (never serialized). A submission that is never read
+/// (the router failed or was restarted with it still in its mailbox, where CAF discards it)
+/// would leave its client waiting forever: the last copy of an untaken box ends the request
+/// with `disconnected` instead.
+class callback_box {
+ public:
+  callback_box() = default;
+  explicit callback_box(event_callback cb, std::string request_id = "", int32_t prompt_tokens = 0);
+  /// The callback; afterwards the box stays silent (the router owns the request's end).
+  event_callback take() const;
+
+ private:
+  struct guard;
+  std::shared_ptr<guard> g_;
 };
 
 /// The in-flight table as `tandem inspect` shows it (local-only reply, never serialized).

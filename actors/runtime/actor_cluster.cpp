@@ -373,7 +373,7 @@ void actor_cluster::submit(completion_request req, event_callback cb) {
   }
   caf::anon_send(s.router.handle, submit_atom::value,
                  make_wire([&](schema::Envelope::Builder env) { r.write(env.initSubmit()); }),
-                 callback_box{std::move(cb)});
+                 callback_box{std::move(cb), r.id, static_cast<int32_t>(r.prompt.size())});
 }
 
 void actor_cluster::abort(const std::string& request_id) {

@@ -42,7 +42,7 @@ void bounce(const peer_set& peers, const wire& w, const tandem::error& e) {
       peers.router.gate->enter_control();
       caf::anon_send(peers.router.handle, wire_atom::value,
                      make_event(id, {}, finish_reason::error, &e, static_cast<int32_t>(r.getPrompt().size()),
-                                r.getCachedTokens(), "refused"));
+                                r.getCachedTokens(), "refused", static_cast<int32_t>(r.getGenerated().size())));
     }
     if (handoff && peers.prefill) {
       peers.prefill.gate->enter_control();

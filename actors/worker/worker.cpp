@@ -372,8 +372,9 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
 bounded_actor spawn_worker(caf::actor_system& sys, std::shared_ptr<llama_model> model,
                            const worker_options& opt, std::shared_ptr<spdlog::logger> log) {
   auto gate = std::make_shared<mailbox_gate>("worker", opt.mailbox_bound);
-  auto h = sys.spawn<caf::detached>(worker_actor, std::move(model), opt, gate, std::move(log));
-  return bounded_actor{caf::actor_cast<caf::actor>(h), gate};
+  caf::actor h = opt.detached ? sys.spawn<caf::detached>(worker_actor, std::move(model), opt, gate, std::move(log))
+                              : sys.spawn(worker_actor, std::move(model), opt, gate, std::move(log));
+  return bounded_actor{h, gate};
 }
 
 }  // namespace tandem

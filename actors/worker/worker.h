@@ -31,6 +31,9 @@ struct worker_options {
   /// transport memory) and the worker takes (kv_atom, wire{kvSend|kvReceive|kvAbort}) orders,
   /// answering each transfer's end with (kv_atom, wire{kvDone}) to the actor that ordered it.
   kv_port_factory kv_transfer;
+  /// Own thread (a forward pass blocks). The deterministic simulation (tests/sim) sets false
+  /// so the worker runs on its single-threaded test scheduler like every other actor.
+  bool detached = true;
 };
 
 /// Seed of the sampler of one token: depends only on the request seed and the token's index

@@ -1,6 +1,7 @@
 // The router's credit-based admission, retries and circuit breaker, against scripted targets:
 // the test plays the prefill and decode schedulers (sends their credits and events by hand),
 // on a manual clock, so every decision is deterministic.
+#include <map>
 #include <doctest/doctest.h>
 
 #include <caf/all.hpp>
@@ -47,6 +48,7 @@ caf::behavior target_actor(caf::event_based_actor*, std::shared_ptr<mailbox_gate
 }
 
 struct rig {
+  std::map<std::string, int32_t> sent_tokens;
   caf::actor_system_config cfg;
   std::unique_ptr<caf::actor_system> sys;
   std::shared_ptr<manual_clock> clk = std::make_shared<manual_clock>();
@@ -120,10 +122,12 @@ struct rig {
   }
   void fail(const std::string& id, error_kind k) {
     tandem::error e(k, "scripted refusal");
-    send(make_event(id, {}, finish_reason::error, &e, 0, 0, "prefill"));
+    send(make_event(id, {}, finish_reason::error, &e, 0, 0, "prefill", 0));
   }
+  /// The next token of `id` (its completion index counts up from 0, as a stage numbers them).
   void token(const std::string& id, int32_t t, bool last) {
-    send(make_event(id, {t}, last ? finish_reason::length : finish_reason::none, nullptr, 0, 0, "decode"));
+    send(make_event(id, {t}, last ? finish_reason::length : finish_reason::none, nullptr, 0, 0, "decode",
+                    sent_tokens[id]++));
   }
   stats_snapshot stats() {
     caf::scoped_actor self{*sys};
