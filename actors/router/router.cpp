@@ -685,7 +685,9 @@ void on_heartbeat(router_actor_t* self) {
   auto& s = self->state;
   const int64_t now = s.clk->now_ms();
   auto query = [&](const bounded_actor& a) {
-    if (!a) return;
+    // A target with messages still waiting (an earlier query among them) answers when it gets
+    // to them, or is gone: one query at a time keeps a dead target's mailbox bounded.
+    if (!a || a.gate->depth() > 0) return;
     a.gate->enter_control();
     self->send(a.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
                  env.initCreditQuery().setFrom("router");

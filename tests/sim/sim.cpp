@@ -550,6 +550,8 @@ sim_result run_seed(uint64_t seed, const fault_menu* menu) {
   res.seed = seed;
   size_t next_arrival = 0, next_crash = 0;
   const int64_t max_steps = 400000;
+  const int64_t settle_ms = 5000;  // simulated: several heartbeats and retry backoffs
+  int64_t settle_until = -1;
   int64_t steps = 0;
   auto& sched = *w.sched;
   while (true) {
@@ -577,6 +579,19 @@ sim_result run_seed(uint64_t seed, const fault_menu* menu) {
       // Timeouts due before the next arrival fire on the way there.
       sched.advance_time(std::chrono::milliseconds(std::max<int64_t>(1, next_event - w.now())));
       continue;
+    }
+    // Periodic timers (the router's heartbeat and deadline ticks) never stop, so once every
+    // request has its finished event the run settles for a bounded simulated time (frees and
+    // late copies land, heartbeats run) and then ends.
+    bool all_done = true;
+    for (const auto& a : arrivals) all_done = all_done && w.reqs[a.id].finished > 0;
+    if (all_done && settle_until < 0) settle_until = w.now() + settle_ms;
+    if (settle_until >= 0 && w.now() >= settle_until) {
+      // End at a quiet point: no message (a delayed link copy, a heartbeat) inside a gate.
+      bool quiet = true;
+      for (auto* a : {&w.cur.router, &w.cur.prefill, &w.cur.decode, &w.cur.worker, &w.cur.cache})
+        quiet = quiet && (!a->gate || a->gate->depth() == 0);
+      if (quiet || w.now() >= settle_until + 10 * settle_ms) break;
     }
     if (sched.has_pending_timeout()) {
       sched.trigger_timeout();
