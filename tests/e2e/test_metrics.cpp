@@ -6,48 +6,12 @@
 #include <regex>
 #include <sstream>
 
+#include "tests/e2e/metrics_doc.h"
 #include "tests/e2e/process.h"
 #include "tests/transport/fake_api.h"
 
 using namespace tandem;
 using namespace tandem::e2e;
-
-namespace {
-
-struct doc_row {
-  std::string type, rendered;
-};
-
-/// Rows `| \`tandem_x\` | type | labels | rendered | meaning |` of docs/metrics.md.
-std::map<std::string, doc_row> documented_metrics() {
-  std::ifstream in(std::string(TANDEM_SOURCE_DIR) + "/docs/metrics.md");
-  REQUIRE(in);
-  std::map<std::string, doc_row> out;
-  std::regex row(R"(^\| `(tandem_[a-z0-9_]+)` \| ([a-z]+) \|[^|]*\| ([a-z ]+) \|)");
-  std::string line;
-  while (std::getline(in, line)) {
-    std::smatch m;
-    if (std::regex_search(line, m, row)) out[m[1]] = {m[2], m[3]};
-  }
-  return out;
-}
-
-/// `# TYPE name type` lines of a Prometheus text exposition.
-std::map<std::string, std::string> rendered_metrics(const std::string& text) {
-  std::map<std::string, std::string> out;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("# TYPE ", 0) != 0) continue;
-    std::istringstream f(line.substr(7));
-    std::string name, type;
-    f >> name >> type;
-    out[name] = type;
-  }
-  return out;
-}
-
-}  // namespace
 
 TEST_CASE("metrics: every metric a running node renders is in docs/metrics.md, and vice versa") {
   temp_dir dir;

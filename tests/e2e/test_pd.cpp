@@ -15,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "tests/e2e/metrics_doc.h"
 #include "tests/e2e/process.h"
 #include "tests/transport/fake_api.h"
 #include "transport/http/json.h"
@@ -166,34 +167,6 @@ std::string wait_metrics(uint16_t port, const std::function<bool(const std::stri
   }
 }
 
-/// name -> (type, rendered) of the rows of docs/metrics.md.
-std::map<std::string, std::pair<std::string, std::string>> documented_metrics() {
-  std::ifstream in(std::string(TANDEM_SOURCE_DIR) + "/docs/metrics.md");
-  std::map<std::string, std::pair<std::string, std::string>> out;
-  std::regex row(R"(^\| `(tandem_[a-z0-9_]+)` \| ([a-z]+) \|[^|]*\| ([a-z ]+) \|)");
-  std::string line;
-  while (std::getline(in, line)) {
-    std::smatch m;
-    if (std::regex_search(line, m, row)) out[m[1]] = {m[2], m[3]};
-  }
-  return out;
-}
-
-/// name -> type of the `# TYPE` lines of a /metrics text.
-std::map<std::string, std::string> rendered_metrics(const std::string& text) {
-  std::map<std::string, std::string> out;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("# TYPE ", 0) != 0) continue;
-    std::istringstream f(line.substr(7));
-    std::string name, type;
-    f >> name >> type;
-    out[name] = type;
-  }
-  return out;
-}
-
 const std::vector<std::string> prompts = {
     "hello world",
     "The quick brown fox jumps over the lazy dog and keeps running across the field until the sun goes down",
@@ -251,11 +224,11 @@ TEST_CASE("pd: router, prefill and decode processes give the single-process gree
       seen.insert(name);
       auto d = docs.find(name);
       CHECK_MESSAGE(d != docs.end(), "add it to docs/metrics.md");
-      if (d != docs.end()) CHECK(d->second.first == type);
+      if (d != docs.end()) CHECK(d->second.type == type);
     }
   }
   for (const auto& [name, row] : docs) {
-    if (row.second != "pd node") continue;
+    if (row.rendered != "pd node") continue;
     INFO("documented pd node metric " << name);
     CHECK(seen.count(name) == 1);
   }
