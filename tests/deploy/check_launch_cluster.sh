@@ -36,7 +36,7 @@ leftovers() {
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 base=0
 for _ in $(seq 1 50); do
-  b=$((20000 + (RANDOM % 2000) * 10))
+  b=$((20000 + (RANDOM % 1200) * 10))  # below the ephemeral range (32768+) that clients take ports from
   ok=1
   for p in $(seq "$b" $((b + 9))); do port_free "$p" || { ok=0; break; }; done
   ((ok)) && { base=$b; break; }

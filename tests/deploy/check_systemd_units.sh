@@ -34,7 +34,7 @@ units=$tmp/units envs=$tmp/env
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 base=0
 for _ in $(seq 1 50); do
-  b=$((20000 + (RANDOM % 2000) * 10))
+  b=$((20000 + (RANDOM % 1200) * 10))  # below the ephemeral range (32768+) that clients take ports from
   port_free "$b" && port_free $((b + 1)) && port_free $((b + 2)) && { base=$b; break; }
 done
 ((base)) || fail "no free loopback ports"
