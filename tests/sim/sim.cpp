@@ -235,7 +235,9 @@ struct world : gate_fault {
   }
 
   caf::actor spawn_link(std::string name, const bounded_actor& dest, bool cross_node) {
-    auto h = sys->spawn([this, name, dest, cross_node](link_actor_t* self) -> caf::behavior {
+    // The unused int: CAF 0.17 dereferences a null argument tuple for an init function that
+    // takes no arguments besides `self` (UBSan reports it), so give it one.
+    auto h = sys->spawn([this, name, dest, cross_node](link_actor_t* self, int) -> caf::behavior {
       auto& s = self->state;
       s.w = this;
       s.link_name = name;
@@ -249,7 +251,7 @@ struct world : gate_fault {
         self->state.timer = false;
         self->state.w->flush(self);
       }};
-    });
+    }, 0);
     cur.links.push_back(h);
     return h;
   }
