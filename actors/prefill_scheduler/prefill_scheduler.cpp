@@ -287,6 +287,12 @@ void finish_prefill(prefill_actor_t* self, pseq& q, int32_t token) {
   s.handoffs += 1;
   uint64_t tid = 0;
   if (!s.opt.remote_decode_node.empty()) {
+    // The decode node the router chose ("node/decode"), or the configured first one. The
+    // handoff names it too, so the decode proxy delivers it where the pages go.
+    auto& dt = q.req.decode_target;
+    if (dt.empty()) dt = s.opt.remote_decode_node + "/decode";
+    const auto slash = dt.rfind('/');
+    const std::string dst = slash == std::string::npos ? dt : dt.substr(0, slash);
     // The pages stay here until the worker has written them to the decode node's pool; the
     // decode scheduler allocates its own pages and pulls the KV with this transfer id.
     tid = transfer_id_base(s.opt.node) | (++s.next_transfer & 0xffffffffull);
@@ -296,7 +302,7 @@ void finish_prefill(prefill_actor_t* self, pseq& q, int32_t token) {
                  auto o = env.initKvSend();
                  o.setTransferId(tid);
                  o.setId(q.req.id);
-                 o.setPeerNode(s.opt.remote_decode_node);
+                 o.setPeerNode(dst);
                  fill_list([&](unsigned n) { return o.initPages(n); }, q.pages);
                }));
   }
@@ -338,8 +344,7 @@ void on_kv_done(prefill_actor_t* self, const wire& w) {
     s.transfers_done += 1;
   } else {
     s.transfers_failed += 1;
-    s.log->info("request {}: KV send to node {} ended without delivery: {}", id, s.opt.remote_decode_node,
-                d.getError().cStr());
+    s.log->info("request {}: KV send ended without delivery: {}", id, d.getError().cStr());
   }
   auto pages = to_vector(d.getPages());
   s.free_pages(id, pages);

@@ -24,8 +24,9 @@ struct scheduler_options {
   kv_layout layout;
   std::string pool_id = "local/worker0";
   std::string node = "local";
-  /// Non-empty: the decode scheduler runs on that node. Handoffs then carry a transfer id and
-  /// the worker writes the pages to the decode node's pool over the KV transport.
+  /// Non-empty: the decode scheduler runs on other nodes, this one the first of them. Handoffs
+  /// then carry a transfer id and the worker writes the pages to the pool of the decode node
+  /// the router chose (the request's decode_target, "node/decode"; empty = this node).
   std::string remote_decode_node;
   /// Decode side of a cross-node handoff: a failed KV transfer re-prefills the request
   /// ("recompute", at most max_transfer_retries times) or ends it with an error ("fail").

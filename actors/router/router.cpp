@@ -72,6 +72,7 @@ struct prefill_target {
   target_health health;
   circuit_breaker breaker;
   int64_t routed = 0;
+  std::string down_why;  ///< non-empty: its node is gone (node_down); never chosen again
 
   int64_t queued_requests() const { return load.queued_requests + int64_t(in_transit.size()); }
   int64_t queued_tokens() const { return load.queued_tokens + in_transit_tokens; }
@@ -86,7 +87,21 @@ struct decode_target {
   target_health health;
   circuit_breaker breaker;
   int64_t routed = 0;
+  std::string down_why;  ///< non-empty: its node is gone (node_down); never chosen again
 };
+
+/// "no <role> node is reachable ...": why every target of a role is down, or "" if one is up.
+template <class T>
+std::string all_down(const std::vector<T>& ts, const char* role) {
+  std::string names;
+  for (const auto& t : ts) {
+    if (t.down_why.empty()) return "";
+    names += (names.empty() ? "" : ", ") + t.t.name;
+  }
+  if (ts.empty()) return "";
+  return fmt::format("no {} node is reachable (down: {}; {}); retry when one is back", role, names,
+                     ts.front().down_why);
+}
 
 /// One stage event, read off the wire (kept while an earlier one is missing).
 struct stage_event {
@@ -273,7 +288,7 @@ struct router_state {
       l.queued_requests = p.queued_requests();
       l.queued_tokens = p.backlog_tokens();
       loads.push_back(l);
-      const bool up = p.health.healthy(now, start_ms) && p.breaker.would_allow(now);
+      const bool up = p.down_why.empty() && p.health.healthy(now, start_ms) && p.breaker.would_allow(now);
       ok.push_back(up);
       any = any || up;
     }
@@ -281,10 +296,12 @@ struct router_state {
     if (!any) {
       out.reason = "no_target";
       out.retry_after_ms = opt.lim.breaker_cooldown_ms;
+      const auto down = all_down(prefills, "prefill");
       out.err = tandem::error(error_kind::disconnected,
-                              fmt::format("no healthy prefill target of {} (stale credits or open circuit breakers); "
-                                          "retry on another node",
-                                          prefills.size()));
+                              !down.empty() ? down
+                                            : fmt::format("no healthy prefill target of {} (stale credits or open "
+                                                          "circuit breakers); retry on another node",
+                                                          prefills.size()));
       return out;
     }
     {
@@ -314,15 +331,18 @@ struct router_state {
       std::vector<bool> dok;
       for (auto& d : decodes) {
         dl.push_back(d.load);
-        dok.push_back(d.health.healthy(now, start_ms) && d.breaker.would_allow(now));
+        dok.push_back(d.down_why.empty() && d.health.healthy(now, start_ms) && d.breaker.would_allow(now));
       }
       const int d = policy->choose_decode(dl, dok);
       if (d < 0) {
         out.prefill = -1;
         out.reason = "no_target";
         out.retry_after_ms = opt.lim.breaker_cooldown_ms;
+        const auto down = all_down(decodes, "decode");
         out.err = tandem::error(error_kind::disconnected,
-                                fmt::format("no healthy decode target of {}; retry on another node", decodes.size()));
+                                !down.empty() ? down
+                                              : fmt::format("no healthy decode target of {}; retry on another node",
+                                                            decodes.size()));
         return out;
       }
       const auto& dlo = decodes[size_t(d)].load;
@@ -700,6 +720,44 @@ void on_heartbeat(router_actor_t* self) {
   self->delayed_send(self, std::chrono::milliseconds(s.opt.lim.router_heartbeat_ms), heartbeat_atom::value);
 }
 
+/// A node is gone: its route target `target` ("node/role") is never chosen again, and the
+/// requests it holds end with `disconnected`. For a decode target that is every request
+/// routed to it, wherever it is now: one still at prefill would hand off to the dead node;
+/// its prefill is told to drop it (and its KV send). For a prefill target, those still
+/// queued or prefilling there.
+void on_node_down(router_actor_t* self, const std::string& role, const std::string& target, const std::string& why) {
+  auto& s = self->state;
+  int index = -1;
+  if (role == "decode") {
+    for (size_t i = 0; i < s.decodes.size(); ++i)
+      if (s.decodes[i].t.name == target) index = int(i);
+    if (index >= 0) s.decodes[size_t(index)].down_why = why;
+  } else {
+    for (size_t i = 0; i < s.prefills.size(); ++i)
+      if (s.prefills[i].t.name == target) index = int(i);
+    if (index >= 0) s.prefills[size_t(index)].down_why = why;
+  }
+  if (index < 0) {
+    s.log->warn("node_down for {} target {}, which the router does not route to; ignored ({})", role, target, why);
+    return;
+  }
+  s.log->warn("{} target {} is down: {}", role, target, why);
+  std::vector<std::pair<std::string, int>> ends;  // (id, prefill to tell, or -1)
+  for (const auto& [id, e] : s.table) {
+    if (e.state == "retrying") continue;  // placed again later, around the dead target
+    if (role == "decode" ? e.decode == index
+                         : e.prefill == index && (e.state == "queued" || e.state == "prefill" || e.state == "preempted"))
+      ends.emplace_back(id, role == "decode" && e.state != "decode" ? e.prefill : -1);
+  }
+  if (ends.empty()) return;
+  s.log->warn("{} requests end: {}", ends.size(), why);
+  tandem::error err(error_kind::disconnected, why + "; retry the request");
+  for (const auto& [id, prefill] : ends) {
+    s.finish_here(id, finish_reason::error, &err);
+    send_abort(self, id, prefill);
+  }
+}
+
 caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector<route_target> prefill,
                            std::vector<route_target> decode, std::shared_ptr<mailbox_gate> gate,
                            std::shared_ptr<const cluster_clock> clk, std::shared_ptr<spdlog::logger> log) {
@@ -767,18 +825,8 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
         }
       },
       [self](tick_atom) { on_tick(self); },
-      [self](node_down_atom, const std::string& role, const std::string& why) {
-        auto& s = self->state;
-        std::vector<std::string> ids;
-        for (const auto& [id, e] : s.table) {
-          const bool there = role == "decode" ? e.state == "decode"
-                                              : (e.state == "queued" || e.state == "prefill" || e.state == "preempted");
-          if (there) ids.push_back(id);
-        }
-        if (ids.empty()) return;
-        s.log->warn("{} requests end: {}", ids.size(), why);
-        tandem::error err(error_kind::disconnected, why + "; retry the request");
-        for (const auto& id : ids) s.finish_here(id, finish_reason::error, &err);
+      [self](node_down_atom, const std::string& role, const std::string& target, const std::string& why) {
+        on_node_down(self, role, target, why);
       },
       [self](retry_atom, const std::string& id) { on_retry(self, id); },
       [self](heartbeat_atom) { on_heartbeat(self); },
@@ -829,10 +877,10 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
                      "cache_aware choices overridden by the balance thresholds"});
         const int64_t now = s.clk->now_ms();
         auto target_metrics = [&](const std::string& name, const target_health& h, const circuit_breaker& b,
-                                  int64_t routed) {
+                                  int64_t routed, bool down) {
           auto l = fmt::format("target=\"{}\"", name);
-          m.push_back({"router_target_healthy", l, h.healthy(now, s.start_ms) ? 1.0 : 0.0, "gauge",
-                       "1 while the target's credits are fresh (3 heartbeats), else 0"});
+          m.push_back({"router_target_healthy", l, !down && h.healthy(now, s.start_ms) ? 1.0 : 0.0, "gauge",
+                       "1 while the target's credits are fresh (3 heartbeats) and its node is connected, else 0"});
           m.push_back({"router_target_credit_age_ms", l, double(h.age_ms(now, s.start_ms)), "gauge",
                        "Age of the target's last credit"});
           m.push_back({"router_breaker_state", l, double(static_cast<int>(b.current(now))), "gauge",
@@ -842,7 +890,7 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
           m.push_back({"router_routed_total", l, double(routed), "counter", "Requests sent to the target"});
         };
         for (const auto& p : s.prefills) {
-          target_metrics(p.t.name, p.health, p.breaker, p.routed);
+          target_metrics(p.t.name, p.health, p.breaker, p.routed, !p.down_why.empty());
           auto l = fmt::format("target=\"{}\"", p.t.name);
           m.push_back({"router_target_queued_tokens", l, double(p.backlog_tokens()), "gauge",
                        "Prompt tokens ahead of a new request at the prefill target (credits + in transit)"});
@@ -851,7 +899,7 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
                        "Estimated queue wait of the prefill target (-1 = drain rate not measured yet)"});
         }
         for (const auto& d : s.decodes) {
-          target_metrics(d.t.name, d.health, d.breaker, d.routed);
+          target_metrics(d.t.name, d.health, d.breaker, d.routed, !d.down_why.empty());
           m.push_back({"router_target_free_pages", fmt::format("target=\"{}\"", d.t.name), double(d.load.free_pages),
                        "gauge", "KV pages free at the decode target's last allocation (-1 = unknown)"});
         }

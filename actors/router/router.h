@@ -45,9 +45,10 @@ struct inflight_list {
 /// Asks the router for its in-flight table: (inflight_atom) -> inflight_list.
 using inflight_atom = caf::atom_constant<caf::atom("inflight")>;
 
-/// A role's nodes are all unreachable (sent by the proxy of a remote role on the router's
-/// node): (node_down_atom, role, why) ends every in-flight request the router last saw in a
-/// state of that role ("decode"; "queued", "prefill", "preempted") with `disconnected`.
+/// A node is unreachable (sent by the proxy of a remote role on the router's node):
+/// (node_down_atom, role, target, why): that route target ("node/role") is never chosen
+/// again; the requests on it end with `disconnected` (for a decode target: every request
+/// routed to it; for a prefill target: those still queued or prefilling there).
 using node_down_atom = caf::atom_constant<caf::atom("nodedown")>;
 
 struct router_options {

@@ -56,6 +56,15 @@ struct actor_cluster::state {
 
   /// Multi-node: this node's ingress and the other nodes (empty for one process).
   node_links links;
+  /// On the router's node, one stand-in per remote node and role: the router's targets
+  /// ("node/role", the name that node's credits carry), so its policies, health checks and
+  /// breakers see every node. `prefill`/`decode` above are then the local scheduler or the
+  /// proxy over all nodes of the role that the local schedulers send to (none on a router-only node).
+  struct routed_proxy {
+    std::string role, target;
+    bounded_actor actor;
+  };
+  std::vector<routed_proxy> route_proxies;
   std::vector<std::string> roles;  ///< empty = every role
   bool has(const std::string& r) const {
     return roles.empty() || std::find(roles.begin(), roles.end(), r) != roles.end();
@@ -67,6 +76,7 @@ struct actor_cluster::state {
     std::vector<bounded_actor*> v;
     for (auto* a : {&router, &prefill, &decode, &worker, &cache})
       if (a->handle) v.push_back(a);
+    for (auto& p : route_proxies) v.push_back(&p.actor);
     return v;
   }
 };
@@ -86,49 +96,67 @@ int64_t pages_from_limits(const limits& lim, const kv_layout& layout) {
   return (int64_t(lim.kv_cache_mb) * 1024 * 1024) / int64_t(layout.page_bytes());
 }
 
-/// Spawns and wires one set of the node's actors into `s` (at start and on every restart).
-/// The proxy for a role of other nodes, or an empty handle if no other node has it.
+/// The proxy for a role of other nodes, over all its nodes (what a local scheduler sends
+/// to: handoffs go to the decode node the router chose), or an empty handle if no other node
+/// has it.
 bounded_actor remote_role(actor_cluster::state& s, const actor_cluster_options& opt, const std::string& role,
                           int32_t bound) {
   auto targets = s.links.with_role(role);
   if (targets.empty()) return {};
-  if (role == "decode") targets.resize(1);  // the prefill's KV sends name this one node
-  return spawn_remote_proxy(*s.sys, role, std::move(targets), bound, s.has("router"),
+  return spawn_remote_proxy(*s.sys, role, std::move(targets), bound, false,
                             make_actor_logger("proxy_" + role, s.sink, opt.log_level));
 }
 
-/// The name a role's credits carry: `node/role` of the node that runs it (this one, or the
-/// first other node with the role, which is the one its proxy reaches).
-std::string target_name(actor_cluster::state& s, const actor_cluster_options& opt, const std::string& role) {
-  if (s.has(role)) return opt.node_name + "/" + role;
+/// The router's targets for `role`: the local scheduler (named `node/role`, as its credits),
+/// or one proxy per other node with the role (added to s.route_proxies). A proxy's mailbox is
+/// named after the role when it is the role's only stand-in here, else after its target.
+std::vector<route_target> route_targets(actor_cluster::state& s, const actor_cluster_options& opt,
+                                        const std::string& role, const bounded_actor& local, int32_t bound) {
+  if (s.has(role)) return {route_target{opt.node_name + "/" + role, local}};
+  std::vector<route_target> v;
   auto nodes = s.links.with_role(role);
-  return (nodes.empty() ? opt.node_name : nodes.front().name) + "/" + role;
+  const bool alone = nodes.size() == 1 && !local;
+  for (auto& n : nodes) {
+    const std::string target = n.name + "/" + role;
+    auto a = spawn_remote_proxy(*s.sys, role, {n}, bound, true,
+                                make_actor_logger("proxy_" + role, s.sink, opt.log_level), alone ? role : target);
+    s.route_proxies.push_back({role, target, a});
+    v.push_back(route_target{target, a});
+  }
+  return v;
 }
 
-/// The router over the prefill and decode targets this node reaches (local or proxied).
-bounded_actor spawn_router_for(actor_cluster::state& s, const actor_cluster_options& opt, router_options& ro) {
-  std::vector<route_target> prefills, decodes;
-  if (s.prefill) prefills.push_back(route_target{target_name(s, opt, "prefill"), s.prefill});
-  if (s.decode) decodes.push_back(route_target{target_name(s, opt, "decode"), s.decode});
+/// The router over every prefill and decode target this node reaches (local or proxied).
+bounded_actor spawn_router_for(actor_cluster::state& s, const actor_cluster_options& opt) {
+  router_options ro;
+  ro.lim = opt.lim;
+  ro.model = s.facts;
+  ro.tick_ms = opt.router_tick_ms;
+  ro.policy = opt.policy;
+  auto prefills = route_targets(s, opt, "prefill", s.prefill, opt.lim.prefill_mailbox);
+  auto decodes = route_targets(s, opt, "decode", s.decode, opt.lim.decode_mailbox);
+  if (prefills.empty())
+    throw tandem::error(error_kind::failed,
+                        fmt::format("node {} runs the router but no node has the prefill role; give one node it",
+                                    opt.node_name));
   return spawn_router(*s.sys, ro, std::move(prefills), std::move(decodes), s.clk,
                       make_actor_logger("router", s.sink, opt.log_level));
 }
 
+/// Sends the peer set to the proxies (they answer undeliverable work to the router through it).
+void send_peers_to_proxies(actor_cluster::state& s, const peer_set& peers) {
+  for (auto& p : s.route_proxies) caf::anon_send(p.actor.handle, peers_atom::value, peers);
+}
+
+/// Spawns and wires one set of the node's actors into `s` (at start and on every restart).
 void spawn_set(actor_cluster::state& s, const actor_cluster_options& opt, int32_t n_pages) {
+  s.route_proxies.clear();  // a restart sent the old ones their exit with the rest
   if (!s.has("worker")) {
-    // A router-only node: the front ends and the router; everything else is remote.
-    s.worker = s.cache = bounded_actor{};
-    s.prefill = remote_role(s, opt, "prefill", opt.lim.prefill_mailbox);
-    s.decode = remote_role(s, opt, "decode", opt.lim.decode_mailbox);
-    router_options ro;
-    ro.lim = opt.lim;
-    ro.model = s.facts;
-    ro.tick_ms = opt.router_tick_ms;
-    ro.policy = opt.policy;
-    s.router = spawn_router_for(s, opt, ro);
-    peer_set peers{s.router, s.prefill, s.decode, {}, {}};
-    for (auto* a : {&s.prefill, &s.decode})
-      if (a->handle) caf::anon_send(a->handle, peers_atom::value, peers);
+    // A router-only node: the front ends and the router over one proxy per remote node.
+    s.worker = s.cache = s.prefill = s.decode = bounded_actor{};
+    s.router = spawn_router_for(s, opt);
+    peer_set peers{s.router, {}, {}, {}, {}};
+    send_peers_to_proxies(s, peers);
     if (s.links.ingress) caf::anon_send(s.links.ingress, peers_atom::value, peers);
     return;
   }
@@ -173,16 +201,12 @@ void spawn_set(actor_cluster::state& s, const actor_cluster_options& opt, int32_
                  ? spawn_decode_scheduler(*s.sys, so, s.clk, make_actor_logger("decode", s.sink, opt.log_level))
                  : remote_role(s, opt, "decode", opt.lim.decode_mailbox);
 
-  router_options ro;
-  ro.lim = opt.lim;
-  ro.model = s.facts;
-  ro.tick_ms = opt.router_tick_ms;
-  ro.policy = opt.policy;
-  s.router = s.has("router") ? spawn_router_for(s, opt, ro) : remote_role(s, opt, "router", opt.lim.router_mailbox);
+  s.router = s.has("router") ? spawn_router_for(s, opt) : remote_role(s, opt, "router", opt.lim.router_mailbox);
 
   peer_set peers{s.router, s.prefill, s.decode, s.worker, s.cache};
   for (auto* a : {&s.prefill, &s.decode, &s.router})
     if (a->handle && (a != &s.router || !s.has("router"))) caf::anon_send(a->handle, peers_atom::value, peers);
+  send_peers_to_proxies(s, peers);
   if (s.links.ingress) caf::anon_send(s.links.ingress, peers_atom::value, peers);
 }
 
@@ -192,6 +216,7 @@ std::vector<supervised_child> children_of(actor_cluster::state& s) {
                          std::pair{"decode", &s.decode}, std::pair{"worker", &s.worker},
                          std::pair{"cache_tier", &s.cache}})
     if (a->handle) v.push_back({name, a->handle});
+  for (auto& p : s.route_proxies) v.push_back({p.actor.gate->actor_name(), p.actor.handle});
   return v;
 }
 
@@ -313,6 +338,7 @@ void actor_cluster::shutdown() {
               [&](caf::error& e) { s.log->warn("router did not confirm shutdown: {}", s.sys->render(e)); });
     for (auto* a : {&s.router, &s.prefill, &s.decode, &s.cache, &s.worker})
       if (a->handle) self->send_exit(a->handle, caf::exit_reason::user_shutdown);
+    for (auto& p : s.route_proxies) self->send_exit(p.actor.handle, caf::exit_reason::user_shutdown);
     if (s.links.ingress) {
       s.sys->middleman().unpublish(s.links.ingress, s.links.port);
       self->send_exit(s.links.ingress, caf::exit_reason::user_shutdown);
@@ -321,6 +347,7 @@ void actor_cluster::shutdown() {
   s.links = node_links{};
   s.sys->await_all_actors_done();
   s.router = s.prefill = s.decode = s.cache = s.worker = bounded_actor{};
+  s.route_proxies.clear();
   s.supervisor = caf::actor{};
   s.sys.reset();
   s.log->info("cluster stopped");
@@ -538,6 +565,7 @@ health_info actor_cluster::health() const {
     }
     for (auto* a : {&s.router, &s.prefill, &s.decode, &s.cache})
       if (a->handle) actors.push_back(*a);
+    for (auto& p : s.route_proxies) actors.push_back(p.actor);
   }
   caf::scoped_actor self{*s.sys};
   bool ok = true;

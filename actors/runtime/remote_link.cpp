@@ -164,7 +164,19 @@ struct proxy_state {
     for (const auto& t : targets) v += (v.empty() ? "" : ", ") + t.node.name;
     return v;
   }
+  /// The route target `name` ("node/role"), or nullptr.
+  proxy_target* named(const std::string& name) {
+    for (auto& t : targets)
+      if (t.node.name + "/" + role == name) return &t;
+    return nullptr;
+  }
 };
+
+/// The decode target a handoff names ("" for anything else, or a handoff naming none).
+std::string handoff_target(schema::Envelope::Reader env) {
+  if (!env.isHandoff()) return "";
+  return env.getHandoff().getRequest().getDecodeTarget().cStr();
+}
 
 caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, std::string role, std::vector<remote_node> targets,
                           std::shared_ptr<mailbox_gate> gate, bool notify_router, std::shared_ptr<spdlog::logger> log) {
@@ -185,10 +197,12 @@ caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, std::string ro
         s.log->warn("{} node {} is down ({}); its {} messages are answered here", s.role, t.node.name,
                     self->system().render(dm.reason), s.role);
       }
-    const bool any_up = std::any_of(s.targets.begin(), s.targets.end(), [](const proxy_target& t) { return t.up; });
-    if (!any_up && s.notify_router && s.peers.router)
-      caf::anon_send(s.peers.router.handle, node_down_atom::value, s.role,
-                     fmt::format("no {} node is reachable any more (configured: {})", s.role, s.names()));
+    if (s.notify_router && s.peers.router)
+      for (const auto& t : s.targets)
+        if (t.node.ingress.address() == dm.source)
+          // The router routes to this node by name: it stops choosing it and ends what it held.
+          caf::anon_send(s.peers.router.handle, node_down_atom::value, s.role, t.node.name + "/" + s.role,
+                         fmt::format("{} node {} is down ({})", s.role, t.node.name, self->system().render(dm.reason)));
   });
   return {
       [self](peers_atom, const peer_set& p) { self->state.peers = p; },
@@ -196,11 +210,13 @@ caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, std::string ro
         auto& s = self->state;
         s.gate->leave();
         bool rr = false, all = false;
+        std::string named;
         try {
           wire_reader rd(w);
           auto env = rd.root();
           rr = env.isSubmit() || env.isRequeue();
           all = env.isAbort();
+          named = handoff_target(env);
         } catch (const std::exception&) {
           s.log->error("proxy {}: malformed message dropped", s.role);
           return;
@@ -211,6 +227,26 @@ caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, std::string ro
               ++t.sent;
               caf::anon_send(t.node.ingress, wire_atom::value, s.role, w);
             }
+          return;
+        }
+        if (!named.empty()) {
+          // The router chose this decode node and the KV pages are on their way to it: it, or
+          // an explicit error (which also stops the KV send), never another node.
+          proxy_target* t = s.named(named);
+          if (!t || !t->up) {
+            ++s.bounced;
+            bounce(s.peers, w,
+                   t ? tandem::error(error_kind::disconnected,
+                                     fmt::format("{} node {} the router chose is not reachable; retry the request",
+                                                 s.role, t->node.name))
+                     : tandem::error(error_kind::failed,
+                                     fmt::format("handoff names {} target {}, which is no {} node of this config "
+                                                 "(known: {}); give every node the same config",
+                                                 s.role, named, s.role, s.names())));
+            return;
+          }
+          ++t->sent;
+          caf::anon_send(t->node.ingress, wire_atom::value, s.role, w);
           return;
         }
         proxy_target* t = s.pick(rr);
@@ -235,9 +271,11 @@ caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, std::string ro
           m.push_back({"remote_sent_total", lbl, double(t.sent), "counter",
                        "Messages sent to a remote role's node"});
         }
-        m.push_back({"remote_bounced_total", fmt::format("role=\"{}\"", s.role), double(s.bounced), "counter",
-                     "Messages for a remote role answered locally because no node of it was reachable"});
-        return make_stats_wire(s.role, m, {});
+        m.push_back({"remote_bounced_total", fmt::format("role=\"{}\",proxy=\"{}\"", s.role, s.gate->actor_name()),
+                     double(s.bounced), "counter",
+                     "Messages for a remote role answered locally because its node was not reachable"});
+        // Named like its mailbox gate: per-node proxies of one role are told apart.
+        return make_stats_wire(s.gate->actor_name(), m, {});
       },
   };
 }
@@ -286,8 +324,9 @@ node_links link_nodes(caf::actor_system& sys, const std::string& node, const std
 }
 
 bounded_actor spawn_remote_proxy(caf::actor_system& sys, const std::string& role, std::vector<remote_node> targets,
-                                 int32_t bound, bool notify_router, std::shared_ptr<spdlog::logger> log) {
-  auto gate = std::make_shared<mailbox_gate>(role, bound);
+                                 int32_t bound, bool notify_router, std::shared_ptr<spdlog::logger> log,
+                                 const std::string& name) {
+  auto gate = std::make_shared<mailbox_gate>(name.empty() ? role : name, bound);
   auto h = sys.spawn(proxy_actor, role, std::move(targets), gate, notify_router, std::move(log));
   return bounded_actor{h, gate};
 }

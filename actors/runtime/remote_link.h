@@ -48,14 +48,20 @@ node_links link_nodes(caf::actor_system& sys, const std::string& node, const std
                       std::shared_ptr<spdlog::logger> log);
 
 /// A local stand-in for `role` on `targets` (one or more nodes with that role): submissions
-/// and requeues go round-robin over the reachable ones, aborts to all, the rest to the first
+/// and requeues go round-robin over the reachable ones, aborts to all, a handoff to the node
+/// its request's decode_target names ("node/decode"; refused with an explicit error if that
+/// node is down, never sent elsewhere: its KV pages go there), the rest to the first
 /// reachable. When no target is reachable, work is answered like a refusal at the ingress
 /// (`disconnected` instead of `overloaded`). Messages: (wire_atom, wire), (peers_atom,
 /// peer_set), (stats_atom) -> wire.
-/// With `notify_router` (the router runs on this node), the proxy tells the router when the
-/// last of its targets goes down (router.h, node_down_atom), so requests there end at once.
+/// With `notify_router` (the router runs on this node), the proxy tells the router when one
+/// of its targets goes down (node_down_atom with the target "node/role", router.h), so the
+/// router routes around it and ends the requests it held at once.
+/// `name` names its mailbox gate and stats (default: `role`); per-node proxies of one role
+/// need distinct names.
 bounded_actor spawn_remote_proxy(caf::actor_system& sys, const std::string& role, std::vector<remote_node> targets,
-                                 int32_t bound, bool notify_router, std::shared_ptr<spdlog::logger> log);
+                                 int32_t bound, bool notify_router, std::shared_ptr<spdlog::logger> log,
+                                 const std::string& name = "");
 
 /// Answers an envelope that cannot be delivered: a submission or requeue gets an error event
 /// to the router; a handoff an error event and an abort of the source's send to the prefill.
