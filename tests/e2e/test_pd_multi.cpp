@@ -1,8 +1,8 @@
 // Multi-target routing across real nodes: a router, two prefill and two decode nodes as five
 // `tandem serve` processes of one config on loopback. The router routes to each node by name
 // (`node/role`, the name its credits carry); a prefill node hands its KV pages to the decode
-// node the router chose. Checked against the single-process server, then with one decode
-// node SIGKILLed.
+// node the router chose. Checked against the single-process server, then with a decode node
+// and then a prefill node SIGKILLed.
 #include <doctest/doctest.h>
 
 #include <thread>
@@ -34,7 +34,7 @@ std::string healthy(const std::string& target) {
 
 }  // namespace
 
-TEST_CASE("pd multi: two prefill and two decode nodes each serve, byte for byte, and a dead decode node is routed around") {
+TEST_CASE("pd multi: two prefill and two decode nodes each serve, byte for byte, and a dead node is routed around") {
   temp_dir dir;
   // The shared r15m model: its output depends on every position's KV, so a page that went to
   // the wrong decode node (or arrived in the wrong place) changes the text.
@@ -160,10 +160,24 @@ TEST_CASE("pd multi: two prefill and two decode nodes each serve, byte for byte,
   const double after_d0 = series(test::get(c.node("decode-0").http, "/metrics").body, "tandem_decode_kv_receives_total");
   CHECK(after_d0 >= before_d0 + 6);
 
+  // A prefill node dies too: only its target goes down, the requests go to the other one.
+  c.kill("prefill-1");
+  rm = poll_metrics(router, [](const std::string& m) { return series(m, healthy("prefill-1/prefill")) == 0; });
+  CHECK(series(rm, healthy("prefill-1/prefill")) == 0);
+  CHECK(series(rm, healthy("prefill-0/prefill")) == 1);
+  const double routed_p1 = series(rm, routed("prefill-1/prefill"));
+  for (size_t i = 0; i < 3; ++i) {
+    auto r = complete_greedy(router, prompts[i], 24);
+    INFO("after both kills, request " << i << ": " << r.raw);
+    CHECK(r.status == 200);
+    CHECK(r.text == want[i].text);
+  }
+  CHECK(series(test::get(router, "/metrics").body, routed("prefill-1/prefill")) == routed_p1);
+
   // Every surviving node's pool is whole again and no transfer holds pages.
   rm = poll_metrics(router, [](const std::string& m) { return series(m, "tandem_requests_inflight") == 0; });
   CHECK(series(rm, "tandem_requests_inflight") == 0);
-  for (const char* w : {"prefill-0", "prefill-1", "decode-0"}) {
+  for (const char* w : {"prefill-0", "decode-0"}) {
     const double want_free = free_at_start[w];
     auto m = poll_metrics(c.node(w).http, [want_free](const std::string& t) {
       return series(t, "tandem_kv_pages_free") == want_free && series(t, "tandem_kv_transfer_live") == 0 &&
