@@ -5,6 +5,9 @@
 // and then a prefill node SIGKILLed.
 #include <doctest/doctest.h>
 
+#include <sys/socket.h>
+
+#include <algorithm>
 #include <thread>
 
 #include "tests/e2e/cluster_harness.h"
@@ -112,6 +115,41 @@ TEST_CASE("pd multi: two prefill and two decode nodes each serve, byte for byte,
   }
   CHECK(sends == n);
   CHECK(receives == n);
+
+  // Streams the client hangs up on (queued, at the first token, mid-decode) on every node
+  // pair: the aborts reach the nodes that hold them, and every pool is whole again.
+  {
+    std::vector<std::thread> hangups;
+    for (int i = 0; i < 16; ++i)
+      hangups.emplace_back([&, i] {
+        int fd = test::connect_to(router);
+        if (fd < 0) return;
+        test::send_all(fd, test::request_text("POST", "/v1/completions",
+                                              completion_body(prompts[size_t(i) % prompts.size()], 200, true)));
+        const size_t after = size_t(i % 4) * 300;  // 0: before anything came back
+        size_t got_bytes = 0;
+        char buf[4096];
+        while (got_bytes < after) {
+          ssize_t k = ::recv(fd, buf, std::min(sizeof buf, after - got_bytes), 0);
+          if (k <= 0) break;
+          got_bytes += size_t(k);
+        }
+        ::close(fd);
+      });
+    for (auto& t : hangups) t.join();
+    auto m = poll_metrics(router, [](const std::string& t) { return series(t, "tandem_requests_inflight") == 0; });
+    CHECK(series(m, "tandem_requests_inflight") == 0);
+    CHECK(series(m, "tandem_requests_finished_total{reason=\"abort\"}") >= 8);
+    for (const char* w : workers) {
+      const double want_free = free_at_start[w];
+      auto wm = poll_metrics(c.node(w).http, [want_free](const std::string& t) {
+        return series(t, "tandem_kv_pages_free") == want_free && series(t, "tandem_kv_transfer_live") == 0;
+      });
+      INFO(w << " metrics after the hang-ups:\n" << wm);
+      CHECK(series(wm, "tandem_kv_pages_free") == want_free);
+      CHECK(series(wm, "tandem_kv_transfer_live") == 0);
+    }
+  }
 
   // Requests decoding on both decode nodes; decode-1 dies under them. Those it held end with
   // an error naming it, the others finish.
