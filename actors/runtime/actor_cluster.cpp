@@ -60,11 +60,7 @@ struct actor_cluster::state {
   /// ("node/role", the name that node's credits carry), so its policies, health checks and
   /// breakers see every node. `prefill`/`decode` above are then the local scheduler or the
   /// proxy over all nodes of the role that the local schedulers send to (none on a router-only node).
-  struct routed_proxy {
-    std::string role, target;
-    bounded_actor actor;
-  };
-  std::vector<routed_proxy> route_proxies;
+  std::vector<bounded_actor> route_proxies;
   std::vector<std::string> roles;  ///< empty = every role
   bool has(const std::string& r) const {
     return roles.empty() || std::find(roles.begin(), roles.end(), r) != roles.end();
@@ -76,7 +72,7 @@ struct actor_cluster::state {
     std::vector<bounded_actor*> v;
     for (auto* a : {&router, &prefill, &decode, &worker, &cache})
       if (a->handle) v.push_back(a);
-    for (auto& p : route_proxies) v.push_back(&p.actor);
+    for (auto& p : route_proxies) v.push_back(&p);
     return v;
   }
 };
@@ -120,7 +116,7 @@ std::vector<route_target> route_targets(actor_cluster::state& s, const actor_clu
     const std::string target = n.name + "/" + role;
     auto a = spawn_remote_proxy(*s.sys, role, {n}, bound, true,
                                 make_actor_logger("proxy_" + role, s.sink, opt.log_level), alone ? role : target);
-    s.route_proxies.push_back({role, target, a});
+    s.route_proxies.push_back(a);
     v.push_back(route_target{target, a});
   }
   return v;
@@ -145,7 +141,7 @@ bounded_actor spawn_router_for(actor_cluster::state& s, const actor_cluster_opti
 
 /// Sends the peer set to the proxies (they answer undeliverable work to the router through it).
 void send_peers_to_proxies(actor_cluster::state& s, const peer_set& peers) {
-  for (auto& p : s.route_proxies) caf::anon_send(p.actor.handle, peers_atom::value, peers);
+  for (auto& p : s.route_proxies) caf::anon_send(p.handle, peers_atom::value, peers);
 }
 
 /// Spawns and wires one set of the node's actors into `s` (at start and on every restart).
@@ -216,7 +212,7 @@ std::vector<supervised_child> children_of(actor_cluster::state& s) {
                          std::pair{"decode", &s.decode}, std::pair{"worker", &s.worker},
                          std::pair{"cache_tier", &s.cache}})
     if (a->handle) v.push_back({name, a->handle});
-  for (auto& p : s.route_proxies) v.push_back({p.actor.gate->actor_name(), p.actor.handle});
+  for (auto& p : s.route_proxies) v.push_back({p.gate->actor_name(), p.handle});
   return v;
 }
 
@@ -338,7 +334,7 @@ void actor_cluster::shutdown() {
               [&](caf::error& e) { s.log->warn("router did not confirm shutdown: {}", s.sys->render(e)); });
     for (auto* a : {&s.router, &s.prefill, &s.decode, &s.cache, &s.worker})
       if (a->handle) self->send_exit(a->handle, caf::exit_reason::user_shutdown);
-    for (auto& p : s.route_proxies) self->send_exit(p.actor.handle, caf::exit_reason::user_shutdown);
+    for (auto& p : s.route_proxies) self->send_exit(p.handle, caf::exit_reason::user_shutdown);
     if (s.links.ingress) {
       s.sys->middleman().unpublish(s.links.ingress, s.links.port);
       self->send_exit(s.links.ingress, caf::exit_reason::user_shutdown);
@@ -565,7 +561,7 @@ health_info actor_cluster::health() const {
     }
     for (auto* a : {&s.router, &s.prefill, &s.decode, &s.cache})
       if (a->handle) actors.push_back(*a);
-    for (auto& p : s.route_proxies) actors.push_back(p.actor);
+    for (auto& p : s.route_proxies) actors.push_back(p);
   }
   caf::scoped_actor self{*s.sys};
   bool ok = true;

@@ -1,0 +1,208 @@
+// The router over several prefill and decode targets when one node goes away (node_down_atom
+// with its target, as the proxy of that node sends it): only that target is skipped from then
+// on, and only the requests it held end, with `disconnected`. Scripted targets on a manual
+// clock, so every decision is deterministic.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <caf/all.hpp>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "actors/common/logging.h"
+#include "actors/common/metrics.h"
+#include "actors/common/wire.h"
+#include "actors/router/router.h"
+#include "tests/actors/support.h"
+
+using namespace tandem;
+using namespace tandem::test;
+
+namespace {
+
+/// A scripted target: records the submissions (id -> the decode target the router chose) and aborts it gets.
+struct target_box {
+  std::mutex m;
+  std::condition_variable cv;
+  std::map<std::string, std::string> submits;
+  std::deque<std::string> aborts;
+  void push(const wire& w) {
+    wire_reader rd(w);
+    auto env = rd.root();
+    std::lock_guard lk(m);
+    if (env.isSubmit()) submits[env.getSubmit().getId().cStr()] = env.getSubmit().getDecodeTarget().cStr();
+    if (env.isAbort()) aborts.push_back(env.getAbort().getId().cStr());
+    cv.notify_all();
+  }
+  bool wait(const std::function<bool()>& ok) {
+    std::unique_lock lk(m);
+    return cv.wait_for(lk, std::chrono::seconds(20), ok);
+  }
+};
+
+caf::behavior scripted(caf::event_based_actor*, std::shared_ptr<mailbox_gate> gate, std::shared_ptr<target_box> box) {
+  return {[gate, box](wire_atom, const wire& w) {
+    gate->leave();
+    box->push(w);
+  }};
+}
+
+/// A router over prefill targets n0/prefill, n1/prefill and decode targets n2/decode, n3/decode.
+struct rig {
+  caf::actor_system_config cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  std::shared_ptr<manual_clock> clk = std::make_shared<manual_clock>();
+  std::vector<std::shared_ptr<target_box>> prefill, decode;
+  std::map<std::string, int32_t> sent_tokens;
+  bounded_actor router;
+  collector col;
+
+  rig() {
+    cfg.add_message_type<wire>("tandem_wire");
+    sys = std::make_unique<caf::actor_system>(cfg);
+    auto make = [&](const std::string& name, std::vector<std::shared_ptr<target_box>>& boxes) {
+      auto box = std::make_shared<target_box>();
+      auto gate = std::make_shared<mailbox_gate>(name, 1024);
+      boxes.push_back(box);
+      return route_target{name, bounded_actor{sys->spawn(scripted, gate, box), gate}};
+    };
+    std::vector<route_target> p{make("n0/prefill", prefill), make("n1/prefill", prefill)};
+    std::vector<route_target> d{make("n2/decode", decode), make("n3/decode", decode)};
+    router_options ro;
+    ro.lim = small_limits();
+    ro.model = model_facts{-1, 4096, 64};
+    ro.policy.kind = route_policy_kind::round_robin;
+    router = spawn_router(*sys, ro, std::move(p), std::move(d), clk, make_actor_logger("router", quiet_sink(), "off"));
+    stats();
+  }
+  ~rig() {
+    caf::anon_send_exit(router.handle, caf::exit_reason::user_shutdown);
+    sys->await_all_actors_done();
+  }
+  void submit(const std::string& id) {
+    seq_request r;
+    r.id = id;
+    r.prompt = {1, 2, 3, 4};
+    r.max_tokens = 8;
+    router.gate->enter_control();
+    caf::anon_send(router.handle, submit_atom::value,
+                   make_wire([&](schema::Envelope::Builder env) { r.write(env.initSubmit()); }),
+                   callback_box{col.cb()});
+  }
+  void send(const wire& w) {
+    router.gate->enter_control();
+    caf::anon_send(router.handle, wire_atom::value, w);
+  }
+  /// A token of `id` from the stage in `state` ("decode": it is decoding now).
+  void token(const std::string& id, bool last, const std::string& state = "decode") {
+    send(make_event(id, {7}, last ? finish_reason::length : finish_reason::none, nullptr, 0, 0, state,
+                    sent_tokens[id]++));
+  }
+  void node_down(const std::string& role, const std::string& target) {
+    caf::anon_send(router.handle, node_down_atom::value, role, target, role + " node of " + target + " is down (test)");
+  }
+  /// Where `id` went: (prefill index, the decode target it names); waits for the submission.
+  std::pair<int, std::string> placed(const std::string& id) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (std::chrono::steady_clock::now() < until) {
+      for (size_t i = 0; i < prefill.size(); ++i) {
+        std::lock_guard lk(prefill[i]->m);
+        auto it = prefill[i]->submits.find(id);
+        if (it != prefill[i]->submits.end()) return {int(i), it->second};
+      }
+      std::this_thread::yield();
+    }
+    return {-1, ""};
+  }
+  stats_snapshot stats() {
+    caf::scoped_actor self{*sys};
+    stats_snapshot out;
+    self->request(router.handle, std::chrono::seconds(10), stats_atom::value)
+        .receive([&](const wire& w) { out = read_stats(w); }, [](caf::error&) {});
+    return out;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("router node_down: only the dead decode target is skipped and only its requests end disconnected") {
+  rig r;
+  // Round robin over both roles: a -> (n0, n2), b -> (n1, n3), c -> (n0, n2), d -> (n1, n3).
+  for (const char* id : {"a", "b", "c", "d"}) r.submit(id);
+  CHECK(r.placed("a") == std::pair<int, std::string>{0, "n2/decode"});
+  CHECK(r.placed("b") == std::pair<int, std::string>{1, "n3/decode"});
+  CHECK(r.placed("c") == std::pair<int, std::string>{0, "n2/decode"});
+  CHECK(r.placed("d") == std::pair<int, std::string>{1, "n3/decode"});
+  // a and b decode; c and d still at prefill (their first token is on its way).
+  r.token("a", false);
+  r.token("b", false);
+  REQUIRE(r.col.wait_tokens("b", 1));
+  REQUIRE(r.col.wait_tokens("a", 1));
+  r.node_down("decode", "n3/decode");
+  // b (decoding there) and d (at prefill, bound for it) end; d's prefill is told to drop it.
+  REQUIRE(r.col.wait_finished(2));
+  for (const char* id : {"b", "d"}) {
+    auto ev = r.col.last(id);
+    INFO(id);
+    REQUIRE(ev.err);
+    CHECK(ev.err->kind() == error_kind::disconnected);
+    CHECK(std::string(ev.err->what()).find("n3/decode is down") != std::string::npos);
+  }
+  CHECK(r.prefill[1]->wait([&] {
+    return std::find(r.prefill[1]->aborts.begin(), r.prefill[1]->aborts.end(), "d") != r.prefill[1]->aborts.end();
+  }));
+  // a and c go on.
+  r.token("a", true);
+  r.token("c", true);
+  REQUIRE(r.col.wait_finished(4));
+  CHECK_FALSE(r.col.last("a").err);
+  CHECK_FALSE(r.col.last("c").err);
+  CHECK(r.col.duplicate_finishes == 0);
+  // New requests: both prefill targets, only the live decode target.
+  for (const char* id : {"e", "f", "g", "h"}) r.submit(id);
+  std::set<int> prefills;
+  for (const char* id : {"e", "f", "g", "h"}) {
+    auto [p, d] = r.placed(id);
+    prefills.insert(p);
+    CHECK(d == "n2/decode");
+  }
+  CHECK(prefills == std::set<int>{0, 1});
+  auto st = r.stats();
+  CHECK(st.value("router_target_healthy", "target=\"n3/decode\"") == 0);
+  CHECK(st.value("router_target_healthy", "target=\"n2/decode\"") == 1);
+  CHECK(st.value("router_target_healthy", "target=\"n1/prefill\"") == 1);
+  // The last decode target goes too: its requests end, new ones are refused naming the cause.
+  r.node_down("decode", "n2/decode");
+  REQUIRE(r.col.wait_finished(8));
+  r.submit("i");
+  REQUIRE(r.col.wait_finished(9));
+  auto ev = r.col.last("i");
+  REQUIRE(ev.err);
+  CHECK(ev.err->kind() == error_kind::disconnected);
+  CHECK(std::string(ev.err->what()).find("no decode node is reachable") != std::string::npos);
+  CHECK(r.col.duplicate_finishes == 0);
+}
+
+TEST_CASE("router node_down: a dead prefill target ends what it queued and is routed around") {
+  rig r;
+  for (const char* id : {"a", "b"}) r.submit(id);
+  CHECK(r.placed("a").first == 0);
+  CHECK(r.placed("b").first == 1);
+  r.node_down("prefill", "n1/prefill");
+  REQUIRE(r.col.wait_finished(1));
+  REQUIRE(r.col.last("b").err);
+  CHECK(r.col.last("b").err->kind() == error_kind::disconnected);
+  // A target the router does not know changes nothing.
+  r.node_down("prefill", "n9/prefill");
+  for (const char* id : {"c", "d", "e"}) r.submit(id);
+  for (const char* id : {"c", "d", "e"}) CHECK(r.placed(id).first == 0);
+  r.token("a", true);
+  REQUIRE(r.col.wait_finished(2));
+  CHECK_FALSE(r.col.last("a").err);
+  CHECK(r.stats().value("router_target_healthy", "target=\"n1/prefill\"") == 0);
+}
