@@ -100,7 +100,10 @@ caf::behavior ingress_actor(caf::stateful_actor<ingress_state>* self, std::strin
         const bounded_actor* to = s.local(role);
         if (!to || !*to) {
           ++s.unknown;
-          s.log->warn("ingress: message for role '{}', which node {} does not run; dropped", role, s.node);
+          if (to)  // arrived before this node's actors were wired (a first credit; the router asks again)
+            s.log->info("ingress: message for role '{}' before node {} wired its actors; dropped", role, s.node);
+          else
+            s.log->warn("ingress: message for role '{}', which node {} does not run; dropped", role, s.node);
           return;
         }
         if (is_work(w)) {
