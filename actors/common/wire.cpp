@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <kj/exception.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace tandem {
@@ -20,6 +21,13 @@ wire make_wire(const std::function<void(schema::Envelope::Builder)>& fill) {
   return make_wire(mb);
 }
 
+uint64_t wire_limits::traversal_budget(uint64_t message_words) const {
+  const uint64_t cap = traversal_limit_words;
+  if (traversal_words_per_word != 0 && message_words > (cap - std::min(cap, traversal_slack_words)) / traversal_words_per_word)
+    return cap;
+  return std::min(cap, message_words * traversal_words_per_word + traversal_slack_words);
+}
+
 wire_reader::wire_reader(const wire& w, const wire_limits& lim) {
   if (w.bytes.empty() || w.bytes.size() % sizeof(capnp::word) != 0)
     throw tandem::error(error_kind::failed,
@@ -29,7 +37,7 @@ wire_reader::wire_reader(const wire& w, const wire_limits& lim) {
   words_ = kj::heapArray<capnp::word>(w.bytes.size() / sizeof(capnp::word));
   std::memcpy(words_.begin(), w.bytes.data(), w.bytes.size());
   capnp::ReaderOptions opts;
-  opts.traversalLimitInWords = lim.traversal_limit_words;
+  opts.traversalLimitInWords = lim.traversal_budget(w.bytes.size() / sizeof(capnp::word));
   opts.nestingLimit = static_cast<int>(lim.nesting_limit);
   try {
     reader_ = kj::heap<capnp::FlatArrayMessageReader>(words_.asPtr(), opts);

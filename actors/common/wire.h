@@ -46,9 +46,18 @@ typename Inspector::result_type inspect(Inspector& f, wire& x) {
 }
 
 /// Limits applied to every read: hostile or corrupt bytes cannot make us traverse without bound.
+/// The traversal budget of one message is scaled to its size: Cap'n Proto charges a list of
+/// zero-sized elements one word per element although the elements occupy no bytes, so under a
+/// fixed budget a 48-byte message could declare 2^23 elements (and a reader that sizes vectors
+/// by the list allocate and loop that much). A reader following each pointer once is charged
+/// about the message's own size; the multiple leaves room for getters called again.
 struct wire_limits {
-  uint64_t traversal_limit_words = uint64_t(1) << 23;  ///< 64 MiB
+  uint64_t traversal_limit_words = uint64_t(1) << 23;  ///< cap for any message: 64 MiB
+  uint64_t traversal_words_per_word = 8;               ///< budget per word of the message ...
+  uint64_t traversal_slack_words = 1024;               ///< ... plus this
   unsigned nesting_limit = 16;
+  /// The traversal budget of a message of `message_words` words.
+  uint64_t traversal_budget(uint64_t message_words) const;
 };
 
 /// Serializes a builder's message.

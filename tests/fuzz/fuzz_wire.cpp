@@ -23,9 +23,9 @@ void walk(capnp::DynamicValue::Reader v, int depth) {
       break;
     }
     case capnp::DynamicValue::LIST: {
-      // A few bytes may declare millions of zero-sized elements (capnp charges them one word
-      // each against the traversal limit: 2^23 here); visiting the first 4096 and the last
-      // covers the decoding, the rest only costs the harness time (docs/security.md).
+      // Zero-sized elements cost one traversal word each; wire_reader's budget is scaled to the
+      // message size (docs/security.md), but a large message may still hold long lists:
+      // visiting the first 4096 and the last covers the decoding, the rest only costs time.
       auto l = v.as<capnp::DynamicList>();
       for (unsigned i = 0; i < l.size() && i < 4096; ++i) walk(l[i], depth + 1);
       if (l.size() > 4096) walk(l[l.size() - 1], depth + 1);

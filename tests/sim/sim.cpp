@@ -72,6 +72,15 @@ struct link_state {
 };
 using link_actor_t = caf::stateful_actor<link_state>;
 
+/// Spawns the function actor `f(Self*)`. CAF 0.17's init_fun_factory dereferences a null
+/// argument tuple when the function takes nothing besides `self` (UBSan: reference binding to
+/// a null pointer), so every function actor of the simulation goes through this, which hands
+/// it one unused argument.
+template <class Self, class F>
+caf::actor spawn_fn(caf::actor_system& sys, F f) {
+  return sys.spawn([f = std::move(f)](Self* self, int) mutable { return f(self); }, 0);
+}
+
 /// Per request, what the front end saw.
 struct req_record {
   std::vector<int32_t> prompt;
@@ -235,9 +244,7 @@ struct world : gate_fault {
   }
 
   caf::actor spawn_link(std::string name, const bounded_actor& dest, bool cross_node) {
-    // The unused int: CAF 0.17 dereferences a null argument tuple for an init function that
-    // takes no arguments besides `self` (UBSan reports it), so give it one.
-    auto h = sys->spawn([this, name, dest, cross_node](link_actor_t* self, int) -> caf::behavior {
+    auto h = spawn_fn<link_actor_t>(*sys, [this, name, dest, cross_node](link_actor_t* self) -> caf::behavior {
       auto& s = self->state;
       s.w = this;
       s.link_name = name;
@@ -251,7 +258,7 @@ struct world : gate_fault {
         self->state.timer = false;
         self->state.w->flush(self);
       }};
-    }, 0);
+    });
     cur.links.push_back(h);
     return h;
   }
@@ -423,7 +430,7 @@ struct world : gate_fault {
 
   std::optional<stats_snapshot> stats_of(const caf::actor& a) {
     auto out = std::make_shared<std::optional<stats_snapshot>>();
-    sys->spawn([a, out](caf::event_based_actor* self) {
+    spawn_fn<caf::event_based_actor>(*sys, [a, out](caf::event_based_actor* self) {
       self->request(a, caf::infinite, stats_atom::value).then([out](const wire& w) { *out = read_stats(w); });
     });
     drain();

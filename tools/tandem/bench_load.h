@@ -22,6 +22,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <random>
@@ -93,6 +94,9 @@ struct options {
   int64_t max_inflight = 256;
   double timeout_s = 60;
   uint32_t seed = 1;
+  /// Where finished records go instead of run_load's result (a long run keeps constant client
+  /// memory this way: `tandem bench soak`). Called from the client threads, one at a time.
+  std::function<void(record&&)> sink;
 };
 
 // Common short English words: with a word-level or BPE tokenizer each is about one token
@@ -361,7 +365,8 @@ inline std::vector<record> run_load(const options& o, prompt_maker& prompts, dou
     r.words = n;
     run_request(o, text, t0, r);
     std::lock_guard<std::mutex> l(m);
-    recs.push_back(std::move(r));
+    if (o.sink) o.sink(std::move(r));
+    else recs.push_back(std::move(r));
   };
   if (o.concurrency > 0) {
     // Closed loop: each stream sends its next request when the previous one ends.
@@ -422,7 +427,8 @@ inline std::vector<record> run_load(const options& o, prompt_maker& prompts, dou
         r.out = outcome::client_dropped;
         r.error = fmt::format("all --max-inflight {} client threads busy", o.max_inflight);
         std::lock_guard<std::mutex> g(m);
-        recs.push_back(std::move(r));
+        if (o.sink) o.sink(std::move(r));
+        else recs.push_back(std::move(r));
         continue;
       }
       ++busy;

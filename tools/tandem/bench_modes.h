@@ -17,6 +17,7 @@ int bench_cache(args a);          ///< prefix reuse across tiers (bench_cache.cp
 int bench_transfer(args a);       ///< KV page transfer over UCX (bench_transfer.cpp)
 int bench_serve(args a);          ///< HTTP load generator: TTFT/ITL/goodput (cmd_bench_serve.cpp)
 int bench_burst(args a);          ///< the overload incident: unbounded vs bounded under a 3x burst (cmd_bench_burst.cpp)
+int bench_soak(args a);           ///< sustained overload: bounded RSS, mailboxes and answers (cmd_bench_soak.cpp)
 /// Batched decode tokens/s of `model` at `batch` with `context` tokens cached (bench model's loop).
 double bench_model_decode_tokens_per_s(const std::string& model, int32_t threads, int64_t batch, int64_t context);
 
