@@ -368,3 +368,72 @@ TEST_CASE("faults: a worker that crashes at start is restarted up to the restart
   CHECK(text.find("failed at start (injected: TANDEM_WORKER_FAULT=start)") != std::string::npos);
   CHECK(text.find("after 3 restart(s) within 60000 ms (limits.supervisor_max_restarts = 3)") != std::string::npos);
 }
+
+TEST_CASE("faults: an SSE client that stops reading is cut off at the backlog bound while the other streams complete") {
+  temp_dir dir;
+  const std::string model = write_micro_model(dir.path);
+  const std::vector<std::string> prompts(pd_prompts.begin(), pd_prompts.begin() + 4);
+  const auto want = fault_free(model, dir.path, prompts, 64);
+  pd_options o;
+  o.extra_limits = "http_stream_backlog_tokens = 32\nhttp_stream_socket_bytes = 4096\n";
+  pd_cluster pd(model, dir.path, o);
+  INFO(pd.logs());
+  const double free_p = free_pages(pd.prefill()), free_d = free_pages(pd.decode());
+
+  // The slow reader: a small receive buffer, the head of the stream read, then nothing. Its
+  // ~480 events (about 200 bytes each) do not fit the two sockets' buffers.
+  int slow = ::socket(AF_INET, SOCK_STREAM, 0);
+  int small = 2048;
+  ::setsockopt(slow, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  timeval tv{30, 0};
+  ::setsockopt(slow, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(pd.router().http);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(slow, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  test::send_all(slow, test::request_text("POST", "/v1/completions", body("a slow reader", 480, true)));
+  std::string head;
+  char buf[512];
+  while (head.find("data: ") == std::string::npos) {
+    ssize_t n = ::recv(slow, buf, sizeof buf, 0);
+    REQUIRE(n > 0);
+    head.append(buf, static_cast<size_t>(n));
+  }
+  REQUIRE(head.rfind("HTTP/1.1 200", 0) == 0);
+
+  // Meanwhile the others stream to the end with the fault-free text.
+  std::vector<stream_result> got(prompts.size());
+  std::vector<std::thread> ts;
+  for (size_t i = 0; i < prompts.size(); ++i) ts.emplace_back([&, i] { got[i] = stream(pd.router().http, prompts[i], 64); });
+  for (auto& t : ts) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    INFO("stream " << i << ": " << got[i].raw);
+    CHECK(got[i].ended_once());
+    CHECK(got[i].finishes == 1);
+    CHECK(got[i].text == want[i].text);
+  }
+  // The slow stream's backlog hit the bound: the request was aborted (the router's table
+  // empties, every page returns) and the connection closed.
+  auto rm = wait_metrics(pd.router().http, [](const std::string& m) {
+    return metric(m, "tandem_http_stream_backlog_aborts_total") == 1 && metric(m, "tandem_requests_inflight") == 0;
+  });
+  INFO("router metrics:\n" << rm);
+  CHECK(metric(rm, "tandem_http_stream_backlog_aborts_total") == 1);
+  CHECK(metric(rm, "tandem_requests_inflight") == 0);
+  CHECK(labelled(rm, "tandem_requests_finished_total", "reason=\"abort\"") == 1);
+  wait_whole(pd.prefill(), free_p);
+  wait_whole(pd.decode(), free_d);
+  // Reading on, the slow client gets what the sockets held, then the end: no [DONE].
+  std::string rest = head;
+  while (true) {
+    ssize_t n = ::recv(slow, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    rest.append(buf, static_cast<size_t>(n));
+  }
+  ::close(slow);
+  CHECK(rest.find("data: [DONE]") == std::string::npos);
+  CHECK_FALSE(test::response_complete(rest));
+  MESSAGE("slow SSE reader: cut off after " << rest.size() << " bytes (bound: 32 tokens waiting)");
+  for (auto& node : pd.nodes) CHECK(pd_cluster::alive(node));
+}
