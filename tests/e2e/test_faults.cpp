@@ -169,7 +169,8 @@ std::string r15m() {
 TEST_CASE("faults: kill -9 of the decode node with 50 streams ends every one with an explicit error within 2 heartbeats") {
   temp_dir dir;
   const std::string model = r15m();
-  const int32_t heartbeat_ms = 250;
+  // Small, but credits of a prefill node busy with 50 prompts stay fresh (stale after 3).
+  const int32_t heartbeat_ms = 500;
   const auto want = fault_free(model, dir.path, pd_prompts, 16);
   pd_options o;
   o.extra_limits = "router_heartbeat_ms = " + std::to_string(heartbeat_ms) + "\n";
@@ -201,9 +202,10 @@ TEST_CASE("faults: kill -9 of the decode node with 50 streams ends every one wit
     const auto& r = got[size_t(i)];
     INFO("stream " << i << ": " << r.raw);
     CHECK(r.ended_once());
-    // Migration is off: nothing completes after the kill, each ends with an error naming decode.
+    // Migration is off: nothing completes after the kill, each ends with an error naming decode
+    // (a refusal before the kill, on a slow machine, is an explicit error of its own).
     CHECK(r.finishes == 0);
-    CHECK(r.error_message.find("decode") != std::string::npos);
+    if (r.end >= killed_at) CHECK(r.error_message.find("decode") != std::string::npos);
     if (r.status == 200) ++streamed_errors;
     else {
       CHECK(r.status >= 500);
@@ -293,7 +295,7 @@ TEST_CASE("faults: kill -9 of the prefill node mid-transfer ends the transferrin
 TEST_CASE("faults: SIGSTOP of the decode node past the deadlines ends its requests by their deadline, SIGCONT recovers") {
   temp_dir dir;
   const std::string model = r15m();
-  const int32_t deadline_ms = 1500;
+  const int32_t deadline_ms = 2500;
   const auto want = fault_free(model, dir.path, pd_prompts, 16);
   pd_options o;
   o.extra_limits = "router_heartbeat_ms = 250\nrequest_timeout_ms = " + std::to_string(deadline_ms) + "\n";
@@ -345,6 +347,49 @@ TEST_CASE("faults: SIGSTOP of the decode node past the deadlines ends its reques
   serves_fault_free(pd, pd_prompts, want, 16);
   wait_whole(pd.decode(), free_d);
   wait_whole(pd.prefill(), free_p);
+  for (auto& node : pd.nodes) CHECK(pd_cluster::alive(node));
+}
+
+TEST_CASE("faults: SIGSTOP of the prefill node ends the requests sent to it by their deadline, SIGCONT recovers") {
+  temp_dir dir;
+  const std::string model = write_micro_model(dir.path);
+  const int32_t deadline_ms = 1500;
+  const auto want = fault_free(model, dir.path, pd_prompts, 16);
+  pd_options o;
+  // Credits go stale after 3 heartbeats (3 s): later than the deadline, so the requests are
+  // accepted and end by their deadline, not refused up front.
+  o.extra_limits = "router_heartbeat_ms = 1000\nrequest_timeout_ms = " + std::to_string(deadline_ms) + "\n";
+  pd_cluster pd(model, dir.path, o);
+  INFO(pd.logs());
+  const double free_p = free_pages(pd.prefill()), free_d = free_pages(pd.decode());
+  ::kill(pd.prefill().proc->pid(), SIGSTOP);
+  const int n = 4;
+  std::vector<stream_result> got(n);
+  std::vector<std::thread> ts;
+  for (int i = 0; i < n; ++i)
+    ts.emplace_back([&, i] { got[size_t(i)] = stream(pd.router().http, pd_prompts[size_t(i)], 16); });
+  for (auto& t : ts) t.join();
+  int64_t worst_ms = 0;
+  for (int i = 0; i < n; ++i) {
+    const auto& r = got[size_t(i)];
+    INFO("stream " << i << ": " << r.raw);
+    CHECK(r.ended_once());
+    CHECK(r.status == 504);  // nothing streamed yet: the timeout is the response's status
+    CHECK(r.error_message.find("request_timeout_ms = 1500") != std::string::npos);
+    const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(r.end - r.sent).count();
+    worst_ms = std::max<int64_t>(worst_ms, took);
+    CHECK(took >= deadline_ms - 50);
+    CHECK(took <= deadline_ms + 1000);
+  }
+  MESSAGE("SIGSTOP of prefill: " << n << " requests ended with 504 by " << worst_ms << " ms (deadline " << deadline_ms
+                                 << " ms)");
+  ::kill(pd.prefill().proc->pid(), SIGCONT);
+  wait_whole(pd.prefill(), free_p);
+  wait_whole(pd.decode(), free_d);
+  wait_linked(pd);
+  serves_fault_free(pd, pd_prompts, want, 16);
+  wait_whole(pd.prefill(), free_p);
+  wait_whole(pd.decode(), free_d);
   for (auto& node : pd.nodes) CHECK(pd_cluster::alive(node));
 }
 
