@@ -58,6 +58,12 @@ struct limits {
   int32_t max_rpc_connections = 256;     ///< open Cap'n Proto RPC connections; more are closed at accept
   int32_t http_header_timeout_ms = 15000;  ///< a request head must arrive within this (slowloris)
   int32_t http_body_timeout_ms = 30000;    ///< a request body must arrive within this (408 after)
+  /// Tokens of one SSE stream waiting while its client does not read (the socket is full):
+  /// beyond this the request is aborted (its pages freed) and the stream closed without [DONE].
+  int32_t http_stream_backlog_tokens = 1024;
+  /// Kernel send buffer (SO_SNDBUF) of a streaming connection: the socket's share of a slow
+  /// client's backlog (loopback autotuning would otherwise let it grow to megabytes).
+  int32_t http_stream_socket_bytes = 65536;
 
   // --- supervision
   int32_t supervisor_max_restarts = 3;   ///< restarts of a node's actors allowed per period; one more escalates

@@ -72,7 +72,7 @@ struct prefill_target {
   target_health health;
   circuit_breaker breaker;
   int64_t routed = 0;
-  std::string down_why;  ///< non-empty: its node is gone (node_down); never chosen again
+  std::string down_why;  ///< non-empty: its node is gone (node_down); not chosen until node_up
 
   int64_t queued_requests() const { return load.queued_requests + int64_t(in_transit.size()); }
   int64_t queued_tokens() const { return load.queued_tokens + in_transit_tokens; }
@@ -87,7 +87,7 @@ struct decode_target {
   target_health health;
   circuit_breaker breaker;
   int64_t routed = 0;
-  std::string down_why;  ///< non-empty: its node is gone (node_down); never chosen again
+  std::string down_why;  ///< non-empty: its node is gone (node_down); not chosen until node_up
 };
 
 /// "no <role> node is reachable ...": why every target of a role is down, or "" if one is up.
@@ -827,6 +827,18 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
       [self](tick_atom) { on_tick(self); },
       [self](node_down_atom, const std::string& role, const std::string& target, const std::string& why) {
         on_node_down(self, role, target, why);
+      },
+      [self](node_up_atom, const std::string& role, const std::string& target) {
+        auto& s = self->state;
+        auto up = [&](auto& ts) {
+          for (auto& t : ts)
+            if (t.t.name == target && !t.down_why.empty()) {
+              t.down_why.clear();
+              s.log->info("{} target {} is reachable again", role, target);
+            }
+        };
+        if (role == "decode") up(s.decodes);
+        else up(s.prefills);
       },
       [self](retry_atom, const std::string& id) { on_retry(self, id); },
       [self](heartbeat_atom) { on_heartbeat(self); },

@@ -46,10 +46,14 @@ struct inflight_list {
 using inflight_atom = caf::atom_constant<caf::atom("inflight")>;
 
 /// A node is unreachable (sent by the proxy of a remote role on the router's node):
-/// (node_down_atom, role, target, why): that route target ("node/role") is never chosen
-/// again; the requests on it end with `disconnected` (for a decode target: every request
+/// (node_down_atom, role, target, why): that route target ("node/role") is not chosen
+/// again until node_up_atom; the requests on it end with `disconnected` (for a decode target: every request
 /// routed to it; for a prefill target: those still queued or prefilling there).
 using node_down_atom = caf::atom_constant<caf::atom("nodedown")>;
+
+/// The node of a route target that went down is reachable again (its proxy redialed it):
+/// (node_up_atom, role, target). The router chooses it again once its credits are fresh.
+using node_up_atom = caf::atom_constant<caf::atom("nodeup")>;
 
 struct router_options {
   limits lim;

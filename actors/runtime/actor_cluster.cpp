@@ -162,6 +162,7 @@ void spawn_set(actor_cluster::state& s, const actor_cluster_options& opt, int32_
   wo.n_pages = n_pages;
   wo.page_size = opt.lim.page_size;
   wo.mailbox_bound = opt.lim.worker_mailbox;
+  wo.fail_at_start = opt.worker_fails_at_start;
   wo.host_pages = s.host_pages;
   if (s.disk_pages > 0) wo.disk_dir = opt.cache.disk_dir;
   s.worker = spawn_worker(*s.sys, s.model, wo, make_actor_logger("worker", s.sink, opt.log_level));
@@ -301,6 +302,7 @@ actor_cluster::actor_cluster(std::shared_ptr<llama_model> model, actor_cluster_o
     std::unique_lock<std::shared_mutex> sl(st.submit_mu);
     st.unhealthy_why = why;
     st.unhealthy = true;
+    if (opt_.on_escalate) opt_.on_escalate(why);
   };
   s.supervisor = spawn_supervisor(*s.sys, std::move(sv), children_of(s), s.clk,
                                   make_actor_logger("supervisor", sink, opt_.log_level));

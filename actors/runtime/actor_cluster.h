@@ -1,4 +1,5 @@
 #pragma once
+#include <functional>
 /// The actors of one node wired together around an already loaded model: router ->
 /// prefill scheduler -> (KvHandoff) -> decode scheduler, sharing one worker and one cache
 /// tier (same pool, so the handoff moves page ownership without copying).
@@ -48,6 +49,12 @@ struct actor_cluster_options {
   kv_port_factory kv_transfer;
   std::string transfer_failure_policy = "recompute";  ///< recompute | fail
   route_policy_options policy;                 ///< the router's target choice ([router] policy)
+  /// Test hook (`TANDEM_WORKER_FAULT=start`): every worker this node spawns fails as it starts,
+  /// so supervision's restart budget can be checked on a real process.
+  bool worker_fails_at_start = false;
+  /// Called once when the supervisor gives up (restart budget spent), with its report; the
+  /// serving process exits on it (non-zero, so systemd's Restart=on-failure takes over).
+  std::function<void(const std::string&)> on_escalate;
 };
 
 class actor_cluster {

@@ -7,6 +7,7 @@
 #include <caf/io/all.hpp>
 #include <chrono>
 #include <map>
+#include <set>
 #include <thread>
 
 #include "actors/common/metrics.h"
@@ -140,7 +141,14 @@ struct proxy_target {
   remote_node node;
   bool up = true;
   int64_t sent = 0;
+  int32_t redial_ms = 0;     ///< next redial backoff while down
+  int64_t reconnects = 0;    ///< times the node came back after it went down
 };
+
+using redial_atom = caf::atom_constant<caf::atom("redial")>;
+/// First redial of a node that went down, doubling up to the cap: a restarted node is found
+/// again within about a second of listening, and a dead one costs one connect every 2 s.
+constexpr int32_t redial_first_ms = 100, redial_max_ms = 2000;
 
 struct proxy_state {
   std::string role;
@@ -194,21 +202,57 @@ caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, std::string ro
   }
   self->set_down_handler([self](caf::down_msg& dm) {
     auto& s = self->state;
-    for (auto& t : s.targets)
-      if (t.node.ingress.address() == dm.source && t.up) {
-        t.up = false;
-        s.log->warn("{} node {} is down ({}); its {} messages are answered here", s.role, t.node.name,
-                    self->system().render(dm.reason), s.role);
-      }
-    if (s.notify_router && s.peers.router)
-      for (const auto& t : s.targets)
-        if (t.node.ingress.address() == dm.source)
-          // The router routes to this node by name: it stops choosing it and ends what it held.
-          caf::anon_send(s.peers.router.handle, node_down_atom::value, s.role, t.node.name + "/" + s.role,
-                         fmt::format("{} node {} is down ({})", s.role, t.node.name, self->system().render(dm.reason)));
+    for (size_t i = 0; i < s.targets.size(); ++i) {
+      auto& t = s.targets[i];
+      if (t.node.ingress.address() != dm.source || !t.up) continue;
+      t.up = false;
+      s.log->warn("{} node {} is down ({}); its {} messages are answered here", s.role, t.node.name,
+                  self->system().render(dm.reason), s.role);
+      if (s.notify_router && s.peers.router)
+        // The router routes to this node by name: it stops choosing it and ends what it held.
+        caf::anon_send(s.peers.router.handle, node_down_atom::value, s.role, t.node.name + "/" + s.role,
+                       fmt::format("{} node {} is down ({})", s.role, t.node.name, self->system().render(dm.reason)));
+      // A node that went down may come back (restarted by systemd or by hand, or a link that
+      // recovers): dial it again with backoff, for as long as this proxy lives.
+      t.redial_ms = redial_first_ms;
+      self->delayed_send(self, std::chrono::milliseconds(t.redial_ms), redial_atom::value, static_cast<uint64_t>(i));
+    }
   });
   return {
       [self](peers_atom, const peer_set& p) { self->state.peers = p; },
+      [self](redial_atom, uint64_t i) {
+        auto& s = self->state;
+        if (i >= s.targets.size() || s.targets[i].up) return;
+        const auto& n = s.targets[i].node;
+        auto again = [self, i] {
+          auto& t = self->state.targets[i];
+          t.redial_ms = std::min(2 * t.redial_ms, redial_max_ms);
+          self->delayed_send(self, std::chrono::milliseconds(t.redial_ms), redial_atom::value, i);
+        };
+        // The middleman dials on its own thread; this actor stays responsive meanwhile.
+        self->request(self->system().middleman().actor_handle(), std::chrono::seconds(10), caf::connect_atom::value,
+                      n.host, static_cast<uint16_t>(n.cluster_port))
+            .then(
+                [self, i, again](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
+                  auto& s = self->state;
+                  auto& t = s.targets[i];
+                  if (t.up) return;
+                  auto a = caf::actor_cast<caf::actor>(ptr);
+                  if (!a || a.address() == t.node.ingress.address()) {
+                    again();  // the old connection is still cached, or nothing answers yet
+                    return;
+                  }
+                  t.node.ingress = a;
+                  t.up = true;
+                  t.reconnects += 1;
+                  self->monitor(a);
+                  s.log->warn("{} node {} is reachable again ({}:{}); its {} messages go there", s.role, t.node.name,
+                              t.node.host, t.node.cluster_port, s.role);
+                  if (s.notify_router && s.peers.router)
+                    caf::anon_send(s.peers.router.handle, node_up_atom::value, s.role, t.node.name + "/" + s.role);
+                },
+                [again](caf::error&) { again(); });
+      },
       [self](wire_atom, const wire& w) {
         auto& s = self->state;
         s.gate->leave();
@@ -273,6 +317,8 @@ caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, std::string ro
                        "1 while the node running a remote role is connected, else 0"});
           m.push_back({"remote_sent_total", lbl, double(t.sent), "counter",
                        "Messages sent to a remote role's node"});
+          m.push_back({"remote_reconnects_total", lbl, double(t.reconnects), "counter",
+                       "Times a remote role's node was reached again after it went down"});
         }
         m.push_back({"remote_bounced_total", fmt::format("role=\"{}\",proxy=\"{}\"", s.role, s.gate->actor_name()),
                      double(s.bounced), "counter",

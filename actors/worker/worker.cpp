@@ -204,11 +204,25 @@ wire run_copy(worker_state& st, schema::CacheCopy::Reader cc) {
 caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_ptr<llama_model> model,
                            worker_options opt, std::shared_ptr<mailbox_gate> gate,
                            std::shared_ptr<spdlog::logger> log) {
+  // A failure's message travels in the exit reason, so the supervisor's report names it
+  // (CAF's default handler keeps only "runtime_error").
+  self->set_exception_handler([](caf::scheduled_actor*, std::exception_ptr& eptr) -> caf::error {
+    try {
+      std::rethrow_exception(eptr);
+    } catch (const std::exception& e) {
+      return caf::make_error(caf::sec::runtime_error, std::string(e.what()));
+    } catch (...) {
+      return caf::make_error(caf::sec::runtime_error, std::string("unknown exception"));
+    }
+  });
   auto& st = self->state;
   st.model = std::move(model);
   st.opt = opt;
   st.gate = std::move(gate);
   st.log = std::move(log);
+  if (opt.fail_at_start)
+    throw tandem::error(error_kind::failed,
+                        fmt::format("worker of pool {} failed at start (injected: TANDEM_WORKER_FAULT=start)", opt.pool_id));
   if (opt.kv_transfer) {
     auto* st_ptr = &st;
     st.port = opt.kv_transfer(

@@ -34,6 +34,9 @@ struct worker_options {
   /// Own thread (a forward pass blocks). The deterministic simulation (tests/sim) sets false
   /// so the worker runs on its single-threaded test scheduler like every other actor.
   bool detached = true;
+  /// Test hook: the worker throws as it starts (tests/e2e/test_faults.cpp: supervision of a
+  /// worker that crashes at start).
+  bool fail_at_start = false;
 };
 
 /// Seed of the sampler of one token: depends only on the request seed and the token's index

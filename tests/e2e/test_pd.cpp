@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "tests/e2e/metrics_doc.h"
+#include "tests/e2e/pd_harness.h"
 #include "tests/e2e/process.h"
 #include "tests/transport/fake_api.h"
 #include "transport/http/json.h"
@@ -24,158 +25,7 @@ using namespace tandem;
 using namespace tandem::e2e;
 
 namespace {
-
-/// A TCP port that was free a moment ago (the config needs fixed ports; ports of one test
-/// are distinct).
-uint16_t free_port(std::set<uint16_t>& taken) {
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = 0;
-    socklen_t len = sizeof a;
-    uint16_t port = 0;
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-      port = ntohs(a.sin_port);
-    ::close(fd);
-    if (port != 0 && taken.insert(port).second) return port;
-  }
-  throw std::runtime_error("no free port");
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-struct node_proc {
-  std::string name;
-  uint16_t http = 0, rpc = 0, admin = 0, cluster = 0, kv = 0;
-  std::string log;
-  std::unique_ptr<child> proc;
-};
-
-/// Router, prefill and decode as three `tandem serve` processes of one config.
-struct pd_cluster {
-  explicit pd_cluster(const std::string& model, const std::filesystem::path& dir, const std::string& policy,
-                      bool prefix_cache, const std::map<std::string, std::string>& prefill_env = {}) {
-    std::set<uint16_t> taken;
-    const char* names[] = {"router", "prefill-0", "decode-0"};
-    const char* roles[] = {R"(["router"])", R"(["prefill", "cache", "worker"])", R"(["decode", "cache", "worker"])"};
-    std::string cfg = "[limits]\npage_size = 16\nkv_cache_mb = 16\nmax_running_seqs = 8\n\n[model]\npath = \"" + model +
-                      "\"\n\n[cache]\nenabled = " + (prefix_cache ? "true" : "false") +
-                      "\n\n[transfer]\nfailure_policy = \"" + policy + "\"\ntimeout_ms = 5000\n";
-    for (int i = 0; i < 3; ++i) {
-      node_proc n;
-      n.name = names[i];
-      n.http = free_port(taken);
-      n.rpc = free_port(taken);
-      n.admin = free_port(taken);
-      n.cluster = free_port(taken);
-      if (i == 1) n.kv = free_port(taken);
-      n.log = (dir / (n.name + ".log")).string();
-      cfg += "\n[[node]]\nname = \"" + n.name + "\"\nhost = \"127.0.0.1\"\nroles = " + roles[i] +
-             "\nhttp_port = " + std::to_string(n.http) + "\nrpc_port = " + std::to_string(n.rpc) +
-             "\nadmin_port = " + std::to_string(n.admin) + "\ncluster_port = " + std::to_string(n.cluster) + "\n" +
-             (n.kv ? "kv_port = " + std::to_string(n.kv) + "\n" : "");
-      nodes.push_back(std::move(n));
-    }
-    config = (dir / "pd.toml").string();
-    std::ofstream(config) << cfg;
-    // All three start at once: each waits (with a deadline) for the others' ingress.
-    for (size_t i = 0; i < nodes.size(); ++i) {
-      auto& n = nodes[i];
-      n.proc = std::make_unique<child>(
-          std::vector<std::string>{TANDEM_BINARY, "serve", "--config", config, "--node", n.name, "--log-level", "info"},
-          i == 1 ? prefill_env : std::map<std::string, std::string>{}, n.log);
-    }
-    for (auto& n : nodes) {
-      int seen = 0;
-      while (seen < 3) {
-        auto line = n.proc->read_line(std::chrono::seconds(30));
-        if (!line) throw std::runtime_error("node " + n.name + " did not print its listening lines:\n" + read_text(n.log));
-        if (line->find(" listening on 127.0.0.1:") != std::string::npos) ++seen;
-      }
-    }
-  }
-  node_proc& router() { return nodes[0]; }
-  node_proc& prefill() { return nodes[1]; }
-  node_proc& decode() { return nodes[2]; }
-  std::string logs() {
-    std::string s;
-    for (auto& n : nodes) s += "--- " + n.name + "\n" + read_text(n.log);
-    return s;
-  }
-
-  std::string config;
-  std::vector<node_proc> nodes;
-};
-
-std::string body(const std::string& prompt, int32_t max_tokens, bool stream = false) {
-  json::writer w;
-  w.begin_object()
-      .key("model").str("micro")
-      .key("prompt").str(prompt)
-      .key("max_tokens").num(max_tokens)
-      .key("temperature").real(0)
-      .key("stream").boolean(stream)
-      .end_object();
-  return w.take();
-}
-
-struct completion {
-  int status = 0;
-  std::string text, finish_reason, raw;
-};
-
-completion complete(uint16_t port, const std::string& prompt, int32_t max_tokens) {
-  auto resp = test::post(port, "/v1/completions", body(prompt, max_tokens));
-  completion c;
-  c.status = resp.status;
-  c.raw = resp.body;
-  if (resp.status != 200) return c;
-  auto v = json::parse(resp.body);
-  const auto& choice = v.find("choices")->arr.at(0);
-  c.text = choice.find("text")->s;
-  c.finish_reason = choice.find("finish_reason")->s;
-  return c;
-}
-
-/// The value of an unlabelled metric in a /metrics text (NaN if absent).
-double metric(const std::string& text, const std::string& name) {
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
-  }
-  return std::nan("");
-}
-
-/// Polls /metrics of `port` until `ok(text)` holds or the deadline passes; the last text.
-std::string wait_metrics(uint16_t port, const std::function<bool(const std::string&)>& ok,
-                         std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
-  const auto until = std::chrono::steady_clock::now() + timeout;
-  std::string text;
-  while (true) {
-    text = test::get(port, "/metrics").body;
-    if (ok(text) || std::chrono::steady_clock::now() >= until) return text;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling a condition, with a deadline
-  }
-}
-
-const std::vector<std::string> prompts = {
-    "hello world",
-    "The quick brown fox jumps over the lazy dog and keeps running across the field until the sun goes down",
-    "a",
-    "Once upon a time in a land far away there lived a king who had three daughters and a very old dog named "
-    "Rex who liked to sleep by the fire every evening after dinner",
-    "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18",
-};
-
+const auto& prompts = pd_prompts;
 }  // namespace
 
 TEST_CASE("pd: router, prefill and decode processes give the single-process greedy output byte for byte") {
@@ -306,16 +156,8 @@ TEST_CASE("pd: 200 requests aborted at random points leave every node's KV pool 
     return metric(m, "tandem_requests_inflight") == 0;
   });
   INFO("router metrics:\n" << rm);
-  auto settled = [](double want) {
-    return [want](const std::string& m) {
-      // The actors answer a scrape one after another: wait until every part agrees.
-      return metric(m, "tandem_kv_pages_free") == want && metric(m, "tandem_kv_transfer_live") == 0 &&
-             metric(m, "tandem_kv_transfer_quarantined_pages") == 0 &&
-             metric(m, "tandem_prefill_kv_sends_inflight") == 0 && metric(m, "tandem_decode_kv_receiving_requests") == 0;
-    };
-  };
-  auto pm = wait_metrics(pd.prefill().http, settled(free_p));
-  auto dm = wait_metrics(pd.decode().http, settled(free_d));
+  auto pm = wait_metrics(pd.prefill().http, pool_settled(free_p));
+  auto dm = wait_metrics(pd.decode().http, pool_settled(free_d));
   INFO("prefill metrics:\n" << pm);
   INFO("decode metrics:\n" << dm);
   CHECK(metric(pm, "tandem_kv_pages_free") == free_p);

@@ -19,6 +19,10 @@
 #             one config with cluster_port/kv_port per node: greedy output equals the
 #             reference; with the prefill node's link down a request fails with an HTTP error
 #             (transfer.failure_policy = "fail") instead of hanging; after up it succeeds.
+#             Then 6 link flaps of router, prefill and decode in a seeded random order
+#             (TANDEM_NETNS_SEED), two requests in flight across each: each ends once (the
+#             reference text or an HTTP error with a message), both pools are whole after, and
+#             every node is alive and serves the reference output.
 #
 # usage: tests/netns/run.sh TANDEM_BINARY
 # Not root, or no `ip`: exit 1 with the reason, or 77 (ctest: skipped) if TANDEM_SKIP_NETNS=1.
@@ -311,6 +315,60 @@ EOF
   wait_for 20 ok_after || fail "the pd cluster does not serve within 20 s after prefill's link is up"
   check_same "pd cluster after link up" 10.77.0.11 8080
   step "pd: prefill link down -> HTTP error; link up -> same output again"
+
+  # Link flaps in a seeded random order (TANDEM_NETNS_SEED replays one), each 0.3 s down while
+  # two requests are in flight. Every request ends once: 200 with the single process's text, or
+  # an HTTP error with a JSON message. Then both pools are whole and every node is alive.
+  pages_free() { in_client curl -sf --max-time 2 "http://${node_addr[$1]}:8080/metrics" | awk '$1 == "tandem_kv_pages_free" { print $2 }'; }
+  quiet() {  # NODE PAGES: the node's pool is whole and no transfer holds pages
+    local m
+    m=$(in_client curl -sf --max-time 2 "http://${node_addr[$1]}:8080/metrics") || return 1
+    awk -v want="$2" '$1 == "tandem_kv_pages_free" && $2 == want { f = 1 }
+      ($1 == "tandem_kv_transfer_live" || $1 == "tandem_kv_transfer_quarantined_pages") && $2 != 0 { bad = 1 }
+      END { exit !(f && !bad) }' <<<"$m"
+  }
+  free_prefill=$(pages_free prefill) free_decode=$(pages_free decode)
+  [[ -n $free_prefill && -n $free_decode ]] || fail "no tandem_kv_pages_free on prefill/decode"
+  seed=${TANDEM_NETNS_SEED:-20261203}
+  RANDOM=$seed
+  order=(prefill decode router prefill decode router)
+  for ((i = ${#order[@]} - 1; i > 0; i--)); do
+    j=$((RANDOM % (i + 1)))
+    t=${order[i]} order[i]=${order[j]} order[j]=$t
+  done
+  flap_ok=0 flap_err=0
+  for f in "${!order[@]}"; do
+    n=${order[f]}
+    fpids=()
+    for k in 0 1; do
+      body=$(jq -cn --arg p "${prompts[k]}" '{model: "m", prompt: $p, max_tokens: 16, temperature: 0}')
+      in_client curl -sS --max-time 20 -o "$tmp/flap-$f-$k.json" -w '%{http_code}' -H "Content-Type: application/json" \
+        http://10.77.0.11:8080/v1/completions -d "$body" >"$tmp/flap-$f-$k.code" 2>>"$tmp/flap-curl.log" &
+      fpids+=($!)
+    done
+    link "$n" down
+    sleep 0.3  # the fault's duration, not a wait for a condition
+    link "$n" up
+    for p in "${fpids[@]}"; do wait "$p" || fail "flap $f ($n): a request got no HTTP answer within 20 s: $(cat "$tmp/flap-curl.log")"; done
+    for k in 0 1; do
+      code=$(cat "$tmp/flap-$f-$k.code")
+      if [[ $code == 200 ]]; then
+        got=$(jq -er '.choices[0].text' "$tmp/flap-$f-$k.json") || fail "flap $f ($n): 200 without a completion"
+        [[ $got == "${reference[${prompts[k]}]}" ]] || fail "flap $f ($n): '${prompts[k]}' -> '$got', the single process gives '${reference[${prompts[k]}]}'"
+        flap_ok=$((flap_ok + 1))
+      else
+        ((code >= 400)) || fail "flap $f ($n): HTTP $code"
+        jq -er '.error.message' "$tmp/flap-$f-$k.json" >/dev/null || fail "flap $f ($n): HTTP $code without an error message"
+        flap_err=$((flap_err + 1))
+      fi
+    done
+  done
+  wait_for 20 quiet prefill "$free_prefill" || fail "prefill's pool is not whole after the flaps ($(pages_free prefill) of $free_prefill pages free)"
+  wait_for 20 quiet decode "$free_decode" || fail "decode's pool is not whole after the flaps ($(pages_free decode) of $free_decode pages free)"
+  for n in router prefill decode; do kill -0 "${node_pid[$n]}" 2>/dev/null || fail "node $n died during the link flaps"; done
+  wait_for 20 ok_after || fail "the pd cluster does not serve within 20 s after the flaps"
+  check_same "pd cluster after the flaps" 10.77.0.11 8080
+  step "pd: ${#order[@]} link flaps (seed $seed: ${order[*]}): $flap_ok requests completed, $flap_err ended with an HTTP error; pools whole, every node alive"
 else
   echo "  (pd scenario skipped: TANDEM_NETNS_PD=0)"
 fi

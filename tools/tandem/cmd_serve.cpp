@@ -1,7 +1,11 @@
 // tandem serve: an embedded single-process cluster behind the HTTP and RPC front ends,
 // all on one kj event loop.
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdio>
+#include <memory>
+#include <mutex>
 
 #include <fmt/format.h>
 
@@ -153,6 +157,35 @@ void configure_security(const flags& f, front_end_options& fo) {
                  h);
 }
 
+/// The supervisor's report once it gave up on this node's actors (set from an actor thread).
+struct escalation {
+  std::mutex m;
+  std::string why;
+};
+
+/// TANDEM_WORKER_FAULT (a test hook, like TANDEM_KV_FAULT) and the exit on escalation: a node
+/// whose restart budget is spent stops serving and exits non-zero with the supervisor's report,
+/// so a process manager (systemd's Restart=on-failure and its start limit) takes over.
+void configure_supervision(cluster_options& co, const std::shared_ptr<escalation>& esc) {
+  const char* wf = std::getenv("TANDEM_WORKER_FAULT");
+  const std::string fault = wf ? wf : "";
+  if (!fault.empty() && fault != "start")
+    throw tandem::error("TANDEM_WORKER_FAULT = '" + fault + "' is not a fault; use start (every worker fails as it starts)");
+  auto prev = co.configure_node;
+  co.configure_node = [prev, fault, esc](actor_cluster_options& ao) {
+    if (prev) prev(ao);
+    ao.worker_fails_at_start = fault == "start";
+    ao.on_escalate = [esc](const std::string& why) {
+      {
+        std::lock_guard<std::mutex> l(esc->m);
+        esc->why = why;
+      }
+      // The front end's event loop takes SIGTERM as its stop; the report is thrown after it.
+      ::kill(::getpid(), SIGTERM);
+    };
+  };
+}
+
 }  // namespace
 
 int serve(args a) {
@@ -247,6 +280,8 @@ int serve(args a) {
     co.cache.min_load_back_tokens = static_cast<int32_t>(min_lb);
   }
   configure_security(f, fo);
+  auto esc = std::make_shared<escalation>();
+  configure_supervision(co, esc);
   if (auto msg = co.lim.validate(); !msg.empty()) throw tandem::error(msg);
   auto level = spdlog::level::from_str(co.log_level);
   if (level == spdlog::level::off && co.log_level != "off")
@@ -267,6 +302,11 @@ int serve(args a) {
     std::printf("tandem: %s listening on %s:%u\n", l.what.c_str(), l.host.c_str(), static_cast<unsigned>(l.port));
     std::fflush(stdout);
   });
+  {
+    std::lock_guard<std::mutex> l(esc->m);
+    if (!esc->why.empty())
+      throw tandem::error(error_kind::failed, esc->why + "; tandem serve stopped (exit 1)");
+  }
   spdlog::info("tandem serve: stopped");
   return 0;
 }

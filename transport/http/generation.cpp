@@ -12,7 +12,10 @@ namespace tandem::transport {
 struct event_channel::shared {
   std::mutex m;
   std::deque<token_event> queue;
+  size_t queued_tokens = 0;
   kj::Own<kj::CrossThreadPromiseFulfiller<void>> waiter;  ///< armed while next() waits
+  size_t overflow_limit = 0;
+  kj::Own<kj::CrossThreadPromiseFulfiller<void>> overflow;  ///< armed by overflow()
   bool closed = false;
 };
 
@@ -22,14 +25,17 @@ event_channel::~event_channel() { close(); }
 
 event_callback event_channel::callback() const {
   return [s = s_](token_event ev) {
-    kj::Own<kj::CrossThreadPromiseFulfiller<void>> w;
+    kj::Own<kj::CrossThreadPromiseFulfiller<void>> w, o;
     {
       std::lock_guard<std::mutex> lock(s->m);
       if (s->closed) return;
+      s->queued_tokens += std::max<size_t>(ev.tokens.size(), 1);
       s->queue.push_back(std::move(ev));
       w = kj::mv(s->waiter);
+      if (s->overflow && s->queued_tokens > s->overflow_limit) o = kj::mv(s->overflow);
     }
     if (w) w->fulfill();
+    if (o) o->fulfill();
   };
 }
 
@@ -38,6 +44,7 @@ kj::Promise<std::vector<token_event>> event_channel::next() {
     std::lock_guard<std::mutex> lock(s->m);
     std::vector<token_event> out(std::make_move_iterator(s->queue.begin()), std::make_move_iterator(s->queue.end()));
     s->queue.clear();
+    s->queued_tokens = 0;
     return out;
   };
   std::unique_lock<std::mutex> lock(s_->m);
@@ -51,12 +58,23 @@ kj::Promise<std::vector<token_event>> event_channel::next() {
   return paf.promise.then(kj::mv(take));
 }
 
+kj::Promise<void> event_channel::overflow(size_t limit) {
+  std::lock_guard<std::mutex> lock(s_->m);
+  if (s_->queued_tokens > limit) return kj::READY_NOW;
+  auto paf = kj::newPromiseAndCrossThreadFulfiller<void>();
+  s_->overflow = kj::mv(paf.fulfiller);
+  s_->overflow_limit = limit;
+  return kj::mv(paf.promise);
+}
+
 void event_channel::close() {
-  kj::Own<kj::CrossThreadPromiseFulfiller<void>> w;
+  kj::Own<kj::CrossThreadPromiseFulfiller<void>> w, o;
   std::lock_guard<std::mutex> lock(s_->m);
   s_->closed = true;
   s_->queue.clear();
+  s_->queued_tokens = 0;
   w = kj::mv(s_->waiter);
+  o = kj::mv(s_->overflow);
 }
 
 text_assembler::text_assembler(const tokenizer& tok, std::vector<std::string> stop) : dec_(tok) {

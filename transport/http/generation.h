@@ -32,6 +32,10 @@ class event_channel {
   event_callback callback() const;
   /// Resolves with every event queued so far (at least one). kj thread only; one call at a time.
   kj::Promise<std::vector<token_event>> next();
+  /// Resolves once more than `limit` tokens (an event without tokens counts as one) wait in the
+  /// queue, i.e. the consumer fell behind by that much (kj thread; one call at a time; a later
+  /// call replaces the earlier one).
+  kj::Promise<void> overflow(size_t limit);
   /// Stops accepting events (kj thread).
   void close();
 

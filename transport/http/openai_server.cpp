@@ -309,6 +309,9 @@ struct openai_server::impl {
     out += fmt::format("tandem_http_rate_limit_clients {}\n", limiter.clients());
     head("tandem_http_stream_errors_total", "counter", "Streams that had started and ended with an in-band error event.");
     out += fmt::format("tandem_http_stream_errors_total {}\n", stream_errors);
+    head("tandem_http_stream_backlog_aborts_total", "counter",
+         "Streams aborted because their client stopped reading (limits.http_stream_backlog_tokens, or the deadline).");
+    out += fmt::format("tandem_http_stream_backlog_aborts_total {}\n", stream_backlog_aborts);
     return out;
   }
 
@@ -539,7 +542,7 @@ struct openai_server::impl {
 
   std::map<std::pair<int, unsigned>, int64_t> requests;
   int64_t in_flight = 0, client_disconnects = 0, timeouts = 0, stream_events = 0, completion_tokens = 0,
-          stream_errors = 0;
+          stream_errors = 0, stream_backlog_aborts = 0;
   int64_t auth_failures = 0, protocol_error_count = 0;
 };
 
@@ -725,6 +728,33 @@ kj::Promise<void> stream_step(gen_state& g, std::vector<token_event> evs) {
     auto s = kj::heapString(data.data(), data.size());
     auto p = g.out->write(s.begin(), s.size());
     wrote = p.attach(kj::mv(s));
+    // A client that stops reading fills the socket and this write waits; the engine's events
+    // queue up meanwhile. Beyond the bound, or past the deadline (at least 2 s per write, so
+    // the deadline's own error still goes out), the request is aborted (gen_state's destructor
+    // frees its pages) and the stream is closed: the error cannot reach a client that does not
+    // read, so the missing [DONE] is the explicit end.
+    auto now = std::chrono::steady_clock::now();
+    const int64_t left = std::max<int64_t>(
+        2000, g.deadline > now ? std::chrono::duration_cast<std::chrono::milliseconds>(g.deadline - now).count() : 0);
+    auto late = g.srv.timer.afterDelay(left * kj::MILLISECONDS).then([&g]() {
+      ++g.srv.stream_backlog_aborts;
+      spdlog::warn("http: request {}: the client did not read the stream before the request's deadline "
+                   "(limits.request_timeout_ms = {}); aborting the request and closing the stream",
+                   g.id, g.srv.lim.request_timeout_ms);
+      kj::throwFatalException(KJ_EXCEPTION(OVERLOADED, "SSE client too slow: stream not read by the deadline"));
+    });
+    wrote = wrote.exclusiveJoin(kj::mv(late));
+    if (!g.done) {
+      const size_t bound = static_cast<size_t>(std::max(1, g.srv.lim.http_stream_backlog_tokens));
+      auto over = g.ch.overflow(bound).then([&g, bound]() {
+        ++g.srv.stream_backlog_aborts;
+        spdlog::warn("http: request {}: the client stopped reading and more than {} tokens wait for it "
+                     "(limits.http_stream_backlog_tokens); aborting the request and closing the stream",
+                     g.id, bound);
+        kj::throwFatalException(KJ_EXCEPTION(OVERLOADED, "SSE client too slow: stream backlog over its bound"));
+      });
+      wrote = wrote.exclusiveJoin(kj::mv(over));
+    }
   }
   if (g.done) return wrote;
   return wrote.then([&g] { return g.next(); }).then([&g](std::vector<token_event> evs) { return stream_step(g, kj::mv(evs)); });
@@ -842,12 +872,17 @@ kj::Promise<void> openai_server::impl::generate(route_id r, const std::string& t
   }
 
   // Streaming: wait for the first event so an immediate engine error still gets its status.
-  auto work = gs.next().then([this, &gs, &response, r](std::vector<token_event> evs) -> kj::Promise<void> {
+  auto work = gs.next().then([this, &gs, &response, &conn, r](std::vector<token_event> evs) -> kj::Promise<void> {
     if (!evs.empty() && evs[0].finished && evs[0].err) {
       gs.consume_one(evs[0]);
       return send_error(response, from_engine(*gs.err, gs.reject_reason, gs.retry_after_ms), r);
     }
     count(r, 200);
+    KJ_IF_MAYBE(fd, conn.getFd()) {
+      // Bounds the kernel's share of a slow client's backlog; ours is http_stream_backlog_tokens.
+      int bytes = lim.http_stream_socket_bytes;
+      ::setsockopt(*fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
+    }
     kj::HttpHeaders h(*header_table);
     h.set(h_content_type, "text/event-stream");
     h.set(h_cache_control, "no-cache");

@@ -137,8 +137,8 @@ fault_hook fault_hook_from_spec(const std::string& spec) {
   if (spec.empty()) return {};
   auto bad = [&] {
     return tandem::error(error_kind::failed,
-                         fmt::format("TANDEM_KV_FAULT = '{}' is not a fault; use put:fail:N, put:drop:N or "
-                                     "notify:drop:N",
+                         fmt::format("TANDEM_KV_FAULT = '{}' is not a fault; use put:fail:N, put:drop:N, "
+                                     "notify:drop:N (the first N), or put:delay:MS / notify:delay:MS (every one)",
                                      spec));
   };
   auto a = spec.find(':'), b = spec.rfind(':');
@@ -162,8 +162,18 @@ fault_hook fault_hook_from_spec(const std::string& spec) {
     act = fault_action::fail;
   else if (what == "drop")
     act = fault_action::drop;
+  else if (what == "delay")
+    act = fault_action::delay;
   else
     throw bad();
+  if (act == fault_action::delay) {
+    // put:delay:MS holds every put (notify:delay:MS every notification) MS ms: a transfer
+    // stays in flight long enough for a test to kill a node in the middle of it.
+    if (n <= 0) throw bad();
+    return [fp, n](fault_point p, transfer_id, notify_kind) {
+      return p == fp ? fault_decision{fault_action::delay, n} : fault_decision{};
+    };
+  }
   auto left = std::make_shared<std::atomic<int64_t>>(n);
   return [fp, act, left](fault_point p, transfer_id, notify_kind) {
     if (p != fp || left->load() <= 0) return fault_decision{};

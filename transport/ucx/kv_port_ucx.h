@@ -29,7 +29,8 @@ struct kv_port_options {
 };
 
 /// Parses TANDEM_KV_FAULT (tests and failure drills): "put:fail:N" fails the first N put
-/// batches, "put:drop:N" drops them (never complete), "notify:drop:N" loses N notifications.
+/// batches, "put:drop:N" drops them (never complete), "notify:drop:N" loses N notifications,
+/// "put:delay:MS" ("notify:delay:MS") holds every put batch (notification) MS ms.
 /// Empty = no faults. Throws tandem::error naming the syntax on anything else.
 fault_hook fault_hook_from_spec(const std::string& spec);
 

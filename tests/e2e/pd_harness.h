@@ -1,0 +1,227 @@
+#pragma once
+// A router node, a prefill node and a decode node as three `tandem serve --config pd.toml
+// --node NAME` processes on loopback, and the client helpers the PD and fault tests share
+// (test_pd.cpp, test_faults.cpp).
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/e2e/process.h"
+#include "tests/transport/fake_api.h"
+#include "transport/http/json.h"
+
+namespace tandem::e2e {
+
+/// A TCP port that was free a moment ago (the config needs fixed ports; ports of one test
+/// are distinct).
+inline uint16_t free_port(std::set<uint16_t>& taken) {
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = 0;
+    socklen_t len = sizeof a;
+    uint16_t port = 0;
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+      port = ntohs(a.sin_port);
+    ::close(fd);
+    if (port != 0 && taken.insert(port).second) return port;
+  }
+  throw std::runtime_error("no free port");
+}
+
+inline std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct node_proc {
+  std::string name;
+  uint16_t http = 0, rpc = 0, admin = 0, cluster = 0, kv = 0;
+  std::string log;
+  std::map<std::string, std::string> env;
+  std::unique_ptr<child> proc;
+};
+
+/// What a pd_cluster's config and processes get beyond the defaults.
+struct pd_options {
+  std::string policy = "fail";        ///< [transfer] failure_policy
+  bool prefix_cache = false;
+  int32_t kv_cache_mb = 16, max_running_seqs = 8;
+  std::string extra_limits;           ///< more `key = value` lines of [limits]
+  int64_t transfer_timeout_ms = 5000; ///< [transfer] timeout_ms
+  std::map<std::string, std::string> prefill_env, decode_env;
+};
+
+/// Router, prefill and decode as three `tandem serve` processes of one config.
+struct pd_cluster {
+  pd_cluster(const std::string& model, const std::filesystem::path& dir, const std::string& policy, bool prefix_cache,
+             const std::map<std::string, std::string>& prefill_env = {})
+      : pd_cluster(model, dir, pd_options{policy, prefix_cache, 16, 8, "", 5000, prefill_env, {}}) {}
+
+  pd_cluster(const std::string& model, const std::filesystem::path& dir, const pd_options& o) {
+    std::set<uint16_t> taken;
+    const char* names[] = {"router", "prefill-0", "decode-0"};
+    const char* roles[] = {R"(["router"])", R"(["prefill", "cache", "worker"])", R"(["decode", "cache", "worker"])"};
+    std::string cfg = "[limits]\npage_size = 16\nkv_cache_mb = " + std::to_string(o.kv_cache_mb) +
+                      "\nmax_running_seqs = " + std::to_string(o.max_running_seqs) + "\n" + o.extra_limits +
+                      "\n\n[model]\npath = \"" + model + "\"\n\n[cache]\nenabled = " +
+                      (o.prefix_cache ? "true" : "false") + "\n\n[transfer]\nfailure_policy = \"" + o.policy +
+                      "\"\ntimeout_ms = " + std::to_string(o.transfer_timeout_ms) + "\n";
+    for (int i = 0; i < 3; ++i) {
+      node_proc n;
+      n.name = names[i];
+      n.http = free_port(taken);
+      n.rpc = free_port(taken);
+      n.admin = free_port(taken);
+      n.cluster = free_port(taken);
+      if (i == 1) n.kv = free_port(taken);
+      n.log = (dir / (n.name + ".log")).string();
+      n.env = i == 1 ? o.prefill_env : i == 2 ? o.decode_env : std::map<std::string, std::string>{};
+      cfg += "\n[[node]]\nname = \"" + n.name + "\"\nhost = \"127.0.0.1\"\nroles = " + roles[i] +
+             "\nhttp_port = " + std::to_string(n.http) + "\nrpc_port = " + std::to_string(n.rpc) +
+             "\nadmin_port = " + std::to_string(n.admin) + "\ncluster_port = " + std::to_string(n.cluster) + "\n" +
+             (n.kv ? "kv_port = " + std::to_string(n.kv) + "\n" : "");
+      nodes.push_back(std::move(n));
+    }
+    config = (dir / "pd.toml").string();
+    std::ofstream(config) << cfg;
+    // All three start at once: each waits (with a deadline) for the others' ingress.
+    for (auto& n : nodes) spawn(n);
+    for (auto& n : nodes) wait_listening(n);
+  }
+  node_proc& router() { return nodes[0]; }
+  node_proc& prefill() { return nodes[1]; }
+  node_proc& decode() { return nodes[2]; }
+  std::string logs() {
+    std::string s;
+    for (auto& n : nodes) s += "--- " + n.name + "\n" + read_text(n.log);
+    return s;
+  }
+  /// Starts node `n` again (after it was killed): same config, ports and environment; its log
+  /// goes on in `<name>.restart.log`.
+  void restart(node_proc& n, std::map<std::string, std::string> env) {
+    n.proc.reset();
+    n.env = std::move(env);
+    n.log = n.log + ".restart.log";
+    spawn(n);
+    wait_listening(n);
+  }
+  /// True while the process of `n` has not exited.
+  static bool alive(node_proc& n) { return n.proc && n.proc->wait(std::chrono::milliseconds(0)) == -1 && ::kill(n.proc->pid(), 0) == 0; }
+
+  std::string config;
+  std::vector<node_proc> nodes;
+
+ private:
+  void spawn(node_proc& n) {
+    n.proc = std::make_unique<child>(
+        std::vector<std::string>{TANDEM_BINARY, "serve", "--config", config, "--node", n.name, "--log-level", "info"},
+        n.env, n.log);
+  }
+  void wait_listening(node_proc& n) {
+    int seen = 0;
+    while (seen < 3) {
+      auto line = n.proc->read_line(std::chrono::seconds(30));
+      if (!line) throw std::runtime_error("node " + n.name + " did not print its listening lines:\n" + read_text(n.log));
+      if (line->find(" listening on 127.0.0.1:") != std::string::npos) ++seen;
+    }
+  }
+};
+
+inline std::string body(const std::string& prompt, int32_t max_tokens, bool stream = false) {
+  json::writer w;
+  w.begin_object()
+      .key("model").str("micro")
+      .key("prompt").str(prompt)
+      .key("max_tokens").num(max_tokens)
+      .key("temperature").real(0)
+      .key("stream").boolean(stream)
+      .end_object();
+  return w.take();
+}
+
+struct completion {
+  int status = 0;
+  std::string text, finish_reason, raw;
+};
+
+inline completion complete(uint16_t port, const std::string& prompt, int32_t max_tokens) {
+  auto resp = test::post(port, "/v1/completions", body(prompt, max_tokens));
+  completion c;
+  c.status = resp.status;
+  c.raw = resp.body;
+  if (resp.status != 200) return c;
+  auto v = json::parse(resp.body);
+  const auto& choice = v.find("choices")->arr.at(0);
+  c.text = choice.find("text")->s;
+  c.finish_reason = choice.find("finish_reason")->s;
+  return c;
+}
+
+/// The value of an unlabelled metric in a /metrics text (NaN if absent).
+inline double metric(const std::string& text, const std::string& name) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
+  }
+  return std::nan("");
+}
+
+/// A role's gauge is 0, or the node does not run the role (a prefill node renders no decode gauges).
+inline bool zero_or_absent(const std::string& text, const std::string& name) {
+  const double v = metric(text, name);
+  return std::isnan(v) || v == 0;
+}
+
+/// Polls /metrics of `port` until `ok(text)` holds or the deadline passes; the last text.
+inline std::string wait_metrics(uint16_t port, const std::function<bool(const std::string&)>& ok,
+                                std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  std::string text;
+  while (true) {
+    text = test::get(port, "/metrics").body;
+    if (ok(text) || std::chrono::steady_clock::now() >= until) return text;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling a condition, with a deadline
+  }
+}
+
+/// A worker node's pool is whole: every page free, no transfer live or quarantined, no send
+/// or receive in flight (the actors answer a scrape one after another: all parts must agree).
+inline std::function<bool(const std::string&)> pool_settled(double free_pages) {
+  return [free_pages](const std::string& m) {
+    return metric(m, "tandem_kv_pages_free") == free_pages && metric(m, "tandem_kv_transfer_live") == 0 &&
+           metric(m, "tandem_kv_transfer_quarantined_pages") == 0 &&
+           zero_or_absent(m, "tandem_prefill_kv_sends_inflight") && zero_or_absent(m, "tandem_decode_kv_receiving_requests");
+  };
+}
+
+inline const std::vector<std::string> pd_prompts = {
+      "hello world",
+      "The quick brown fox jumps over the lazy dog and keeps running across the field until the sun goes down",
+      "a",
+      "Once upon a time in a land far away there lived a king who had three daughters and a very old dog named "
+      "Rex who liked to sleep by the fire every evening after dinner",
+      "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18",
+};
+
+}  // namespace tandem::e2e
