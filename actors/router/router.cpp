@@ -241,9 +241,7 @@ struct router_state {
                                          p.t.name, qt, n, lim.max_queued_tokens, no.retry_after_ms));
       return no;
     }
-    if (lim.max_queue_wait_ms > 0 && (qr > 0 || p.active_tokens > 0)) {
-      // An empty queue always admits: a prompt that alone takes longer than the bound must
-      // still be servable.
+    if (lim.max_queue_wait_ms > 0 && !fits_next_batch(lim, qr, p.backlog_tokens(), n)) {
       const int64_t wait = estimate_queue_wait_ms(p.backlog_tokens() + n, p.load.prefill_tokens_per_s);
       if (wait > lim.max_queue_wait_ms) {
         no.reason = "queue_wait";
