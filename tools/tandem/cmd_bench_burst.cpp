@@ -156,7 +156,7 @@ int bench_burst(args a) {
       .opt("load-s", "the 0.8x capacity Poisson run (seconds)", "6")
       .opt("burst-s", "the 3x capacity burst (seconds)", "4")
       .opt("max-queue-wait-ms",
-           "queue-wait bound of the bounded cluster (0 = the unbounded cluster's p99 TTFT at 0.8x)", "0")
+           "queue-wait bound of the bounded cluster (0 = 1.25x the unbounded cluster's p99 TTFT at 0.8x)", "0")
       .opt("timeout-s", "client-side timeout of one request", "60")
       .opt("seed", "seed of arrivals and prompts", "1")
       .opt("json", "write the results to this file");
@@ -254,9 +254,11 @@ int bench_burst(args a) {
   std::printf("capacity (closed loop, %lld streams, %.1f s): %.2f req/s\n", (long long)running, cap_s, capacity);
   results[0].load = run_phase("load_0_8x", o, 0.8 * capacity, load_s);
   if (queue_wait_ms == 0) {
-    // The operator's choice made from the SLO: a request may queue as long as the normal-load
-    // p99 TTFT; its prefill then fits in the remaining 0.5x of the goal.
-    queue_wait_ms = std::max<int64_t>(1, int64_t(percentile(results[0].load.s.ttft, 99)));
+    // The operator's choice made from the SLO: a request may queue about as long as the
+    // normal-load p99 TTFT. The 1.25x is the confidence margin: a p99 of a few hundred
+    // requests moves between runs on a shared machine, and a bound at or below the bounded
+    // cluster's own 0.8x tail refuses at normal load; the goal's 1.5x leaves room for it.
+    queue_wait_ms = std::max<int64_t>(1, int64_t(1.25 * percentile(results[0].load.s.ttft, 99)));
   }
   cluster_options bounded = base;                          // Tandem's default bounds ...
   bounded.lim.max_queue_wait_ms = int32_t(queue_wait_ms);  // ... plus the queue-wait bound
