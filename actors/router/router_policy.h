@@ -115,7 +115,7 @@ class route_policy {
 /// cost more than computing it next to the decode batch.
 struct local_prefill_rule {
   int32_t max_uncached_tokens = 256;  ///< prompts with more uncached tokens go to prefill; 0 = never local
-  int64_t min_queue_wait_ms = 200;    ///< ... unless the shortest prefill queue waits at least this long
+  int64_t min_queue_wait_ms = 200;    ///< ... unless the shortest prefill queue waits at least this long (-1: always)
   int32_t min_free_batch_slots = 1;   ///< the decode target must have this many free batch slots
 };
 

@@ -187,7 +187,7 @@ int bench_burst(args a) {
 
   cluster_options base;
   base.model_path = model;
-  base.log_level = std::getenv("TANDEM_BENCH_LOG") ? std::getenv("TANDEM_BENCH_LOG") : "error";
+  base.log_level = "error";
   base.lim.threads = int32_t(threads);
   base.lim.max_running_seqs = int32_t(running);
   // (a) Unbounded: every admission bound out of the way (the incident's configuration).
