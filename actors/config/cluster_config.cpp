@@ -509,8 +509,19 @@ config_check check_cluster_config(const std::string& text, const std::string& so
 
   // --- [router], [transfer]
   if (const value* t = ck.table(root, "router")) {
-    ck.known_keys(*t, "router", {"policy"});
+    ck.known_keys(*t, "router", {"policy", "balance_abs_tokens", "balance_rel"});
     ck.choice(*t, "router", "policy", {"round_robin", "power_of_two", "cache_aware"}, cfg.router_policy);
+    // cache_aware leaves a target with the cached prefix once it holds more than
+    // balance_abs_tokens more queued tokens than the least loaded one AND more than
+    // balance_rel times as many: below 1x every choice would fall back (no cache affinity).
+    int64_t abs_tokens = 0;
+    if (ck.integer(*t, "router", "balance_abs_tokens", 0, int64_t(1) << 40,
+                   "use e.g. 2048 (prompt tokens; 0 = the relative threshold alone decides)", abs_tokens))
+      cfg.router_balance_abs_tokens = abs_tokens;
+    double rel = 0;
+    if (ck.real(*t, "router", "balance_rel", 1.0, 1e6,
+                "use e.g. 1.5 (times the least loaded target's queued tokens; 1 = balance as soon as busier)", rel))
+      cfg.router_balance_rel = rel;
   }
   if (const value* t = ck.table(root, "transfer")) {
     ck.known_keys(*t, "transfer", {"failure_policy", "timeout_ms"});

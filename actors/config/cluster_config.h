@@ -41,6 +41,10 @@ struct cluster_config {
   cache_config cache;
   std::vector<node_config> nodes;
   std::string router_policy = "round_robin";        ///< round_robin | power_of_two | cache_aware
+  /// [router] balance_abs_tokens / balance_rel: cache_aware's balance thresholds
+  /// (route_policy_options; the defaults are the same).
+  int64_t router_balance_abs_tokens = 2048;
+  double router_balance_rel = 1.5;
   std::string transfer_failure_policy = "recompute";  ///< recompute | fail
   int32_t transfer_timeout_ms = 10000;
   /// [security]: API keys of the external interfaces ("" = auth off) and the HTTP paths

@@ -24,6 +24,11 @@ struct dseq {
   uint64_t transfer_id = 0;  ///< cross-node handoff: the KV transfer that fills `pages`
   std::string source_node;
   int32_t source_pages = 0;
+  /// Conditional disaggregation: a request the router sent here to be prefilled next to its
+  /// decode batch. `fill` is prompt ++ generated; chunks of it run in the batch's steps until
+  /// kv_len reaches its end, whose step samples the first token.
+  bool prefilling = false;
+  std::vector<int32_t> fill;
   int32_t total_len() const { return req.total_len(); }
 };
 
@@ -36,7 +41,10 @@ struct decode_state {
   std::vector<dseq> running;
   std::deque<dseq> waiting;  ///< handed off, holding pages, waiting for a batch slot
   bool busy = false;         ///< an allocation or a forward is outstanding
-  std::vector<std::string> in_flight;
+  std::vector<std::pair<std::string, int32_t>> in_flight;  ///< (id, tokens) of the step at the worker
+  /// Local prefills whose pages are being acquired: id -> aborted meanwhile.
+  std::unordered_map<std::string, bool> local_acquiring;
+  int64_t local_prefills = 0, local_prefill_tokens = 0;
   /// Cross-node handoffs: waiting for destination pages (by request id), then for the KV
   /// transfer (by transfer id). Bounded by the decode mailbox and the worker's transfer table.
   std::unordered_map<std::string, dseq> allocating;
@@ -370,8 +378,8 @@ void on_step_done(decode_actor_t* self, const wire* w, const tandem::error* tran
   std::vector<int32_t> sampled;
   std::optional<tandem::error> err = read_forward_result(w, transport_err, sampled);
   for (size_t i = 0; i < batch.size(); ++i) {
-    auto it =
-        std::find_if(s.running.begin(), s.running.end(), [&](const dseq& d) { return d.req.id == batch[i]; });
+    auto it = std::find_if(s.running.begin(), s.running.end(),
+                           [&](const dseq& d) { return d.req.id == batch[i].first; });
     if (it == s.running.end()) continue;
     if (it->aborted) {
       s.free_pages(it->req.id, it->pages);
@@ -384,8 +392,15 @@ void on_step_done(decode_actor_t* self, const wire* w, const tandem::error* tran
       s.running.erase(it);
       continue;
     }
-    it->kv_len += 1;
-    s.tokens += 1;
+    it->kv_len += batch[i].second;
+    if (it->prefilling) {
+      s.local_prefill_tokens += batch[i].second;
+      if (it->kv_len < static_cast<int32_t>(it->fill.size())) continue;  // more chunks to go
+      it->prefilling = false;  // the prompt is in; this step sampled the first token
+      it->fill.clear();
+    } else {
+      s.tokens += 1;
+    }
     const int32_t tok = sampled[i];
     auto reason = apply_token(it->req, tok, s.opt.model);
     std::vector<int32_t> out;
@@ -417,23 +432,40 @@ void start_step(decode_actor_t* self) {
   capnp::MallocMessageBuilder mb;
   auto fb = mb.initRoot<schema::Envelope>().initForward();
   fb.setPhase("decode");
-  auto seqs = fb.initSeqs(static_cast<unsigned>(s.running.size()));
-  for (unsigned i = 0; i < s.running.size(); ++i) {
-    auto& d = s.running[i];
+  // Local prefills take chunks of at most prefill_chunk_tokens per step in all, so the decode
+  // sequences beside them are not held up by a long prompt.
+  int32_t budget = std::max(1, s.opt.lim.prefill_chunk_tokens);
+  std::vector<std::pair<dseq*, int32_t>> chosen;
+  for (auto& d : s.running) {
+    if (!d.prefilling) {
+      chosen.emplace_back(&d, 1);
+      continue;
+    }
+    const int32_t n = std::min(budget, static_cast<int32_t>(d.fill.size()) - d.kv_len);
+    if (n <= 0) continue;
+    chosen.emplace_back(&d, n);
+    budget -= n;
+  }
+  auto seqs = fb.initSeqs(static_cast<unsigned>(chosen.size()));
+  for (unsigned i = 0; i < chosen.size(); ++i) {
+    auto& d = *chosen[i].first;
+    const int32_t n = chosen[i].second;
     auto st = seqs[i];
     st.setId(d.req.id);
-    const int32_t last = d.req.generated.back();
-    fill_list([&](unsigned n) { return st.initTokens(n); }, std::span<const int32_t>(&last, 1));
+    const int32_t last = d.req.generated.empty() ? 0 : d.req.generated.back();
+    std::span<const int32_t> toks = d.prefilling ? std::span<const int32_t>(d.fill.data() + d.kv_len, size_t(n))
+                                                 : std::span<const int32_t>(&last, 1);
+    fill_list([&](unsigned k) { return st.initTokens(k); }, toks);
     st.setPos(d.kv_len);
-    fill_list([&](unsigned n) { return st.initPages(n); }, d.pages);
-    st.setSample(true);
+    fill_list([&](unsigned k) { return st.initPages(k); }, d.pages);
+    st.setSample(!d.prefilling || d.kv_len + n == static_cast<int32_t>(d.fill.size()));
     auto sp = st.initSampling();
     sp.setTemperature(d.req.sampling.temperature);
     sp.setTopK(d.req.sampling.top_k);
     sp.setTopP(d.req.sampling.top_p);
     sp.setSeed(d.req.sampling.seed);
     st.setTokenIndex(static_cast<int32_t>(d.req.generated.size()));
-    s.in_flight.push_back(d.req.id);
+    s.in_flight.emplace_back(d.req.id, n);
   }
   if (!s.peers.worker.gate->try_enter()) {
     auto e = s.peers.worker.gate->overloaded_error();
@@ -550,8 +582,107 @@ void pump_once(decode_actor_t* self) {
             });
 }
 
+/// Conditional disaggregation: the router sent a short prompt here to be prefilled in the
+/// decode batch (no prefill queue, no KV transfer). Its pages come from this node's pool; it
+/// joins the batch like a handoff and runs as prefill chunks until its first token.
+void on_local_submit(decode_actor_t* self, seq_request r) {
+  auto& s = self->state;
+  bool held = s.find(r.id) != nullptr || s.local_acquiring.count(r.id) > 0;
+  for (const auto& x : s.waiting) held = held || x.req.id == r.id;
+  if (held) {
+    s.rejected["duplicate_submit"] += 1;
+    s.log->warn("request {}: duplicate local prefill ignored", r.id);
+    return;
+  }
+  dseq d;
+  d.req = std::move(r);
+  const int64_t taken = int64_t(s.running.size() + s.waiting.size() + s.local_acquiring.size());
+  if (taken >= s.opt.lim.max_running_seqs) {
+    // Bounded like the batch it joins; the router retries it on the prefill path.
+    s.fail(d,
+           tandem::error(error_kind::overloaded,
+                         fmt::format("decode node {} has no free batch slot for a local prefill ({} sequences, "
+                                     "limits.max_running_seqs = {}); retry on a prefill node",
+                                     s.opt.node, taken, s.opt.lim.max_running_seqs)),
+           "local_prefill_slots");
+    return;
+  }
+  if (!s.peers.cache.gate->try_enter()) {
+    s.fail(d, s.peers.cache.gate->overloaded_error(), "cache_mailbox");
+    return;
+  }
+  d.fill = d.req.all_tokens();
+  const std::string id = d.req.id;
+  s.local_acquiring[id] = false;
+  auto w = make_wire([&](schema::Envelope::Builder env) {
+    auto a = env.initAcquire();
+    a.setId(id);
+    fill_list([&](unsigned n) { return a.initTokens(n); }, d.fill);
+    a.setUsePrefixCache(s.opt.lim.prefix_cache);
+  });
+  self->request(s.peers.cache.handle, caf::infinite, call_atom::value, std::move(w))
+      .then(
+          [self, d](const wire& reply) mutable {
+            auto& st = self->state;
+            auto it = st.local_acquiring.find(d.req.id);
+            const bool aborted = it != st.local_acquiring.end() && it->second;
+            if (it != st.local_acquiring.end()) st.local_acquiring.erase(it);
+            std::string why = "the cache tier sent an unexpected reply";
+            int32_t cached = 0;
+            try {
+              wire_reader rd(reply);
+              auto env = rd.root();
+              if (env.isAcquireReply() && env.getAcquireReply().getOk()) {
+                d.pages = to_vector(env.getAcquireReply().getPages());
+                cached = env.getAcquireReply().getCachedTokens();
+                why.clear();
+              } else if (env.isAcquireReply()) {
+                why = read_error(env.getAcquireReply().getError()).what();
+              } else if (env.isError()) {
+                why = read_error(env.getError()).what();
+              }
+            } catch (const tandem::error& e) {
+              why = e.what();
+            }
+            if (aborted) {
+              st.free_pages(d.req.id, d.pages);
+              return;
+            }
+            if (!why.empty()) {
+              st.fail(d,
+                      tandem::error(error_kind::overloaded,
+                                    fmt::format("no KV pages on decode node {} for a local prefill of {} tokens: {}; "
+                                                "retry on a prefill node",
+                                                st.opt.node, d.fill.size(), why)),
+                      "kv_pages");
+              return;
+            }
+            // At least the last token is computed: its step samples the first completion token.
+            d.kv_len = std::clamp(cached, 0, static_cast<int32_t>(d.fill.size()) - 1);
+            d.req.cached_tokens = d.kv_len;
+            d.prefilling = true;
+            st.local_prefills += 1;
+            st.log->debug("request {}: local prefill ({} tokens, {} cached)", d.req.id, d.fill.size(), d.kv_len);
+            st.emit(d, {}, finish_reason::none, nullptr, "prefill");
+            st.waiting.push_back(std::move(d));
+            pump(self);
+          },
+          [self, d](caf::error& e) mutable {
+            auto& st = self->state;
+            st.local_acquiring.erase(d.req.id);
+            st.fail(d,
+                    tandem::error(error_kind::disconnected,
+                                  fmt::format("cache tier unreachable: {}", self->system().render(e))),
+                    "cache_error");
+          });
+}
+
 void on_abort(decode_actor_t* self, const std::string& id, int32_t hops) {
   auto& s = self->state;
+  if (auto it = s.local_acquiring.find(id); it != s.local_acquiring.end()) {
+    it->second = true;  // its pages are freed when the acquisition returns
+    return;
+  }
   for (auto it = s.waiting.begin(); it != s.waiting.end(); ++it) {
     if (it->req.id != id) continue;
     s.free_pages(id, it->pages);
@@ -608,6 +739,8 @@ caf::behavior decode_actor(decode_actor_t* self, scheduler_options opt, std::sha
           auto env = rd.root();
           if (env.isHandoff())
             on_handoff(self, env.getHandoff());
+          else if (env.isSubmit())
+            on_local_submit(self, seq_request::read(env.getSubmit()));
           else if (env.isAbort())
             on_abort(self, env.getAbort().getId().cStr(), env.getAbort().getHops());
           else if (env.isCreditQuery())
@@ -650,6 +783,10 @@ caf::behavior decode_actor(decode_actor_t* self, scheduler_options opt, std::sha
              "Cross-node handoffs whose KV transfer failed (then recomputed or failed by policy)"},
             {"decode_kv_recomputes_total", "", double(s.transfer_recomputes), "counter",
              "Requests re-prefilled after a failed KV transfer (transfer.failure_policy = recompute)"},
+            {"decode_local_prefills_total", "", double(s.local_prefills), "counter",
+             "Requests prefilled in the decode batch (conditional disaggregation)"},
+            {"decode_local_prefill_tokens_total", "", double(s.local_prefill_tokens), "counter",
+             "Prompt tokens computed by local prefill chunks in decode steps"},
             {"decode_credits_sent_total", "", double(s.credits_sent), "counter",
              "Credits sent to the router (batch/page changes and heartbeat answers)"},
         };

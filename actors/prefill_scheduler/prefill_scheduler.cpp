@@ -9,6 +9,7 @@
 
 #include "actors/common/metrics.h"
 #include "actors/common/wire.h"
+#include "actors/prefill_scheduler/drain_meter.h"
 #include "actors/worker/kv_port.h"
 
 namespace tandem {
@@ -58,10 +59,9 @@ struct prefill_state {
   uint64_t received = 0;      ///< submissions taken off the mailbox (admitted or refused)
   uint64_t credit_seq = 0;
   int64_t last_credit_key[5] = {-1, -1, -1, -1, -1};
-  int64_t batch_start_ms = 0;
-  int64_t window_start_ms = -1;  ///< start of the current drain-rate window (-1: no work)
-  int64_t window_tokens = 0;
-  double tokens_per_s = 0;       ///< EWMA of the measured drain rate
+  drain_meter drain;               ///< the drain rate the credits carry
+  int64_t drain_pending_tokens = 0;  ///< computed since the meter's last observation
+  double tokens_per_s = 0;           ///< drain.tokens_per_s() as last reported
   int64_t queued_tokens_high_water = 0;
   int32_t queued_requests_high_water = 0;
   int64_t credits_sent = 0;
@@ -101,24 +101,14 @@ struct prefill_state {
     }));
   }
 
-  /// Drain rate: prompt tokens computed per wall second while the prefill had work, over
-  /// windows of at least 100 ms (the worker is shared with decode, so this is the rate the
-  /// queue actually drains at, not the kernel's peak; short windows see one batch only and
-  /// overestimate it).
-  void note_computed(int64_t tokens, int64_t now_ms) {
-    if (window_start_ms < 0) window_start_ms = batch_start_ms;
-    window_tokens += tokens;
-    const int64_t dt = now_ms - window_start_ms;
-    const bool idle = waiting.empty() && active.empty() && !acquiring;
-    if (dt >= 100 || (idle && (dt >= 20 || (dt >= 2 && tokens_per_s <= 0)))) {
-      const double sample = double(window_tokens) * 1000.0 / double(dt);
-      tokens_per_s = tokens_per_s <= 0 ? sample : 0.5 * tokens_per_s + 0.5 * sample;
-      window_start_ms = idle ? -1 : now_ms;
-      window_tokens = 0;
-    } else if (idle) {
-      window_start_ms = -1;
-      window_tokens = 0;
-    }
+  /// Tells the drain meter the state the scheduler is in from now on (see drain_meter.h).
+  void observe_drain() {
+    const auto st = !waiting.empty() ? drain_meter::state::queued
+                    : (acquiring || !active.empty()) ? drain_meter::state::busy
+                                                      : drain_meter::state::idle;
+    drain.observe(clk->now_ms(), st, drain_pending_tokens);
+    drain_pending_tokens = 0;
+    tokens_per_s = drain.tokens_per_s();
   }
 
   void emit(const wire& w) {
@@ -378,13 +368,8 @@ void on_forward_done(prefill_actor_t* self, const wire* w, const tandem::error* 
       s.active.erase(it);
     }
   }
-  // After the finished sequences left `active`, so an idle prefill ends the rate window here
-  // (a window spanning idle time would underestimate the drain rate).
-  if (!err) {
-    int64_t n = 0;
-    for (const auto& b : batch) n += b.second;
-    s.note_computed(n, s.clk->now_ms());
-  }
+  if (!err)
+    for (const auto& b : batch) s.drain_pending_tokens += b.second;
   pump(self);
 }
 
@@ -437,7 +422,6 @@ void start_batch(prefill_actor_t* self) {
   }
   s.busy = true;
   s.batches += 1;
-  s.batch_start_ms = s.clk->now_ms();
   self->request(s.peers.worker.handle, caf::infinite, call_atom::value, make_wire(mb))
       .then([self](const wire& r) { on_forward_done(self, &r, nullptr); },
             [self](caf::error& e) {
@@ -485,6 +469,7 @@ void pump(prefill_actor_t* self) {
     }
   }
   if (!s.busy && !s.active.empty()) start_batch(self);
+  s.observe_drain();
   s.send_credit(false);
 }
 
@@ -612,7 +597,7 @@ caf::behavior prefill_actor(prefill_actor_t* self, scheduler_options opt, std::s
             {"prefill_queued_tokens_high_water", "", double(s.queued_tokens_high_water), "gauge",
              "Most prompt tokens ever waiting for prefill (never above limits.max_queued_tokens)"},
             {"prefill_drain_tokens_per_s", "", s.tokens_per_s, "gauge",
-             "Measured rate the prefill queue drains at (prompt tokens per second while it has work)"},
+             "Measured rate the prefill queue drains at (prompt tokens per wall second while requests wait; while it has work until a queue was seen)"},
             {"prefill_credits_sent_total", "", double(s.credits_sent), "counter",
              "Credits sent to the router (queue changes and heartbeat answers)"},
         };

@@ -116,6 +116,7 @@ struct entry {
   seq_request req;   ///< kept for re-routing until the first token
   int prefill = 0;   ///< index of its prefill target
   int decode = -1;   ///< index of its decode target (-1: the prefill's own)
+  bool local = false;  ///< prefilled on its decode target (conditional disaggregation)
   int32_t retries = 0;
   std::vector<int> tried;  ///< prefill targets that refused it
   int64_t submit_ms = 0;
@@ -133,6 +134,7 @@ struct entry {
 /// Where a request goes, or why it cannot go anywhere now.
 struct placement {
   int prefill = -1, decode = -1;
+  bool local = false;  ///< send it to the decode target to be prefilled there
   std::optional<tandem::error> err;
   std::string reason;
   int64_t retry_after_ms = 0;
@@ -145,7 +147,7 @@ struct router_state {
   std::optional<route_policy> policy;
   std::mt19937_64 jitter;
   int64_t start_ms = 0;
-  int64_t retries_total = 0, local_prefill_candidates = 0;
+  int64_t retries_total = 0, local_prefill_candidates = 0, local_prefills = 0;
   std::shared_ptr<mailbox_gate> gate;
   std::shared_ptr<const cluster_clock> clk;
   std::shared_ptr<spdlog::logger> log;
@@ -256,9 +258,7 @@ struct router_state {
                                          p.t.name, qt, n, lim.max_queued_tokens, no.retry_after_ms));
       return no;
     }
-    if (lim.max_queue_wait_ms > 0 && (qr > 0 || p.active_tokens > 0)) {
-      // An empty queue always admits: a prompt that alone takes longer than the bound must
-      // still be servable.
+    if (lim.max_queue_wait_ms > 0 && !fits_next_batch(lim, qr, p.backlog_tokens(), n)) {
       const int64_t wait = estimate_queue_wait_ms(p.backlog_tokens() + n, p.load.prefill_tokens_per_s);
       if (wait > lim.max_queue_wait_ms) {
         no.reason = "queue_wait";
@@ -367,7 +367,16 @@ struct router_state {
         const int64_t w = estimate_queue_wait_ms(p.backlog_tokens(), p.load.prefill_tokens_per_s);
         if (w >= 0 && (shortest < 0 || w < shortest)) shortest = w;
       }
-      if (prefill_locally(opt.local_prefill, static_cast<int32_t>(n), cached, shortest, dlo)) local_prefill_candidates += 1;
+      if (prefill_locally(opt.local_prefill, static_cast<int32_t>(n), cached, shortest, dlo)) {
+        local_prefill_candidates += 1;
+        // Acted on only where it saves a KV transfer (the decode target runs on another node
+        // than the prefill target), and only if the decode pool can hold the prompt now: its
+        // pages come from there at once, not after a queue.
+        const auto node_of = [](const std::string& name) { return name.substr(0, name.rfind('/')); };
+        const bool other_node = node_of(decodes[size_t(d)].t.name) != node_of(prefills[size_t(out.prefill)].t.name);
+        const bool fits = dlo.free_pages < 0 || dlo.free_pages >= need;
+        out.local = other_node && fits;
+      }
     }
     return out;
   }
@@ -444,6 +453,29 @@ bool dispatch(router_actor_t* self, entry& e, const placement& pl) {
   auto& s = self->state;
   auto& p = s.prefills[size_t(pl.prefill)];
   const std::string id = e.req.id;
+  if (pl.local && pl.decode >= 0) {
+    auto& d = s.decodes[size_t(pl.decode)];
+    if (d.t.actor.gate->try_enter()) {
+      const int64_t now = s.clk->now_ms();
+      d.breaker.allow(now);
+      d.routed += 1;
+      // Until its next credit: the decode target holds one more sequence and its pages.
+      d.load.waiting_seqs += 1;
+      if (d.load.free_pages >= 0)
+        d.load.free_pages = std::max<int64_t>(0, d.load.free_pages - s.pages_for(int64_t(e.req.prompt.size()) + 1));
+      e.prefill = pl.prefill;
+      e.decode = pl.decode;
+      e.local = true;
+      e.state = "queued";
+      e.req.decode_target = d.t.name;
+      s.local_prefills += 1;
+      self->send(d.t.actor.handle, wire_atom::value,
+                 make_wire([&](schema::Envelope::Builder env) { e.req.write(env.initSubmit()); }));
+      return true;
+    }
+    // The decode mailbox is full: the prefill path below.
+  }
+  e.local = false;
   if (!p.t.actor.gate->try_enter()) {
     auto err = p.t.actor.gate->overloaded_error();
     s.rejected_by_reason["prefill_mailbox"] += 1;
@@ -633,10 +665,12 @@ void on_event(router_actor_t* self, schema::TokenEvent::Reader r) {
   }
 }
 
-void send_abort(router_actor_t* self, const std::string& id, int target) {
+void send_abort(router_actor_t* self, const std::string& id, int target, int local_decode = -1) {
   auto& s = self->state;
-  if (target < 0 || size_t(target) >= s.prefills.size()) return;
-  auto& a = s.prefills[size_t(target)].t.actor;
+  const bool to_decode = local_decode >= 0 && size_t(local_decode) < s.decodes.size();
+  if (!to_decode && (target < 0 || size_t(target) >= s.prefills.size())) return;
+  // A local prefill went to its decode target; that one follows it to prefill if preempted.
+  auto& a = to_decode ? s.decodes[size_t(local_decode)].t.actor : s.prefills[size_t(target)].t.actor;
   a.gate->enter_control();
   self->send(a.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
                auto a = env.initAbort();
@@ -657,6 +691,7 @@ void on_tick(router_actor_t* self) {
   for (const auto& id : expired) {
     const auto& e = s.table.at(id);
     const int target = e.state == "retrying" ? -1 : e.prefill;
+    const int local_decode = e.state != "retrying" && e.local ? e.decode : -1;
     if (queued(e)) {
       // Never started: the queue (not the request) took too long -> 504 at the front end.
       const auto& p = s.prefills[size_t(e.prefill)];
@@ -679,7 +714,7 @@ void on_tick(router_actor_t* self) {
       s.rejected_by_reason["deadline"] += 1;
       s.finish_here(id, finish_reason::error, &err, "deadline");
     }
-    send_abort(self, id, target);
+    send_abort(self, id, target, local_decode);
   }
   schedule_tick(self);
 }
@@ -745,9 +780,12 @@ void on_node_down(router_actor_t* self, const std::string& role, const std::stri
   std::vector<std::pair<std::string, int>> ends;  // (id, prefill to tell, or -1)
   for (const auto& [id, e] : s.table) {
     if (e.state == "retrying") continue;  // placed again later, around the dead target
+    // A local prefill is on its decode node from the start, until it is preempted.
+    const bool on_decode = e.state == "decode" || (e.local && (e.state == "queued" || e.state == "prefill"));
     if (role == "decode" ? e.decode == index
-                         : e.prefill == index && (e.state == "queued" || e.state == "prefill" || e.state == "preempted"))
-      ends.emplace_back(id, role == "decode" && e.state != "decode" ? e.prefill : -1);
+                         : e.prefill == index && !on_decode &&
+                               (e.state == "queued" || e.state == "prefill" || e.state == "preempted"))
+      ends.emplace_back(id, role == "decode" && !on_decode ? e.prefill : -1);
   }
   if (ends.empty()) return;
   s.log->warn("{} requests end: {}", ends.size(), why);
@@ -812,9 +850,10 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
             auto it = s.table.find(id);
             if (it == s.table.end()) return;
             const int target = it->second.state == "retrying" ? -1 : it->second.prefill;
+            const int local_decode = it->second.state != "retrying" && it->second.local ? it->second.decode : -1;
             s.log->info("request {}: aborted by the client", id);
             s.finish_here(id, finish_reason::abort, nullptr);
-            send_abort(self, id, target);
+            send_abort(self, id, target, local_decode);
           } else {
             s.log->error("router: unexpected message dropped");
           }
@@ -883,6 +922,8 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
                      "Requests re-routed after a target refused them before their first token"});
         m.push_back({"router_local_prefill_candidates_total", "", double(s.local_prefill_candidates), "counter",
                      "Requests the conditional-disaggregation rule would prefill on their decode node"});
+        m.push_back({"router_local_prefill_total", "", double(s.local_prefills), "counter",
+                     "Requests sent to their decode target to be prefilled there (conditional disaggregation)"});
         m.push_back({"router_prefix_index_nodes", "", double(s.policy->index().size()), "gauge",
                      "Nodes of the cache_aware prefix index (bounded, LRU)"});
         m.push_back({"router_balance_fallbacks_total", "", double(s.policy->balance_fallbacks()), "counter",

@@ -60,7 +60,10 @@ struct router_options {
   model_facts model;
   int32_t tick_ms = 5;  ///< how often deadlines are checked (real time)
   route_policy_options policy;        ///< which prefill/decode target a request goes to
-  local_prefill_rule local_prefill;   ///< conditional disaggregation (counted; see router_policy.h)
+  /// Conditional disaggregation (router_policy.h): a short uncached prompt goes to its decode
+  /// target, on another node than the prefill target, to be prefilled in the decode batch
+  /// while the prefill queues are long.
+  local_prefill_rule local_prefill;
   uint64_t seed = 0x7a6e64656d;       ///< the policy's and the retry jitter's RNG
 };
 

@@ -226,6 +226,12 @@ bool prefill_locally(const local_prefill_rule& rule, int32_t prompt_tokens, int3
   return slots >= rule.min_free_batch_slots;
 }
 
+bool fits_next_batch(const limits& lim, int64_t queued_requests, int64_t backlog_tokens, int64_t prompt_tokens) {
+  if (queued_requests <= 0 && backlog_tokens <= 0) return true;
+  return queued_requests + 1 <= std::max(lim.max_prefill_batch_seqs, 1) &&
+         backlog_tokens + prompt_tokens <= std::max(lim.prefill_chunk_tokens, 1);
+}
+
 // ---- backoff
 
 int64_t backoff_policy::delay_ms(int32_t attempt, std::mt19937_64& rng) const {

@@ -15,6 +15,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "actors/common/limits.h"
+
 namespace tandem {
 
 /// What a target last reported in its credits (queue of a prefill target, batch and pages of
@@ -113,7 +115,7 @@ class route_policy {
 /// cost more than computing it next to the decode batch.
 struct local_prefill_rule {
   int32_t max_uncached_tokens = 256;  ///< prompts with more uncached tokens go to prefill; 0 = never local
-  int64_t min_queue_wait_ms = 200;    ///< ... unless the shortest prefill queue waits at least this long
+  int64_t min_queue_wait_ms = 200;    ///< ... unless the shortest prefill queue waits at least this long (-1: always)
   int32_t min_free_batch_slots = 1;   ///< the decode target must have this many free batch slots
 };
 
@@ -125,6 +127,14 @@ bool prefill_locally(const local_prefill_rule& rule, int32_t prompt_tokens, int3
 /// Estimated queue wait (ms) of a prefill target with `queued_tokens` waiting, at the
 /// measured rate; -1 if the rate is not measured yet.
 int64_t estimate_queue_wait_ms(int64_t queued_tokens, double tokens_per_s);
+
+/// Admission by queue wait refuses only beyond a short queue: true while the request would
+/// go into the target's next prefill batch anyway (at most `prefill_chunk_tokens` tokens and
+/// fewer than `max_prefill_batch_seqs` requests ahead, itself included), where waiting longer
+/// cannot be the queue's fault and the estimate's noise (a drain rate measured on few
+/// batches) would otherwise refuse at normal load. An empty queue always admits, so a prompt
+/// that alone takes longer than the bound is still servable.
+bool fits_next_batch(const limits& lim, int64_t queued_requests, int64_t backlog_tokens, int64_t prompt_tokens);
 
 /// Retry delays: exponential from base_ms, capped at max_ms, with full jitter in
 /// [delay/2, delay] from the injected RNG (retries of a burst must not arrive in lockstep).

@@ -47,6 +47,8 @@ std::unique_ptr<embedded_cluster> embedded_cluster::start(const cluster_options&
   ao.node_name = opt.node_name;
   if (opt.configure_node) opt.configure_node(ao);
   ao.policy.kind = *policy;
+  ao.policy.balance_abs_tokens = opt.router_balance_abs_tokens;
+  ao.policy.balance_rel = opt.router_balance_rel;
   p->cluster = std::make_unique<actor_cluster>(std::move(model), ao);
   return std::unique_ptr<embedded_cluster>(new embedded_cluster(std::move(p)));
 }

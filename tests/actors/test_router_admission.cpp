@@ -7,11 +7,14 @@
 #include <caf/all.hpp>
 #include <condition_variable>
 #include <deque>
+#include <limits>
 #include <mutex>
+#include <random>
 
 #include "actors/common/logging.h"
 #include "actors/common/metrics.h"
 #include "actors/common/wire.h"
+#include "actors/prefill_scheduler/drain_meter.h"
 #include "actors/router/router.h"
 #include "tests/actors/support.h"
 
@@ -55,8 +58,9 @@ struct rig {
   std::vector<std::shared_ptr<inbox>> boxes;
   bounded_actor router;
   collector col;
+  limits lim;
 
-  rig(limits lim, int n_prefill, route_policy_kind kind = route_policy_kind::round_robin) {
+  rig(limits lim_, int n_prefill, route_policy_kind kind = route_policy_kind::round_robin) : lim(lim_) {
     cfg.add_message_type<wire>("tandem_wire");
     sys = std::make_unique<caf::actor_system>(cfg);
     std::vector<route_target> prefill;
@@ -266,4 +270,151 @@ TEST_CASE("router health: a target silent for three heartbeats is skipped") {
   REQUIRE(r.boxes[1]->wait_submits(10));
   std::lock_guard lk(r.boxes[0]->m);
   CHECK(r.boxes[0]->submits.empty());
+}
+
+namespace {
+
+/// A prefill target simulated on the manual clock, run the way the prefill scheduler runs: a
+/// FIFO queue, batches of up to `max_seqs` prompts / `chunk` tokens, and a forward step that
+/// costs `fixed_ms` plus `ms_per_token` per token (a lone prompt drains slower than a full
+/// batch). It feeds a drain_meter exactly as the scheduler does (state after every change,
+/// tokens when a batch comes back) and reports the credits the scheduler would send.
+struct sim_target {
+  int32_t max_seqs = 8, chunk = 256;
+  double fixed_ms = 20, ms_per_token = 0.3125;
+  drain_meter meter;
+  std::deque<std::pair<int64_t, int32_t>> waiting;  ///< (arrival ms, tokens)
+  std::vector<std::pair<int64_t, int32_t>> batch;
+  int64_t batch_end = -1;
+  uint64_t received = 0;
+  std::vector<int64_t> ttft_ms;  ///< per admitted request: arrival to end of its batch
+
+  drain_meter::state state() const {
+    if (!waiting.empty()) return drain_meter::state::queued;
+    return batch_end >= 0 ? drain_meter::state::busy : drain_meter::state::idle;
+  }
+  void start(int64_t t) {
+    int32_t tokens = 0;
+    while (!waiting.empty() && int32_t(batch.size()) < max_seqs && tokens + waiting.front().second <= chunk) {
+      tokens += waiting.front().second;
+      batch.push_back(waiting.front());
+      waiting.pop_front();
+    }
+    if (batch.empty()) return;
+    batch_end = t + int64_t(fixed_ms + ms_per_token * tokens + 0.5);
+    meter.observe(t, state(), 0);
+  }
+  /// Runs the target up to time `t`.
+  void advance(int64_t t) {
+    while (batch_end >= 0 && batch_end <= t) {
+      const int64_t end = batch_end;
+      int64_t tokens = 0;
+      for (auto& [arrived, n] : batch) {
+        tokens += n;
+        ttft_ms.push_back(end - arrived);
+      }
+      batch.clear();
+      batch_end = -1;
+      meter.observe(end, state(), tokens);
+      start(end);
+    }
+  }
+  void admit(int64_t t, int32_t n) {
+    received += 1;
+    waiting.emplace_back(t, n);
+    if (batch_end < 0) start(t);
+    meter.observe(t, state(), 0);
+  }
+  int32_t queued_requests() const { return int32_t(waiting.size()); }
+  int64_t queued_tokens() const {
+    int64_t s = 0;
+    for (auto& w : waiting) s += w.second;
+    return s;
+  }
+  int64_t active_tokens() const {
+    int64_t s = 0;
+    for (auto& b : batch) s += b.second;
+    return s;
+  }
+};
+
+struct arrival_run {
+  int admitted = 0, refused = 0;
+  int64_t max_ttft_ms = 0;
+  int would_refuse_at_busy_rate = 0;  ///< refusals had the router used the all-busy-time rate
+};
+
+/// Poisson arrivals of `n` prompts of `tokens` at `rate_per_ms` against `sim` behind the router
+/// of `r` (credits before each arrival, as the scheduler sends one per change).
+arrival_run run_arrivals(rig& r, sim_target& sim, uint64_t& seq, int n, int32_t tokens, double rate_per_ms,
+                         uint32_t seed, int64_t bound_ms) {
+  std::mt19937 rng(seed);
+  std::exponential_distribution<double> gap(rate_per_ms);
+  arrival_run out;
+  int64_t t = r.clk->now_ms();
+  double due = double(t);
+  static int next_id = 0;
+  for (int i = 0; i < n; ++i) {
+    due += gap(rng);
+    const int64_t at = int64_t(due);
+    sim.advance(at);
+    r.clk->advance_ms(at - t);
+    t = at;
+    r.credit(0, ++seq, sim.received, sim.queued_requests(), sim.queued_tokens(), sim.meter.tokens_per_s(),
+             sim.active_tokens());
+    const int64_t backlog = sim.queued_tokens() + sim.active_tokens();
+    const double busy = sim.meter.busy_tokens_per_s();
+    if (busy > 0 && !fits_next_batch(r.lim, sim.queued_requests(), backlog, tokens) &&
+        estimate_queue_wait_ms(backlog + tokens, busy) > bound_ms)
+      out.would_refuse_at_busy_rate += 1;
+    const double before = r.stats().value("rejections_total", "actor=\"router\",reason=\"queue_wait\"");
+    r.submit("s" + std::to_string(next_id++), tokens);
+    if (r.stats().value("rejections_total", "actor=\"router\",reason=\"queue_wait\"") > before) {
+      out.refused += 1;
+    } else {
+      out.admitted += 1;
+      sim.admit(at, tokens);
+    }
+  }
+  // Drain: every admitted request's batch ends.
+  sim.advance(std::numeric_limits<int64_t>::max() / 2);
+  for (auto v : sim.ttft_ms) out.max_ttft_ms = std::max(out.max_ttft_ms, v);
+  sim.ttft_ms.clear();
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("router admission: arrivals at 0.8x capacity are not refused, a 3x burst is held to the wait bound") {
+  // Capacity of the simulated target: full batches of 8 x 32 tokens in 20 + 80 ms = 80 req/s;
+  // a lone prompt takes 30 ms (33 req/s if every batch were lone).
+  limits l = small_limits();
+  l.prefill_chunk_tokens = 256;
+  l.max_prefill_batch_seqs = 8;
+  l.max_queued_requests = 1000;
+  l.max_queued_tokens = 1 << 20;
+  l.max_queue_wait_ms = 300;  // ~24 requests ahead at the saturated rate
+  rig r(l, 1);
+  sim_target sim;
+  uint64_t seq = 0;
+  const double capacity_per_ms = 8.0 / 100.0;
+  // Warm: the meter reports nothing until it saw a queue; the bounds on requests and tokens hold.
+  auto warm = run_arrivals(r, sim, seq, 100, 32, 0.8 * capacity_per_ms, 7, l.max_queue_wait_ms);
+  CHECK(warm.refused == 0);
+  REQUIRE(sim.meter.tokens_per_s() > 0);
+  // The saturated drain rate is 2560 tokens/s; the meter must be near it, not at a lone prompt's 1067.
+  CHECK(sim.meter.tokens_per_s() > 1800);
+  auto normal = run_arrivals(r, sim, seq, 400, 32, 0.8 * capacity_per_ms, 11, l.max_queue_wait_ms);
+  INFO("0.8x: admitted " << normal.admitted << ", refused " << normal.refused << ", max ttft " << normal.max_ttft_ms
+                         << " ms, would refuse at the busy rate " << normal.would_refuse_at_busy_rate
+                         << ", meter " << sim.meter.tokens_per_s() << " tokens/s");
+  CHECK(normal.refused == 0);
+  // The old rate (all time with work, lone prompts included) refuses the same arrivals.
+  CHECK(normal.would_refuse_at_busy_rate > 0);
+  auto burst = run_arrivals(r, sim, seq, 400, 32, 3.0 * capacity_per_ms, 13, l.max_queue_wait_ms);
+  INFO("3x: admitted " << burst.admitted << ", refused " << burst.refused << ", max ttft " << burst.max_ttft_ms);
+  CHECK(burst.refused > 100);
+  // Admitted requests wait at most the bound plus their own batch (and the estimate's slack).
+  CHECK(burst.max_ttft_ms <= int64_t(1.5 * l.max_queue_wait_ms));
+  CHECK(r.col.duplicate_finishes == 0);
 }

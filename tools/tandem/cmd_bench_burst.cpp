@@ -32,6 +32,9 @@ namespace {
 
 using namespace load;
 
+/// Goal: the bounded cluster refuses at most this share (%) of the 0.8x-load requests.
+constexpr double kMaxLoadRefusedPct = 1.0;
+
 /// An embedded cluster and its HTTP front end on a free port, on a thread of its own.
 class served_cluster {
  public:
@@ -153,7 +156,7 @@ int bench_burst(args a) {
       .opt("load-s", "the 0.8x capacity Poisson run (seconds)", "6")
       .opt("burst-s", "the 3x capacity burst (seconds)", "4")
       .opt("max-queue-wait-ms",
-           "queue-wait bound of the bounded cluster (0 = the unbounded cluster's p99 TTFT at 0.8x)", "0")
+           "queue-wait bound of the bounded cluster (0 = 1.25x the unbounded cluster's p99 TTFT at 0.8x)", "0")
       .opt("timeout-s", "client-side timeout of one request", "60")
       .opt("seed", "seed of arrivals and prompts", "1")
       .opt("json", "write the results to this file");
@@ -251,9 +254,11 @@ int bench_burst(args a) {
   std::printf("capacity (closed loop, %lld streams, %.1f s): %.2f req/s\n", (long long)running, cap_s, capacity);
   results[0].load = run_phase("load_0_8x", o, 0.8 * capacity, load_s);
   if (queue_wait_ms == 0) {
-    // The operator's choice made from the SLO: a request may queue as long as the normal-load
-    // p99 TTFT; its prefill then fits in the remaining 0.5x of the goal.
-    queue_wait_ms = std::max<int64_t>(1, int64_t(percentile(results[0].load.s.ttft, 99)));
+    // The operator's choice made from the SLO: a request may queue about as long as the
+    // normal-load p99 TTFT. The 1.25x is the confidence margin: a p99 of a few hundred
+    // requests moves between runs on a shared machine, and a bound at or below the bounded
+    // cluster's own 0.8x tail refuses at normal load; the goal's 1.5x leaves room for it.
+    queue_wait_ms = std::max<int64_t>(1, int64_t(1.25 * percentile(results[0].load.s.ttft, 99)));
   }
   cluster_options bounded = base;                          // Tandem's default bounds ...
   bounded.lim.max_queue_wait_ms = int32_t(queue_wait_ms);  // ... plus the queue-wait bound
@@ -263,10 +268,14 @@ int bench_burst(args a) {
   warm(cb.port());
   results[1].queue_wait_ms = double(queue_wait_ms);
   results[1].load = run_phase("load_0_8x", ob, 0.8 * capacity, load_s);
+  const std::string load_refusals = cb.nonzero("tandem_rejections_total");
+  const double load_drain = cb.metric("tandem_prefill_drain_tokens_per_s");
   results[0].burst = run_phase("burst_3x", o, 3.0 * capacity, burst_s);
   results[1].burst = run_phase("burst_3x", ob, 3.0 * capacity, burst_s);
   queue_marks(results[0], cu);
   queue_marks(results[1], cb);
+  std::printf("bounded after 0.8x load: refusals [%s], prefill drain rate %.0f tokens/s\n", load_refusals.c_str(),
+              load_drain);
   std::printf("refusals by reason: unbounded [%s]; bounded [%s]\n", cu.nonzero("tandem_rejections_total").c_str(),
               cb.nonzero("tandem_rejections_total").c_str());
 
@@ -291,10 +300,15 @@ int bench_burst(args a) {
   const bool ttft_ok = b.ratio() > 0 && b.ratio() <= 1.5;
   const bool rej_ok = b.burst.s.reject.empty() || rej_p99 < 50;
   const bool queue_ok = b.q_hw_requests <= b.q_bound_requests && b.q_hw_tokens <= b.q_bound_tokens;
+  // Bounds that refuse at normal load trade an incident for a permanent outage of 1 in N.
+  const double load_refused_pct = b.load.s.sent > 0 ? 100.0 * double(b.load.s.reject.size()) / double(b.load.s.sent) : 0;
+  const bool load_ok = load_refused_pct <= kMaxLoadRefusedPct;
   std::printf("goal: bounded admitted p99 TTFT <= 1.5x: %.2fx %s; rejections < 50 ms: p99 %.2f ms %s; queue within its "
               "bound: %s; requests without a final answer: %lld %s\n",
               b.ratio(), ttft_ok ? "met" : "MISSED", rej_p99, rej_ok ? "met" : "MISSED", queue_ok ? "yes" : "NO",
               (long long)without, without == 0 ? "met" : "MISSED");
+  std::printf("goal: bounded refusals at 0.8x load <= %.0f%%: %.2f%% (%zu of %lld) %s\n", kMaxLoadRefusedPct,
+              load_refused_pct, b.load.s.reject.size(), (long long)b.load.s.sent, load_ok ? "met" : "MISSED");
 
   if (f.has("json")) {
     json::writer w;
@@ -315,7 +329,9 @@ int bench_burst(args a) {
     w.key("goal").begin_object().key("ttft_ratio").real(b.ratio()).key("ttft_ratio_max").real(1.5);
     w.key("ttft_met").boolean(ttft_ok).key("rejection_p99_ms").real(rej_p99).key("rejection_p99_ms_max").real(50);
     w.key("rejection_met").boolean(rej_ok).key("queue_within_bound").boolean(queue_ok);
-    w.key("without_final_answer").num(without).end_object();
+    w.key("without_final_answer").num(without);
+    w.key("load_refused_pct").real(load_refused_pct).key("load_refused_pct_max").real(kMaxLoadRefusedPct);
+    w.key("load_refused_met").boolean(load_ok).end_object();
     w.end_object();
     std::ofstream out(f.str("json"));
     out << w.text() << "\n";

@@ -121,6 +121,8 @@ void configure_from_file(const flags& f, cluster_options& co, front_end_options&
   co.lim = c.cfg.lim;
   co.cache = c.cfg.cache;
   co.router_policy = c.cfg.router_policy;
+  co.router_balance_abs_tokens = c.cfg.router_balance_abs_tokens;
+  co.router_balance_rel = c.cfg.router_balance_rel;
   if (node->page_size) co.lim.page_size = node->page_size;
   fo.host = node->host;
   fo.http_port = node->http_port;

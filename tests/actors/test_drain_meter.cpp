@@ -1,0 +1,55 @@
+// The prefill drain rate the router's queue-wait estimate divides by (drain_meter.h), on a
+// made-up timeline: it measures only time with requests waiting, counts short stretches as
+// well as long ones, and reports nothing before a queue was seen.
+#include <doctest/doctest.h>
+
+#include "actors/prefill_scheduler/drain_meter.h"
+
+using namespace tandem;
+using st = drain_meter::state;
+
+TEST_CASE("drain_meter: lone prompts with idle gaps report no drain rate (no queue seen), only a busy rate") {
+  drain_meter m(100, 0.3);
+  int64_t t = 0;
+  for (int i = 0; i < 50; ++i) {
+    m.observe(t, st::busy, 0);       // a prompt arrives, is prefilled alone ...
+    m.observe(t + 30, st::idle, 32);  // ... in 30 ms, then nothing for 20 ms
+    t += 50;
+  }
+  CHECK(m.tokens_per_s() == 0);
+  CHECK(m.busy_tokens_per_s() == doctest::Approx(32.0 * 1000 / 30).epsilon(0.01));
+}
+
+TEST_CASE("drain_meter: the rate while requests wait, short stretches summed without bias") {
+  drain_meter m(100, 0.3);
+  // 400 queued stretches of 1 ms alternating with 1 ms idle: each computes 10 tokens.
+  int64_t t = 0;
+  for (int i = 0; i < 400; ++i) {
+    m.observe(t, st::queued, 0);
+    m.observe(t + 1, st::idle, 10);
+    t += 2;
+  }
+  CHECK(m.queued_tokens_per_s() == doctest::Approx(10000.0).epsilon(0.01));
+  // A long queue that drains at 4000 tokens/s: the average moves there (smoothly).
+  for (int i = 0; i < 200; ++i) {
+    m.observe(t, st::queued, 0);
+    m.observe(t + 10, st::queued, 40);
+    t += 10;
+  }
+  CHECK(m.tokens_per_s() == doctest::Approx(4000.0).epsilon(0.02));
+  // Time without work never counts: a long idle stretch leaves the rate alone.
+  m.observe(t, st::idle, 0);
+  m.observe(t + 100000, st::idle, 0);
+  CHECK(m.tokens_per_s() == doctest::Approx(4000.0).epsilon(0.02));
+}
+
+TEST_CASE("drain_meter: the first sample comes after a fifth of the window, later ones smooth") {
+  drain_meter m(100, 0.5);
+  m.observe(0, st::queued, 0);
+  m.observe(19, st::queued, 100);
+  CHECK(m.tokens_per_s() == 0);
+  m.observe(20, st::queued, 100);  // 200 tokens in 20 ms
+  CHECK(m.tokens_per_s() == doctest::Approx(10000.0));
+  m.observe(120, st::queued, 100);  // 1000 tokens/s over the next 100 ms: halfway there
+  CHECK(m.tokens_per_s() == doctest::Approx(5500.0));
+}
