@@ -332,10 +332,14 @@ struct router_state {
     if (!any) {
       out.reason = "no_target";
       out.retry_after_ms = opt.lim.breaker_cooldown_ms;
+      std::string why;
+      for (const auto& p : prefills)
+        if (p.live.lost) why += fmt::format("; {} lost: {}", p.t.name, p.live.lost_why);
       out.err = tandem::error(error_kind::disconnected,
                               fmt::format("no healthy prefill target of {}{} (stale credits, open circuit breakers "
-                                          "or lost); retry on another node",
-                                          prefills.size(), never_prefill.empty() ? "" : " that this request did not lose"));
+                                          "or lost{}); retry on another node",
+                                          prefills.size(), never_prefill.empty() ? "" : " that this request did not lose",
+                                          why));
       return out;
     }
     {
@@ -374,11 +378,13 @@ struct router_state {
         out.prefill = -1;
         out.reason = "no_target";
         out.retry_after_ms = opt.lim.breaker_cooldown_ms;
-        std::string lost;
+        std::string lost, why;
         for (int i : never_decode) lost += (lost.empty() ? "" : ", ") + decodes[size_t(i)].t.name;
+        for (const auto& d : decodes)
+          if (d.live.lost) why += fmt::format("; {} lost: {}", d.t.name, d.live.lost_why);
         out.err = tandem::error(error_kind::disconnected,
-                                fmt::format("no healthy decode target of {}{}; retry on another node", decodes.size(),
-                                            lost.empty() ? "" : " other than " + lost));
+                                fmt::format("no healthy decode target of {}{}{}; retry on another node", decodes.size(),
+                                            lost.empty() ? "" : " other than " + lost, why));
         return out;
       }
       const auto& dlo = decodes[size_t(d)].load;
