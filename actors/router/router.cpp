@@ -380,8 +380,15 @@ struct router_state {
         out.retry_after_ms = opt.lim.breaker_cooldown_ms;
         std::string lost, why;
         for (int i : never_decode) lost += (lost.empty() ? "" : ", ") + decodes[size_t(i)].t.name;
-        for (const auto& d : decodes)
+        bool all_lost = true;
+        std::string names;
+        for (const auto& d : decodes) {
           if (d.live.lost) why += fmt::format("; {} lost: {}", d.t.name, d.live.lost_why);
+          all_lost = all_lost && d.live.lost;
+          names += (names.empty() ? "" : ", ") + d.t.name;
+        }
+        if (all_lost)
+          why = fmt::format("; no decode node is reachable (down: {}; {})", names, decodes.front().live.lost_why);
         out.err = tandem::error(error_kind::disconnected,
                                 fmt::format("no healthy decode target of {}{}{}; retry on another node", decodes.size(),
                                             lost.empty() ? "" : " other than " + lost, why));
@@ -925,6 +932,8 @@ void on_node_down(router_actor_t* self, const std::string& what, const std::stri
       if (all_d || (e.decode >= 0 && dd[size_t(e.decode)])) hit.emplace_back(id, true);
     } else if (pd[size_t(e.prefill)]) {
       hit.emplace_back(id, false);
+    } else if (e.decode >= 0 && dd[size_t(e.decode)]) {
+      hit.emplace_back(id, true);  // still at prefill, but it would hand off to the dead node
     }
   }
   if (hit.empty()) return;
@@ -1083,6 +1092,9 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
       },
       [self](tick_atom) { on_tick(self); },
       [self](node_down_atom, const std::string& what, const std::string& why) { on_node_down(self, what, why); },
+      [self](node_down_atom, const std::string&, const std::string& target, const std::string& why) {
+        on_node_down(self, target, why);  // (role, "node/role" target, why): per-target proxies
+      },
       [self](retry_atom, const std::string& id) { on_retry(self, id); },
       [self](heartbeat_atom) { on_heartbeat(self); },
       [self](stop_atom) -> bool {

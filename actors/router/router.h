@@ -45,9 +45,12 @@ struct inflight_list {
 /// Asks the router for its in-flight table: (inflight_atom) -> inflight_list.
 using inflight_atom = caf::atom_constant<caf::atom("inflight")>;
 
-/// A role's nodes are all unreachable (sent by the proxy of a remote role on the router's
-/// node): (node_down_atom, role, why) ends every in-flight request the router last saw in a
-/// state of that role ("decode"; "queued", "prefill", "preempted") with `disconnected`.
+/// A node is unreachable (sent by the proxy of a remote role on the router's node):
+/// (node_down_atom, what, why) with `what` a role (every node of it: "decode", "prefill") or
+/// a target / node name ("n1/decode", "n1"), or (node_down_atom, role, target, why). The
+/// target is lost (not chosen until it answers again); the requests on it (for a decode
+/// target also those still at prefill that would hand off to it) move to another target
+/// (limits.router_migration) or end with `disconnected`.
 using node_down_atom = caf::atom_constant<caf::atom("nodedown")>;
 
 struct router_options {

@@ -512,3 +512,36 @@ TEST_CASE("router migration: a client-side error mid-stream is not moved, an ove
   CHECK(r.col.last("s0").err->kind() == error_kind::overloaded);
   CHECK(r.stats().value("router_migrations_total") == 0);
 }
+
+TEST_CASE("router migration: a per-target node_down also moves requests still at prefill that were routed to the dead decode node") {
+  limits l = small_limits();
+  rig r(l, 1, 2);
+  r.submit("s0", prompt_of(0), 6);
+  REQUIRE(r.prefills[0]->wait_submits(1));
+  REQUIRE(r.prefills[0]->submit(0).decode_target == "d0/decode");
+  // (role, target, why), as the per-node proxies send it; the request has not streamed yet.
+  caf::anon_send(r.router.handle, node_down_atom::value, std::string("decode"), std::string("d0/decode"),
+                 std::string("decode node d0 is down"));
+  REQUIRE(r.prefills[0]->wait_submits(2));
+  auto c = r.prefills[0]->submit(1);
+  CHECK(c.id == "s0#m1");
+  CHECK(c.generated.empty());
+  CHECK(c.decode_target == "d1/decode");
+  auto a = rig::start(c);
+  for (int k = 0; k < 6; ++k) r.step(a);
+  REQUIRE(r.col.wait_finished(1));
+  CHECK(r.col.tokens("s0") == expected_greedy(prompt_of(0), 6));
+  CHECK_FALSE(r.col.last("s0").err);
+  {
+    std::lock_guard lk(r.prefills[0]->m);
+    CHECK(r.prefills[0]->aborts == std::vector<std::string>{"s0"});  // the prefill drops the old attempt
+  }
+  // With every decode node down, a new request is refused naming that.
+  caf::anon_send(r.router.handle, node_down_atom::value, std::string("decode"), std::string("d1/decode"),
+                 std::string("decode node d1 is down"));
+  r.submit("late", prompt_of(1), 4);
+  REQUIRE(r.col.wait_finished(2));
+  REQUIRE(r.col.last("late").err);
+  CHECK(r.col.last("late").err->kind() == error_kind::disconnected);
+  CHECK(std::string(r.col.last("late").err->what()).find("no decode node is reachable") != std::string::npos);
+}
