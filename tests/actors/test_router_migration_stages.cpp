@@ -1,7 +1,8 @@
 // Stream migration through the real schedulers: two nodes (prefill, decode, worker and cache
 // tier each, fake_model), the router over both. Node 0's worker is held mid-decode and the
 // node is declared down; its stream continues on node 1, whose prefill computes prompt ++ the
-// tokens streamed and whose decode carries on: the client's stream is the fault-free run's.
+// tokens streamed and whose decode carries on: the client's stream is the fault-free run's,
+// greedy and seeded-sampled alike.
 #include <doctest/doctest.h>
 
 #include <caf/all.hpp>
@@ -56,7 +57,7 @@ node_set spawn_node(caf::actor_system& sys, std::shared_ptr<llama_model> model, 
 
 /// Runs s0 (on node 0) and s1 (on node 1); with `fault`, node 0 is held after two decode steps of
 /// s0 and declared down. Returns the clients' token streams.
-std::map<std::string, std::vector<int32_t>> run(bool fault) {
+std::map<std::string, std::vector<int32_t>> run(bool fault, float temperature) {
   limits lim = small_limits();
   lim.prefix_cache = false;
   caf::actor_system_config cfg;
@@ -87,6 +88,8 @@ std::map<std::string, std::vector<int32_t>> run(bool fault) {
     r.prompt = std::move(prompt);
     r.max_tokens = max_tokens;
     r.ignore_eos = true;
+    r.sampling.temperature = temperature;
+    r.sampling.seed = 42;
     router.gate->enter_control();
     caf::anon_send(router.handle, submit_atom::value,
                    make_wire([&](schema::Envelope::Builder env) { r.write(env.initSubmit()); }), callback_box{col.cb()});
@@ -125,9 +128,18 @@ std::map<std::string, std::vector<int32_t>> run(bool fault) {
 
 
 TEST_CASE("router migration through the schedulers: a node held mid-decode and declared down, its stream finishes on the other node as in the fault-free run") {
-  const auto clean = run(false);
-  const auto moved = run(true);
-  REQUIRE(clean.at("s0").size() == 12);
-  CHECK(moved.at("s0") == clean.at("s0"));
-  CHECK(moved.at("s1") == clean.at("s1"));
+  // Greedy: the uninterrupted output. Seeded sampling (each token's seed comes from the request
+  // seed and its completion index): the same draws after the move, so the same stream.
+  for (float temperature : {0.0f, 1.0f}) {
+    CAPTURE(temperature);
+    const auto clean = run(false, temperature);
+    const auto moved = run(true, temperature);
+    REQUIRE(clean.at("s0").size() == 12);
+    CHECK(moved.at("s0") == clean.at("s0"));
+    CHECK(moved.at("s1") == clean.at("s1"));
+    if (temperature == 0.0f) {
+      CHECK(clean.at("s0") == expected_greedy({3, 9, 4, 1, 7}, 12));
+      CHECK(clean.at("s1") == expected_greedy({2, 8, 8}, 12));
+    }
+  }
 }
