@@ -54,7 +54,8 @@ std::string limits::validate() const {
                          {"queue_timeout_ms", queue_timeout_ms},
                          {"rate_limit_rps", rate_limit_rps},
                          {"rate_limit_burst", rate_limit_burst},
-                         {"router_max_retries", router_max_retries}})
+                         {"router_max_retries", router_max_retries},
+                         {"router_max_migrations", router_max_migrations}})
     if (v < 0) return fmt::format("limits.{} = {} must be >= 0 (0 = off)", name, v);
   if (rate_limit_burst > 0 && rate_limit_rps == 0)
     return fmt::format("limits.rate_limit_burst = {} needs limits.rate_limit_rps > 0; set both or neither",

@@ -39,6 +39,12 @@ struct limits {
   int32_t breaker_failures = 5;          ///< consecutive `disconnected` failures that open a target's circuit breaker
   int32_t breaker_cooldown_ms = 1000;    ///< open -> half-open (one probe) after this
   int32_t router_heartbeat_ms = 1000;    ///< credit query to a quiet target; stale (unhealthy) after 3x
+  /// Stream migration ([router] migration): a request that loses its target after it was sent
+  /// (node down, a stage error that is not the client's fault, or a target silent for 1.5
+  /// heartbeats while the request is there) continues on another target from the tokens it
+  /// streamed. Off: it ends with `disconnected` (within 2 heartbeats of a silent death).
+  bool router_migration = true;
+  int32_t router_max_migrations = 2;     ///< moves of one request; a loss beyond ends it with `disconnected`
 
   // --- batching
   int32_t prefill_chunk_tokens = 256;    ///< chunked prefill: tokens per forward step

@@ -297,6 +297,7 @@ const std::vector<i32_field>& limits_i32_fields() {
       {"breaker_failures", &limits::breaker_failures, 1, "use e.g. 5"},
       {"breaker_cooldown_ms", &limits::breaker_cooldown_ms, 1, "use e.g. 1000"},
       {"router_heartbeat_ms", &limits::router_heartbeat_ms, 1, "use e.g. 1000"},
+      {"router_max_migrations", &limits::router_max_migrations, 0, "use e.g. 2 (0 = never move a stream)"},
       {"threads", &limits::threads, 1, "use the number of cores to compute on"},
       {"scheduler_threads", &limits::scheduler_threads, 1, "use 2 or more"},
   };
@@ -509,7 +510,7 @@ config_check check_cluster_config(const std::string& text, const std::string& so
 
   // --- [router], [transfer]
   if (const value* t = ck.table(root, "router")) {
-    ck.known_keys(*t, "router", {"policy", "balance_abs_tokens", "balance_rel"});
+    ck.known_keys(*t, "router", {"policy", "balance_abs_tokens", "balance_rel", "migration"});
     ck.choice(*t, "router", "policy", {"round_robin", "power_of_two", "cache_aware"}, cfg.router_policy);
     // cache_aware leaves a target with the cached prefix once it holds more than
     // balance_abs_tokens more queued tokens than the least loaded one AND more than
@@ -522,6 +523,7 @@ config_check check_cluster_config(const std::string& text, const std::string& so
     if (ck.real(*t, "router", "balance_rel", 1.0, 1e6,
                 "use e.g. 1.5 (times the least loaded target's queued tokens; 1 = balance as soon as busier)", rel))
       cfg.router_balance_rel = rel;
+    ck.boolean(*t, "router", "migration", cfg.lim.router_migration);
   }
   if (const value* t = ck.table(root, "transfer")) {
     ck.known_keys(*t, "transfer", {"failure_policy", "timeout_ms"});

@@ -60,6 +60,17 @@ namespace {
 using retry_atom = caf::atom_constant<caf::atom("retry")>;
 using heartbeat_atom = caf::atom_constant<caf::atom("heartbt")>;
 
+/// Whether a target still answers while requests are there: any credit or event from it is a
+/// sign of life. Silent for 1.5 heartbeats with work in flight (after queries every half
+/// heartbeat) = lost, as is a target whose node went down; a later credit brings it back.
+struct liveness {
+  int64_t heard_ms = 0;   ///< last credit or event from it
+  int64_t query_ms = -1;  ///< last credit query sent while requests were there
+  bool lost = false;
+  std::string lost_why;
+  int64_t lost_total = 0;
+};
+
 /// A prefill target as the router sees it: its last credit plus what was sent since.
 struct prefill_target {
   route_target t;
@@ -72,7 +83,7 @@ struct prefill_target {
   target_health health;
   circuit_breaker breaker;
   int64_t routed = 0;
-  std::string down_why;  ///< non-empty: its node is gone (node_down); not chosen until node_up
+  liveness live;
 
   int64_t queued_requests() const { return load.queued_requests + int64_t(in_transit.size()); }
   int64_t queued_tokens() const { return load.queued_tokens + in_transit_tokens; }
@@ -87,21 +98,8 @@ struct decode_target {
   target_health health;
   circuit_breaker breaker;
   int64_t routed = 0;
-  std::string down_why;  ///< non-empty: its node is gone (node_down); not chosen until node_up
+  liveness live;
 };
-
-/// "no <role> node is reachable ...": why every target of a role is down, or "" if one is up.
-template <class T>
-std::string all_down(const std::vector<T>& ts, const char* role) {
-  std::string names;
-  for (const auto& t : ts) {
-    if (t.down_why.empty()) return "";
-    names += (names.empty() ? "" : ", ") + t.t.name;
-  }
-  if (ts.empty()) return "";
-  return fmt::format("no {} node is reachable (down: {}; {}); retry when one is back", role, names,
-                     ts.front().down_why);
-}
 
 /// One stage event, read off the wire (kept while an earlier one is missing).
 struct stage_event {
@@ -113,7 +111,10 @@ struct stage_event {
 
 struct entry {
   event_callback cb;
-  seq_request req;   ///< kept for re-routing until the first token
+  /// Kept for re-routing. Its id is the current attempt's: the client's id, or after a
+  /// migration `id#mN`, so events of an attempt given up on are told apart and dropped.
+  seq_request req;
+  std::string id;    ///< the client's id (the table's key)
   int prefill = 0;   ///< index of its prefill target
   int decode = -1;   ///< index of its decode target (-1: the prefill's own)
   bool local = false;  ///< prefilled on its decode target (conditional disaggregation)
@@ -127,6 +128,10 @@ struct entry {
   int32_t completion_tokens = 0;
   int32_t cached_tokens = 0;
   std::string state = "queued";
+  int64_t stage_since_ms = 0;  ///< when it reached its current stage (silence counts from here at most)
+  std::vector<int32_t> emitted;  ///< tokens delivered (with migration on: the continuation's `generated`)
+  int32_t migrations = 0;
+  std::vector<int> lost_prefill, lost_decode;  ///< targets it lost: never again for this request
   /// Events that overtook an earlier one, by completion index (at most max_new_tokens + 1).
   std::map<int32_t, stage_event> early;
 };
@@ -152,6 +157,9 @@ struct router_state {
   std::shared_ptr<const cluster_clock> clk;
   std::shared_ptr<spdlog::logger> log;
   std::unordered_map<std::string, entry> table;
+  std::unordered_map<std::string, std::string> attempt_ids;  ///< `id#mN` -> id, one per migrated entry
+  int64_t migrations_total = 0;
+  std::unordered_map<std::string, int64_t> migration_failures;  ///< by reason
   uint64_t next_order = 1;
   bool tick_pending = false;
   bool stopped = false;
@@ -199,8 +207,26 @@ struct router_state {
     ev.retry_after_ms = retry_after_ms;
     account_finish(it->second, reason);
     auto cb = std::move(it->second.cb);
-    table.erase(it);
+    erase(it);
     deliver(cb, std::move(ev), *log);
+  }
+
+  using entry_it = std::unordered_map<std::string, entry>::iterator;
+
+  /// The entry whose current attempt is `wid` (the client's id, or `id#mN` after a
+  /// migration), or table.end() (ended, or an attempt given up on).
+  entry_it find_attempt(const std::string& wid) {
+    auto it = table.find(wid);
+    if (it != table.end() && it->second.req.id == wid) return it;
+    auto a = attempt_ids.find(wid);
+    if (a == attempt_ids.end()) return table.end();
+    it = table.find(a->second);
+    return it != table.end() && it->second.req.id == wid ? it : table.end();
+  }
+
+  void erase(entry_it it) {
+    if (it->second.req.id != it->first) attempt_ids.erase(it->second.req.id);
+    table.erase(it);
   }
 
   /// A router that exits with requests in flight (a failure, or the supervisor restarting the
@@ -235,7 +261,8 @@ struct router_state {
   }
 
   /// Empty if target `p` can place a request of `n` prompt tokens now, else why not.
-  std::optional<placement> check_prefill(const prefill_target& p, int64_t n) const {
+  /// A continuation (a migrated stream) skips the queue-wait estimate: it was admitted already.
+  std::optional<placement> check_prefill(const prefill_target& p, int64_t n, bool continuation = false) const {
     const auto& lim = opt.lim;
     placement no;
     const int64_t qr = p.queued_requests(), qt = p.queued_tokens();
@@ -258,7 +285,7 @@ struct router_state {
                                          p.t.name, qt, n, lim.max_queued_tokens, no.retry_after_ms));
       return no;
     }
-    if (lim.max_queue_wait_ms > 0 && !fits_next_batch(lim, qr, p.backlog_tokens(), n)) {
+    if (!continuation && lim.max_queue_wait_ms > 0 && !fits_next_batch(lim, qr, p.backlog_tokens(), n)) {
       const int64_t wait = estimate_queue_wait_ms(p.backlog_tokens() + n, p.load.prefill_tokens_per_s);
       if (wait > lim.max_queue_wait_ms) {
         no.reason = "queue_wait";
@@ -275,10 +302,18 @@ struct router_state {
     return std::nullopt;
   }
 
-  /// Chooses a (prefill, decode) pair that can place `r`, avoiding `avoid` where another target exists.
-  placement place(const seq_request& r, const std::vector<int>& avoid) {
+  /// Chooses a (prefill, decode) pair that can place `r`, avoiding `avoid` where another
+  /// target exists, and never one in `never_prefill` / `never_decode` (targets the request
+  /// lost). A continuation (`r.generated` set: a migrated stream) skips the soft admission
+  /// estimates (queue wait, decode pages); the hard queue bounds still hold.
+  placement place(const seq_request& r, const std::vector<int>& avoid, const std::vector<int>& never_prefill = {},
+                  const std::vector<int>& never_decode = {}) {
     const int64_t now = clk->now_ms();
-    const int64_t n = static_cast<int64_t>(r.prompt.size());
+    const bool continuation = !r.generated.empty();
+    const std::vector<int32_t> all = continuation ? r.all_tokens() : std::vector<int32_t>{};
+    const std::vector<int32_t>& tokens = continuation ? all : r.prompt;
+    const int64_t n = static_cast<int64_t>(tokens.size());
+    auto in = [](const std::vector<int>& v, size_t i) { return std::find(v.begin(), v.end(), int(i)) != v.end(); };
     std::vector<target_load> loads;
     std::vector<bool> ok;
     bool any = false;
@@ -288,7 +323,8 @@ struct router_state {
       l.queued_requests = p.queued_requests();
       l.queued_tokens = p.backlog_tokens();
       loads.push_back(l);
-      const bool up = p.down_why.empty() && p.health.healthy(now, start_ms) && p.breaker.would_allow(now);
+      const bool up =
+          p.health.healthy(now, start_ms) && p.breaker.would_allow(now) && !p.live.lost && !in(never_prefill, i);
       ok.push_back(up);
       any = any || up;
     }
@@ -296,12 +332,14 @@ struct router_state {
     if (!any) {
       out.reason = "no_target";
       out.retry_after_ms = opt.lim.breaker_cooldown_ms;
-      const auto down = all_down(prefills, "prefill");
+      std::string why;
+      for (const auto& p : prefills)
+        if (p.live.lost) why += fmt::format("; {} lost: {}", p.t.name, p.live.lost_why);
       out.err = tandem::error(error_kind::disconnected,
-                              !down.empty() ? down
-                                            : fmt::format("no healthy prefill target of {} (stale credits or open "
-                                                          "circuit breakers); retry on another node",
-                                                          prefills.size()));
+                              fmt::format("no healthy prefill target of {}{} (stale credits, open circuit breakers "
+                                          "or lost{}); retry on another node",
+                                          prefills.size(), never_prefill.empty() ? "" : " that this request did not lose",
+                                          why));
       return out;
     }
     {
@@ -315,9 +353,9 @@ struct router_state {
     std::optional<placement> first_no;
     int32_t cached = 0;
     for (size_t k = 0; k < prefills.size(); ++k) {
-      int t = policy->choose_prefill(r.prompt, loads, ok, &cached);
+      int t = policy->choose_prefill(tokens, loads, ok, &cached);
       if (t < 0) break;
-      auto no = check_prefill(prefills[size_t(t)], n);
+      auto no = check_prefill(prefills[size_t(t)], n, continuation);
       if (!no) {
         out.prefill = t;
         break;
@@ -329,25 +367,36 @@ struct router_state {
     if (!decodes.empty()) {
       std::vector<target_load> dl;
       std::vector<bool> dok;
-      for (auto& d : decodes) {
+      for (size_t i = 0; i < decodes.size(); ++i) {
+        const auto& d = decodes[i];
         dl.push_back(d.load);
-        dok.push_back(d.down_why.empty() && d.health.healthy(now, start_ms) && d.breaker.would_allow(now));
+        dok.push_back(d.health.healthy(now, start_ms) && d.breaker.would_allow(now) && !d.live.lost &&
+                      !in(never_decode, i));
       }
       const int d = policy->choose_decode(dl, dok);
       if (d < 0) {
         out.prefill = -1;
         out.reason = "no_target";
         out.retry_after_ms = opt.lim.breaker_cooldown_ms;
-        const auto down = all_down(decodes, "decode");
+        std::string lost, why;
+        for (int i : never_decode) lost += (lost.empty() ? "" : ", ") + decodes[size_t(i)].t.name;
+        bool all_lost = true;
+        std::string names;
+        for (const auto& d : decodes) {
+          if (d.live.lost) why += fmt::format("; {} lost: {}", d.t.name, d.live.lost_why);
+          all_lost = all_lost && d.live.lost;
+          names += (names.empty() ? "" : ", ") + d.t.name;
+        }
+        if (all_lost)
+          why = fmt::format("; no decode node is reachable (down: {}; {})", names, decodes.front().live.lost_why);
         out.err = tandem::error(error_kind::disconnected,
-                                !down.empty() ? down
-                                              : fmt::format("no healthy decode target of {}; retry on another node",
-                                                            decodes.size()));
+                                fmt::format("no healthy decode target of {}{}{}; retry on another node", decodes.size(),
+                                            lost.empty() ? "" : " other than " + lost, why));
         return out;
       }
       const auto& dlo = decodes[size_t(d)].load;
       const int32_t need = pages_for(n + 1);
-      if (opt.lim.decode_page_admission && dlo.free_pages >= 0 && dlo.waiting_seqs > 0 && dlo.free_pages < need) {
+      if (!continuation && opt.lim.decode_page_admission && dlo.free_pages >= 0 && dlo.waiting_seqs > 0 && dlo.free_pages < need) {
         // The decode batch is full and backed up with sequences holding pages: a new one
         // would only be preempted (recomputed) or fail there.
         out.prefill = -1;
@@ -381,6 +430,14 @@ struct router_state {
     return out;
   }
 
+  /// A sign of life of a target: a lost one is back (its node restarted or its link healed).
+  void heard(liveness& l, const std::string& name, int64_t now) {
+    l.heard_ms = std::max(l.heard_ms, now);
+    if (!l.lost) return;
+    l.lost = false;
+    log->info("target {} answers again; new requests may go there", name);
+  }
+
   void on_credit(schema::Credit::Reader c) {
     const std::string name = c.getTarget().cStr();
     const int64_t now = clk->now_ms();
@@ -388,6 +445,7 @@ struct router_state {
       for (auto& d : decodes) {
         if (d.t.name != name) continue;
         d.health.on_credit(now);
+        heard(d.live, d.t.name, now);
         if (c.getSeq() <= d.last_seq) return;
         d.last_seq = c.getSeq();
         d.load.free_pages = c.getFreePages();
@@ -401,6 +459,7 @@ struct router_state {
     for (auto& p : prefills) {
       if (p.t.name != name) continue;
       p.health.on_credit(now);
+      heard(p.live, p.t.name, now);
       if (c.getSeq() <= p.last_seq) return;  // reordered: an older view
       p.last_seq = c.getSeq();
       p.load.queued_requests = c.getQueuedRequests();
@@ -452,7 +511,7 @@ void schedule_tick(router_actor_t* self) {
 bool dispatch(router_actor_t* self, entry& e, const placement& pl) {
   auto& s = self->state;
   auto& p = s.prefills[size_t(pl.prefill)];
-  const std::string id = e.req.id;
+  const std::string id = e.id;
   if (pl.local && pl.decode >= 0) {
     auto& d = s.decodes[size_t(pl.decode)];
     if (d.t.actor.gate->try_enter()) {
@@ -467,6 +526,7 @@ bool dispatch(router_actor_t* self, entry& e, const placement& pl) {
       e.decode = pl.decode;
       e.local = true;
       e.state = "queued";
+      e.stage_since_ms = now;
       e.req.decode_target = d.t.name;
       s.local_prefills += 1;
       self->send(d.t.actor.handle, wire_atom::value,
@@ -487,17 +547,18 @@ bool dispatch(router_actor_t* self, entry& e, const placement& pl) {
   e.prefill = pl.prefill;
   e.decode = pl.decode;
   e.state = "queued";
+  e.stage_since_ms = now;
   e.req.decode_target = pl.decode >= 0 ? s.decodes[size_t(pl.decode)].t.name : "";
   if (pl.decode >= 0) {
     s.decodes[size_t(pl.decode)].breaker.allow(now);
     s.decodes[size_t(pl.decode)].routed += 1;
   }
-  const int64_t n = static_cast<int64_t>(e.req.prompt.size());
+  const int64_t n = e.req.total_len();
   p.sent += 1;
   p.in_transit.push_back(n);
   p.in_transit_tokens += n;
   p.routed += 1;
-  s.policy->on_routed(e.req.prompt, pl.prefill);
+  s.policy->on_routed(e.req.generated.empty() ? e.req.prompt : e.req.all_tokens(), pl.prefill);
   self->send(p.t.actor.handle, wire_atom::value,
              make_wire([&](schema::Envelope::Builder env) { e.req.write(env.initSubmit()); }));
   return true;
@@ -509,6 +570,7 @@ void on_submit(router_actor_t* self, const wire& w, event_callback cb) {
   try {
     wire_reader rd(w);
     r = seq_request::read(rd.root().getSubmit());
+    r.generated.clear();  // only the router's own continuations carry tokens so far
   } catch (const tandem::error& e) {
     s.reject("?", cb, e, "malformed", 0);
     return;
@@ -525,7 +587,7 @@ void on_submit(router_actor_t* self, const wire& w, event_callback cb) {
     s.reject(r.id, cb, tandem::error(error_kind::failed, bad), "invalid", prompt_len);
     return;
   }
-  if (s.table.count(r.id)) {
+  if (s.table.count(r.id) || s.attempt_ids.count(r.id)) {
     s.reject(r.id, cb,
              tandem::error(error_kind::failed,
                            fmt::format("request id {} is already in flight; use unique ids", r.id)),
@@ -553,6 +615,7 @@ void on_submit(router_actor_t* self, const wire& w, event_callback cb) {
   }
   entry e;
   e.cb = std::move(cb);
+  e.id = r.id;
   e.submit_ms = now;
   e.deadline_ms = r.deadline_ms;
   e.prompt_tokens = prompt_len;
@@ -585,6 +648,7 @@ bool deliver_in_order(router_state& s, std::unordered_map<std::string, entry>::i
     }
     e.last_token_ms = now;
     e.completion_tokens += static_cast<int32_t>(ev.tokens.size());
+    if (s.opt.lim.router_migration) e.emitted.insert(e.emitted.end(), ev.tokens.begin(), ev.tokens.end());
     s.tokens_generated += static_cast<int64_t>(ev.tokens.size());
   }
   if (ev.tokens.empty() && !ev.finished) return false;  // a duplicate
@@ -604,27 +668,184 @@ bool deliver_in_order(router_state& s, std::unordered_map<std::string, entry>::i
   s.account_finish(e, out.reason);
   if (out.err) s.log->info("request {}: ended with error: {}", it->first, out.err->what());
   auto cb = std::move(e.cb);
-  s.table.erase(it);
+  s.erase(it);
   router_state::deliver(cb, std::move(out), *s.log);
   return true;
 }
 
+void send_abort_to(router_actor_t* self, const bounded_actor& a, const std::string& id) {
+  if (!a) return;
+  a.gate->enter_control();
+  self->send(a.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
+               auto a = env.initAbort();
+               a.setId(id);
+               a.setHops(0);
+             }));
+}
+
+void send_abort(router_actor_t* self, const std::string& id, int target, int local_decode = -1) {
+  auto& s = self->state;
+  // A local prefill went to its decode target; that one follows it to prefill if preempted.
+  if (local_decode >= 0 && size_t(local_decode) < s.decodes.size()) {
+    send_abort_to(self, s.decodes[size_t(local_decode)].t.actor, id);
+    return;
+  }
+  if (target < 0 || size_t(target) >= s.prefills.size()) return;
+  send_abort_to(self, s.prefills[size_t(target)].t.actor, id);
+}
+
+/// Where a request is now: at its decode target (the first token is out, the KV is on its way
+/// there or there) or at its prefill target.
+/// A local prefill (conditional disaggregation) is on its decode target from the start, until
+/// it is preempted.
+bool is_at_decode(const entry& e) {
+  return e.state == "decode" || (e.local && (e.state == "queued" || e.state == "prefill"));
+}
+
+/// Ends `id` with `disconnected`: `cause` and what the client can do.
+void end_lost(router_state& s, const std::string& id, const std::string& cause, const std::string& what_to_do) {
+  auto it = s.table.find(id);
+  if (it == s.table.end()) return;
+  tandem::error err(error_kind::disconnected,
+                    fmt::format("{}; the stream ended after {} tokens; {}", cause, it->second.completion_tokens,
+                                what_to_do));
+  s.log->warn("request {}: {}", id, err.what());
+  s.finish_here(id, finish_reason::error, &err);
+}
+
+/// Request `id` lost the stage that served it (`decode_side`: its decode target, else its
+/// prefill target) because of `cause` (names the target and why). With migration on, within
+/// the request's budget and deadline, it continues on a fresh prefill/decode pair that
+/// excludes every target it lost: the continuation's prompt is the original prompt with the
+/// tokens streamed so far as `generated`, so the stages number its events from there (no
+/// token lost or duplicated) and sample each token with the same per-index seed. Otherwise it
+/// ends with `disconnected`, naming the cause.
+void lose(router_actor_t* self, const std::string& id, bool decode_side, const std::string& cause) {
+  auto& s = self->state;
+  auto it = s.table.find(id);
+  if (it == s.table.end()) return;
+  auto& e = it->second;
+  const int64_t now = s.clk->now_ms();
+  // Fence the attempt: its late events are dropped (by id); a stage still holding it frees it.
+  const std::string old_id = e.req.id;
+  // (The prefill follows an abort into decode; the decode target directly only if the prefill is gone.)
+  if (e.local && e.state != "retrying" && is_at_decode(e) && e.decode >= 0) {
+    if (!s.decodes[size_t(e.decode)].live.lost) send_abort_to(self, s.decodes[size_t(e.decode)].t.actor, old_id);
+  } else if (!s.prefills[size_t(e.prefill)].live.lost) {
+    if (e.state != "retrying") send_abort(self, old_id, e.prefill);
+  } else if (e.decode >= 0 && !s.decodes[size_t(e.decode)].live.lost) {
+    send_abort_to(self, s.decodes[size_t(e.decode)].t.actor, old_id);
+  }
+  if (decode_side && e.decode >= 0) {
+    e.lost_decode.push_back(e.decode);
+    s.decodes[size_t(e.decode)].breaker.on_failure(now);
+  } else {
+    // The prefill target, or (no decode targets) the prefill's own decode peer.
+    e.lost_prefill.push_back(e.prefill);
+    s.prefills[size_t(e.prefill)].breaker.on_failure(now);
+  }
+  const auto& lim = s.opt.lim;
+  if (!lim.router_migration) {
+    s.rejected_by_reason["target_lost"] += 1;
+    end_lost(s, id, cause,
+             "retry the request, or turn on [router] migration (tandem serve --router-migration on) to continue "
+             "streams on another node");
+    return;
+  }
+  if (e.migrations >= lim.router_max_migrations) {
+    s.migration_failures["budget"] += 1;
+    end_lost(s, id, cause,
+             fmt::format("the request already moved {} times (limits.router_max_migrations = {}); retry it",
+                         e.migrations, lim.router_max_migrations));
+    return;
+  }
+  if (now >= e.deadline_ms) {
+    s.migration_failures["deadline"] += 1;
+    end_lost(s, id, cause,
+             fmt::format("its deadline passed {} ms ago, so it was not moved; retry it with a longer deadline "
+                         "(request_timeout_ms)",
+                         now - e.deadline_ms));
+    return;
+  }
+  seq_request c = e.req;
+  c.generated = e.emitted;
+  c.cached_tokens = 0;
+  c.transfer_retries = 0;
+  if (static_cast<int32_t>(c.generated.size()) >= c.max_tokens) {
+    // Every token is out; only the final event was lost with the target.
+    s.log->info("request {}: {}; all {} tokens were delivered: finished here", id, cause, c.generated.size());
+    s.finish_here(id, finish_reason::length, nullptr);
+    return;
+  }
+  auto pl = s.place(c, {}, e.lost_prefill, e.lost_decode);
+  pl.local = false;  // a continuation re-prefills on a prefill target (it carries tokens so far)
+  if (pl.err) {
+    s.migration_failures["no_target"] += 1;
+    end_lost(s, id, cause, fmt::format("no target to continue on: {}", pl.err->what()));
+    return;
+  }
+  // A fresh id for the new attempt (the client still sees its own).
+  std::string nid;
+  for (int32_t k = e.migrations + 1;; ++k) {
+    nid = fmt::format("{}#m{}", id, k);
+    if (!s.table.count(nid) && !s.attempt_ids.count(nid)) break;
+  }
+  if (old_id != id) s.attempt_ids.erase(old_id);
+  s.attempt_ids[nid] = id;
+  c.id = nid;
+  e.req = std::move(c);
+  e.migrations += 1;
+  e.early.clear();  // held events of the old attempt
+  s.migrations_total += 1;
+  s.log->warn("request {}: {}; continuing after {} tokens as {} (migration {} of {})", id, cause,
+              e.completion_tokens, nid, e.migrations, lim.router_max_migrations);
+  dispatch(self, e, pl);
+}
+
 void on_event(router_actor_t* self, schema::TokenEvent::Reader r) {
   auto& s = self->state;
-  std::string id = r.getId().cStr();
-  auto it = s.table.find(id);
+  // The current attempt only: an event of one given up on (migrated away from) is moot.
+  auto it = s.find_attempt(r.getId().cStr());
   if (it == s.table.end()) return;  // already ended here (abort, deadline): the stage's late event is moot
   auto& e = it->second;
+  const std::string id = it->first;
   if (e.state == "retrying") return;  // a late event of the attempt that was refused
+  const int64_t now = s.clk->now_ms();
+  // A sign of life of the stage that sent it: the decode target once the request is there
+  // (the first token's event, which moves it there, comes from the prefill).
+  if (is_at_decode(e) && e.decode >= 0) s.heard(s.decodes[size_t(e.decode)].live, s.decodes[size_t(e.decode)].t.name, now);
+  else s.heard(s.prefills[size_t(e.prefill)].live, s.prefills[size_t(e.prefill)].t.name, now);
+  const std::string prev = e.state;
   e.state = r.getState().cStr();
-  if (r.getCachedTokens() > 0) e.cached_tokens = r.getCachedTokens();
+  if (e.state != prev) e.stage_since_ms = now;
+  if (r.getCachedTokens() > 0 && e.migrations == 0) e.cached_tokens = r.getCachedTokens();
   stage_event ev;
   ev.tokens = to_vector(r.getTokens());
   ev.finished = r.getFinished();
   ev.reason = from_schema(r.getReason());
   if (ev.reason == finish_reason::error) ev.err = read_error(r.getError());
   if (ev.tokens.empty() && !ev.finished) return;  // progress only
-  const int64_t now = s.clk->now_ms();
+  const int32_t first = r.getFirstIndex();
+  // A stage error after the stream started (or on a continuation) that is not the client's
+  // fault: the stream moves on (lose() decides whether it can).
+  if (ev.finished && ev.reason == finish_reason::error && ev.err && s.opt.lim.router_migration &&
+      e.first_token_ms >= 0) {
+    const auto k = ev.err->kind();
+    const bool refused_continuation = k == error_kind::overloaded && e.migrations > 0 && ev.tokens.empty() &&
+                                      first >= e.completion_tokens;
+    if (k == error_kind::disconnected || k == error_kind::failed || refused_continuation) {
+      if (first <= e.completion_tokens && !ev.tokens.empty()) {
+        stage_event part;
+        part.tokens = std::move(ev.tokens);
+        if (deliver_in_order(s, it, first, std::move(part))) return;
+      }
+      const bool decode_side = e.state == "decode" && e.decode >= 0;
+      const std::string where = decode_side ? s.decodes[size_t(e.decode)].t.name : s.prefills[size_t(e.prefill)].t.name;
+      lose(self, id, decode_side, fmt::format("{} target {} failed the request: {}", decode_side ? "decode" : "prefill",
+                                              where, ev.err->what()));
+      return;
+    }
+  }
   // A refusal before the first token: retry a retryable one on a fresh target.
   if (ev.finished && ev.reason == finish_reason::error && ev.err && e.first_token_ms < 0 && ev.tokens.empty()) {
     const auto& err = *ev.err;
@@ -653,7 +874,6 @@ void on_event(router_actor_t* self, schema::TokenEvent::Reader r) {
   // Prefill and decode (possibly on other nodes) send on different links: an event may
   // overtake an earlier one, or come twice. Hold it until the tokens before it arrived; a gap
   // that never fills ends the request at its deadline, never as a wrong completion.
-  const int32_t first = r.getFirstIndex();
   if (first > e.completion_tokens) {
     if (static_cast<int32_t>(e.early.size()) <= s.opt.lim.max_new_tokens) e.early.emplace(first, std::move(ev));
     return;
@@ -665,18 +885,105 @@ void on_event(router_actor_t* self, schema::TokenEvent::Reader r) {
   }
 }
 
-void send_abort(router_actor_t* self, const std::string& id, int target, int local_decode = -1) {
+
+/// Marks a target lost (node down, or silent): no new request goes there until it answers again.
+void mark_lost(router_state& s, liveness& l, const std::string& name, const std::string& why) {
+  if (l.lost) return;
+  l.lost = true;
+  l.lost_why = why;
+  l.lost_total += 1;
+  s.log->warn("target {} lost: {}", name, why);
+}
+
+/// A target with requests in flight that stops answering: it is queried every half heartbeat
+/// while it is quiet, and lost once nothing came from it for 1.5 heartbeats (counted from the
+/// later of its last sign of life and the request's arrival there). Its requests then move
+/// (migration) or end, so a target that died without a node-down notice holds no request
+/// longer than 2 heartbeats (with tick_ms <= half a heartbeat).
+void check_silence(router_actor_t* self, int64_t now) {
   auto& s = self->state;
-  const bool to_decode = local_decode >= 0 && size_t(local_decode) < s.decodes.size();
-  if (!to_decode && (target < 0 || size_t(target) >= s.prefills.size())) return;
-  // A local prefill went to its decode target; that one follows it to prefill if preempted.
-  auto& a = to_decode ? s.decodes[size_t(local_decode)].t.actor : s.prefills[size_t(target)].t.actor;
-  a.gate->enter_control();
-  self->send(a.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
-               auto a = env.initAbort();
-               a.setId(id);
-               a.setHops(0);
-             }));
+  const int64_t hb = s.opt.lim.router_heartbeat_ms;
+  const int64_t lost_after = hb + hb / 2;
+  const int64_t query_every = std::max<int64_t>(hb / 2, 1);
+  std::vector<int64_t> p_silent(s.prefills.size(), -1), d_silent(s.decodes.size(), -1);
+  for (const auto& [id, e] : s.table) {
+    if (e.state == "retrying") continue;
+    if (is_at_decode(e)) {
+      if (e.decode < 0) continue;  // the prefill's own decode peer: its credits do not come here
+      auto& v = d_silent[size_t(e.decode)];
+      v = std::max(v, now - std::max(s.decodes[size_t(e.decode)].live.heard_ms, e.stage_since_ms));
+    } else {
+      auto& v = p_silent[size_t(e.prefill)];
+      v = std::max(v, now - std::max(s.prefills[size_t(e.prefill)].live.heard_ms, e.stage_since_ms));
+    }
+  }
+  std::vector<bool> p_lost(s.prefills.size()), d_lost(s.decodes.size());
+  bool any = false;
+  auto check = [&](liveness& l, const route_target& t, const char* role, int64_t silence) -> bool {
+    if (silence < 0 || l.lost) return false;
+    if (silence >= lost_after) {
+      mark_lost(s, l, t.name,
+                fmt::format("{} target {} stopped answering: nothing came from it for {} ms while requests were "
+                            "there (lost after 1.5 x limits.router_heartbeat_ms = {} ms)",
+                            role, t.name, silence, lost_after));
+      return true;
+    }
+    // A quiet target is asked; one query at a time (a stuck mailbox stays bounded).
+    if (now - l.heard_ms >= query_every && (l.query_ms < 0 || now - l.query_ms >= query_every) && t.actor &&
+        t.actor.gate->depth() == 0) {
+      l.query_ms = now;
+      t.actor.gate->enter_control();
+      self->send(t.actor.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
+                   env.initCreditQuery().setFrom("router");
+                 }));
+    }
+    return false;
+  };
+  for (size_t i = 0; i < s.prefills.size(); ++i)
+    if (check(s.prefills[i].live, s.prefills[i].t, "prefill", p_silent[i])) p_lost[i] = any = true;
+  for (size_t i = 0; i < s.decodes.size(); ++i)
+    if (check(s.decodes[i].live, s.decodes[i].t, "decode", d_silent[i])) d_lost[i] = any = true;
+  if (!any) return;
+  std::vector<std::pair<std::string, bool>> hit;
+  for (const auto& [id, e] : s.table) {
+    if (e.state == "retrying") continue;
+    if (is_at_decode(e) && e.decode >= 0 && d_lost[size_t(e.decode)]) hit.emplace_back(id, true);
+    else if (!is_at_decode(e) && p_lost[size_t(e.prefill)]) hit.emplace_back(id, false);
+  }
+  for (const auto& [id, decode_side] : hit) {
+    auto it = s.table.find(id);
+    if (it == s.table.end()) continue;
+    const auto& l = decode_side ? s.decodes[size_t(it->second.decode)].live : s.prefills[size_t(it->second.prefill)].live;
+    lose(self, id, decode_side, l.lost_why);
+  }
+}
+
+/// (node_down_atom, what, why): `what` is a role ("decode", "prefill": every node of it is
+/// unreachable) or a target's name or node ("n1/decode", "n1": that target is). Its requests
+/// move (migration) or end with `disconnected`.
+void on_node_down(router_actor_t* self, const std::string& what, const std::string& why) {
+  auto& s = self->state;
+  const bool all_p = what == "prefill", all_d = what == "decode";
+  auto match = [&](const std::string& name) { return name == what || name.rfind(what + "/", 0) == 0; };
+  std::vector<bool> pd(s.prefills.size()), dd(s.decodes.size());
+  for (size_t i = 0; i < s.prefills.size(); ++i)
+    if (all_p || match(s.prefills[i].t.name)) pd[i] = true, mark_lost(s, s.prefills[i].live, s.prefills[i].t.name, why);
+  for (size_t i = 0; i < s.decodes.size(); ++i)
+    if (all_d || match(s.decodes[i].t.name)) dd[i] = true, mark_lost(s, s.decodes[i].live, s.decodes[i].t.name, why);
+  std::vector<std::pair<std::string, bool>> hit;
+  for (const auto& [id, e] : s.table) {
+    if (e.state == "retrying") continue;
+    if (is_at_decode(e)) {
+      if (all_d || (e.decode >= 0 && dd[size_t(e.decode)])) hit.emplace_back(id, true);
+    } else if (pd[size_t(e.prefill)]) {
+      hit.emplace_back(id, false);
+    } else if (e.decode >= 0 && dd[size_t(e.decode)]) {
+      hit.emplace_back(id, true);  // still at prefill, but it would hand off to the dead node
+    }
+  }
+  if (hit.empty()) return;
+  s.log->warn("{} requests lost their target: {}", hit.size(), why);
+  for (const auto& [id, decode_side] : hit) lose(self, id, decode_side, why);
 }
 
 void on_tick(router_actor_t* self) {
@@ -685,13 +992,15 @@ void on_tick(router_actor_t* self) {
   const int64_t now = s.clk->now_ms();
   std::vector<std::string> expired;
   const int32_t qt = s.opt.lim.queue_timeout_ms;
-  auto queued = [](const entry& e) { return e.state == "queued" || e.state == "retrying"; };
+  // (A continuation waiting at its new prefill target streamed already: a deadline, not a queue timeout.)
+  auto queued = [](const entry& e) { return (e.state == "queued" || e.state == "retrying") && e.first_token_ms < 0; };
   for (const auto& [id, e] : s.table)
     if (now >= e.deadline_ms || (qt > 0 && queued(e) && now - e.submit_ms >= qt)) expired.push_back(id);
   for (const auto& id : expired) {
     const auto& e = s.table.at(id);
     const int target = e.state == "retrying" ? -1 : e.prefill;
-    const int local_decode = e.state != "retrying" && e.local ? e.decode : -1;
+    const std::string wid = e.req.id;
+    const int local_decode = e.state != "retrying" && e.local && is_at_decode(e) ? e.decode : -1;
     if (queued(e)) {
       // Never started: the queue (not the request) took too long -> 504 at the front end.
       const auto& p = s.prefills[size_t(e.prefill)];
@@ -714,8 +1023,9 @@ void on_tick(router_actor_t* self) {
       s.rejected_by_reason["deadline"] += 1;
       s.finish_here(id, finish_reason::error, &err, "deadline");
     }
-    send_abort(self, id, target, local_decode);
+    send_abort(self, wid, target, local_decode);
   }
+  check_silence(self, now);
   schedule_tick(self);
 }
 
@@ -725,7 +1035,7 @@ void on_retry(router_actor_t* self, const std::string& id) {
   auto it = s.table.find(id);
   if (it == s.table.end() || it->second.state != "retrying") return;
   auto& e = it->second;
-  auto pl = s.place(e.req, e.tried);
+  auto pl = s.place(e.req, e.tried, e.lost_prefill, e.lost_decode);
   if (pl.err) {
     s.rejected_by_reason[pl.reason] += 1;
     s.finish_here(id, finish_reason::error, &*pl.err, pl.reason, pl.retry_after_ms);
@@ -755,47 +1065,6 @@ void on_heartbeat(router_actor_t* self) {
   self->delayed_send(self, std::chrono::milliseconds(s.opt.lim.router_heartbeat_ms), heartbeat_atom::value);
 }
 
-/// A node is gone: its route target `target` ("node/role") is never chosen again, and the
-/// requests it holds end with `disconnected`. For a decode target that is every request
-/// routed to it, wherever it is now: one still at prefill would hand off to the dead node;
-/// its prefill is told to drop it (and its KV send). For a prefill target, those still
-/// queued or prefilling there.
-void on_node_down(router_actor_t* self, const std::string& role, const std::string& target, const std::string& why) {
-  auto& s = self->state;
-  int index = -1;
-  if (role == "decode") {
-    for (size_t i = 0; i < s.decodes.size(); ++i)
-      if (s.decodes[i].t.name == target) index = int(i);
-    if (index >= 0) s.decodes[size_t(index)].down_why = why;
-  } else {
-    for (size_t i = 0; i < s.prefills.size(); ++i)
-      if (s.prefills[i].t.name == target) index = int(i);
-    if (index >= 0) s.prefills[size_t(index)].down_why = why;
-  }
-  if (index < 0) {
-    s.log->warn("node_down for {} target {}, which the router does not route to; ignored ({})", role, target, why);
-    return;
-  }
-  s.log->warn("{} target {} is down: {}", role, target, why);
-  std::vector<std::pair<std::string, int>> ends;  // (id, prefill to tell, or -1)
-  for (const auto& [id, e] : s.table) {
-    if (e.state == "retrying") continue;  // placed again later, around the dead target
-    // A local prefill is on its decode node from the start, until it is preempted.
-    const bool on_decode = e.state == "decode" || (e.local && (e.state == "queued" || e.state == "prefill"));
-    if (role == "decode" ? e.decode == index
-                         : e.prefill == index && !on_decode &&
-                               (e.state == "queued" || e.state == "prefill" || e.state == "preempted"))
-      ends.emplace_back(id, role == "decode" && !on_decode ? e.prefill : -1);
-  }
-  if (ends.empty()) return;
-  s.log->warn("{} requests end: {}", ends.size(), why);
-  tandem::error err(error_kind::disconnected, why + "; retry the request");
-  for (const auto& [id, prefill] : ends) {
-    s.finish_here(id, finish_reason::error, &err);
-    send_abort(self, id, prefill);
-  }
-}
-
 caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector<route_target> prefill,
                            std::vector<route_target> decode, std::shared_ptr<mailbox_gate> gate,
                            std::shared_ptr<const cluster_clock> clk, std::shared_ptr<spdlog::logger> log) {
@@ -808,6 +1077,7 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
   const int64_t stale = 3 * int64_t(opt.lim.router_heartbeat_ms);
   for (auto& t : prefill) {
     prefill_target p;
+    p.live.heard_ms = st.start_ms;
     p.t = std::move(t);
     p.health = target_health(stale);
     p.breaker = circuit_breaker(opt.lim.breaker_failures, opt.lim.breaker_cooldown_ms);
@@ -815,6 +1085,7 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
   }
   for (auto& t : decode) {
     decode_target d;
+    d.live.heard_ms = st.start_ms;
     d.t = std::move(t);
     d.health = target_health(stale);
     d.breaker = circuit_breaker(opt.lim.breaker_failures, opt.lim.breaker_cooldown_ms);
@@ -827,8 +1098,10 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
   // Every reason the router can refuse for is exported from the start (at 0), so dashboards
   // and alerts see the series before the first rejection.
   for (const char* r : {"malformed", "shutdown", "invalid", "duplicate_id", "inflight_full", "prefill_mailbox", "deadline",
-                        "queue_requests", "queue_tokens", "queue_wait", "queue_timeout", "decode_pages", "no_target"})
+                        "queue_requests", "queue_tokens", "queue_wait", "queue_timeout", "decode_pages", "no_target",
+                        "target_lost"})
     st.rejected_by_reason[r] = 0;
+  for (const char* r : {"budget", "deadline", "no_target"}) st.migration_failures[r] = 0;
   self->delayed_send(self, std::chrono::milliseconds(opt.lim.router_heartbeat_ms), heartbeat_atom::value);
   return {
       [self](submit_atom, const wire& w, const callback_box& cb) {
@@ -850,10 +1123,12 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
             auto it = s.table.find(id);
             if (it == s.table.end()) return;
             const int target = it->second.state == "retrying" ? -1 : it->second.prefill;
-            const int local_decode = it->second.state != "retrying" && it->second.local ? it->second.decode : -1;
+            const std::string wid = it->second.req.id;  // the current attempt's
+            const auto& ie = it->second;
+            const int local_decode = ie.state != "retrying" && ie.local && is_at_decode(ie) ? ie.decode : -1;
             s.log->info("request {}: aborted by the client", id);
             s.finish_here(id, finish_reason::abort, nullptr);
-            send_abort(self, id, target, local_decode);
+            send_abort(self, wid, target, local_decode);
           } else {
             s.log->error("router: unexpected message dropped");
           }
@@ -864,20 +1139,24 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
         }
       },
       [self](tick_atom) { on_tick(self); },
-      [self](node_down_atom, const std::string& role, const std::string& target, const std::string& why) {
-        on_node_down(self, role, target, why);
+      [self](node_down_atom, const std::string& what, const std::string& why) { on_node_down(self, what, why); },
+      [self](node_down_atom, const std::string&, const std::string& target, const std::string& why) {
+        on_node_down(self, target, why);  // (role, "node/role" target, why): per-target proxies
       },
-      [self](node_up_atom, const std::string& role, const std::string& target) {
+      [self](node_up_atom, const std::string&, const std::string& target) {
+        // Its proxy reached the node again: ask for a credit now, which brings a lost target
+        // back (a credit is the sign of life that counts).
         auto& s = self->state;
-        auto up = [&](auto& ts) {
-          for (auto& t : ts)
-            if (t.t.name == target && !t.down_why.empty()) {
-              t.down_why.clear();
-              s.log->info("{} target {} is reachable again", role, target);
-            }
+        auto ask = [&](const route_target& t) {
+          if (t.name != target || !t.actor || t.actor.gate->depth() > 0) return;
+          s.log->info("target {} is reachable again; asking for its credit", target);
+          t.actor.gate->enter_control();
+          self->send(t.actor.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
+                       env.initCreditQuery().setFrom("router");
+                     }));
         };
-        if (role == "decode") up(s.decodes);
-        else up(s.prefills);
+        for (const auto& p : s.prefills) ask(p.t);
+        for (const auto& d : s.decodes) ask(d.t);
       },
       [self](retry_atom, const std::string& id) { on_retry(self, id); },
       [self](heartbeat_atom) { on_heartbeat(self); },
@@ -920,6 +1199,11 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
                        "Requests ended, by finish reason"});
         m.push_back({"router_retries_total", "", double(s.retries_total), "counter",
                      "Requests re-routed after a target refused them before their first token"});
+        m.push_back({"router_migrations_total", "", double(s.migrations_total), "counter",
+                     "Streams moved to another target after theirs was lost"});
+        for (const auto& [r, n] : s.migration_failures)
+          m.push_back({"router_migration_failures_total", fmt::format("reason=\"{}\"", r), double(n), "counter",
+                       "Streams that lost their target and could not move, by reason"});
         m.push_back({"router_local_prefill_candidates_total", "", double(s.local_prefill_candidates), "counter",
                      "Requests the conditional-disaggregation rule would prefill on their decode node"});
         m.push_back({"router_local_prefill_total", "", double(s.local_prefills), "counter",
@@ -930,10 +1214,12 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
                      "cache_aware choices overridden by the balance thresholds"});
         const int64_t now = s.clk->now_ms();
         auto target_metrics = [&](const std::string& name, const target_health& h, const circuit_breaker& b,
-                                  int64_t routed, bool down) {
+                                  int64_t routed, const liveness& live) {
           auto l = fmt::format("target=\"{}\"", name);
-          m.push_back({"router_target_healthy", l, !down && h.healthy(now, s.start_ms) ? 1.0 : 0.0, "gauge",
-                       "1 while the target's credits are fresh (3 heartbeats) and its node is connected, else 0"});
+          m.push_back({"router_target_healthy", l, h.healthy(now, s.start_ms) && !live.lost ? 1.0 : 0.0, "gauge",
+                       "1 while the target's credits are fresh (3 heartbeats) and it is not lost, else 0"});
+          m.push_back({"router_target_lost_total", l, double(live.lost_total), "counter",
+                       "Times the target was lost (node down, or silent 1.5 heartbeats with requests there)"});
           m.push_back({"router_target_credit_age_ms", l, double(h.age_ms(now, s.start_ms)), "gauge",
                        "Age of the target's last credit"});
           m.push_back({"router_breaker_state", l, double(static_cast<int>(b.current(now))), "gauge",
@@ -943,7 +1229,7 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
           m.push_back({"router_routed_total", l, double(routed), "counter", "Requests sent to the target"});
         };
         for (const auto& p : s.prefills) {
-          target_metrics(p.t.name, p.health, p.breaker, p.routed, !p.down_why.empty());
+          target_metrics(p.t.name, p.health, p.breaker, p.routed, p.live);
           auto l = fmt::format("target=\"{}\"", p.t.name);
           m.push_back({"router_target_queued_tokens", l, double(p.backlog_tokens()), "gauge",
                        "Prompt tokens ahead of a new request at the prefill target (credits + in transit)"});
@@ -952,7 +1238,7 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
                        "Estimated queue wait of the prefill target (-1 = drain rate not measured yet)"});
         }
         for (const auto& d : s.decodes) {
-          target_metrics(d.t.name, d.health, d.breaker, d.routed, !d.down_why.empty());
+          target_metrics(d.t.name, d.health, d.breaker, d.routed, d.live);
           m.push_back({"router_target_free_pages", fmt::format("target=\"{}\"", d.t.name), double(d.load.free_pages),
                        "gauge", "KV pages free at the decode target's last allocation (-1 = unknown)"});
         }

@@ -46,13 +46,15 @@ struct inflight_list {
 using inflight_atom = caf::atom_constant<caf::atom("inflight")>;
 
 /// A node is unreachable (sent by the proxy of a remote role on the router's node):
-/// (node_down_atom, role, target, why): that route target ("node/role") is not chosen
-/// again until node_up_atom; the requests on it end with `disconnected` (for a decode target: every request
-/// routed to it; for a prefill target: those still queued or prefilling there).
+/// (node_down_atom, what, why) with `what` a role (every node of it: "decode", "prefill") or
+/// a target / node name ("n1/decode", "n1"), or (node_down_atom, role, target, why). The
+/// target is lost (not chosen until it answers again); the requests on it (for a decode
+/// target also those still at prefill that would hand off to it) move to another target
+/// (limits.router_migration) or end with `disconnected`.
 using node_down_atom = caf::atom_constant<caf::atom("nodedown")>;
 
 /// The node of a route target that went down is reachable again (its proxy redialed it):
-/// (node_up_atom, role, target). The router chooses it again once its credits are fresh.
+/// (node_up_atom, role, target). The router asks it for a credit, which brings it back.
 using node_up_atom = caf::atom_constant<caf::atom("nodeup")>;
 
 struct router_options {

@@ -75,6 +75,7 @@ struct rig {
     std::vector<route_target> d{make("n2/decode", decode), make("n3/decode", decode)};
     router_options ro;
     ro.lim = small_limits();
+    ro.lim.router_migration = false;  // these cases check that requests end (migration: test_router_migration)
     ro.model = model_facts{-1, 4096, 64};
     ro.policy.kind = route_policy_kind::round_robin;
     router = spawn_router(*sys, ro, std::move(p), std::move(d), clk, make_actor_logger("router", quiet_sink(), "off"));

@@ -96,7 +96,7 @@ void configure_from_file(const flags& f, cluster_options& co, front_end_options&
                            "max-queued-requests", "max-body-bytes", "host-ratio", "host-size-gb",
                            "cache-write-policy", "cache-disk-dir", "cache-disk-size-gb", "min-load-back-tokens",
                            "max-queued-tokens", "max-queue-wait-ms", "queue-timeout-ms", "request-timeout-ms",
-                           "rate-limit-rps", "rate-limit-burst", "router-policy", "device-pages"})
+                           "rate-limit-rps", "rate-limit-burst", "router-policy", "device-pages", "router-migration"})
     if (f.has(flag))
       throw tandem::error(fmt::format("flag --{} conflicts with --config: the config file sets it; edit the file instead",
                                       flag));
@@ -222,7 +222,9 @@ int serve(args a) {
       .opt("rate-limit-rps", "per-client (bearer token, else address) requests/s before 429 (0 = off)", "0")
       .opt("rate-limit-burst", "per-client bucket size (0 = --rate-limit-rps)", "0")
       .opt("device-pages", "KV pages of the device pool (0 = from --kv-cache-mb)", "0")
-      .opt("router-policy", "round_robin, power_of_two or cache_aware", "round_robin");
+      .opt("router-policy", "round_robin, power_of_two or cache_aware", "round_robin")
+      .opt("router-migration", "on: a stream whose decode node is lost continues on another; off: it ends with an error",
+           "on");
   if (!f.parse(a)) {
     std::fprintf(stderr, "usage: tandem serve --model FILE [options]\n       tandem serve --config FILE --node NAME\n%s",
                  f.help().c_str());
@@ -261,6 +263,9 @@ int serve(args a) {
     co.lim.rate_limit_burst = non_negative_i32("rate-limit-burst");
     co.lim.device_pages = non_negative_i32("device-pages");
     co.router_policy = f.str("router-policy");
+    if (f.str("router-migration") != "on" && f.str("router-migration") != "off")
+      throw tandem::error("flag --router-migration = '" + f.str("router-migration") + "' is not a switch; use on or off");
+    co.lim.router_migration = f.str("router-migration") == "on";
     int64_t body = f.num("max-body-bytes");
     if (body <= 0) throw tandem::error("flag --max-body-bytes = " + std::to_string(body) + " must be > 0");
     co.lim.max_body_bytes = body;
