@@ -28,6 +28,7 @@ struct dseq {
   /// decode batch. `fill` is prompt ++ generated; chunks of it run in the batch's steps until
   /// kv_len reaches its end, whose step samples the first token.
   bool prefilling = false;
+  bool parked = false;  ///< a handoff that waited in page_waiting (its allocation is a retry)
   std::vector<int32_t> fill;
   int32_t total_len() const { return req.total_len(); }
 };
@@ -49,6 +50,13 @@ struct decode_state {
   /// transfer (by transfer id). Bounded by the decode mailbox and the worker's transfer table.
   std::unordered_map<std::string, dseq> allocating;
   std::unordered_map<uint64_t, dseq> receiving;
+  /// Handoffs that found the pool full: their KV stays on the source node (its pages are the
+  /// backpressure) until a sequence here ends and frees pages. Bounded by max_running_seqs;
+  /// beyond that, or with nothing here that could free pages, the transfer fails by policy.
+  std::deque<dseq> page_waiting;
+  bool page_retry_due = false;        ///< a sequence ended since the last retry
+  bool page_retry_in_flight = false;  ///< one parked handoff is asking for pages
+  int64_t handoffs_parked = 0;
   int64_t transfers_done = 0, transfers_failed = 0, transfer_recomputes = 0;
   int64_t steps = 0, tokens = 0, preemptions = 0, joined = 0;
   int32_t pool_free_pages = -1;  ///< KV pages free at the last allocation reply (-1 = none yet)
@@ -92,6 +100,7 @@ struct decode_state {
   void fail(dseq& d, const tandem::error& e, const std::string& reason) {
     rejected[reason] += 1;
     log->info("request {}: {}", d.req.id, e.what());
+    if (!d.pages.empty()) page_retry_due = true;
     free_pages(d.req.id, d.pages);
     emit(d, {}, finish_reason::error, &e, "decode");
   }
@@ -99,7 +108,8 @@ struct decode_state {
   /// (or `force`: a heartbeat answer).
   void send_credit(bool force) {
     if (!peers.router) return;
-    const int64_t key[3] = {int64_t(running.size()), int64_t(waiting.size()), pool_free_pages};
+    const int64_t key[3] = {int64_t(running.size()), int64_t(waiting.size() + page_waiting.size()),
+                            pool_free_pages};
     if (!force && std::equal(key, key + 3, last_credit_key)) return;
     std::copy(key, key + 3, last_credit_key);
     credits_sent += 1;
@@ -111,7 +121,7 @@ struct decode_state {
                      c.setSeq(++credit_seq);
                      c.setFreePages(pool_free_pages);
                      c.setRunningSeqs(static_cast<int32_t>(running.size()));
-                     c.setWaitingSeqs(static_cast<int32_t>(waiting.size()));
+                     c.setWaitingSeqs(static_cast<int32_t>(waiting.size() + page_waiting.size()));
                      c.setMaxRunningSeqs(opt.lim.max_running_seqs);
                    }));
   }
@@ -125,6 +135,7 @@ struct decode_state {
 using decode_actor_t = caf::stateful_actor<decode_state>;
 
 void pump(decode_actor_t* self);
+void request_handoff_pages(decode_actor_t* self, dseq d);
 
 /// A cross-node handoff whose KV transfer failed (or could not start): the configured policy.
 void transfer_failed(decode_actor_t* self, dseq d, const std::string& why) {
@@ -175,7 +186,26 @@ void start_remote_handoff(decode_actor_t* self, dseq d, uint64_t tid, std::strin
                                 d.source_pages, d.total_len()));
     return;
   }
+  request_handoff_pages(self, std::move(d));
+}
+
+/// Tells the source node to let go of a handoff's pages (its transfer will not happen).
+void release_source(decode_actor_t* self, const dseq& q) {
+  auto& st = self->state;
+  st.peers.prefill.gate->enter_control();
+  self->send(st.peers.prefill.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
+               auto a = env.initAbort();
+               a.setId(q.req.id);
+               a.setHops(8);  // only the prefill's transfer: do not chase it back here
+             }));
+}
+
+/// Destination pages for a validated handoff; a full pool parks it (see page_waiting).
+void request_handoff_pages(decode_actor_t* self, dseq d) {
+  auto& s = self->state;
+  const int32_t need = d.source_pages;
   if (!s.peers.cache.gate->try_enter()) {
+    release_source(self, d);
     transfer_failed(self, std::move(d), "the cache tier's mailbox is full");
     return;
   }
@@ -194,32 +224,53 @@ void start_remote_handoff(decode_actor_t* self, dseq d, uint64_t tid, std::strin
             if (it == st.allocating.end()) return;
             dseq q = std::move(it->second);
             st.allocating.erase(it);
+            const bool retry = q.parked;
+            if (retry) st.page_retry_in_flight = false;
             std::string why = "no free KV pages on the decode node";
+            bool exhausted = false;
             try {
               wire_reader rd(r);
               auto env = rd.root();
+              if (env.isAllocReply()) st.pool_free_pages = env.getAllocReply().getFree();
               if (env.isAllocReply() && env.getAllocReply().getOk()) {
                 q.pages = to_vector(env.getAllocReply().getPages());
                 why.clear();
               } else if (env.isAllocReply()) {
-                why = read_error(env.getAllocReply().getError()).what();
+                auto e = read_error(env.getAllocReply().getError());
+                why = e.what();
+                exhausted = e.kind() == error_kind::overloaded;
               }
             } catch (const tandem::error& e) {
               why = e.what();
             }
-            if (!why.empty() || q.aborted) {
-              // The source still holds its pages for this transfer: tell it to let go.
-              st.peers.prefill.gate->enter_control();
-              self->send(st.peers.prefill.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
-                           auto a = env.initAbort();
-                           a.setId(q.req.id);
-                           a.setHops(8);  // only the prefill's transfer: do not chase it back here
-                         }));
-              if (q.aborted) {
-                st.free_pages(q.req.id, q.pages);
-                return;
+            if (q.aborted) {
+              st.free_pages(q.req.id, q.pages);
+              release_source(self, q);
+              pump(self);
+              return;
+            }
+            // A full pool while sequences here will end and free pages: wait for them instead
+            // of failing (a preempted sequence's recompute lands here while its batch is busy).
+            const bool can_free = !st.running.empty() || !st.waiting.empty();
+            if (!why.empty() && exhausted && can_free &&
+                (retry || static_cast<int32_t>(st.page_waiting.size()) < st.opt.lim.max_running_seqs)) {
+              if (!q.parked) {
+                st.handoffs_parked += 1;
+                st.log->info("request {}: no KV pages for its handoff yet ({}); it waits for a sequence to end",
+                             q.req.id, why);
               }
+              q.parked = true;
+              if (retry)
+                st.page_waiting.push_front(std::move(q));
+              else
+                st.page_waiting.push_back(std::move(q));
+              st.send_credit(false);
+              return;
+            }
+            if (!why.empty()) {
+              release_source(self, q);
               transfer_failed(self, std::move(q), why);
+              pump(self);
               return;
             }
             const uint64_t tid = q.transfer_id;
@@ -231,6 +282,7 @@ void start_remote_handoff(decode_actor_t* self, dseq d, uint64_t tid, std::strin
                          fill_list([&](unsigned n) { return o.initPages(n); }, q.pages);
                        }));
             st.receiving.emplace(tid, std::move(q));
+            if (retry) pump(self);  // the next parked one may fit too
           },
           [self, id](caf::error& e) {
             auto& st = self->state;
@@ -238,6 +290,8 @@ void start_remote_handoff(decode_actor_t* self, dseq d, uint64_t tid, std::strin
             if (it == st.allocating.end()) return;
             dseq q = std::move(it->second);
             st.allocating.erase(it);
+            if (q.parked) st.page_retry_in_flight = false;
+            release_source(self, q);
             transfer_failed(self, std::move(q), fmt::format("cache tier unreachable: {}", self->system().render(e)));
           });
 }
@@ -382,6 +436,7 @@ void on_step_done(decode_actor_t* self, const wire* w, const tandem::error* tran
                            [&](const dseq& d) { return d.req.id == batch[i].first; });
     if (it == s.running.end()) continue;
     if (it->aborted) {
+      s.page_retry_due = true;
       s.free_pages(it->req.id, it->pages);
       s.running.erase(it);
       continue;
@@ -420,6 +475,7 @@ void on_step_done(decode_actor_t* self, const wire* w, const tandem::error* tran
                          fill_list([&](unsigned n) { return ins.initPages(n); }, it->pages);
                        }));
       }
+      s.page_retry_due = true;
       s.free_pages(it->req.id, it->pages);
       s.running.erase(it);
     }
@@ -533,11 +589,22 @@ void pump_once(decode_actor_t* self) {
   // Aborted sequences not in a batch leave now.
   for (auto it = s.running.begin(); it != s.running.end();) {
     if (it->aborted) {
+      s.page_retry_due = true;
       s.free_pages(it->req.id, it->pages);
       it = s.running.erase(it);
     } else {
       ++it;
     }
+  }
+  // A parked handoff asks again once a sequence has ended (not on preemptions: pages freed to
+  // make room for the batch are not for newcomers), or when nothing is left that could free any.
+  if (!s.page_waiting.empty() && !s.page_retry_in_flight &&
+      (s.page_retry_due || (s.running.empty() && s.waiting.empty()))) {
+    s.page_retry_due = false;
+    s.page_retry_in_flight = true;
+    dseq q = std::move(s.page_waiting.front());
+    s.page_waiting.pop_front();
+    request_handoff_pages(self, std::move(q));
   }
   while (!s.waiting.empty() && static_cast<int32_t>(s.running.size()) < s.opt.lim.max_running_seqs) {
     s.running.push_back(std::move(s.waiting.front()));
@@ -685,8 +752,17 @@ void on_abort(decode_actor_t* self, const std::string& id, int32_t hops) {
   }
   for (auto it = s.waiting.begin(); it != s.waiting.end(); ++it) {
     if (it->req.id != id) continue;
+    s.page_retry_due = true;
     s.free_pages(id, it->pages);
     s.waiting.erase(it);
+    pump(self);
+    return;
+  }
+  for (auto it = s.page_waiting.begin(); it != s.page_waiting.end(); ++it) {
+    if (it->req.id != id) continue;
+    release_source(self, *it);  // its KV pages are still on the source node
+    s.page_waiting.erase(it);
+    s.send_credit(false);
     return;
   }
   if (auto it = s.allocating.find(id); it != s.allocating.end()) {
@@ -777,6 +853,11 @@ caf::behavior decode_actor(decode_actor_t* self, scheduler_options opt, std::sha
              "Sequences preempted on KV page exhaustion (requeued for recompute)"},
             {"decode_kv_receiving_requests", "", double(s.receiving.size() + s.allocating.size()), "gauge",
              "Cross-node handoffs waiting for their KV pages (allocation or transfer)"},
+            {"decode_kv_page_waiting_requests", "", double(s.page_waiting.size()), "gauge",
+             "Cross-node handoffs waiting for a sequence here to end and free KV pages (bound: "
+             "limits.max_running_seqs)"},
+            {"decode_kv_handoffs_parked_total", "", double(s.handoffs_parked), "counter",
+             "Cross-node handoffs that found the KV pool full and waited for pages"},
             {"decode_kv_receives_total", "", double(s.transfers_done), "counter",
              "Cross-node handoffs whose KV pages arrived"},
             {"decode_kv_receive_failures_total", "", double(s.transfers_failed), "counter",

@@ -431,11 +431,21 @@ struct router_state {
   }
 
   /// A sign of life of a target: a lost one is back (its node restarted or its link healed).
-  void heard(liveness& l, const std::string& name, int64_t now) {
+  /// True when it was lost.
+  bool heard(liveness& l, const std::string& name, int64_t now) {
     l.heard_ms = std::max(l.heard_ms, now);
-    if (!l.lost) return;
+    if (!l.lost) return false;
     l.lost = false;
     log->info("target {} answers again; new requests may go there", name);
+    return true;
+  }
+
+  /// A lost target that answers again is a fresh start: the breaker that its lost requests
+  /// opened closes, and a restarted node numbers its credits from 1 again.
+  template <class T>
+  void back(T& t) {
+    t.breaker.on_success();
+    t.last_seq = 0;
   }
 
   void on_credit(schema::Credit::Reader c) {
@@ -445,7 +455,7 @@ struct router_state {
       for (auto& d : decodes) {
         if (d.t.name != name) continue;
         d.health.on_credit(now);
-        heard(d.live, d.t.name, now);
+        if (heard(d.live, d.t.name, now)) back(d);
         if (c.getSeq() <= d.last_seq) return;
         d.last_seq = c.getSeq();
         d.load.free_pages = c.getFreePages();
@@ -459,7 +469,7 @@ struct router_state {
     for (auto& p : prefills) {
       if (p.t.name != name) continue;
       p.health.on_credit(now);
-      heard(p.live, p.t.name, now);
+      if (heard(p.live, p.t.name, now)) back(p);
       if (c.getSeq() <= p.last_seq) return;  // reordered: an older view
       p.last_seq = c.getSeq();
       p.load.queued_requests = c.getQueuedRequests();
@@ -813,8 +823,15 @@ void on_event(router_actor_t* self, schema::TokenEvent::Reader r) {
   const int64_t now = s.clk->now_ms();
   // A sign of life of the stage that sent it: the decode target once the request is there
   // (the first token's event, which moves it there, comes from the prefill).
-  if (is_at_decode(e) && e.decode >= 0) s.heard(s.decodes[size_t(e.decode)].live, s.decodes[size_t(e.decode)].t.name, now);
-  else s.heard(s.prefills[size_t(e.prefill)].live, s.prefills[size_t(e.prefill)].t.name, now);
+  // An error event is no sign of life: a proxy answers for a node that is gone with one.
+  const bool alive = !(r.getFinished() && r.getReason() == schema::FinishReason::ERROR);
+  if (alive && is_at_decode(e) && e.decode >= 0) {
+    auto& d = s.decodes[size_t(e.decode)];
+    if (s.heard(d.live, d.t.name, now)) s.back(d);
+  } else if (alive) {
+    auto& p = s.prefills[size_t(e.prefill)];
+    if (s.heard(p.live, p.t.name, now)) s.back(p);
+  }
   const std::string prev = e.state;
   e.state = r.getState().cStr();
   if (e.state != prev) e.stage_since_ms = now;

@@ -292,7 +292,7 @@ TEST_CASE("faults: kill -9 of the prefill node mid-transfer ends the transferrin
   CHECK(pd_cluster::alive(pd.decode()));
 }
 
-TEST_CASE("faults: SIGSTOP of the decode node past the deadlines ends its requests by their deadline, SIGCONT recovers") {
+TEST_CASE("faults: SIGSTOP of the decode node ends its requests within 2 heartbeats of silence, SIGCONT recovers") {
   temp_dir dir;
   const std::string model = r15m();
   const int32_t deadline_ms = 2500;
@@ -322,20 +322,20 @@ TEST_CASE("faults: SIGSTOP of the decode node past the deadlines ends its reques
     INFO("stream " << i << ": " << r.raw);
     CHECK(r.ended_once());
     CHECK(r.finishes == 0);
-    CHECK(r.error_message.find("deadline") != std::string::npos);
-    const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(r.end - r.sent).count();
+    // The router loses a target that is silent for 1.5 heartbeats with requests there (with
+    // one decode node there is nowhere to migrate), well before the 2.5 s deadline.
+    CHECK(r.error_message.find("stopped answering") != std::string::npos);
+    const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(r.end - stopped_at).count();
     worst_ms = std::max<int64_t>(worst_ms, took);
-    // By its deadline (the router's tick ends it; the front end's own timer is the backstop).
-    CHECK(took >= deadline_ms - 50);
-    CHECK(took <= deadline_ms + 1000);
+    CHECK(took <= 2 * 250 + 250);  // 2 heartbeats, plus the tick and a loaded machine's slack
   }
   // New requests while the node is stopped get an explicit error too (its credits go stale).
   auto during = complete(pd.router().http, pd_prompts[0], 4);
   INFO(during.raw);
   CHECK(during.status >= 500);
   CHECK(clk::now() - stopped_at < std::chrono::seconds(10));
-  MESSAGE("SIGSTOP of decode: " << n << " requests ended " << worst_ms << " ms after they were sent at the latest (deadline "
-                                << deadline_ms << " ms), all within "
+  MESSAGE("SIGSTOP of decode: " << n << " requests ended " << worst_ms << " ms after the stop at the latest (heartbeat "
+                                << 250 << " ms, deadline " << deadline_ms << " ms), all within "
                                 << std::chrono::duration_cast<std::chrono::milliseconds>(all_ended - stopped_at).count()
                                 << " ms of the stop; a new request got " << during.status);
   ::kill(pd.decode().proc->pid(), SIGCONT);
@@ -356,9 +356,9 @@ TEST_CASE("faults: SIGSTOP of the prefill node ends the requests sent to it by t
   const int32_t deadline_ms = 1500;
   const auto want = fault_free(model, dir.path, pd_prompts, 16);
   pd_options o;
-  // Credits go stale after 3 heartbeats (3 s): later than the deadline, so the requests are
-  // accepted and end by their deadline, not refused up front.
-  o.extra_limits = "router_heartbeat_ms = 1000\nrequest_timeout_ms = " + std::to_string(deadline_ms) + "\n";
+  // Credits go stale after 3 heartbeats (6 s) and a silent target is lost after 1.5 (3 s):
+  // later than the deadline, so the requests are accepted and end by their deadline.
+  o.extra_limits = "router_heartbeat_ms = 2000\nrequest_timeout_ms = " + std::to_string(deadline_ms) + "\n";
   pd_cluster pd(model, dir.path, o);
   INFO(pd.logs());
   const double free_p = free_pages(pd.prefill()), free_d = free_pages(pd.decode());

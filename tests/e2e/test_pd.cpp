@@ -245,3 +245,45 @@ TEST_CASE("pd: killing the decode node ends its requests with disconnected and f
   CHECK(after.status == 502);
   CHECK(after.raw.find("no decode node is reachable") != std::string::npos);
 }
+
+TEST_CASE("pd: handoffs that find the decode pool full wait for pages instead of failing, and every pool comes back whole") {
+  // A small decode pool and long generations: sequences grow until the batch preempts; the
+  // preempted ones are prefilled again and handed back while the pool is still full. Those
+  // handoffs wait (their KV stays on the prefill node) until a sequence ends, so with
+  // transfer.failure_policy = fail every request still completes with the single-process text.
+  temp_dir dir;
+  const std::string model = write_micro_model(dir.path);
+  server single(model, (dir.path / "single.log").string());
+  const int32_t n = 6, max_tokens = 120;
+  std::vector<completion> want;
+  for (int32_t i = 0; i < n; ++i) want.push_back(complete(single.http_port, prompts[size_t(i) % prompts.size()], max_tokens));
+  pd_options o;
+  o.policy = "fail";
+  o.extra_limits = "device_pages = 30\ndecode_page_admission = false\n";
+  pd_cluster pd(model, dir.path, o);
+  INFO(pd.logs());
+  auto free_at_start = [&](node_proc& nd) { return metric(test::get(nd.http, "/metrics").body, "tandem_kv_pages_free"); };
+  const double prefill_free = free_at_start(pd.prefill()), decode_free = free_at_start(pd.decode());
+  std::vector<completion> got(static_cast<size_t>(n));
+  std::vector<std::thread> ts;
+  for (int32_t i = 0; i < n; ++i)
+    ts.emplace_back([&, i] { got[size_t(i)] = complete(pd.router().http, prompts[size_t(i) % prompts.size()], max_tokens); });
+  for (auto& t : ts) t.join();
+  for (int32_t i = 0; i < n; ++i) {
+    INFO("request " << i << ": " << got[size_t(i)].raw);
+    CHECK(got[size_t(i)].status == 200);
+    CHECK(got[size_t(i)].text == want[size_t(i)].text);
+  }
+  auto dm = test::get(pd.decode().http, "/metrics").body;
+  CHECK(metric(dm, "tandem_decode_preemptions_total") >= 1);
+  CHECK(metric(dm, "tandem_decode_kv_handoffs_parked_total") >= 1);
+  CHECK(metric(dm, "tandem_decode_kv_receive_failures_total") == 0);
+  CHECK(metric(dm, "tandem_decode_kv_page_waiting_requests") == 0);
+  // Pages come back (cached prefixes are evictable: compare free + cached).
+  for (int k = 0; k < 100; ++k) {
+    if (free_at_start(pd.prefill()) == prefill_free && free_at_start(pd.decode()) == decode_free) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  CHECK(free_at_start(pd.prefill()) == prefill_free);
+  CHECK(free_at_start(pd.decode()) == decode_free);
+}
