@@ -14,6 +14,7 @@
 #include <chrono>
 #include <thread>
 
+#include "tests/e2e/cluster_harness.h"
 #include "tests/e2e/pd_harness.h"
 #include "tests/e2e/process.h"
 #include "tests/transport/fake_api.h"
@@ -104,6 +105,8 @@ double labelled(const std::string& text, const std::string& name, const std::str
 
 /// Free pages of a worker node now (its start value once nothing runs).
 double free_pages(const node_proc& n) { return metric(test::get(n.http, "/metrics").body, "tandem_kv_pages_free"); }
+
+double free_pages_of(uint16_t http) { return metric(test::get(http, "/metrics").body, "tandem_kv_pages_free"); }
 
 /// Waits until `n`'s pool is whole again; returns the metrics text.
 std::string wait_whole(const node_proc& n, double want) {
@@ -235,6 +238,75 @@ TEST_CASE("faults: kill -9 of the decode node with 50 streams ends every one wit
   CHECK(pd_cluster::alive(pd.router()));
   CHECK(pd_cluster::alive(pd.prefill()));
   CHECK(pd_cluster::alive(pd.decode()));
+}
+
+TEST_CASE("faults: kill -9 of one of two decode nodes with 50 streams and migration on: every stream continues with the fault-free text") {
+  temp_dir dir;
+  const std::string model = r15m();
+  const int32_t heartbeat_ms = 500, max_tokens = 160;
+  const auto want = fault_free(model, dir.path, pd_prompts, max_tokens);
+  // One prefill and two decode nodes, round robin: about half of the streams decode on
+  // decode-1. Pools and batches large enough that decode-0 takes all 50 after the kill.
+  std::string head = cluster_config_head(model, "fail", false, "round_robin");
+  const std::string small = "kv_cache_mb = 16\nmax_running_seqs = 8\n";
+  REQUIRE(head.find(small) != std::string::npos);
+  head.replace(head.find(small), small.size(),
+               "kv_cache_mb = 192\nmax_running_seqs = 64\nrouter_heartbeat_ms = " + std::to_string(heartbeat_ms) + "\n");
+  node_cluster c(dir.path, head,
+                 {{"router", {"router"}, {}},
+                  {"prefill-0", {"prefill", "cache", "worker"}, {}},
+                  {"decode-0", {"decode", "cache", "worker"}, {}},
+                  {"decode-1", {"decode", "cache", "worker"}, {}}});
+  INFO(c.logs());
+  const uint16_t router = c.node("router").http;
+  const double free_p = free_pages_of(c.node("prefill-0").http), free_d0 = free_pages_of(c.node("decode-0").http);
+
+  const int n = 50;
+  std::vector<stream_result> got(n);
+  std::atomic<int> started{0};
+  std::vector<std::thread> ts;
+  for (int i = 0; i < n; ++i)
+    ts.emplace_back([&, i] { got[size_t(i)] = stream(router, pd_prompts[size_t(i) % pd_prompts.size()], max_tokens, &started); });
+  auto dm = wait_metrics(c.node("decode-1").http, [&](const std::string& m) {
+    return started.load() == n && metric(m, "tandem_decode_running_requests") >= 8;
+  });
+  REQUIRE(started.load() == n);
+  const double held = metric(dm, "tandem_decode_running_requests");
+  REQUIRE(held >= 8);
+  c.kill("decode-1");
+  for (auto& t : ts) t.join();
+
+  // Every stream completes once, with the text of the fault-free run: the tokens streamed
+  // before the kill plus the ones decode-0 made after it, none lost, none repeated.
+  int ok = 0;
+  for (int i = 0; i < n; ++i) {
+    const auto& r = got[size_t(i)];
+    INFO("stream " << i << ": " << r.raw);
+    CHECK(r.ended_once());
+    CHECK(r.status == 200);
+    CHECK(r.errors == 0);
+    CHECK(r.finishes == 1);
+    CHECK(r.text == want[size_t(i) % want.size()].text);
+    ok += r.status == 200 && r.errors == 0 && r.text == want[size_t(i) % want.size()].text;
+  }
+  auto rm = poll_metrics(router, [](const std::string& m) { return series(m, "tandem_requests_inflight") == 0; });
+  const double migrations = series(rm, "tandem_router_migrations_total");
+  MESSAGE("kill -9 of decode-1 holding " << held << " of 50 streams: " << ok << " streams ended with the fault-free text, "
+                                         << migrations << " migrations");
+  CHECK(migrations >= held);
+  CHECK(series(rm, "tandem_router_migration_failures_total{reason=\"no_target\"}") == 0);
+  CHECK(series(rm, "tandem_requests_inflight") == 0);
+  // Survivors: alive, pools whole (every page back, nothing live or quarantined).
+  CHECK(c.node("router").proc->wait(std::chrono::milliseconds(0)) == -1);
+  CHECK(c.node("prefill-0").proc->wait(std::chrono::milliseconds(0)) == -1);
+  CHECK(c.node("decode-0").proc->wait(std::chrono::milliseconds(0)) == -1);
+  for (auto [name, want_free] : {std::pair<const char*, double>{"prefill-0", free_p}, {"decode-0", free_d0}}) {
+    auto m = wait_metrics(c.node(name).http, pool_settled(want_free));
+    INFO(name << " metrics:\n" << m);
+    CHECK(metric(m, "tandem_kv_pages_free") == want_free);
+    CHECK(metric(m, "tandem_kv_transfer_live") == 0);
+    CHECK(metric(m, "tandem_kv_transfer_quarantined_pages") == 0);
+  }
 }
 
 TEST_CASE("faults: kill -9 of the prefill node mid-transfer ends the transferring requests with an error and the decode pool is whole") {
