@@ -32,6 +32,8 @@ std::string limits::validate() const {
            positive("http_body_timeout_ms", http_body_timeout_ms, "use e.g. 30000 (30 s)"),
            positive("http_stream_backlog_tokens", http_stream_backlog_tokens, "use e.g. 1024"),
            positive("http_stream_socket_bytes", http_stream_socket_bytes, "use e.g. 65536"),
+           positive("rpc_stream_backlog_tokens", rpc_stream_backlog_tokens, "use e.g. 1024"),
+           positive("rpc_socket_bytes", rpc_socket_bytes, "use e.g. 262144"),
            positive("supervisor_period_ms", supervisor_period_ms, "use e.g. 60000 (1 minute)"),
            positive("rate_limit_max_clients", rate_limit_max_clients, "use e.g. 4096"),
            positive("router_retry_base_ms", router_retry_base_ms, "use e.g. 5"),

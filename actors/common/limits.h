@@ -70,6 +70,13 @@ struct limits {
   /// Kernel send buffer (SO_SNDBUF) of a streaming connection: the socket's share of a slow
   /// client's backlog (loopback autotuning would otherwise let it grow to megabytes).
   int32_t http_stream_socket_bytes = 65536;
+  /// Tokens of one RPC stream waiting while its client's TokenSink does not take them (the
+  /// stream's flow-control window is full): beyond this the request is aborted (its pages
+  /// freed) and the sink gets done(error, overloaded).
+  int32_t rpc_stream_backlog_tokens = 1024;
+  /// Kernel send buffer (SO_SNDBUF) of an RPC connection. Cap'n Proto sizes a stream's flow
+  /// window from it, so it bounds what a client that stopped reading holds in flight.
+  int32_t rpc_socket_bytes = 262144;
 
   // --- supervision
   int32_t supervisor_max_restarts = 3;   ///< restarts of a node's actors allowed per period; one more escalates

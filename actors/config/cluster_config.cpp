@@ -284,6 +284,8 @@ const std::vector<i32_field>& limits_i32_fields() {
       {"http_body_timeout_ms", &limits::http_body_timeout_ms, 1, "use e.g. 30000 (30 s)"},
       {"http_stream_backlog_tokens", &limits::http_stream_backlog_tokens, 1, "use e.g. 1024"},
       {"http_stream_socket_bytes", &limits::http_stream_socket_bytes, 1, "use e.g. 65536"},
+      {"rpc_stream_backlog_tokens", &limits::rpc_stream_backlog_tokens, 1, "use e.g. 1024"},
+      {"rpc_socket_bytes", &limits::rpc_socket_bytes, 1, "use e.g. 262144"},
       {"supervisor_max_restarts", &limits::supervisor_max_restarts, 0, "use e.g. 3 (0 = escalate at the first failure)"},
       {"supervisor_period_ms", &limits::supervisor_period_ms, 1, "use e.g. 60000 (1 minute)"},
       {"max_queue_wait_ms", &limits::max_queue_wait_ms, 0, "use e.g. 2000 (0 = off)"},

@@ -333,8 +333,22 @@ struct router_state {
       out.reason = "no_target";
       out.retry_after_ms = opt.lim.breaker_cooldown_ms;
       std::string why;
-      for (const auto& p : prefills)
+      bool only_late = false;  // some target is only late with its credits: busy, not gone
+      for (size_t i = 0; i < prefills.size(); ++i) {
+        const auto& p = prefills[i];
         if (p.live.lost) why += fmt::format("; {} lost: {}", p.t.name, p.live.lost_why);
+        only_late = only_late || (!p.live.lost && p.breaker.would_allow(now) && !in(never_prefill, i));
+      }
+      if (only_late) {
+        // A scheduler too busy to send credits in time is overloaded, not disconnected: 503
+        // with Retry-After (a client backs off) rather than 502 (a client reconnects elsewhere).
+        out.err = tandem::error(
+            error_kind::overloaded,
+            fmt::format("no prefill target of {} sent credits within 3 heartbeats (limits.router_heartbeat_ms = {}): "
+                        "the schedulers are too busy to report; retry after {} ms",
+                        prefills.size(), opt.lim.router_heartbeat_ms, out.retry_after_ms));
+        return out;
+      }
       out.err = tandem::error(error_kind::disconnected,
                               fmt::format("no healthy prefill target of {}{} (stale credits, open circuit breakers "
                                           "or lost{}); retry on another node",
@@ -389,6 +403,17 @@ struct router_state {
         }
         if (all_lost)
           why = fmt::format("; no decode node is reachable (down: {}; {})", names, decodes.front().live.lost_why);
+        bool only_late = false;  // as for prefill: a decode target late with credits is busy
+        for (size_t i = 0; i < decodes.size(); ++i)
+          only_late = only_late || (!decodes[i].live.lost && decodes[i].breaker.would_allow(now) && !in(never_decode, i));
+        if (only_late) {
+          out.err = tandem::error(
+              error_kind::overloaded,
+              fmt::format("no decode target of {} sent credits within 3 heartbeats (limits.router_heartbeat_ms = {}): "
+                          "the schedulers are too busy to report; retry after {} ms",
+                          decodes.size(), opt.lim.router_heartbeat_ms, out.retry_after_ms));
+          return out;
+        }
         out.err = tandem::error(error_kind::disconnected,
                                 fmt::format("no healthy decode target of {}{}{}; retry on another node", decodes.size(),
                                             lost.empty() ? "" : " other than " + lost, why));

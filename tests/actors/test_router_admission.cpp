@@ -227,6 +227,31 @@ TEST_CASE("router retries: overloaded before the first token goes to a fresh tar
   CHECK(r.col.last("f").err->kind() == error_kind::failed);
 }
 
+TEST_CASE("router: a target late with its credits (busy, not lost) refuses with overloaded (503), not disconnected") {
+  limits l = small_limits();
+  l.router_max_retries = 0;
+  rig r(l, 1);
+  r.credit(0, 1, 0, 0, 0, 1000);
+  r.submit("fresh", 8);
+  REQUIRE(r.boxes[0]->wait_submits(1));
+  // No credit for more than 3 heartbeats, nothing in flight there (so it is not lost).
+  r.token("fresh", 1, true);
+  REQUIRE(r.col.wait_finished(1));
+  r.clk->advance_ms(3 * int64_t(l.router_heartbeat_ms) + 1);
+  r.submit("late", 8);
+  REQUIRE(r.col.wait_finished(2));
+  auto ev = r.col.last("late");
+  REQUIRE(ev.err);
+  CHECK(ev.reject_reason == "no_target");
+  CHECK(ev.err->kind() == error_kind::overloaded);
+  CHECK(std::string(ev.err->what()).find("limits.router_heartbeat_ms") != std::string::npos);
+  CHECK(ev.retry_after_ms == l.breaker_cooldown_ms);
+  // A fresh credit makes it a target again.
+  r.credit(0, 2, 1, 0, 0, 1000);
+  r.submit("again", 8);
+  REQUIRE(r.boxes[0]->wait_submits(2));
+}
+
 TEST_CASE("router circuit breaker: consecutive disconnects open it, the cooldown half-opens it") {
   limits l = small_limits();
   l.router_max_retries = 0;

@@ -70,6 +70,7 @@ struct fake_behavior {
   bool hold = false;                    ///< after the first chunk, wait for abort()
   std::string reject_reason;            ///< with `fail`: the refusal's reason (e.g. "queue_timeout")
   int64_t retry_after_ms = 0;           ///< with `fail`: the router's Retry-After estimate
+  int interval_ms = 0;                  ///< pause between events (an engine that decodes at a pace)
 };
 
 class fake_api final : public serving_api {
@@ -113,7 +114,8 @@ class fake_api final : public serving_api {
   std::string metrics_text() const override { return "# TYPE tandem_fake_metric gauge\ntandem_fake_metric 7\n"; }
   const tokenizer& tok() const override { return tok_; }
   std::string model_id() const override { return "fake-model"; }
-  int32_t max_context() const override { return 128; }
+  int32_t max_context() const override { return context_tokens; }
+  int32_t context_tokens = 128;  ///< max_context(); set before the first request
 
   std::vector<completion_request> submitted() const {
     std::lock_guard<std::mutex> l(m_);
@@ -219,6 +221,7 @@ class fake_api final : public serving_api {
         j.cb(e);
         return;
       }
+      if (!first && j.beh.interval_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(j.beh.interval_ms));
       first = false;
       auto e = ev(t);
       if (end) {

@@ -1,6 +1,11 @@
 // Cap'n Proto RPC front end and the C++ client library against the fake serving_api.
 #include <doctest/doctest.h>
 
+#include <capnp/rpc-twoparty.h>
+#include <kj/async-io.h>
+
+#include "schemas/api.capnp.h"
+#include "schemas/auth.capnp.h"
 #include "tests/transport/fake_api.h"
 #include "transport/client/client.h"
 
@@ -135,4 +140,100 @@ TEST_CASE("rpc: client disconnect aborts the request, connecting to a closed por
   } catch (const tandem::error& e) {
     CHECK(e.kind() == error_kind::disconnected);
   }
+}
+
+namespace {
+/// A TokenSink that takes the first tokens() call and then does not return from it until
+/// `release` resolves: a client that stopped reading its stream.
+class stuck_sink final : public api::TokenSink::Server {
+ public:
+  stuck_sink(kj::ForkedPromise<void>& release, kj::Own<kj::PromiseFulfiller<void>> done)
+      : release_(release), done_(kj::mv(done)) {}
+  int tokens_calls = 0;
+  bool got_done = false;
+  api::FinishReason reason = api::FinishReason::NONE;
+  api::ErrorKind kind = api::ErrorKind::FAILED;
+  std::string message;
+
+ protected:
+  kj::Promise<void> tokens(TokensContext) override {
+    if (++tokens_calls == 1) return release_.addBranch();
+    return kj::READY_NOW;
+  }
+  kj::Promise<void> done(DoneContext ctx) override {
+    got_done = true;
+    reason = ctx.getParams().getReason();
+    if (ctx.getParams().hasError()) {
+      kind = ctx.getParams().getError().getKind();
+      message = ctx.getParams().getError().getMessage().cStr();
+    }
+    done_->fulfill();
+    return kj::READY_NOW;
+  }
+
+ private:
+  kj::ForkedPromise<void>& release_;
+  kj::Own<kj::PromiseFulfiller<void>> done_;
+};
+}  // namespace
+
+TEST_CASE("rpc: a sink that stops taking tokens is cut at limits.rpc_stream_backlog_tokens, aborted, and told why") {
+  limits lim;
+  lim.rpc_stream_backlog_tokens = 64;
+  lim.rpc_socket_bytes = 4096;  // a small stream window: a few dozen tokens() calls in flight
+  server_fixture s(lim);
+  s.api.context_tokens = 8192;
+  fake_behavior b;
+  b.output = std::string(4000, 'x');  // 4000 tokens, 4 per event, one event every ms
+  b.chunk = 4;
+  b.interval_ms = 1;
+  s.api.set(b);
+
+  {  // The raw client's event loop must be gone before client::connect makes its own.
+    auto io = kj::setupAsyncIo();
+    auto addr = io.provider->getNetwork().parseAddress("127.0.0.1", s.rpc_port).wait(io.waitScope);
+    auto stream = addr->connect().wait(io.waitScope);
+    capnp::TwoPartyClient rpc(*stream);
+    auto auth_req = rpc.bootstrap().castAs<auth::Gate>().authenticateRequest();
+    auth_req.setKey("");
+    api::Node::Client node = auth_req.send().wait(io.waitScope).getCap().castAs<api::Node>();
+
+    auto release = kj::newPromiseAndFulfiller<void>();
+    auto released = release.promise.fork();
+    auto done = kj::newPromiseAndFulfiller<void>();
+    auto sink_own = kj::heap<stuck_sink>(released, kj::mv(done.fulfiller));
+    stuck_sink& sink = *sink_own;
+    auto req = node.generateRequest();
+    req.getRequest().getPrompt().setText("abc");
+    req.getRequest().setMaxTokens(4000);
+    req.getRequest().setIgnoreEos(true);
+    req.setSink(kj::mv(sink_own));
+    const std::string id = req.send().wait(io.waitScope).getRequestId().cStr();
+
+    // The server gives up on the stuck stream: the engine request is aborted (its pages freed)
+    // while the client still holds the first call (the client's loop runs meanwhile).
+    auto& timer = io.provider->getTimer();
+    for (int i = 0; i < 1000 && !s.api.wait_aborted(id, std::chrono::milliseconds(0)); ++i)
+      timer.afterDelay(10 * kj::MILLISECONDS).wait(io.waitScope);
+    CHECK(s.api.wait_aborted(id, std::chrono::milliseconds(0)));
+    CHECK(sink.tokens_calls == 1);
+    CHECK_FALSE(sink.got_done);
+    // The client resumes: the one done() says why, with a kind that means "back off".
+    release.fulfiller->fulfill();
+    done.promise.wait(io.waitScope);
+    CHECK(sink.reason == api::FinishReason::ERROR);
+    CHECK(sink.kind == api::ErrorKind::OVERLOADED);
+    CHECK(sink.message.find("limits.rpc_stream_backlog_tokens") != std::string::npos);
+    auto m = get(s.http_port, "/metrics").body;
+    CHECK(m.find("tandem_rpc_stream_backlog_aborts_total 1\n") != std::string::npos);
+  }
+
+  // A client that keeps up gets the whole long stream on the same server.
+  auto c = client::connect("127.0.0.1", s.rpc_port);
+  client_params p;
+  p.max_tokens = 4000;
+  p.ignore_eos = true;
+  auto r = c->generate("abc", p);
+  CHECK(r.finish_reason == "length");
+  CHECK(r.text.size() == 4000);
 }

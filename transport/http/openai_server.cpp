@@ -383,6 +383,7 @@ struct openai_server::impl {
       std::string text = api.metrics_text();
       if (!text.empty() && text.back() != '\n') text += '\n';
       text += metrics();
+      if (extra_metrics) text += extra_metrics();
       return send_body(response, 200, "text/plain; version=0.0.4; charset=utf-8", std::move(text), r);
     }
 
@@ -543,6 +544,8 @@ struct openai_server::impl {
   std::map<std::pair<int, unsigned>, int64_t> requests;
   int64_t in_flight = 0, client_disconnects = 0, timeouts = 0, stream_events = 0, completion_tokens = 0,
           stream_errors = 0, stream_backlog_aborts = 0;
+  /// More Prometheus text for /metrics (the RPC front end's), on this kj thread.
+  std::function<std::string()> extra_metrics;
   int64_t auth_failures = 0, protocol_error_count = 0;
 };
 
@@ -898,6 +901,8 @@ openai_server::openai_server(serving_api& api, const limits& lim, kj::Timer& tim
 openai_server::~openai_server() = default;
 
 kj::Promise<void> openai_server::listen(kj::ConnectionReceiver& listener) { return impl_->server->listenHttp(listener); }
+
+void openai_server::set_extra_metrics(std::function<std::string()> f) { impl_->extra_metrics = std::move(f); }
 
 void openai_server::set_auth(std::shared_ptr<const api_keys> keys, std::vector<std::string> allowlist) {
   impl_->keys = std::move(keys);

@@ -12,6 +12,7 @@
 /// (system messages are joined and go into the first turn; consecutive messages of one role
 /// are joined with "\n\n"; the prompt ends with an open [INST] turn for the model to answer).
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,6 +55,8 @@ class openai_server {
   void set_auth(std::shared_ptr<const api_keys> keys, std::vector<std::string> allowlist);
   /// Stops accepting requests and resolves when running ones have finished.
   kj::Promise<void> drain();
+  /// Appends `f()` to every /metrics answer (the RPC front end's metrics); null = none.
+  void set_extra_metrics(std::function<std::string()> f);
   /// Prometheus text of the HTTP metrics alone (tandem_http_*).
   std::string http_metrics_text() const;
 

@@ -88,6 +88,7 @@ void front_end::run(const std::function<void(const listener_info&)>& on_listenin
     rpc = kj::heap<rpc_server>(api_, opt_.lim, timer);
     rpc->set_api_keys(opt_.keys);
   }
+  if (http && rpc) http->set_extra_metrics([r = rpc.get()] { return r->metrics_text(); });
   if (opt_.admin_port >= 0) {
     admin_l = bind(opt_.admin_port, "admin");
     admin = kj::heap<admin_server>(api_, opt_.lim);
@@ -131,6 +132,7 @@ void front_end::run(const std::function<void(const listener_info&)>& on_listenin
   // Stop accepting; in-flight requests are cancelled with their objects below, which aborts
   // their engine requests.
   serving.clear();
+  if (http) http->set_extra_metrics(nullptr);
   admin = nullptr;
   rpc = nullptr;
   http = nullptr;

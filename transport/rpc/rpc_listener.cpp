@@ -1,6 +1,7 @@
 #include "transport/rpc/rpc_listener.h"
 
 #include <capnp/rpc-twoparty.h>
+#include <sys/socket.h>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -76,6 +77,12 @@ capnp::ReaderOptions rpc_listener::reader_options(const limits& lim) {
 }
 
 kj::Promise<void> rpc_listener::serve(kj::Own<kj::AsyncIoStream> s) {
+  KJ_IF_MAYBE(fd, s->getFd()) {
+    // Cap'n Proto's stream window follows SO_SNDBUF: a fixed size keeps loopback autotuning from
+    // letting a client that stopped reading hold megabytes in flight.
+    int bytes = lim_.rpc_socket_bytes;
+    ::setsockopt(*fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
+  }
   auto c = kj::heap<connection>(kj::mv(s), reader_options(lim_), kj::heap<gate>(*this));
   ++open_;
   auto done = c->network.onDisconnect();

@@ -121,22 +121,76 @@ struct rpc_server::impl {
         sends.add(req.send());
       }
       kj::Promise<void> sent = kj::joinPromises(sends.releaseAsArray());
-      if (!st.done) return sent.then([this, &st] { return pump(st); });
-      return sent.then([&st] {
-        auto req = st.sink.doneRequest();
-        req.setReason(to_api(st.reason));
-        auto u = req.initUsage();
-        u.setPromptTokens(st.prompt_tokens);
-        u.setCompletionTokens(st.completion_tokens);
-        u.setCachedTokens(st.cached_tokens);
-        if (st.err) {
-          auto e = req.initError();
-          e.setKind(to_api(st.err->kind()));
-          e.setMessage(st.err->what());
-        }
-        return req.send().ignoreResult();
+      if (!st.done) {
+        // A sink that stops taking tokens fills the stream's flow-control window and `sent`
+        // waits; the engine's events queue up in `ch` meanwhile. Beyond the bound, or past the
+        // deadline, the request ends here (aborted, pages freed) instead of buffering on.
+        const size_t bound = static_cast<size_t>(std::max(1, lim.rpc_stream_backlog_tokens));
+        auto over = st.ch.overflow(bound).then([this, &st, bound] {
+          cut(st, fmt::format("request {}: the client's TokenSink did not take its tokens and more than {} wait "
+                              "(limits.rpc_stream_backlog_tokens); the request was aborted: read the stream "
+                              "faster or return from tokens() sooner",
+                              st.id, bound));
+        });
+        auto late = timer.afterDelay(left_ms(st) * kj::MILLISECONDS).then([this, &st] {
+          cut(st, fmt::format("request {}: the client's TokenSink did not take its tokens before the request's "
+                              "deadline (limits.request_timeout_ms = {}); the request was aborted",
+                              st.id, lim.request_timeout_ms));
+        });
+        return sent.exclusiveJoin(kj::mv(over)).exclusiveJoin(kj::mv(late)).then([this, &st]() -> kj::Promise<void> {
+          if (st.done) return send_done(st);
+          return pump(st);
+        });
+      }
+      // Finished: the last batch is all there is, but a sink that never takes it must not
+      // hold the stream past the deadline either.
+      auto late = timer.afterDelay(left_ms(st) * kj::MILLISECONDS).then([this, &st] {
+        cut(st, fmt::format("request {}: the client's TokenSink did not take its last tokens before the request's "
+                            "deadline (limits.request_timeout_ms = {})",
+                            st.id, lim.request_timeout_ms));
       });
+      return sent.exclusiveJoin(kj::mv(late)).then([this, &st] { return send_done(st); });
     });
+  }
+
+  /// Milliseconds to the stream's deadline, at least 2 s (so an error still has time to go out).
+  static int64_t left_ms(const stream_state& st) {
+    auto now = std::chrono::steady_clock::now();
+    return std::max<int64_t>(
+        2000, st.deadline > now ? std::chrono::duration_cast<std::chrono::milliseconds>(st.deadline - now).count() : 0);
+  }
+
+  /// Ends a stream whose client fell behind: the engine request is aborted now and the sink
+  /// gets done(error, overloaded) once it takes calls again.
+  void cut(stream_state& st, std::string why) {
+    ++stream_backlog_aborts;
+    spdlog::warn("rpc: {}", why);
+    st.ch.close();
+    if (!st.engine_done) api.abort(st.id);
+    st.engine_done = true;
+    st.done = true;
+    st.reason = finish_reason::error;
+    st.err = error(error_kind::overloaded, std::move(why));
+    st.completion_tokens = st.text.tokens_consumed();
+  }
+
+  /// The one done() call of a stream; a sink that does not take it within the deadline (at
+  /// least 2 s) is given up on, so a stuck client holds nothing past that.
+  kj::Promise<void> send_done(stream_state& st) {
+    auto req = st.sink.doneRequest();
+    req.setReason(to_api(st.reason));
+    auto u = req.initUsage();
+    u.setPromptTokens(st.prompt_tokens);
+    u.setCompletionTokens(st.completion_tokens);
+    u.setCachedTokens(st.cached_tokens);
+    if (st.err) {
+      auto e = req.initError();
+      e.setKind(to_api(st.err->kind()));
+      e.setMessage(st.err->what());
+    }
+    return req.send().ignoreResult().exclusiveJoin(timer.afterDelay(left_ms(st) * kj::MILLISECONDS).then([&st] {
+      spdlog::warn("rpc: request {}: the client did not take done() before the deadline; the stream is dropped", st.id);
+    }));
   }
 
   class node_impl final : public api::Node::Server {
@@ -231,6 +285,7 @@ struct rpc_server::impl {
   limits lim;
   kj::Timer& timer;
   transport::request_ids ids;
+  int64_t stream_backlog_aborts = 0;  ///< streams cut because their client fell behind
   log_errors error_handler;
   rpc_listener listener{"rpc", lim};
   kj::TaskSet tasks;  // last: its tasks reference the members above
@@ -247,5 +302,15 @@ kj::Promise<void> rpc_server::listen(kj::ConnectionReceiver& listener) { return 
 void rpc_server::set_api_keys(std::shared_ptr<const api_keys> keys) { impl_->listener.set_api_keys(std::move(keys)); }
 
 int rpc_server::connections() const { return impl_->listener.open(); }
+
+std::string rpc_server::metrics_text() const {
+  return fmt::format(
+      "# HELP tandem_rpc_connections Open Cap'n Proto RPC connections (bound: limits.max_rpc_connections).\n"
+      "# TYPE tandem_rpc_connections gauge\ntandem_rpc_connections {}\n"
+      "# HELP tandem_rpc_stream_backlog_aborts_total RPC streams aborted because their client's TokenSink fell "
+      "behind (limits.rpc_stream_backlog_tokens, or the deadline).\n"
+      "# TYPE tandem_rpc_stream_backlog_aborts_total counter\ntandem_rpc_stream_backlog_aborts_total {}\n",
+      impl_->listener.open(), impl_->stream_backlog_aborts);
+}
 
 }  // namespace tandem

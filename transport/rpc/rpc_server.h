@@ -27,6 +27,8 @@ class rpc_server {
   void set_api_keys(std::shared_ptr<const api_keys> keys);
   /// Open RPC connections (for tests and metrics).
   int connections() const;
+  /// Prometheus text of the RPC metrics (tandem_rpc_*).
+  std::string metrics_text() const;
 
   struct impl;
 
