@@ -171,7 +171,7 @@ struct AllocReply {
   ok @0 :Bool;
   pages @1 :List(Int32);
   error @2 :Error;
-  free @3 :Int32;
+  free @3 :Int32;  # pages an allocation can have now: the free list plus evictable cached pages
 }
 
 struct FreePages {
@@ -258,7 +258,7 @@ struct Credit {
   freeRequests @6 :Int32;     # prefill: max_queued_requests - queuedRequests
   freeTokens @7 :Int64;       # prefill: max_queued_tokens - queuedTokens
   tokensPerS @8 :Float64;     # prefill: measured drain rate of the queue (0 = not measured yet)
-  freePages @9 :Int32;        # decode: KV pages free at the last allocation (-1 = unknown)
+  freePages @9 :Int32;        # decode: KV pages free or evictable at the last allocation (-1 = unknown)
   runningSeqs @10 :Int32;     # decode: sequences in the batch
   waitingSeqs @11 :Int32;     # decode: handed off, waiting for a batch slot
   maxRunningSeqs @12 :Int32;  # decode: limits.max_running_seqs
@@ -281,7 +281,7 @@ struct Envelope {
     insert @11 :InsertPrefix;
     statsQuery @12 :StatsQuery;
     statsReply @13 :StatsReply;
-    requeue @14 :SubmitRequest;   # decode -> prefill after preemption
+    requeue @14 :SubmitRequest;   # decode -> router -> prefill: recompute after preemption or a failed KV transfer
     error @15 :Error;
     cacheCopy @16 :CacheCopy;
     cacheCopyReply @17 :CacheCopyReply;

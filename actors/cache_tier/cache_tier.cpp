@@ -218,7 +218,9 @@ caf::result<wire> alloc_reply(cache_actor_t* self, schema::AllocRequest::Reader 
         fill_list([&](unsigned n) { return r.initPages(n); }, *pages);
       else
         set_error(r.initError(), st.exhausted(id, count));
-      r.setFree(st.alloc->n_free());
+      // Cached pages no request uses are as good as free to an allocation (it evicts them);
+      // reporting only the free list made a full prefix cache read as an exhausted pool.
+      r.setFree(st.alloc->n_free() + st.alloc->n_evictable());
     });
   };
   if (ops.empty()) return reply();
@@ -260,7 +262,7 @@ std::vector<metric_sample> metrics(const cache_state& s) {
       {"kv_pages_total", "", double(s.alloc->n_pages()), "gauge", "KV pages in the device pool"},
       {"kv_pages_free", "", double(s.alloc->n_free()), "gauge", "KV pages on the free list"},
       {"kv_pages_cached", "", double(s.cache->cached_pages()), "gauge", "KV pages held by the prefix cache"},
-      {"kv_pages_evictable", "", double(s.cache->evictable_pages()), "gauge",
+      {"kv_pages_evictable", "", double(s.alloc->n_evictable()), "gauge",
        "Cached KV pages no request uses (reclaimable)"},
       {"prefix_cache_lookups_total", "", double(s.lookups), "counter", "Prefix cache lookups"},
       {"prefix_cache_hits_total", "", double(s.hits), "counter", "Lookups that reused at least one page"},

@@ -11,6 +11,7 @@ page_allocator::page_allocator(int32_t n_pages) {
         fmt::format("page allocator needs > 0 pages, got {}; raise limits.device_pages or kv_cache_mb",
                     n_pages));
   refs_.assign(static_cast<size_t>(n_pages), 0);
+  cached_.assign(static_cast<size_t>(n_pages), 0);
   free_.reserve(static_cast<size_t>(n_pages));
   for (int32_t p = n_pages - 1; p >= 0; --p) free_.push_back(p);
 }
@@ -53,6 +54,7 @@ void page_allocator::ref(int32_t page) {
   auto& r = refs_[static_cast<size_t>(page)];
   if (r == 0)
     throw tandem::error(error_kind::failed, fmt::format("reference to free page {} (use after free)", page));
+  if (cached_[static_cast<size_t>(page)] && r == 1) --evictable_;
   ++r;
 }
 
@@ -60,9 +62,25 @@ bool page_allocator::unref(int32_t page) {
   check(page);
   auto& r = refs_[static_cast<size_t>(page)];
   if (r == 0) throw tandem::error(error_kind::failed, fmt::format("double free of page {}", page));
-  if (--r > 0) return false;
+  auto& c = cached_[static_cast<size_t>(page)];
+  if (c && r == 1) --evictable_;
+  if (--r > 0) {
+    if (c && r == 1) ++evictable_;
+    return false;
+  }
+  c = 0;  // the cache's reference went with the last one
   free_.push_back(page);
   return true;
+}
+
+void page_allocator::set_cached(int32_t page, bool cached) {
+  check(page);
+  auto& c = cached_[static_cast<size_t>(page)];
+  if (bool(c) == cached) return;
+  if (cached && refs_[static_cast<size_t>(page)] == 0)
+    throw tandem::error(error_kind::failed, fmt::format("free page {} cannot be cached", page));
+  if (refs_[static_cast<size_t>(page)] == 1) evictable_ += cached ? 1 : -1;
+  c = cached ? 1 : 0;
 }
 
 void page_allocator::unref_all(std::span<const int32_t> pages) {

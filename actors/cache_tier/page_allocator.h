@@ -25,14 +25,22 @@ class page_allocator {
   void unref_all(std::span<const int32_t> pages);
 
   int32_t refcount(int32_t page) const;
+  /// Marks whether the prefix cache holds one of the page's references (its tree node points
+  /// at it); the cache calls it whenever a node gains or loses its device page.
+  void set_cached(int32_t page, bool cached);
   int32_t n_pages() const { return static_cast<int32_t>(refs_.size()); }
   int32_t n_free() const { return static_cast<int32_t>(free_.size()); }
+  /// Cached pages that no request references (the cache's reference is the only one): an
+  /// allocation can have them by eviction. Kept by ref/unref in O(1), so credits can carry it.
+  int32_t n_evictable() const { return evictable_; }
   int64_t alloc_failures() const { return alloc_failures_; }
 
  private:
   void check(int32_t page) const;
   std::vector<int32_t> refs_;
   std::vector<int32_t> free_;  ///< stack: lowest ids handed out first
+  std::vector<uint8_t> cached_;  ///< per page: the prefix cache holds a reference
+  int32_t evictable_ = 0;        ///< pages with cached_ set and refcount 1
   int64_t alloc_failures_ = 0;
 };
 

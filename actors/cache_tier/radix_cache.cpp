@@ -149,6 +149,7 @@ bool radix_cache::evict_device(std::vector<copy_op>& ops) {
         continue;
       }
     }
+    dev_.set_cached(v->dev, false);
     dev_.unref(v->dev);
     v->dev = -1;
     --n_device_nodes_;
@@ -245,6 +246,7 @@ radix_cache::match_result radix_cache::match(std::span<const int32_t> tokens, in
     node* n = path[i];
     n->dev = *d;  // the cache's reference
     ++n_device_nodes_;
+    dev_.set_cached(*d, true);
     dev_.ref(*d);  // the caller's
     copy_op op;
     op.kind = copy_op::host_to_device;
@@ -332,6 +334,7 @@ int32_t radix_cache::finish_match(match_result& m, std::span<const uint32_t> fai
       if (n->dev < 0) {
         n->dev = d.device;
         dev_.ref(d.device);
+        dev_.set_cached(d.device, true);
         ++n_device_nodes_;
       }
       n->last_use = clock_;
@@ -341,6 +344,7 @@ int32_t radix_cache::finish_match(match_result& m, std::span<const uint32_t> fai
     auto n = std::make_unique<node>();
     n->dev = d.device;
     dev_.ref(d.device);
+    dev_.set_cached(d.device, true);
     n->host = d.host;
     n->hash = d.hash;
     n->parent = at;
@@ -391,6 +395,7 @@ int32_t radix_cache::insert(std::span<const int32_t> tokens, std::span<const int
       auto nn = std::make_unique<node>();
       nn->dev = pages[i];
       dev_.ref(pages[i]);  // the cache's own reference
+      dev_.set_cached(pages[i], true);
       nn->parent = cur;
       nn->key = key;
       nn->hash = chain_hash(cur->hash, key);
@@ -412,6 +417,7 @@ int32_t radix_cache::insert(std::span<const int32_t> tokens, std::span<const int
         // Host-only: the request's page holds the same KV; the node is device-resident again.
         n->dev = pages[i];
         dev_.ref(pages[i]);
+        dev_.set_cached(pages[i], true);
         ++n_device_nodes_;
       }
       n->last_use = clock_;
@@ -431,6 +437,7 @@ void radix_cache::clear_device() {
       node* v = const_cast<node*>(c);
       if (v->dev < 0 || dev_.refcount(v->dev) != 1 || device_child(v)) continue;
       if (v->host < 0 && !v->children.empty()) continue;
+      dev_.set_cached(v->dev, false);
       dev_.unref(v->dev);
       v->dev = -1;
       --n_device_nodes_;
@@ -454,6 +461,7 @@ void radix_cache::clear() {
       if (v->dev >= 0 && dev_.refcount(v->dev) != 1) continue;
       if (v->host >= 0 && host_->refcount(v->host) != 1) continue;
       if (v->dev >= 0) {
+        dev_.set_cached(v->dev, false);
         dev_.unref(v->dev);
         --n_device_nodes_;
       }

@@ -59,6 +59,9 @@ std::string limits::validate() const {
                          {"router_max_retries", router_max_retries},
                          {"router_max_migrations", router_max_migrations}})
     if (v < 0) return fmt::format("limits.{} = {} must be >= 0 (0 = off)", name, v);
+  if (max_decode_waiting_seqs < -1)
+    return fmt::format("limits.max_decode_waiting_seqs = {} must be >= -1 (-1 = off, 0 = twice the decode batch size)",
+                       max_decode_waiting_seqs);
   if (rate_limit_burst > 0 && rate_limit_rps == 0)
     return fmt::format("limits.rate_limit_burst = {} needs limits.rate_limit_rps > 0; set both or neither",
                        rate_limit_burst);

@@ -31,6 +31,10 @@ struct limits {
   /// Refuse (503, decode_pages) while the decode target is backed up (sequences waiting for a
   /// batch slot) and its free KV pages cannot hold the new prompt.
   bool decode_page_admission = true;
+  /// Refuse (503, decode_queue) while this many sequences already wait for a slot in the
+  /// decode target's batch: a burst then cannot build a decode backlog that every admitted
+  /// request sits behind. 0 = twice the target's max_running_seqs (two batches waiting); -1 = off.
+  int32_t max_decode_waiting_seqs = 0;
 
   // --- routing
   int32_t router_max_retries = 2;        ///< re-routes of a request refused (overloaded/disconnected) before its first token

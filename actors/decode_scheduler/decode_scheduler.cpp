@@ -137,6 +137,17 @@ using decode_actor_t = caf::stateful_actor<decode_state>;
 void pump(decode_actor_t* self);
 void request_handoff_pages(decode_actor_t* self, dseq d);
 
+/// Sends `d` back for recompute (prompt ++ generated) through the router, after its
+/// "preempted" event. The router places it on a prefill target it knows to be alive: this
+/// node may not know yet that a prefill node died (a failed KV transfer from it is often the
+/// first sign here), and a requeue sent to a dead node would be lost with nobody to end it.
+void requeue(decode_actor_t* self, const dseq& d) {
+  auto& s = self->state;
+  s.peers.router.gate->enter_control();  // already admitted: must not be dropped
+  self->send(s.peers.router.handle, wire_atom::value,
+             make_wire([&](schema::Envelope::Builder env) { d.req.write(env.initRequeue()); }));
+}
+
 /// A cross-node handoff whose KV transfer failed (or could not start): the configured policy.
 void transfer_failed(decode_actor_t* self, dseq d, const std::string& why) {
   auto& s = self->state;
@@ -150,9 +161,7 @@ void transfer_failed(decode_actor_t* self, dseq d, const std::string& why) {
                 d.source_node, why, d.req.transfer_retries, s.opt.max_transfer_retries);
     // Like a preemption: the tokens so far were emitted; prefill recomputes prompt ++ generated.
     s.emit(d, {}, finish_reason::none, nullptr, "preempted");
-    s.peers.prefill.gate->enter_control();  // already admitted: must not be dropped
-    self->send(s.peers.prefill.handle, wire_atom::value,
-               make_wire([&](schema::Envelope::Builder env) { d.req.write(env.initRequeue()); }));
+    requeue(self, d);
     return;
   }
   s.rejected["kv_transfer"] += 1;
@@ -419,9 +428,7 @@ void preempt_or_fail(decode_actor_t* self) {
               victim.total_len());
   s.free_pages(victim.req.id, victim.pages);
   s.emit(victim, {}, finish_reason::none, nullptr, "preempted");
-  s.peers.prefill.gate->enter_control();  // already admitted: must not be dropped
-  self->send(s.peers.prefill.handle, wire_atom::value,
-             make_wire([&](schema::Envelope::Builder env) { victim.req.write(env.initRequeue()); }));
+  requeue(self, victim);
 }
 
 void on_step_done(decode_actor_t* self, const wire* w, const tandem::error* transport_err) {

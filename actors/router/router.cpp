@@ -434,6 +434,22 @@ struct router_state {
                         decodes[size_t(d)].t.name, dlo.free_pages, dlo.waiting_seqs, need));
         return out;
       }
+      const int32_t wait_bound = opt.lim.max_decode_waiting_seqs > 0 ? opt.lim.max_decode_waiting_seqs
+                                                                      : 2 * dlo.max_running_seqs;
+      if (!continuation && opt.lim.max_decode_waiting_seqs >= 0 && wait_bound > 0 && dlo.waiting_seqs >= wait_bound) {
+        // Prefill outruns decode in a burst: sequences pile up waiting for a batch slot, each
+        // holding its pages, and every new one would wait behind them.
+        out.prefill = -1;
+        out.reason = "decode_queue";
+        out.retry_after_ms = 1000;
+        out.err = tandem::error(
+            error_kind::overloaded,
+            fmt::format("decode target {} has {} sequences waiting for a slot in its batch of {} "
+                        "(limits.max_decode_waiting_seqs = {}); retry later or add decode capacity",
+                        decodes[size_t(d)].t.name, dlo.waiting_seqs, dlo.max_running_seqs,
+                        opt.lim.max_decode_waiting_seqs));
+        return out;
+      }
       out.decode = d;
       // Conditional disaggregation: would this prompt be better prefilled next to its decode batch?
       int64_t shortest = -1;
@@ -837,6 +853,49 @@ void lose(router_actor_t* self, const std::string& id, bool decode_side, const s
   dispatch(self, e, pl);
 }
 
+/// A sequence its decode target sent back for recompute (its KV pages were preempted, or its KV
+/// transfer failed; its "preempted" event came first). It goes to its prefill target, or to
+/// another live one if that target is lost. The router is the one that knows which prefill
+/// targets are alive: a decode node often learns that a prefill node died from the failed
+/// transfer, before its own link to that node reports it down. If the chosen target dies
+/// later, its node-down (or silence) finds the request there and moves or ends it.
+void on_requeue(router_actor_t* self, const wire& w, schema::SubmitRequest::Reader r) {
+  auto& s = self->state;
+  auto it = s.find_attempt(r.getId().cStr());
+  if (it == s.table.end()) return;  // ended here already (abort, deadline): nothing to recompute
+  auto& e = it->second;
+  if (e.state == "retrying") return;
+  const std::string id = it->first;
+  int t = -1;
+  const auto usable = [&](int i) {
+    return !s.prefills[size_t(i)].live.lost && s.prefills[size_t(i)].t.actor &&
+           std::find(e.lost_prefill.begin(), e.lost_prefill.end(), i) == e.lost_prefill.end();
+  };
+  const int n = static_cast<int>(s.prefills.size());
+  for (int k = 0; k < n && t < 0; ++k) {
+    const int i = (std::max(e.prefill, 0) + k) % n;
+    if (usable(i)) t = i;
+  }
+  if (t < 0) {
+    const auto& p = s.prefills[size_t(std::clamp(e.prefill, 0, n - 1))];
+    e.state = "preempted";
+    lose(self, id, false,
+         fmt::format("its decode target sent it back for recompute and prefill target {} is lost ({})", p.t.name,
+                     p.live.lost ? p.live.lost_why : std::string("no live prefill target")));
+    return;
+  }
+  if (t != e.prefill)
+    s.log->info("request {}: recompute goes to prefill target {} ({} is lost)", id, s.prefills[size_t(t)].t.name,
+                s.prefills[size_t(e.prefill)].t.name);
+  e.prefill = t;
+  e.local = false;  // it re-prefills on the prefill target now
+  e.state = "preempted";
+  e.stage_since_ms = s.clk->now_ms();
+  auto& p = s.prefills[size_t(t)];
+  p.t.actor.gate->enter_control();  // already admitted: must not be dropped
+  self->send(p.t.actor.handle, wire_atom::value, w);
+}
+
 void on_event(router_actor_t* self, schema::TokenEvent::Reader r) {
   auto& s = self->state;
   // The current attempt only: an event of one given up on (migrated away from) is moot.
@@ -1140,7 +1199,7 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
   // Every reason the router can refuse for is exported from the start (at 0), so dashboards
   // and alerts see the series before the first rejection.
   for (const char* r : {"malformed", "shutdown", "invalid", "duplicate_id", "inflight_full", "prefill_mailbox", "deadline",
-                        "queue_requests", "queue_tokens", "queue_wait", "queue_timeout", "decode_pages", "no_target",
+                        "queue_requests", "queue_tokens", "queue_wait", "queue_timeout", "decode_pages", "decode_queue", "no_target",
                         "target_lost"})
     st.rejected_by_reason[r] = 0;
   for (const char* r : {"budget", "deadline", "no_target"}) st.migration_failures[r] = 0;
@@ -1160,6 +1219,8 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
             on_event(self, env.getEvent());
           } else if (env.isCredit()) {
             s.on_credit(env.getCredit());
+          } else if (env.isRequeue()) {
+            on_requeue(self, w, env.getRequeue());
           } else if (env.isAbort()) {
             std::string id = env.getAbort().getId().cStr();
             auto it = s.table.find(id);
@@ -1282,7 +1343,7 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
         for (const auto& d : s.decodes) {
           target_metrics(d.t.name, d.health, d.breaker, d.routed, d.live);
           m.push_back({"router_target_free_pages", fmt::format("target=\"{}\"", d.t.name), double(d.load.free_pages),
-                       "gauge", "KV pages free at the decode target's last allocation (-1 = unknown)"});
+                       "gauge", "KV pages free or evictable at the decode target's last allocation (-1 = unknown)"});
         }
         for (const auto& [r, n] : s.rejected_by_reason)
           m.push_back({"rejections_total", fmt::format("actor=\"router\",reason=\"{}\"", r), double(n),

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 #include "actors/cache_tier/page_file.h"
 #include "actors/cache_tier/radix_cache.h"
@@ -291,6 +292,57 @@ TEST_CASE("radix_cache: write_back to host on L1 eviction, load-back on a hit, d
   CHECK(host.n_free() == 3);
   CHECK(c.nodes() == 0);
   CHECK(c.disk_pages() == 1);  // files outlive the tree
+}
+
+TEST_CASE("page_allocator: its O(1) evictable count equals a walk of the tree under 200 seeds of cache traffic") {
+  for (uint32_t seed = 1; seed <= 200; ++seed) {
+    CAPTURE(seed);
+    std::mt19937 rng(seed);
+    page_allocator dev(24), host(12);
+    radix_cache::options o;
+    o.page_size = 2;
+    o.policy = seed % 2 ? cache_write_policy::write_back : cache_write_policy::write_through;
+    radix_cache c(dev, seed % 3 ? &host : nullptr, o);
+    std::vector<copy_op> ops;
+    std::vector<std::vector<int32_t>> held;  // page lists requests still reference
+    auto tokens = [&] {
+      std::vector<int32_t> t(1 + rng() % 9);
+      for (auto& x : t) x = 1 + int32_t(rng() % 3);  // few symbols: shared prefixes
+      return t;
+    };
+    for (int step = 0; step < 300; ++step) {
+      const uint32_t op = rng() % 5;
+      if (op == 0) {  // a request inserts its prompt's pages
+        auto t = tokens();
+        auto p = c.alloc_device(int32_t((t.size() + 1) / 2), ops);
+        if (p) {
+          c.insert(t, *p, ops);
+          held.push_back(*p);
+        }
+      } else if (op == 1) {  // a request matches a prefix (pins it)
+        auto m = c.match(tokens(), 100, ops);
+        c.finish_match(m, {});
+        held.push_back(m.pages);
+      } else if (op == 2 && !held.empty()) {  // a request ends
+        const size_t i = rng() % held.size();
+        dev.unref_all(held[i]);
+        held.erase(held.begin() + std::ptrdiff_t(i));
+      } else if (op == 3) {  // an allocation that may evict
+        auto p = c.alloc_device(1 + int32_t(rng() % 6), ops);
+        if (p) held.push_back(*p);
+      } else if (op == 4 && rng() % 10 == 0) {
+        c.clear_device();
+      }
+      ops.clear();
+      REQUIRE(dev.n_evictable() == c.evictable_pages());
+    }
+    for (auto& h : held) dev.unref_all(h);
+    CHECK(dev.n_evictable() == c.evictable_pages());
+    CHECK(dev.n_evictable() == c.cached_pages());
+    c.clear();
+    CHECK(dev.n_evictable() == 0);
+    CHECK(dev.n_free() == 24);
+  }
 }
 
 TEST_CASE("radix_cache: write_through reaches disk, disk hits load through host, a bad file ends the prefix") {

@@ -30,6 +30,7 @@ struct stage_box {
   std::condition_variable cv;
   std::vector<seq_request> submits;
   std::vector<std::string> aborts;
+  std::vector<seq_request> requeues;
   int queries = 0;
   bool answer = true;  ///< answers credit queries (alive); false = silent
   bounded_actor router;
@@ -42,6 +43,10 @@ struct stage_box {
   bool wait_submits(size_t n) {
     std::unique_lock lk(m);
     return cv.wait_for(lk, std::chrono::seconds(20), [&] { return submits.size() >= n; });
+  }
+  bool wait_requeues(size_t n) {
+    std::unique_lock lk(m);
+    return cv.wait_for(lk, std::chrono::seconds(20), [&] { return requeues.size() >= n; });
   }
   bool wait_queries(int n) {
     std::unique_lock lk(m);
@@ -65,6 +70,7 @@ caf::behavior stage_actor(caf::event_based_actor*, std::shared_ptr<mailbox_gate>
     std::lock_guard lk(box->m);
     if (env.isSubmit()) box->submits.push_back(seq_request::read(env.getSubmit()));
     if (env.isAbort()) box->aborts.push_back(env.getAbort().getId().cStr());
+    if (env.isRequeue()) box->requeues.push_back(seq_request::read(env.getRequeue()));
     if (env.isCreditQuery()) {
       // The answer goes out before the query is counted: a test that saw the query and then
       // asks the router something finds the credit processed.
@@ -544,4 +550,141 @@ TEST_CASE("router migration: a per-target node_down also moves requests still at
   REQUIRE(r.col.last("late").err);
   CHECK(r.col.last("late").err->kind() == error_kind::disconnected);
   CHECK(std::string(r.col.last("late").err->what()).find("no decode node is reachable") != std::string::npos);
+}
+
+TEST_CASE("router admission: a decode target with two batches of sequences waiting for a slot refuses (503 decode_queue), a continuation still goes there") {
+  limits l = small_limits();
+  rig r(l, 1, 1);
+  r.decodes[0]->set_answer(false);  // only the credits below speak for d0
+  auto decode_credit = [&](uint64_t seq, int32_t waiting) {
+    r.send(make_wire([&](schema::Envelope::Builder env) {
+      auto c = env.initCredit();
+      c.setTarget("d0/decode");
+      c.setRole("decode");
+      c.setSeq(seq);
+      c.setFreePages(100000);  // pages are not what is short
+      c.setRunningSeqs(2);
+      c.setWaitingSeqs(waiting);
+      c.setMaxRunningSeqs(2);
+    }));
+  };
+  decode_credit(1000, 4);  // 2 x max_running_seqs waiting: the default bound
+  r.submit("late", prompt_of(0), 4);
+  REQUIRE(r.col.wait_finished(1));
+  auto ev = r.col.last("late");
+  REQUIRE(ev.err);
+  CHECK(ev.err->kind() == error_kind::overloaded);
+  CHECK(ev.reject_reason == "decode_queue");
+  CHECK(ev.retry_after_ms > 0);
+  CHECK(std::string(ev.err->what()).find("max_decode_waiting_seqs") != std::string::npos);
+  CHECK(r.stats().value("rejections_total", "actor=\"router\",reason=\"decode_queue\"") == 1);
+  {
+    std::lock_guard lk(r.prefills[0]->m);
+    CHECK(r.prefills[0]->submits.empty());  // refused before anything was sent
+  }
+  decode_credit(1001, 3);  // one below the bound: admitted
+  r.submit("ok", prompt_of(1), 4);
+  REQUIRE(r.prefills[0]->wait_submits(1));
+  CHECK(r.prefills[0]->submit(0).id == "ok");
+  CHECK(r.prefills[0]->submit(0).decode_target == "d0/decode");
+}
+
+TEST_CASE("router admission: max_decode_waiting_seqs = -1 turns the decode queue bound off") {
+  limits l = small_limits();
+  l.max_decode_waiting_seqs = -1;
+  rig r(l, 1, 1);
+  r.decodes[0]->set_answer(false);
+  r.send(make_wire([&](schema::Envelope::Builder env) {
+    auto c = env.initCredit();
+    c.setTarget("d0/decode");
+    c.setRole("decode");
+    c.setSeq(1000);
+    c.setFreePages(100000);
+    c.setRunningSeqs(2);
+    c.setWaitingSeqs(50);
+    c.setMaxRunningSeqs(2);
+  }));
+  r.submit("a", prompt_of(0), 4);
+  REQUIRE(r.prefills[0]->wait_submits(1));
+  CHECK(r.finished() == 0);
+}
+
+namespace {
+/// What a decode target sends when it gives a sequence back for recompute (its KV transfer
+/// failed, or its pages were preempted): the "preempted" event, then the requeue.
+void send_back(rig& r, const attempt& a) {
+  r.send(make_event(a.q.id, {}, finish_reason::none, nullptr, int32_t(a.q.prompt.size()), 0, "preempted", a.next));
+  seq_request q = a.q;
+  q.generated.assign(a.seq.begin() + static_cast<std::ptrdiff_t>(a.q.prompt.size()), a.seq.end());
+  q.transfer_retries += 1;
+  r.send(make_wire([&](schema::Envelope::Builder env) { q.write(env.initRequeue()); }));
+}
+}  // namespace
+
+TEST_CASE("router requeue: a sequence sent back for recompute after its prefill node died ends at once with an error naming it") {
+  // The race of a prefill node killed mid-transfer: the decode node learns it from the failed
+  // transfer before its own link reports the node down, so it cannot pick a live prefill
+  // itself. The router knows the target is lost and ends the request (migration off).
+  limits l = small_limits();
+  l.router_migration = false;
+  rig r(l, 1, 1);
+  auto live = start_streams(r, 2, 12, 2);
+  r.node_down("p0", "prefill node p0 is down (killed)");
+  CHECK(r.stats().value("requests_inflight") == 2);  // both at decode: not the prefill's to end
+  send_back(r, live["s0"]);
+  REQUIRE(r.col.wait_finished(1));
+  auto ev = r.col.last("s0");
+  REQUIRE(ev.err);
+  CHECK(ev.err->kind() == error_kind::disconnected);
+  CHECK(std::string(ev.err->what()).find("p0/prefill") != std::string::npos);
+  CHECK(r.col.tokens("s0") == expected_greedy(prompt_of(0), 3));  // what streamed before stays
+  {
+    std::lock_guard lk(r.prefills[0]->m);
+    CHECK(r.prefills[0]->requeues.empty());  // nothing sent to the dead node
+  }
+  // The other stream is untouched and finishes from decode.
+  auto& a = live["s1"];
+  while (a.next < 12) r.step(a);
+  REQUIRE(r.col.wait_finished(2));
+  CHECK(r.col.tokens("s1") == expected_greedy(prompt_of(1), 12));
+  CHECK(r.col.duplicate_finishes == 0);
+}
+
+TEST_CASE("router requeue: a recompute goes to a live prefill target, and one that dies with it there ends it") {
+  limits l = small_limits();
+  l.router_migration = false;
+  rig r(l, 2, 1);
+  // round robin: s0 -> p0, s1 -> p1
+  for (int i = 0; i < 2; ++i) r.submit("s" + std::to_string(i), prompt_of(i), 12);
+  REQUIRE(r.prefills[0]->wait_submits(1));
+  REQUIRE(r.prefills[1]->wait_submits(1));
+  auto a0 = rig::start(r.prefills[0]->submit(0));
+  auto a1 = rig::start(r.prefills[1]->submit(0));
+  CHECK(a0.q.id == "s0");
+  for (int k = 0; k < 3; ++k) r.step(a0), r.step(a1);
+  REQUIRE(r.col.wait_tokens("s0", 3));
+  REQUIRE(r.col.wait_tokens("s1", 3));
+  // p0 is lost; s0's recompute goes to p1 (same attempt: no migration).
+  r.node_down("p0", "prefill node p0 is down (killed)");
+  send_back(r, a0);
+  REQUIRE(r.prefills[1]->wait_requeues(1));
+  {
+    std::lock_guard lk(r.prefills[1]->m);
+    CHECK(r.prefills[1]->requeues[0].id == "s0");
+    CHECK(r.prefills[1]->requeues[0].generated == expected_greedy(prompt_of(0), 3));
+  }
+  CHECK(r.stats().value("router_migrations_total") == 0);
+  // s1's recompute goes to its own target p1 too; then p1 dies with both there: both end.
+  send_back(r, a1);
+  REQUIRE(r.prefills[1]->wait_requeues(2));
+  CHECK(r.finished() == 0);
+  r.node_down("p1", "prefill node p1 is down (killed)");
+  REQUIRE(r.col.wait_finished(2));
+  for (const char* id : {"s0", "s1"}) {
+    auto ev = r.col.last(id);
+    REQUIRE(ev.err);
+    CHECK(ev.err->kind() == error_kind::disconnected);
+    CHECK(std::string(ev.err->what()).find("p1") != std::string::npos);
+  }
+  CHECK(r.stats().value("requests_inflight") == 0);
 }

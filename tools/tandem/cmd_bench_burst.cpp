@@ -198,6 +198,7 @@ int bench_burst(args a) {
   unbounded.lim.router_mailbox = unbounded.lim.prefill_mailbox = unbounded.lim.decode_mailbox = 1 << 20;
   unbounded.lim.router_max_retries = 0;
   unbounded.lim.decode_page_admission = false;
+  unbounded.lim.max_decode_waiting_seqs = -1;
 
   auto warm = [&](uint16_t port) {
     options w = o;
