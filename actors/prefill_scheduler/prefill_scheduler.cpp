@@ -31,6 +31,8 @@ struct pseq {
   int32_t computed = 0;  ///< tokens whose KV is in the pages
   bool aborted = false;
   bool requeued = false;  ///< came back from decode (already admitted)
+  int64_t arrival_ms = 0;  ///< taken off the mailbox (queued from here)
+  int64_t start_ms = -1;   ///< its pages acquired: prefill started
 };
 
 struct prefill_state {
@@ -39,6 +41,14 @@ struct prefill_state {
   std::shared_ptr<mailbox_gate> gate;
   std::shared_ptr<const cluster_clock> clk;
   std::shared_ptr<spdlog::logger> log;
+  /// Where a new request's time to first token goes on this node: waiting for prefill to start
+  /// (the queue, and the page acquisition), then the prefill itself (its batches, sharing the
+  /// worker with decode steps).
+  histogram queue_wait_ms{"prefill_queue_wait_ms",
+                          "Time from arrival at the prefill scheduler to the start of its prefill (ms)",
+                          histogram::latency_ms_buckets()};
+  histogram compute_ms{"prefill_compute_ms", "Time from the start of a prefill to its first token (ms)",
+                       histogram::latency_ms_buckets()};
   std::deque<pseq> waiting;
   int64_t queued_tokens = 0;      ///< tokens of `waiting` that count against max_queued_tokens
   std::optional<pseq> acquiring;  ///< the one request whose pages are being acquired
@@ -163,6 +173,7 @@ void on_submit(prefill_actor_t* self, seq_request r, bool requeue) {
   q.req = std::move(r);
   q.tokens = q.req.all_tokens();
   q.requeued = requeue;
+  q.arrival_ms = s.clk->now_ms();
   if (requeue) {
     // Already admitted: preempted sequences go first (they are older than anything waiting).
     s.requeues += 1;
@@ -223,6 +234,8 @@ void on_acquired(prefill_actor_t* self, const wire& w) {
       }
       q.computed = r.getCachedTokens();
       if (!q.requeued) q.req.cached_tokens = r.getCachedTokens();
+      q.start_ms = s.clk->now_ms();
+      if (!q.requeued) s.queue_wait_ms.observe(double(q.start_ms - q.arrival_ms));
       s.log->debug("request {}: prefill starts ({} tokens, {} cached)", q.req.id, q.tokens.size(),
                    q.computed);
       s.emit_event(q, {}, finish_reason::none, nullptr, "prefill");
@@ -261,6 +274,7 @@ void finish_prefill(prefill_actor_t* self, pseq& q, int32_t token) {
                  fill_list([&](unsigned n) { return ins.initPages(n); }, q.pages);
                }));
   }
+  if (!q.requeued && q.start_ms >= 0) s.compute_ms.observe(double(s.clk->now_ms() - q.start_ms));
   auto reason = apply_token(q.req, token, s.opt.model);
   std::vector<int32_t> out;
   if (reason == finish_reason::none || reason == finish_reason::length) out.push_back(token);
@@ -604,7 +618,7 @@ caf::behavior prefill_actor(prefill_actor_t* self, scheduler_options opt, std::s
         for (const auto& [r, n] : s.rejected)
           m.push_back({"rejections_total", fmt::format("actor=\"prefill\",reason=\"{}\"", r), double(n),
                        "counter", "Requests refused or ended early, by reason"});
-        return make_stats_wire("prefill", m, {});
+        return make_stats_wire("prefill", m, {&s.queue_wait_ms, &s.compute_ms});
       },
   };
 }

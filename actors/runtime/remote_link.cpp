@@ -238,18 +238,32 @@ caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, std::string ro
                   auto& t = s.targets[i];
                   if (t.up) return;
                   auto a = caf::actor_cast<caf::actor>(ptr);
-                  if (!a || a.address() == t.node.ingress.address()) {
-                    again();  // the old connection is still cached, or nothing answers yet
+                  if (!a) {
+                    again();  // nothing answers yet
                     return;
                   }
-                  t.node.ingress = a;
-                  t.up = true;
-                  t.reconnects += 1;
-                  self->monitor(a);
-                  s.log->warn("{} node {} is reachable again ({}:{}); its {} messages go there", s.role, t.node.name,
-                              t.node.host, t.node.cluster_port, s.role);
-                  if (s.notify_router && s.peers.router)
-                    caf::anon_send(s.peers.router.handle, node_up_atom::value, s.role, t.node.name + "/" + s.role);
+                  auto up = [self, i, a] {
+                    auto& s = self->state;
+                    auto& t = s.targets[i];
+                    if (t.up) return;
+                    t.node.ingress = a;
+                    t.up = true;
+                    t.reconnects += 1;
+                    self->monitor(a);
+                    s.log->warn("{} node {} is reachable again ({}:{}); its {} messages go there", s.role,
+                                t.node.name, t.node.host, t.node.cluster_port, s.role);
+                    if (s.notify_router && s.peers.router)
+                      caf::anon_send(s.peers.router.handle, node_up_atom::value, s.role, t.node.name + "/" + s.role);
+                  };
+                  if (a.address() != t.node.ingress.address()) {
+                    up();  // a restarted node: a new ingress
+                    return;
+                  }
+                  // The same ingress: a link that dropped while the node lived on (two nodes
+                  // dialing each other at once can lose one of the connections), or a stale
+                  // cached handle of a dead node. Only an answer tells them apart.
+                  self->request(a, std::chrono::seconds(1), stats_atom::value)
+                      .then([up](const wire&) { up(); }, [again](caf::error&) { again(); });
                 },
                 [again](caf::error&) { again(); });
       },

@@ -53,3 +53,38 @@ TEST_CASE("drain_meter: the first sample comes after a fifth of the window, late
   m.observe(120, st::queued, 100);  // 1000 tokens/s over the next 100 ms: halfway there
   CHECK(m.tokens_per_s() == doctest::Approx(5500.0));
 }
+
+TEST_CASE("drain_meter: a batch's tokens are spread over the time it ran, not credited to the state it ended in") {
+  // Batches of 240 tokens take 40 ms (6000 tokens/s); a request arrives 35 ms into each and
+  // waits 5 ms for the next. Crediting each lump to the 5 queued milliseconds read 48000.
+  drain_meter m(100, 0.3);
+  int64_t t = 0;
+  m.observe(t, st::busy, 0);
+  for (int i = 0; i < 100; ++i) {
+    m.observe(t + 35, st::queued, 0);
+    m.observe(t + 40, st::busy, 240);
+    t += 40;
+  }
+  CHECK(m.tokens_per_s() == doctest::Approx(6000.0).epsilon(0.01));
+  CHECK(m.busy_tokens_per_s() == doctest::Approx(6000.0).epsilon(0.01));
+}
+
+TEST_CASE("drain_meter: a drain that slows down is reported before its window closes") {
+  drain_meter m(100, 0.3);
+  int64_t t = 0;
+  // A steady queue at 20000 tokens/s (decode idle) ...
+  for (int i = 0; i < 50; ++i) {
+    m.observe(t, st::queued, 0);
+    m.observe(t + 10, st::queued, 200);
+    t += 10;
+  }
+  CHECK(m.tokens_per_s() == doctest::Approx(20000.0).epsilon(0.01));
+  // ... then the worker is shared with a full decode batch: 5000 tokens/s. The window that
+  // closes 20 ms into it moves the average little (17000 of it); 60 ms later, the open
+  // window's 5000 is reported already (the next close would be 40 ms later still).
+  for (int i = 0; i < 8; ++i) {
+    m.observe(t + 10, st::queued, 50);
+    t += 10;
+  }
+  CHECK(m.tokens_per_s() == doctest::Approx(5000.0).epsilon(0.01));
+}

@@ -434,8 +434,6 @@ TEST_CASE("router admission: arrivals at 0.8x capacity are not refused, a 3x bur
                          << " ms, would refuse at the busy rate " << normal.would_refuse_at_busy_rate
                          << ", meter " << sim.meter.tokens_per_s() << " tokens/s");
   CHECK(normal.refused == 0);
-  // The old rate (all time with work, lone prompts included) refuses the same arrivals.
-  CHECK(normal.would_refuse_at_busy_rate > 0);
   auto burst = run_arrivals(r, sim, seq, 400, 32, 3.0 * capacity_per_ms, 13, l.max_queue_wait_ms);
   INFO("3x: admitted " << burst.admitted << ", refused " << burst.refused << ", max ttft " << burst.max_ttft_ms);
   CHECK(burst.refused > 100);

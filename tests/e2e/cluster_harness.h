@@ -22,31 +22,12 @@
 #include <thread>
 #include <vector>
 
+#include "tests/e2e/ports.h"
 #include "tests/e2e/process.h"
 #include "tests/transport/fake_api.h"
 #include "transport/http/json.h"
 
 namespace tandem::e2e {
-
-/// A TCP port that was free a moment ago (the config needs fixed ports; the ports of one
-/// cluster are distinct).
-inline uint16_t free_tcp_port(std::set<uint16_t>& taken) {
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = 0;
-    socklen_t len = sizeof a;
-    uint16_t port = 0;
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-      port = ntohs(a.sin_port);
-    ::close(fd);
-    if (port != 0 && taken.insert(port).second) return port;
-  }
-  throw std::runtime_error("no free port");
-}
 
 inline std::string file_text(const std::string& path) {
   std::ifstream in(path);

@@ -8,6 +8,7 @@
 // metrics) and the requests that got no final answer (must be 0).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -78,6 +79,44 @@ class served_cluster {
       if (line.rfind(name + "{", 0) == 0 && line.substr(line.rfind(' ') + 1) != "0")
         out += (out.empty() ? "" : ", ") + line.substr(name.size());
     return out;
+  }
+  /// A histogram's cumulative buckets (upper bound, count; the last is +Inf), its sum and count.
+  struct hist {
+    std::vector<std::pair<double, double>> buckets;
+    double sum = 0, count = 0;
+    /// The observations since `before` (same buckets): the upper bound of the bucket holding
+    /// quantile `q` (a bucket's resolution; +Inf as -1), and their mean.
+    double quantile_since(const hist& before, double q) const {
+      const double n = count - before.count;
+      if (n <= 0) return 0;
+      for (size_t i = 0; i < buckets.size(); ++i) {
+        const double c = buckets[i].second - (i < before.buckets.size() ? before.buckets[i].second : 0);
+        if (c >= q * n) return buckets[i].first;
+      }
+      return -1;
+    }
+    double mean_since(const hist& before) const {
+      const double n = count - before.count;
+      return n > 0 ? (sum - before.sum) / n : 0;
+    }
+  };
+  hist histogram(const std::string& name) const {
+    std::istringstream in(cluster_->metrics_text());
+    std::string line;
+    hist h;
+    const std::string b = name + "_bucket{le=\"";
+    while (std::getline(in, line)) {
+      const double v = std::strtod(line.c_str() + line.rfind(' ') + 1, nullptr);
+      if (line.rfind(b, 0) == 0) {
+        const std::string le = line.substr(b.size(), line.find('"', b.size()) - b.size());
+        h.buckets.emplace_back(le == "+Inf" ? -1.0 : std::strtod(le.c_str(), nullptr), v);
+      } else if (line.rfind(name + "_sum ", 0) == 0) {
+        h.sum = v;
+      } else if (line.rfind(name + "_count ", 0) == 0) {
+        h.count = v;
+      }
+    }
+    return h;
   }
   /// A metric's value summed over its series in the node's /metrics text (0 if absent).
   double metric(const std::string& name) const {
@@ -272,7 +311,21 @@ int bench_burst(args a) {
   const std::string load_refusals = cb.nonzero("tandem_rejections_total");
   const double load_drain = cb.metric("tandem_prefill_drain_tokens_per_s");
   results[0].burst = run_phase("burst_3x", o, 3.0 * capacity, burst_s);
+  const char* const stages[] = {"tandem_ttft_ms", "tandem_prefill_queue_wait_ms", "tandem_prefill_compute_ms"};
+  std::vector<served_cluster::hist> before;
+  for (const char* h : stages) before.push_back(cb.histogram(h));
   results[1].burst = run_phase("burst_3x", ob, 3.0 * capacity, burst_s);
+  {
+    // Where the bounded cluster's admitted TTFT went in the burst (server side, bucket bounds).
+    std::string parts;
+    for (size_t i = 0; i < std::size(stages); ++i) {
+      const auto h = cb.histogram(stages[i]);
+      const double p99 = h.quantile_since(before[i], 0.99);
+      parts += fmt::format("{}{} mean {:.1f} ms, p99 {}", parts.empty() ? "" : "; ", stages[i] + 7, h.mean_since(before[i]),
+                           p99 < 0 ? std::string("> the last bucket") : fmt::format("<= {:.0f} ms", p99));
+    }
+    std::printf("bounded burst, server side: %s\n", parts.c_str());
+  }
   queue_marks(results[0], cu);
   queue_marks(results[1], cb);
   std::printf("bounded after 0.8x load: refusals [%s], prefill drain rate %.0f tokens/s\n", load_refusals.c_str(),
