@@ -306,6 +306,16 @@ struct router_state {
   /// target exists, and never one in `never_prefill` / `never_decode` (targets the request
   /// lost). A continuation (`r.generated` set: a migrated stream) skips the soft admission
   /// estimates (queue wait, decode pages); the hard queue bounds still hold.
+  /// A refusal because the decode target is backed up: overloaded, retry in a second (a
+  /// decode backlog drains by whole sequences, not at a rate the router measures).
+  static placement decode_busy(placement& out, const char* reason, std::string what) {
+    out.prefill = -1;
+    out.reason = reason;
+    out.retry_after_ms = 1000;
+    out.err = tandem::error(error_kind::overloaded, std::move(what));
+    return out;
+  }
+
   placement place(const seq_request& r, const std::vector<int>& avoid, const std::vector<int>& never_prefill = {},
                   const std::vector<int>& never_decode = {}) {
     const int64_t now = clk->now_ms();
@@ -424,31 +434,21 @@ struct router_state {
       if (!continuation && opt.lim.decode_page_admission && dlo.free_pages >= 0 && dlo.waiting_seqs > 0 && dlo.free_pages < need) {
         // The decode batch is full and backed up with sequences holding pages: a new one
         // would only be preempted (recomputed) or fail there.
-        out.prefill = -1;
-        out.reason = "decode_pages";
-        out.retry_after_ms = 1000;
-        out.err = tandem::error(
-            error_kind::overloaded,
-            fmt::format("decode target {} has {} free KV pages and {} sequences waiting for a batch slot; the "
-                        "prompt needs {} pages; retry later or raise limits.kv_cache_mb",
-                        decodes[size_t(d)].t.name, dlo.free_pages, dlo.waiting_seqs, need));
-        return out;
+        return decode_busy(out, "decode_pages",
+                           fmt::format("decode target {} has {} free KV pages and {} sequences waiting for a batch "
+                                       "slot; the prompt needs {} pages; retry later or raise limits.kv_cache_mb",
+                                       decodes[size_t(d)].t.name, dlo.free_pages, dlo.waiting_seqs, need));
       }
       const int32_t wait_bound = opt.lim.max_decode_waiting_seqs > 0 ? opt.lim.max_decode_waiting_seqs
                                                                       : 2 * dlo.max_running_seqs;
       if (!continuation && opt.lim.max_decode_waiting_seqs >= 0 && wait_bound > 0 && dlo.waiting_seqs >= wait_bound) {
         // Prefill outruns decode in a burst: sequences pile up waiting for a batch slot, each
         // holding its pages, and every new one would wait behind them.
-        out.prefill = -1;
-        out.reason = "decode_queue";
-        out.retry_after_ms = 1000;
-        out.err = tandem::error(
-            error_kind::overloaded,
-            fmt::format("decode target {} has {} sequences waiting for a slot in its batch of {} "
-                        "(limits.max_decode_waiting_seqs = {}); retry later or add decode capacity",
-                        decodes[size_t(d)].t.name, dlo.waiting_seqs, dlo.max_running_seqs,
-                        opt.lim.max_decode_waiting_seqs));
-        return out;
+        return decode_busy(out, "decode_queue",
+                           fmt::format("decode target {} has {} sequences waiting for a slot in its batch of {} "
+                                       "(limits.max_decode_waiting_seqs = {}); retry later or add decode capacity",
+                                       decodes[size_t(d)].t.name, dlo.waiting_seqs, dlo.max_running_seqs,
+                                       opt.lim.max_decode_waiting_seqs));
       }
       out.decode = d;
       // Conditional disaggregation: would this prompt be better prefilled next to its decode batch?
