@@ -1117,9 +1117,9 @@ void on_tick(router_actor_t* self) {
     } else {
       tandem::error err(
           error_kind::overloaded,
-          fmt::format("request deadline exceeded after {} ms in state {}; raise request_timeout_ms or "
-                      "reduce load",
-                      now - e.submit_ms, e.state));
+          fmt::format("request deadline exceeded after {} ms in state {} (request_timeout_ms = {}); raise "
+                      "request_timeout_ms or reduce load",
+                      now - e.submit_ms, e.state, s.opt.lim.request_timeout_ms));
       s.log->warn("request {}: {}", id, err.what());
       s.rejected_by_reason["deadline"] += 1;
       s.finish_here(id, finish_reason::error, &err, "deadline");

@@ -87,6 +87,12 @@ TEST_CASE("http: Retry-After comes from the router's drain estimate, queue timeo
   CHECK(r.status == 504);
   CHECK(r.headers["retry-after"] == "1");
   CHECK(body_of(r).find("error")->find("code")->s == "queue_timeout");
+  // A deadline that passed after the prefill started, before any token: the same 504.
+  b.reject_reason = "deadline";
+  s.api.set(b);
+  r = post(s.http_port, "/v1/completions", R"({"prompt":"x"})");
+  CHECK(r.status == 504);
+  CHECK(body_of(r).find("error")->find("code")->s == "deadline_exceeded");
 }
 
 TEST_CASE("http: a stream that started and is then refused gets the error in-band, then [DONE]") {
