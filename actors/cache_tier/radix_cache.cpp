@@ -149,8 +149,7 @@ bool radix_cache::evict_device(std::vector<copy_op>& ops) {
         continue;
       }
     }
-    dev_.set_cached(v->dev, false);
-    dev_.unref(v->dev);
+    release_device(v->dev);
     v->dev = -1;
     --n_device_nodes_;
     ++evictions_[0];
@@ -333,8 +332,7 @@ int32_t radix_cache::finish_match(match_result& m, std::span<const uint32_t> fai
       }
       if (n->dev < 0) {
         n->dev = d.device;
-        dev_.ref(d.device);
-        dev_.set_cached(d.device, true);
+        hold_device(d.device);
         ++n_device_nodes_;
       }
       n->last_use = clock_;
@@ -343,8 +341,7 @@ int32_t radix_cache::finish_match(match_result& m, std::span<const uint32_t> fai
     }
     auto n = std::make_unique<node>();
     n->dev = d.device;
-    dev_.ref(d.device);
-    dev_.set_cached(d.device, true);
+    hold_device(d.device);
     n->host = d.host;
     n->hash = d.hash;
     n->parent = at;
@@ -394,8 +391,7 @@ int32_t radix_cache::insert(std::span<const int32_t> tokens, std::span<const int
     if (it == cur->children.end()) {
       auto nn = std::make_unique<node>();
       nn->dev = pages[i];
-      dev_.ref(pages[i]);  // the cache's own reference
-      dev_.set_cached(pages[i], true);
+      hold_device(pages[i]);  // the cache's own reference
       nn->parent = cur;
       nn->key = key;
       nn->hash = chain_hash(cur->hash, key);
@@ -416,8 +412,7 @@ int32_t radix_cache::insert(std::span<const int32_t> tokens, std::span<const int
       if (n->dev < 0) {
         // Host-only: the request's page holds the same KV; the node is device-resident again.
         n->dev = pages[i];
-        dev_.ref(pages[i]);
-        dev_.set_cached(pages[i], true);
+        hold_device(pages[i]);
         ++n_device_nodes_;
       }
       n->last_use = clock_;
@@ -437,8 +432,7 @@ void radix_cache::clear_device() {
       node* v = const_cast<node*>(c);
       if (v->dev < 0 || dev_.refcount(v->dev) != 1 || device_child(v)) continue;
       if (v->host < 0 && !v->children.empty()) continue;
-      dev_.set_cached(v->dev, false);
-      dev_.unref(v->dev);
+      release_device(v->dev);
       v->dev = -1;
       --n_device_nodes_;
       ++evictions_[0];
@@ -461,8 +455,7 @@ void radix_cache::clear() {
       if (v->dev >= 0 && dev_.refcount(v->dev) != 1) continue;
       if (v->host >= 0 && host_->refcount(v->host) != 1) continue;
       if (v->dev >= 0) {
-        dev_.set_cached(v->dev, false);
-        dev_.unref(v->dev);
+        release_device(v->dev);
         --n_device_nodes_;
       }
       if (v->host >= 0) {

@@ -115,7 +115,8 @@ class radix_cache {
   int64_t disk_pages() const { return static_cast<int64_t>(disk_.size()); }
   int64_t disk_bound() const { return opt_.disk_pages; }
   int32_t nodes() const { return n_nodes_; }
-  /// Cached device pages no request references.
+  /// Cached device pages no request references, by a walk of the tree (what the allocator's
+  /// O(1) n_evictable() must equal; the tests compare them).
   int32_t evictable_pages() const;
   int64_t evictions(int tier) const { return evictions_[tier]; }  ///< 0 device, 1 host, 2 disk
   int64_t backup_tokens(int tier) const { return backup_tokens_[tier]; }  ///< 1 host, 2 disk
@@ -152,6 +153,16 @@ class radix_cache {
   /// Backs `n`'s device page up to a host page (and to disk under write_through).
   void backup(node* n, std::vector<copy_op>& ops);
   void remove_leaf(node* n);
+  /// The tree takes (lets go of) its own reference to device page `page`; the allocator is
+  /// told it is (no longer) a cached page, which its O(1) evictable count follows.
+  void hold_device(int32_t page) {
+    dev_.ref(page);
+    dev_.set_cached(page, true);
+  }
+  void release_device(int32_t page) {
+    dev_.set_cached(page, false);
+    dev_.unref(page);
+  }
   void touch_disk(uint64_t hash) { disk_[hash].last_use = ++clock_; }
 
   page_allocator& dev_;

@@ -301,7 +301,7 @@ const std::vector<i32_field>& limits_i32_fields() {
       {"router_heartbeat_ms", &limits::router_heartbeat_ms, 1, "use e.g. 1000"},
       {"router_max_migrations", &limits::router_max_migrations, 0, "use e.g. 2 (0 = never move a stream)"},
       {"max_decode_waiting_seqs", &limits::max_decode_waiting_seqs, -1,
-       "use 0 (= the decode batch size), a count, or -1 (off)"},
+       "use 0 (= twice the decode batch size), a count, or -1 (off)"},
       {"threads", &limits::threads, 1, "use the number of cores to compute on"},
       {"scheduler_threads", &limits::scheduler_threads, 1, "use 2 or more"},
   };

@@ -302,10 +302,6 @@ struct router_state {
     return std::nullopt;
   }
 
-  /// Chooses a (prefill, decode) pair that can place `r`, avoiding `avoid` where another
-  /// target exists, and never one in `never_prefill` / `never_decode` (targets the request
-  /// lost). A continuation (`r.generated` set: a migrated stream) skips the soft admission
-  /// estimates (queue wait, decode pages); the hard queue bounds still hold.
   /// A refusal because the decode target is backed up: overloaded, retry in a second (a
   /// decode backlog drains by whole sequences, not at a rate the router measures).
   static placement decode_busy(placement& out, const char* reason, std::string what) {
@@ -316,6 +312,10 @@ struct router_state {
     return out;
   }
 
+  /// Chooses a (prefill, decode) pair that can place `r`, avoiding `avoid` where another
+  /// target exists, and never one in `never_prefill` / `never_decode` (targets the request
+  /// lost). A continuation (`r.generated` set: a migrated stream) skips the soft admission
+  /// estimates (queue wait, decode pages, decode queue); the hard queue bounds still hold.
   placement place(const seq_request& r, const std::vector<int>& avoid, const std::vector<int>& never_prefill = {},
                   const std::vector<int>& never_decode = {}) {
     const int64_t now = clk->now_ms();

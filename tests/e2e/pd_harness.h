@@ -28,9 +28,6 @@
 
 namespace tandem::e2e {
 
-/// A TCP port that was free a moment ago (see ports.h).
-inline uint16_t free_port(std::set<uint16_t>& taken) { return free_tcp_port(taken); }
-
 inline std::string read_text(const std::string& path) {
   std::ifstream in(path);
   std::stringstream ss;
@@ -74,11 +71,11 @@ struct pd_cluster {
     for (int i = 0; i < 3; ++i) {
       node_proc n;
       n.name = names[i];
-      n.http = free_port(taken);
-      n.rpc = free_port(taken);
-      n.admin = free_port(taken);
-      n.cluster = free_port(taken);
-      if (i == 1) n.kv = free_port(taken);
+      n.http = free_tcp_port(taken);
+      n.rpc = free_tcp_port(taken);
+      n.admin = free_tcp_port(taken);
+      n.cluster = free_tcp_port(taken);
+      if (i == 1) n.kv = free_tcp_port(taken);
       n.log = (dir / (n.name + ".log")).string();
       n.env = i == 1 ? o.prefill_env : i == 2 ? o.decode_env : std::map<std::string, std::string>{};
       cfg += "\n[[node]]\nname = \"" + n.name + "\"\nhost = \"127.0.0.1\"\nroles = " + roles[i] +

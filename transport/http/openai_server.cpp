@@ -94,15 +94,13 @@ http_error bad_request(std::string msg, std::string param = "", std::string code
 int retry_after_s(int64_t ms) { return ms <= 0 ? 1 : static_cast<int>(std::min<int64_t>((ms + 999) / 1000, 86400)); }
 
 /// The status of a refused request. A queue timeout (still queued past its queue deadline)
-/// or a deadline that passed before the first token is 504: the server, not the client, ran out of time. 408 is not used: the OpenAI API
-/// carries no client deadline for the server to miss.
+/// or a deadline that passed before anything streamed (e.g. a prefill that started on a node
+/// that then stopped) is 504: the server, not the client, ran out of time. 408 is not used:
+/// the OpenAI API carries no client deadline for the server to miss.
 http_error from_engine(const error& e, const std::string& reason = "", int64_t retry_after_ms = 0) {
-  if (e.kind() == error_kind::overloaded && reason == "queue_timeout")
-    return {504, e.what(), "timeout_error", "", "queue_timeout", retry_after_s(retry_after_ms)};
-  // The deadline passed before anything streamed (prefill started but never finished, e.g. a
-  // stopped prefill node): the same server-side timeout, whatever stage it reached.
-  if (e.kind() == error_kind::overloaded && reason == "deadline")
-    return {504, e.what(), "timeout_error", "", "deadline_exceeded", retry_after_s(retry_after_ms)};
+  if (e.kind() == error_kind::overloaded && (reason == "queue_timeout" || reason == "deadline"))
+    return {504, e.what(), "timeout_error", "", reason == "deadline" ? "deadline_exceeded" : "queue_timeout",
+            retry_after_s(retry_after_ms)};
   switch (e.kind()) {
     case error_kind::overloaded: return {503, e.what(), "overloaded_error", "", "overloaded", retry_after_s(retry_after_ms)};
     case error_kind::disconnected: return {502, e.what(), "server_error", "", "disconnected", std::nullopt};
