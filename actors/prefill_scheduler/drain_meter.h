@@ -93,4 +93,16 @@ class drain_meter {
   ewma busy_, queued_;
 };
 
+/// The meter's state for a prefill scheduler: queued while more prompt tokens wait (in its
+/// queue, or admitted to the batch and not computed yet) than one forward step takes
+/// (`step_tokens`), or while its queue holds a request; busy while it has work; else idle.
+/// Requests admitted to the batch (up to max_prefill_batch_seqs) wait their turn in steps
+/// just as queued ones do: counting only a non-empty queue left the meter without a sample in
+/// a burst of short prompts (they all fit the batch), so the router admitted a whole burst on
+/// no wait estimate (`tandem bench burst` read a drain rate of 0 after its 0.8x load).
+inline drain_meter::state drain_state(bool queue_nonempty, int64_t backlog_tokens, bool working, int32_t step_tokens) {
+  if (queue_nonempty || backlog_tokens > std::max<int32_t>(step_tokens, 1)) return drain_meter::state::queued;
+  return working ? drain_meter::state::busy : drain_meter::state::idle;
+}
+
 }  // namespace tandem

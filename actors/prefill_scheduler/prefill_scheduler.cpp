@@ -113,9 +113,8 @@ struct prefill_state {
 
   /// Tells the drain meter the state the scheduler is in from now on (see drain_meter.h).
   void observe_drain() {
-    const auto st = !waiting.empty() ? drain_meter::state::queued
-                    : (acquiring || !active.empty()) ? drain_meter::state::busy
-                                                      : drain_meter::state::idle;
+    const auto st = drain_state(!waiting.empty(), queued_tokens + active_tokens(), acquiring || !active.empty(),
+                                opt.lim.prefill_chunk_tokens);
     drain.observe(clk->now_ms(), st, drain_pending_tokens);
     drain_pending_tokens = 0;
     tokens_per_s = drain.tokens_per_s();

@@ -88,3 +88,14 @@ TEST_CASE("drain_meter: a drain that slows down is reported before its window cl
   }
   CHECK(m.tokens_per_s() == doctest::Approx(5000.0).epsilon(0.01));
 }
+
+TEST_CASE("drain_state: tokens beyond one forward step count as a queue, also once admitted to the batch") {
+  // Three prompts of 80 tokens fit one step of 256: the scheduler is busy, not queued.
+  CHECK(drain_state(false, 240, true, 256) == st::busy);
+  // A fourth is admitted to the batch (up to 8 requests) but waits for the next step: queued,
+  // though the scheduler's queue is empty (short prompts in a burst never fill it).
+  CHECK(drain_state(false, 320, true, 256) == st::queued);
+  CHECK(drain_state(true, 10, true, 256) == st::queued);  // a request in the queue
+  CHECK(drain_state(false, 0, false, 256) == st::idle);
+  CHECK(drain_state(false, 0, true, 256) == st::busy);  // acquiring pages, nothing to compute yet
+}

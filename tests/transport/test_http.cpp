@@ -131,6 +131,33 @@ TEST_CASE("http: streaming completion SSE framing and include_usage") {
   CHECK(usage(last, "total_tokens") == 14);
 }
 
+TEST_CASE("http: a token whose text is held back still gets its SSE chunk, with empty text") {
+  // vLLM's rule: one chunk per token event, so a client's TTFT and inter-token gaps are the
+  // engine's. "\xC3" alone is half of a UTF-8 sequence: its text waits for the next token.
+  server_fixture s;
+  fake_behavior b;
+  b.output = "\xC3\xA9t\xC3\xA9";
+  b.chunk = 1;
+  s.api.set(b);
+  auto r = post(s.http_port, "/v1/completions", R"({"prompt":"x","max_tokens":50,"stream":true})");
+  REQUIRE(r.status == 200);
+  bool ok = false;
+  auto evs = sse_events(r.body, ok);
+  INFO("body: " << r.body);
+  CHECK(ok);
+  std::vector<std::string> texts;
+  for (auto& e : evs) texts.push_back(choice0(json::parse(e)).find("text")->s);
+  REQUIRE(texts.size() >= 5);
+  CHECK(texts[0].empty());
+  CHECK(texts[1] == "\xC3\xA9");
+  CHECK(texts[2] == "t");
+  CHECK(texts[3].empty());
+  CHECK(texts[4] == "\xC3\xA9");
+  std::string all;
+  for (auto& t : texts) all += t;
+  CHECK(all == "\xC3\xA9t\xC3\xA9");
+}
+
 TEST_CASE("http: chat completions use the Llama-2 template, stream and non-stream") {
   server_fixture s;
   auto r = post(s.http_port, "/v1/chat/completions",

@@ -64,15 +64,19 @@ struct record {
   int64_t index = 0;
   double arrival_s = 0;   ///< when it was due (open loop) or sent (closed loop)
   double sent_s = 0;      ///< when the connection was opened
-  double ttft_s = -1;     ///< first text chunk, from sent_s; -1 = none
+  /// First token: the first chunk that carries a choice, from sent_s; -1 = none. Its text may
+  /// be empty (a byte token that starts a UTF-8 sequence, text held for a stop string), as in
+  /// vLLM's benchmark_serving, whose TTFT is the first chunk "even if text is empty".
+  double ttft_s = -1;
+  double first_text_s = -1;  ///< first chunk with visible text, from sent_s; -1 = none
   double e2e_s = -1;      ///< end of the response, from sent_s
   int status = 0;         ///< HTTP status; 0 = no response
   outcome out = outcome::client_error;
   int64_t words = 0;                ///< prompt length the client built, in words
   int64_t prompt_tokens = -1;       ///< the server's usage.prompt_tokens; -1 = not reported
   int64_t completion_tokens = -1;   ///< the server's usage.completion_tokens
-  int64_t chunks = 0;               ///< SSE chunks with text
-  std::vector<double> itl_s;        ///< gaps between text chunks
+  int64_t chunks = 0;               ///< SSE chunks with a choice (one per token event)
+  std::vector<double> itl_s;        ///< gaps between those chunks
   std::string error;                ///< why it did not complete
   double tpot_s() const {
     return completion_tokens > 1 && ttft_s >= 0 ? (e2e_s - ttft_s) / double(completion_tokens - 1) : -1;
@@ -308,11 +312,16 @@ inline void run_request(const options& o, const std::string& prompt, clock_type:
       const json::value* ch = v.find("choices");
       if (ch && ch->k == json::kind::array && !ch->arr.empty()) {
         const json::value* text = ch->arr[0].find("text");
-        if (text && text->k == json::kind::string && !text->s.empty()) {
-          if (r.ttft_s < 0) r.ttft_s = t;
-          else r.itl_s.push_back(t - last_chunk_s);
-          last_chunk_s = t;
-          ++r.chunks;
+        if (text && text->k == json::kind::string) {
+          const bool last = ch->arr[0].find("finish_reason") && ch->arr[0].find("finish_reason")->k == json::kind::string;
+          // The closing chunk carries the finish reason and only text held back until then.
+          if (!last || !text->s.empty()) {
+            if (r.ttft_s < 0) r.ttft_s = t;
+            else r.itl_s.push_back(t - last_chunk_s);
+            last_chunk_s = t;
+            ++r.chunks;
+          }
+          if (r.first_text_s < 0 && !text->s.empty()) r.first_text_s = t;
         }
       }
     }
@@ -453,6 +462,7 @@ struct summary {
   int64_t sent = 0, good = 0, output_tokens = 0, prompt_tokens = 0, prompt_reported = 0, prompt_words = 0;
   double wall_s = 0, active_s = 0;
   std::vector<double> ttft, tpot, itl, e2e, reject;
+  std::vector<double> first_text;  ///< time to the first visible text (ms): >= ttft
 };
 
 inline summary summarize(const std::vector<record>& recs, double wall_s, double slo_ttft_ms, double slo_tpot_ms) {
@@ -475,6 +485,7 @@ inline summary summarize(const std::vector<record>& recs, double wall_s, double 
     if (r.out != outcome::completed) continue;
     s.output_tokens += std::max<int64_t>(0, r.completion_tokens);
     if (r.ttft_s >= 0) s.ttft.push_back(r.ttft_s * 1e3);
+    if (r.first_text_s >= 0) s.first_text.push_back(r.first_text_s * 1e3);
     if (r.tpot_s() >= 0) s.tpot.push_back(r.tpot_s() * 1e3);
     for (double g : r.itl_s) s.itl.push_back(g * 1e3);
     s.e2e.push_back(r.e2e_s * 1e3);

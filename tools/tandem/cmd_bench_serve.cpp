@@ -292,6 +292,7 @@ int bench_serve(args a) {
     std::printf("%-10s %10.2f %10.2f %10.2f %8zu\n", n, percentile(v, 50), percentile(v, 90), percentile(v, 99), v.size());
   };
   row("TTFT", s.ttft);
+  row("first text", s.first_text);
   row("TPOT", s.tpot);
   row("ITL", s.itl);
   row("E2E", s.e2e);
@@ -333,6 +334,7 @@ int bench_serve(args a) {
     w.key("status").begin_object().key("200").num(s.st200).key("503").num(s.st503).key("429").num(s.st429);
     w.key("4xx").num(s.st4xx).key("other").num(s.st_other).end_object();
     write_pcts(w, "ttft_ms", s.ttft);
+    write_pcts(w, "first_text_ms", s.first_text);
     write_pcts(w, "tpot_ms", s.tpot);
     write_pcts(w, "itl_ms", s.itl);
     write_pcts(w, "e2e_ms", s.e2e);
@@ -350,7 +352,8 @@ int bench_serve(args a) {
     for (const record& r : recs) {
       w.begin_object().key("index").num(r.index).key("arrival_s").real(r.arrival_s).key("sent_s").real(r.sent_s);
       w.key("outcome").str(outcome_name(r.out)).key("status").num(r.status);
-      w.key("ttft_ms").real(r.ttft_s >= 0 ? r.ttft_s * 1e3 : -1).key("e2e_ms").real(r.e2e_s >= 0 ? r.e2e_s * 1e3 : -1);
+      w.key("ttft_ms").real(r.ttft_s >= 0 ? r.ttft_s * 1e3 : -1);
+      w.key("first_text_ms").real(r.first_text_s >= 0 ? r.first_text_s * 1e3 : -1).key("e2e_ms").real(r.e2e_s >= 0 ? r.e2e_s * 1e3 : -1);
       w.key("tpot_ms").real(r.tpot_s() >= 0 ? r.tpot_s() * 1e3 : -1);
       w.key("prompt_words").num(r.words).key("prompt_tokens").num(r.prompt_tokens);
       w.key("completion_tokens").num(r.completion_tokens).key("chunks").num(r.chunks);

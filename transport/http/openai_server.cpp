@@ -691,11 +691,14 @@ kj::Promise<void> collect(gen_state& g) {
   });
 }
 
-/// The SSE events for one engine event's text (and the end of the stream once done).
-std::string render_events(gen_state& g, const std::string& delta) {
+/// The SSE events for one engine event's text (and the end of the stream once done). An event
+/// that carried tokens gets its chunk even when their text is held back (the first bytes of a
+/// UTF-8 sequence, a possible stop string), as vLLM does: the client sees each token when it
+/// is generated, so its TTFT and inter-token gaps are the engine's, not the tokenizer's.
+std::string render_events(gen_state& g, const std::string& delta, bool had_tokens) {
   std::string data;
   if (!g.done) {
-    if (!delta.empty() || (g.chat && g.first_chunk)) data = sse(chunk_json(g, delta, false));
+    if (!delta.empty() || had_tokens || (g.chat && g.first_chunk)) data = sse(chunk_json(g, delta, false));
   } else if (g.err) {
     if (!delta.empty()) data = sse(chunk_json(g, delta, false));
     // The status line went out with the first token: the error travels in-band, then [DONE].
@@ -725,8 +728,9 @@ kj::Promise<void> stream_step(gen_state& g, std::vector<token_event> evs) {
   std::string data;
   for (auto& ev : evs) {
     if (g.done) break;
+    const bool had_tokens = !ev.tokens.empty();
     std::string d = g.consume_one(ev);
-    data += render_events(g, d);
+    data += render_events(g, d, had_tokens);
   }
   kj::Promise<void> wrote = kj::READY_NOW;
   if (!data.empty()) {
