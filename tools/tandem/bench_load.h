@@ -83,6 +83,9 @@ struct record {
   }
 };
 
+/// A record's time in seconds (-1 = none) as milliseconds for the JSON output (-1 kept).
+inline double ms_or_none(double s) { return s >= 0 ? s * 1e3 : -1; }
+
 struct options {
   std::string host = "127.0.0.1";
   uint16_t port = 0;
@@ -313,7 +316,8 @@ inline void run_request(const options& o, const std::string& prompt, clock_type:
       if (ch && ch->k == json::kind::array && !ch->arr.empty()) {
         const json::value* text = ch->arr[0].find("text");
         if (text && text->k == json::kind::string) {
-          const bool last = ch->arr[0].find("finish_reason") && ch->arr[0].find("finish_reason")->k == json::kind::string;
+          const json::value* fin = ch->arr[0].find("finish_reason");
+          const bool last = fin && fin->k == json::kind::string;
           // The closing chunk carries the finish reason and only text held back until then.
           if (!last || !text->s.empty()) {
             if (r.ttft_s < 0) r.ttft_s = t;

@@ -196,8 +196,8 @@ void write_phase(json::writer& w, const phase& p) {
   // first token, first visible text and end (ms from sent; -1 = none).
   w.key("records").begin_array();
   for (const auto& r : p.recs) {
-    w.begin_array().real(r.arrival_s).num(r.status).real(r.ttft_s >= 0 ? r.ttft_s * 1e3 : -1);
-    w.real(r.first_text_s >= 0 ? r.first_text_s * 1e3 : -1).real(r.e2e_s >= 0 ? r.e2e_s * 1e3 : -1).end_array();
+    w.begin_array().real(r.arrival_s).num(r.status).real(ms_or_none(r.ttft_s));
+    w.real(ms_or_none(r.first_text_s)).real(ms_or_none(r.e2e_s)).end_array();
   }
   w.end_array();
   w.end_object();

@@ -352,9 +352,8 @@ int bench_serve(args a) {
     for (const record& r : recs) {
       w.begin_object().key("index").num(r.index).key("arrival_s").real(r.arrival_s).key("sent_s").real(r.sent_s);
       w.key("outcome").str(outcome_name(r.out)).key("status").num(r.status);
-      w.key("ttft_ms").real(r.ttft_s >= 0 ? r.ttft_s * 1e3 : -1);
-      w.key("first_text_ms").real(r.first_text_s >= 0 ? r.first_text_s * 1e3 : -1).key("e2e_ms").real(r.e2e_s >= 0 ? r.e2e_s * 1e3 : -1);
-      w.key("tpot_ms").real(r.tpot_s() >= 0 ? r.tpot_s() * 1e3 : -1);
+      w.key("ttft_ms").real(ms_or_none(r.ttft_s)).key("first_text_ms").real(ms_or_none(r.first_text_s));
+      w.key("e2e_ms").real(ms_or_none(r.e2e_s)).key("tpot_ms").real(ms_or_none(r.tpot_s()));
       w.key("prompt_words").num(r.words).key("prompt_tokens").num(r.prompt_tokens);
       w.key("completion_tokens").num(r.completion_tokens).key("chunks").num(r.chunks);
       w.key("itl_ms").begin_array();
