@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "actors/common/error.h"
 
@@ -44,6 +45,27 @@ TANDEM_AVX512 float hsum16(__m512 s) {
   h = _mm_add_ps(h, _mm_movehl_ps(h, h));
   h = _mm_add_ss(h, _mm_movehdup_ps(h));
   return _mm_cvtss_f32(h);
+}
+
+// out[j] = hsum16(A[j]) for 16 vectors, bit for bit: the same tree (lane i + lane i+8, then
+// i+4, then i+2, then i+1) run as a transpose network, 45 instructions instead of 16 x 8.
+TANDEM_AVX512 __attribute__((always_inline)) inline void hsum16_x16(const __m512 (&A)[16], float* out) {
+  __m512 B[8], C[4], D[2];
+  for (int m = 0; m < 8; ++m)  // lane i + lane i+8: B[m] = [v(A[2m]) | v(A[2m+1])]
+    B[m] = _mm512_add_ps(_mm512_shuffle_f32x4(A[2 * m], A[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(A[2 * m], A[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  for (int m = 0; m < 4; ++m)  // + lane i+4: quarter q of C[m] is h of A[4m+q]
+    C[m] = _mm512_add_ps(_mm512_shuffle_f32x4(B[2 * m], B[2 * m + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(B[2 * m], B[2 * m + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  for (int m = 0; m < 2; ++m)  // + lane i+2: quarter q of D[m] = [g(A[8m+q]), g(A[8m+4+q])]
+    D[m] = _mm512_add_ps(_mm512_shuffle_ps(C[2 * m], C[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(C[2 * m], C[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  // + lane i+1: lane 4q + j of E is the sum of A[4j + q].
+  const __m512 E = _mm512_add_ps(_mm512_shuffle_ps(D[0], D[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_ps(D[0], D[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  // Lane 4q + j holds A[4j + q]: a fixed permutation puts A[j] in lane j.
+  const __m512i perm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  _mm512_storeu_ps(out, _mm512_permutexvar_ps(perm, E));
 }
 
 TANDEM_AVX512 float dot_avx512(const float* a, const float* b, int64_t n) {
@@ -528,10 +550,12 @@ TANDEM_AVX512 void tile_avx512(const uint8_t* const* rows, int64_t k, const floa
         fma_step16<R, B>(acc, wv, xs, i + j);
       }
     }
-  } else if constexpr (B == 1 && R > 1) {
-    // Batch 1 streams weights from memory: the tile's rows are consecutive, so the next
-    // tile's rows start `R * row bytes` further on; fetch them one tile ahead, one 64-byte
-    // line per row per step (a 16-wide step reads at most 64 bytes of a row).
+  } else if constexpr (R > 1 && (B == 1 || R <= 4)) {
+    // The tile's rows are consecutive and the next tile (batch 1: from memory; a larger
+    // batch: from L2) takes the next R rows, which start `R * row bytes` further on; fetch
+    // them one tile ahead, one 64-byte line per row per step (a 16-wide step reads at most
+    // 64 bytes of a row). Measured single-threaded on f16: 4 x 6 tiles gain a few percent
+    // from it, 6 x 4 tiles (k > 1280) lose 10-20% (12 streams in flight instead of 6).
     const int64_t ahead = (rows[1] - rows[0]) * R;
     constexpr int64_t elem = T == ggml_type::f32 ? 4 : 2;
     for (int64_t i = 0; i < k16; i += 16) {
@@ -551,53 +575,50 @@ TANDEM_AVX512 void tile_avx512(const uint8_t* const* rows, int64_t k, const floa
       fma_step16<R, B>(acc, wv, xs, i);
     }
   }
+  // hsum16 of every accumulator, 16 at a time through the transpose network (same bits).
+  constexpr int chunks = (R * B + 15) / 16;
+  alignas(64) float sums[chunks * 16];
+  if constexpr (R * B >= 8) {
+#pragma GCC unroll 4
+    for (int c = 0; c < chunks; ++c) {
+      __m512 A[16];
+#pragma GCC unroll 16
+      for (int j = 0; j < 16; ++j)
+        A[j] = c * 16 + j < R * B ? acc[(c * 16 + j) / B][(c * 16 + j) % B] : _mm512_setzero_ps();
+      hsum16_x16(A, sums + c * 16);
+    }
+  } else {
+    for (int r = 0; r < R; ++r)
+      for (int b = 0; b < B; ++b) sums[r * B + b] = hsum16(acc[r][b]);
+  }
   for (int r = 0; r < R; ++r)
     for (int b = 0; b < B; ++b) {
       float tail = 0.0f;
       for (int64_t i = k16; i < k; ++i) tail = std::fma(load_w1<T>(rows[r], i), xs[b][i], tail);
-      y[(b0 + b) * n + r0 + r] = hsum16(acc[r][b]) + tail;
+      y[(b0 + b) * n + r0 + r] = sums[r * B + b] + tail;
     }
 }
 
-// 4 decoded weight rows x `count` (< C) activation rows.
-template <int C>
+// Weight rows x `count` (< C) activation rows.
+template <ggml_type T, int R, int C>
 TANDEM_AVX512 void tile_avx512_rest(const uint8_t* const* rows, int64_t k, const float* x, float* y, int64_t n,
                                     int64_t r0, int64_t b0, int64_t count) {
   if constexpr (C > 1) {
-    if (count == C - 1) return tile_avx512<ggml_type::f32, 4, C - 1>(rows, k, x, y, n, r0, b0);
-    return tile_avx512_rest<C - 1>(rows, k, x, y, n, r0, b0, count);
+    if (count == C - 1) return tile_avx512<T, R, C - 1>(rows, k, x, y, n, r0, b0);
+    return tile_avx512_rest<T, R, C - 1>(rows, k, x, y, n, r0, b0, count);
   }
 }
 
-// One weight row to f32 with 16-lane conversions (exact, so the same values as
-// dequantize_row).
+// Rows [r0, r1). Batch 1 runs tiles of 8 weight rows side by side (enough loads in flight
+// to stream at memory speed). A larger batch runs tiles of R weight rows x up to B
+// activation rows (24 accumulators) in the order of a blocked GEMM: for each block of
+// weight rows that fits in L2, each tile of activation rows (B x k floats, sized to stay in
+// L1) meets every row group of the block. Activations are then read from L1 and weights
+// from L2 (each load feeds B FMAs), and the weights come from memory once per call. Weights
+// are decoded in registers on every path: measured against decoding each block once into
+// an f32 buffer, that is as fast at 512 activation rows and faster at 8 to 32.
 template <ggml_type T>
-TANDEM_AVX512 void decode_row_avx512(const uint8_t* row, float* out, int64_t k) {
-  if constexpr (T == ggml_type::q8_0) {
-    const auto* b = reinterpret_cast<const block_q8_0*>(row);
-    for (int64_t i = 0; i < k / q8_0_block; ++i) {
-      const __m512 d = _mm512_set1_ps(_cvtsh_ss(b[i].d));
-      for (int j = 0; j < q8_0_block; j += 16) {
-        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[i].qs + j));
-        _mm512_storeu_ps(out + i * q8_0_block + j, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q))));
-      }
-    }
-  } else {
-    const int64_t k16 = k & ~int64_t(15);
-    for (int64_t i = 0; i < k16; i += 16) _mm512_storeu_ps(out + i, load_w16<T>(row, i));
-    for (int64_t i = k16; i < k; ++i) out[i] = load_w1<T>(row, i);
-  }
-}
-
-// Rows [r0, r1). Batch 1 decodes the weights in registers, 8 rows side by side (enough
-// loads in flight to stream at memory speed). A larger batch is cut into blocks of
-// activation rows that stay in L2 (`x_block_bytes`); for each block, 4 weight rows are
-// decoded once into `buf` (exact) and run as f32 tiles of 4 rows x up to 6 activation rows
-// (24 accumulators, 10 loads per 24 FMAs) while they sit in L1. Weights are read from
-// memory once per call for a decode batch (one block) and once per block for a prefill.
-template <ggml_type T>
-void rows_avx512(const tensor_view& w, const float* x, int64_t batch, float* y, int64_t r0, int64_t r1,
-                 std::vector<float>& buf) {
+void rows_avx512(const tensor_view& w, const float* x, int64_t batch, float* y, int64_t r0, int64_t r1) {
   const int64_t k = w.cols(), n = w.rows();
   int64_t r = r0;
   if (batch == 1) {
@@ -607,45 +628,39 @@ void rows_avx512(const tensor_view& w, const float* x, int64_t batch, float* y, 
       tile_avx512<T, 8, 1>(rows, k, x, y, n, r, 0);
     }
   } else {
-    constexpr ggml_type D = ggml_type::f32;
-    constexpr int64_t x_block_bytes = 384 << 10;
-    const int64_t block = std::max<int64_t>(6, x_block_bytes / (k * int64_t(sizeof(float))) / 6 * 6);
-    if (T != D && buf.size() < size_t(4 * k)) buf.resize(size_t(4 * k));
-    const int64_t r4 = r0 + (r1 - r0) / 4 * 4;
-    const size_t rb = row_bytes(T, k);
-    for (int64_t bb = 0; bb < batch; bb += block) {
-      const int64_t be = std::min(batch, bb + block);
-      for (r = r0; r < r4; r += 4) {
-        // The next group's weights into L2 while this group's tiles run (the decode
-        // hides its memory reads behind the FMAs this way).
-        if (r + 8 <= r4)
-          for (int i = 4; i < 8; ++i)
-            for (size_t off = 0; off < rb; off += 64)
-              _mm_prefetch(reinterpret_cast<const char*>(w.row(r + i)) + off, _MM_HINT_T1);
-        const uint8_t* rows[4];
-        for (int i = 0; i < 4; ++i) {
-          if constexpr (T == D) {
-            rows[i] = w.row(r + i);
+    // 6 activation rows stay in L1 up to k = 1280 (30 KB); longer rows use 6 x 4 instead.
+    const bool wide = k * int64_t(sizeof(float)) * 6 <= (30 << 10);
+    const int R = wide ? 4 : 6, B = wide ? 6 : 4;
+    constexpr size_t w_block_bytes = 512 << 10;
+    const int64_t block = std::max<int64_t>(R, int64_t(w_block_bytes / row_bytes(T, k)) / R * R);
+    const int64_t rR = r0 + (r1 - r0) / R * R;
+    // Tiles of nearly equal width (8 = 4 + 4, 32 = 6 + 6 + 5 + 5 + 5 + 5): a narrow
+    // remainder tile would reload its weight rows for only a few FMAs.
+    const int64_t tiles = (batch + B - 1) / B, width = batch / tiles, extra = batch % tiles;
+    for (int64_t rb0 = r0; rb0 < rR; rb0 += block) {
+      const int64_t rb1 = std::min(rR, rb0 + block);
+      int64_t b = 0;
+      for (int64_t t = 0; t < tiles; ++t) {
+        const int64_t cnt = width + (t < extra ? 1 : 0);  // the first `extra` tiles are one wider
+        for (r = rb0; r < rb1; r += R) {
+          const uint8_t* rows[6];
+          for (int i = 0; i < R; ++i) rows[i] = w.row(r + i);
+          if (wide) {
+            if (cnt == 6)
+              tile_avx512<T, 4, 6>(rows, k, x, y, n, r, b);
+            else
+              tile_avx512_rest<T, 4, 6>(rows, k, x, y, n, r, b, cnt);
           } else {
-            decode_row_avx512<T>(w.row(r + i), buf.data() + i * k, k);
-            rows[i] = reinterpret_cast<const uint8_t*>(buf.data() + i * k);
+            if (cnt == 4)
+              tile_avx512<T, 6, 4>(rows, k, x, y, n, r, b);
+            else
+              tile_avx512_rest<T, 6, 4>(rows, k, x, y, n, r, b, cnt);
           }
         }
-        // Tiles of nearly equal width (8 = 4 + 4, 32 = 6 + 6 + 5 + 5 + 5 + 5): a narrow
-        // remainder tile would reload its 4 weight rows for only a few FMAs.
-        const int64_t tiles = (be - bb + 5) / 6, width = (be - bb) / tiles, wide = (be - bb) % tiles;
-        int64_t b = bb;
-        for (int64_t t = 0; t < tiles; ++t) {
-          const int64_t cnt = width + (t < wide ? 1 : 0);  // the first `wide` tiles are one wider
-          if (cnt == 6)
-            tile_avx512<D, 4, 6>(rows, k, x, y, n, r, b);
-          else
-            tile_avx512_rest<6>(rows, k, x, y, n, r, b, cnt);
-          b += cnt;
-        }
+        b += cnt;
       }
     }
-    r = r4;
+    r = rR;
   }
   for (; r < r1; ++r) {
     const uint8_t* row = w.row(r);
@@ -657,10 +672,10 @@ void matmul_rows(const tensor_view& w, const float* x, int64_t batch, float* y, 
                  int64_t r0, int64_t r1, cpu_isa isa) {
   if (isa == cpu_isa::avx512) {
     switch (w.type) {
-      case ggml_type::f32: return rows_avx512<ggml_type::f32>(w, x, batch, y, r0, r1, buf);
-      case ggml_type::f16: return rows_avx512<ggml_type::f16>(w, x, batch, y, r0, r1, buf);
-      case ggml_type::bf16: return rows_avx512<ggml_type::bf16>(w, x, batch, y, r0, r1, buf);
-      case ggml_type::q8_0: return rows_avx512<ggml_type::q8_0>(w, x, batch, y, r0, r1, buf);
+      case ggml_type::f32: return rows_avx512<ggml_type::f32>(w, x, batch, y, r0, r1);
+      case ggml_type::f16: return rows_avx512<ggml_type::f16>(w, x, batch, y, r0, r1);
+      case ggml_type::bf16: return rows_avx512<ggml_type::bf16>(w, x, batch, y, r0, r1);
+      case ggml_type::q8_0: return rows_avx512<ggml_type::q8_0>(w, x, batch, y, r0, r1);
       default: break;
     }
   }
@@ -740,22 +755,103 @@ void swiglu(const float* gate, const float* up, float* out, size_t n, thread_poo
   pool->parallel_for(int64_t(n), run);
 }
 
-void softmax(float* x, size_t n) {
-  if (n == 0) return;
-  const float mx = *std::max_element(x, x + n);
-  double sum = 0.0;
-  for (size_t i = 0; i < n; ++i) {
-    x[i] = std::exp(x[i] - mx);
-    sum += x[i];
+namespace {
+
+// exp(x) for softmax inputs (x <= 0 after subtracting the maximum) as one fixed sequence of
+// IEEE single operations, written twice (16 lanes and scalar) with the same bits: Cody-Waite
+// reduction x = n ln2 + r, Cephes' degree-5 polynomial for e^r (a few ulp), times 2^n.
+// Below -87 (e^x under 2^-125) the result is 0, which a softmax weight cannot tell apart.
+constexpr float exp_lo = -87.0f, log2e = 1.44269504088896341f, ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
+constexpr float exp_p[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                            4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
+float exp_fixed(float x) {
+  if (!(x >= exp_lo)) return std::isnan(x) ? x : 0.0f;
+  const float n = std::nearbyint(x * log2e);
+  float r = std::fma(n, -ln2_hi, x);
+  r = std::fma(n, -ln2_lo, r);
+  const float z = r * r;
+  float p = std::fma(exp_p[0], r, exp_p[1]);
+  for (int i = 2; i < 6; ++i) p = std::fma(p, r, exp_p[i]);
+  const float y = std::fma(p, z, r) + 1.0f;
+  const uint32_t bits = uint32_t(int32_t(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return y * scale;
+}
+
+TANDEM_AVX512 __m512 exp_fixed16(__m512 x) {
+  const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(exp_lo), _CMP_GE_OQ);
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  const __m512 n =
+      _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(log2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-ln2_hi), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(-ln2_lo), r);
+  const __m512 z = _mm512_mul_ps(r, r);
+  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(exp_p[0]), r, _mm512_set1_ps(exp_p[1]));
+  for (int i = 2; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(exp_p[i]));
+  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, z, r), _mm512_set1_ps(1.0f));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  const __m512 v = _mm512_maskz_mul_ps(live, y, _mm512_castsi512_ps(e));
+  return _mm512_mask_mov_ps(v, nan, x);
+}
+
+// The softmax sum: 8 double lanes, lane j adding elements j, j+8, j+16, ... in order, then
+// ((l0+l4)+(l1+l5))+((l2+l6)+(l3+l7)), then the n % 8 tail in order (both paths).
+double sum_tail(const float* x, size_t n8, size_t n, const double (&l)[8]) {
+  double s = ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
+  for (size_t i = n8; i < n; ++i) s += double(x[i]);
+  return s;
+}
+
+TANDEM_AVX512 void softmax_avx512(float* x, size_t n) {
+  const size_t n16 = n & ~size_t(15);
+  __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (size_t i = 0; i < n16; i += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(x + i));
+  float mx = _mm512_reduce_max_ps(m);
+  for (size_t i = n16; i < n; ++i) mx = std::max(mx, x[i]);
+  const __m512 mv = _mm512_set1_ps(mx);
+  __m512d acc = _mm512_setzero_pd();
+  for (size_t i = 0; i < n16; i += 16) {
+    const __m512 e = exp_fixed16(_mm512_sub_ps(_mm512_loadu_ps(x + i), mv));
+    _mm512_storeu_ps(x + i, e);
+    acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+    acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
   }
-  const float inv = float(1.0 / sum);
+  for (size_t i = n16; i < n; ++i) x[i] = exp_fixed(x[i] - mx);
+  alignas(64) double l[8];
+  _mm512_store_pd(l, acc);
+  // Elements n16 .. n8 belong to the lanes too (n8 = n rounded down to 8).
+  const size_t n8 = n & ~size_t(7);
+  for (size_t i = n16; i < n8; ++i) l[i % 8] += double(x[i]);
+  const float inv = float(1.0 / sum_tail(x, n8, n, l));
+  const __m512 iv = _mm512_set1_ps(inv);
+  for (size_t i = 0; i < n16; i += 16) _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), iv));
+  for (size_t i = n16; i < n; ++i) x[i] *= inv;
+}
+
+void softmax_scalar(float* x, size_t n) {
+  const float mx = *std::max_element(x, x + n);
+  double l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  const size_t n8 = n & ~size_t(7);
+  for (size_t i = 0; i < n; ++i) {
+    x[i] = exp_fixed(x[i] - mx);
+    if (i < n8) l[i % 8] += double(x[i]);
+  }
+  const float inv = float(1.0 / sum_tail(x, n8, n, l));
   for (size_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+}  // namespace
+
+void softmax(float* x, size_t n, cpu_isa isa) {
+  if (n == 0) return;
+  if (resolve_isa(isa) == cpu_isa::avx512) return softmax_avx512(x, n);
+  softmax_scalar(x, n);
 }
 
 namespace {
 
-// One (token, head) row of attention: scores over positions [0, len), softmax, weighted sum
-// of V. Its arithmetic depends only on its own inputs, so any split of rows gives the same bits.
 // 16 dot products at once with, for each, exactly dot_avx512's arithmetic: the same two
 // accumulators over k, then the hsum16 tree (lanes i+8, then i+4, then i+2, then i+1) run
 // as a transpose network over the 16 accumulators instead of 16 separate reductions.
@@ -773,77 +869,106 @@ TANDEM_AVX512 void dot16_avx512(const float* a, const float* const* rows, int64_
     for (; k + 16 <= n; k += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k), _mm512_loadu_ps(b + k), s0);
     A[j] = _mm512_add_ps(s0, s1);
   }
-  __m512 B[8], C[4], D[2];
-  for (int m = 0; m < 8; ++m)  // lane i + lane i+8: B[m] = [v(A[2m]) | v(A[2m+1])]
-    B[m] = _mm512_add_ps(_mm512_shuffle_f32x4(A[2 * m], A[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_f32x4(A[2 * m], A[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  for (int m = 0; m < 4; ++m)  // + lane i+4: quarter q of C[m] is h of A[4m+q]
-    C[m] = _mm512_add_ps(_mm512_shuffle_f32x4(B[2 * m], B[2 * m + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_f32x4(B[2 * m], B[2 * m + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-  for (int m = 0; m < 2; ++m)  // + lane i+2: quarter q of D[m] = [g(A[8m+q]), g(A[8m+4+q])]
-    D[m] = _mm512_add_ps(_mm512_shuffle_ps(C[2 * m], C[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_ps(C[2 * m], C[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  // + lane i+1: lane 4q + j of E is the sum of A[4j + q].
-  const __m512 E = _mm512_add_ps(_mm512_shuffle_ps(D[0], D[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                 _mm512_shuffle_ps(D[0], D[1], _MM_SHUFFLE(3, 1, 3, 1)));
   alignas(64) float t[16];
-  _mm512_store_ps(t, E);
-  for (int q = 0; q < 4; ++q)
-    for (int j = 0; j < 4; ++j) out[4 * j + q] = t[4 * q + j] + 0.0f;
+  hsum16_x16(A, t);
+  for (int j = 0; j < 16; ++j) out[j] = t[j] + 0.0f;
 }
 
-// out[0, n) = sum_p att[p] * rows[p][0, n): per element the same FMA chain as repeated
-// axpy_avx512 calls, with the running sums kept in registers (n a multiple of 16).
-TANDEM_AVX512 void weighted_sum_avx512(const float* att, const float* const* rows, int64_t len, int64_t n,
-                                       float* out) {
-  int64_t c = 0;
-  for (; c + 64 <= n; c += 64) {
-    __m512 y0 = _mm512_setzero_ps(), y1 = y0, y2 = y0, y3 = y0;
-    for (int64_t p = 0; p < len; ++p) {
-      const __m512 a = _mm512_set1_ps(att[p]);
-      const float* v = rows[p] + c;
-      y0 = _mm512_fmadd_ps(a, _mm512_loadu_ps(v), y0);
-      y1 = _mm512_fmadd_ps(a, _mm512_loadu_ps(v + 16), y1);
-      y2 = _mm512_fmadd_ps(a, _mm512_loadu_ps(v + 32), y2);
-      y3 = _mm512_fmadd_ps(a, _mm512_loadu_ps(v + 48), y3);
+// Output columns [c, c + 16 V) of G rows of attention at once: for each position p below
+// `common` (where all G rows attend), V[p]'s vectors are loaded once and feed every row;
+// then each row runs on alone over its own further positions. Per element this is the FMA
+// chain of repeated axpy_avx512 calls (p ascending, from zero), so the bits do not depend
+// on the group.
+template <int G, int V>
+TANDEM_AVX512 void weighted_sum_group_cols(const float* const* att, const float* const* rows, int64_t common,
+                                           const int64_t* len, int64_t c, float* const* out) {
+  __m512 y[G][V];
+#pragma GCC unroll 8
+  for (int g = 0; g < G; ++g)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) y[g][v] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < common; ++p) {
+    const float* vp = rows[p] + c;
+    __m512 vv[V];
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) vv[v] = _mm512_loadu_ps(vp + 16 * v);
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) {
+      const __m512 a = _mm512_set1_ps(att[g][p]);
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) y[g][v] = _mm512_fmadd_ps(a, vv[v], y[g][v]);
     }
-    _mm512_storeu_ps(out + c, y0);
-    _mm512_storeu_ps(out + c + 16, y1);
-    _mm512_storeu_ps(out + c + 32, y2);
-    _mm512_storeu_ps(out + c + 48, y3);
   }
-  for (; c < n; c += 16) {
-    __m512 y = _mm512_setzero_ps();
-    for (int64_t p = 0; p < len; ++p) y = _mm512_fmadd_ps(_mm512_set1_ps(att[p]), _mm512_loadu_ps(rows[p] + c), y);
-    _mm512_storeu_ps(out + c, y);
+#pragma GCC unroll 8
+  for (int g = 0; g < G; ++g) {
+    for (int64_t p = common; p < len[g]; ++p) {
+      const __m512 a = _mm512_set1_ps(att[g][p]);
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) y[g][v] = _mm512_fmadd_ps(a, _mm512_loadu_ps(rows[p] + c + 16 * v), y[g][v]);
+    }
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) _mm512_storeu_ps(out[g] + c + 16 * v, y[g][v]);
   }
 }
 
-void attention_row(const float* qh, int64_t len, int kvh, const kv_pool& pool, int32_t layer,
-                   std::span<const int32_t> pages, float* oh, float* att, cpu_isa isa,
-                   std::vector<const float*>& rows) {
+template <int G>
+TANDEM_AVX512 void weighted_sum_group(const float* const* att, const float* const* rows, int64_t common,
+                                      const int64_t* len, int64_t n, float* const* out) {
+  int64_t c = 0;
+  for (; c + 64 <= n; c += 64) weighted_sum_group_cols<G, 4>(att, rows, common, len, c, out);
+  for (; c < n; c += 16) weighted_sum_group_cols<G, 1>(att, rows, common, len, c, out);
+}
+
+// Up to 4 consecutive query tokens of one head (row g attends to positions [0, len0 + g)),
+// each computed as dot() + softmax() + axpy() of the avx512 path compute it alone (same
+// bits): the scores (16 positions at a time) and softmax per row, then one weighted sum for
+// the group that reads each V row once.
+TANDEM_AVX512 void attention_group_avx512(const float* const* qh, int g_count, int64_t len0, int kvh,
+                                          const kv_pool& pool, int32_t layer, std::span<const int32_t> pages,
+                                          float* const* oh, float* att, int64_t att_stride,
+                                          std::vector<const float*>& rows) {
   const kv_layout& L = pool.layout();
   const int hd = L.head_dim, n_kv = L.n_kv_heads, ps = L.page_size;
   const float scale = 1.0f / std::sqrt(float(hd));
-  if (isa == cpu_isa::avx512 && hd % 16 == 0) {
-    // Same bits as the generic loop below with dot()/axpy() on this path.
-    rows.resize(size_t(len));
-    for (int64_t p = 0; p < len; ++p)
-      rows[size_t(p)] = pool.k(pages[size_t(p / ps)], layer) + (size_t(p % ps) * n_kv + kvh) * hd;
+  const int64_t max_len = len0 + g_count - 1;
+  rows.resize(size_t(max_len));
+  for (int64_t p = 0; p < max_len; ++p)
+    rows[size_t(p)] = pool.k(pages[size_t(p / ps)], layer) + (size_t(p % ps) * n_kv + kvh) * hd;
+  const float* atts[4];
+  int64_t lens[4];
+  for (int g = 0; g < g_count; ++g) {
+    float* a = att + g * att_stride;
+    const int64_t len = len0 + g;
     int64_t p = 0;
-    for (; p + 16 <= len; p += 16) dot16_avx512(qh, rows.data() + p, hd, att + p);
-    for (; p < len; ++p) att[p] = dot_avx512(qh, rows[size_t(p)], hd);
-    for (p = 0; p < len; ++p) att[p] *= scale;
-    softmax(att, size_t(len));
-    for (p = 0; p < len; ++p) rows[size_t(p)] += L.layer_floats();  // V sits right after K
-    weighted_sum_avx512(att, rows.data(), len, hd, oh);
-    return;
+    for (; p + 16 <= len; p += 16) dot16_avx512(qh[g], rows.data() + p, hd, a + p);
+    for (; p < len; ++p) a[p] = dot_avx512(qh[g], rows[size_t(p)], hd);
+    for (p = 0; p < len; ++p) a[p] *= scale;
+    softmax(a, size_t(len), cpu_isa::avx512);
+    atts[g] = a;
+    lens[g] = len;
   }
+  for (int64_t p = 0; p < max_len; ++p) rows[size_t(p)] += L.layer_floats();  // V sits right after K
+  switch (g_count) {
+    case 4: return weighted_sum_group<4>(atts, rows.data(), len0, lens, hd, oh);
+    case 3: return weighted_sum_group<3>(atts, rows.data(), len0, lens, hd, oh);
+    case 2: return weighted_sum_group<2>(atts, rows.data(), len0, lens, hd, oh);
+    default: return weighted_sum_group<1>(atts, rows.data(), len0, lens, hd, oh);
+  }
+}
+
+// One (token, head) row of attention on the scalar and avx2 paths: scores over positions
+// [0, len), softmax, weighted sum of V. Its arithmetic depends only on its own inputs, so
+// any split of rows gives the same bits.
+void attention_row(const float* qh, int64_t len, int kvh, const kv_pool& pool, int32_t layer,
+                   std::span<const int32_t> pages, float* oh, float* att, cpu_isa isa) {
+  const kv_layout& L = pool.layout();
+  const int hd = L.head_dim, n_kv = L.n_kv_heads, ps = L.page_size;
+  const float scale = 1.0f / std::sqrt(float(hd));
   for (int64_t p = 0; p < len; ++p) {
     const float* kp = pool.k(pages[size_t(p / ps)], layer) + (size_t(p % ps) * n_kv + kvh) * hd;
     att[p] = dot(qh, kp, hd, isa) * scale;
   }
-  softmax(att, size_t(len));
+  softmax(att, size_t(len), isa);
   std::fill(oh, oh + hd, 0.0f);
   for (int64_t p = 0; p < len; ++p) {
     const float* vp = pool.v(pages[size_t(p / ps)], layer) + (size_t(p % ps) * n_kv + kvh) * hd;
@@ -868,40 +993,57 @@ void paged_attention_batch(std::span<const attention_seq> seqs, int n_heads, con
                            thread_pool* tp, cpu_isa isa) {
   isa = resolve_isa(isa);
   const kv_layout& L = pool.layout();
-  int64_t rows = 0, max_ctx = 0, work = 0;
-  std::vector<int64_t> first;  // first row of each sequence
+  const int hd = L.head_dim;
+  // The avx512 path takes up to 4 consecutive tokens of one head at a time (same bits as
+  // one at a time); the others one token at a time.
+  const bool grouped = isa == cpu_isa::avx512 && hd % 16 == 0;
+  const int64_t gsz = grouped ? 4 : 1;
+  int64_t units = 0, max_ctx = 0, work = 0;
+  std::vector<int64_t> first;  // first unit (token group of one head) of each sequence
   first.reserve(seqs.size() + 1);
   for (const attention_seq& s : seqs) {
     check_attention(s, n_heads, pool);
-    first.push_back(rows);
-    rows += s.n_tokens * n_heads;
+    first.push_back(units);
+    units += (s.n_tokens + gsz - 1) / gsz * n_heads;
     max_ctx = std::max(max_ctx, int64_t(s.pos0) + s.n_tokens);
     work += s.n_tokens * (int64_t(s.pos0) + s.n_tokens) * n_heads;
   }
-  first.push_back(rows);
-  if (rows == 0) return;
+  first.push_back(units);
+  if (units == 0) return;
   const int group = n_heads / L.n_kv_heads;
-  const int hd = L.head_dim;
-  // Index i runs row i/2 from the front (even i) or from the back (odd i): causal rows grow
+  // Index i runs unit i/2 from the front (even i) or from the back (odd i): causal rows grow
   // in length, so contiguous chunks of indices get about the same work.
   auto run = [&](int64_t i0, int64_t i1) {
-    std::vector<float> att(static_cast<size_t>(max_ctx));
+    std::vector<float> att(static_cast<size_t>(max_ctx * gsz));
     std::vector<const float*> kv_rows;
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t r = i % 2 == 0 ? i / 2 : rows - 1 - i / 2;
-      const size_t s = size_t(std::upper_bound(first.begin(), first.end(), r) - first.begin()) - 1;
+      const int64_t u = i % 2 == 0 ? i / 2 : units - 1 - i / 2;
+      const size_t s = size_t(std::upper_bound(first.begin(), first.end(), u) - first.begin()) - 1;
       const attention_seq& q = seqs[s];
-      // Head-major within a sequence: consecutive rows share one head's K/V, which then
+      // Head-major within a sequence: consecutive units share one head's K/V, which then
       // stays in L2 across a prefill chunk's queries instead of cycling through all heads.
-      const int64_t t = (r - first[s]) % q.n_tokens;
-      const int h = int((r - first[s]) / q.n_tokens);
-      attention_row(q.q + (t * n_heads + h) * hd, int64_t(q.pos0) + t + 1, h / group, pool, layer, q.pages,
-                    q.out + (t * n_heads + h) * hd, att.data(), isa, kv_rows);
+      const int64_t per_head = (q.n_tokens + gsz - 1) / gsz;
+      const int64_t t0 = (u - first[s]) % per_head * gsz;
+      const int h = int((u - first[s]) / per_head);
+      const int count = int(std::min(gsz, q.n_tokens - t0));
+      if (grouped) {
+        const float* qs[4];
+        float* outs[4];
+        for (int g = 0; g < count; ++g) {
+          qs[g] = q.q + ((t0 + g) * n_heads + h) * hd;
+          outs[g] = q.out + ((t0 + g) * n_heads + h) * hd;
+        }
+        attention_group_avx512(qs, count, int64_t(q.pos0) + t0 + 1, h / group, pool, layer, q.pages, outs,
+                               att.data(), max_ctx, kv_rows);
+      } else {
+        attention_row(q.q + (t0 * n_heads + h) * hd, int64_t(q.pos0) + t0 + 1, h / group, pool, layer, q.pages,
+                      q.out + (t0 * n_heads + h) * hd, att.data(), isa);
+      }
     }
   };
   // A handful of short rows is cheaper than waking the workers.
-  if (tp == nullptr || tp->size() == 1 || work * hd < (int64_t(1) << 15)) return run(0, rows);
-  tp->parallel_for(rows, run);
+  if (tp == nullptr || tp->size() == 1 || work * hd < (int64_t(1) << 15)) return run(0, units);
+  tp->parallel_for(units, run);
 }
 
 void paged_attention(const float* q, int64_t n_tokens, int32_t pos0, int n_heads, const kv_pool& pool,

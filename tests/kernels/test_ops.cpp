@@ -8,6 +8,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -455,6 +456,70 @@ TEST_CASE("ops: batched paged attention equals per-sequence calls on every isa p
                          cpu_isa::scalar);
     std::vector<double> refd(ref.begin(), ref.end());
     CHECK(nmse(alone[0], refd) < 1e-10);
+  }
+}
+
+TEST_CASE("ops: softmax gives the same bits on every isa path and is within a few ulp of exp in double") {
+  for (size_t n : {size_t(1), size_t(7), size_t(8), size_t(15), size_t(16), size_t(23), size_t(40), size_t(517)}) {
+    CAPTURE(n);
+    auto x = random_floats(n, 70 + n);
+    for (auto& v : x) v *= 12.0f;  // spread of about +-12: weights from ~1 down to ~1e-10
+    if (n > 5) x[5] = -200.0f;     // e^-200 underflows: weight 0, not a NaN
+    std::vector<double> ref(n);
+    const double mx = *std::max_element(x.begin(), x.end());
+    double tot = 0;
+    for (size_t i = 0; i < n; ++i) tot += ref[i] = std::exp(double(x[i]) - mx);
+    std::vector<float> first;
+    for (cpu_isa isa : runnable_isas()) {
+      CAPTURE(cpu::to_string(isa));
+      auto y = x;
+      cpu::softmax(y.data(), n, isa);
+      if (first.empty()) first = y;
+      REQUIRE(std::memcmp(first.data(), y.data(), n * sizeof(float)) == 0);
+      for (size_t i = 0; i < n; ++i) {
+        const double want = ref[i] / tot;
+        if (want < 1e-30) {
+          REQUIRE(y[i] == 0.0f);
+        } else {
+          // 4 ulp for the polynomial and the normalisation, plus the rounding of x - max in
+          // float (relative error |x - max| ulp in e^(x - max)), which the kernel inherits.
+          const double ulps = 4.0 + std::abs(double(x[i]) - mx);
+          REQUIRE(std::abs(double(y[i]) - want) <= ulps * std::numeric_limits<float>::epsilon() * want);
+        }
+      }
+    }
+  }
+  // A NaN score stays visible instead of turning into a weight.
+  std::vector<float> bad = {0.0f, std::numeric_limits<float>::quiet_NaN(), 1.0f};
+  cpu::softmax(bad.data(), bad.size());
+  CHECK(std::isnan(bad[1]));
+}
+
+TEST_CASE("ops: a chunk of query tokens gives the same bits as the same tokens one at a time") {
+  // The avx512 path takes 4 tokens of a head at a time (sharing V loads); 7 and 10 tokens
+  // leave groups of 3 and 2, and pos0 = 13 starts the chunk mid-page.
+  for (int hd : {64, 48}) {
+    kv_layout L{.n_layers = 1, .n_kv_heads = 2, .head_dim = hd, .page_size = 16};
+    kv_pool pool(L, 3);
+    const auto kv = random_floats(pool.bytes() / 4, 60);
+    std::memcpy(pool.page_data(0), kv.data(), pool.bytes());
+    const std::vector<int32_t> pages = {2, 0, 1};
+    const int n_heads = 4;
+    for (int64_t n : {int64_t(7), int64_t(10)}) {
+      const int32_t pos0 = 13;
+      const auto q = random_floats(size_t(n * n_heads * hd), 61 + uint64_t(n));
+      for (cpu_isa isa : runnable_isas()) {
+        CAPTURE(hd);
+        CAPTURE(n);
+        CAPTURE(cpu::to_string(isa));
+        std::vector<float> chunk(q.size()), one(q.size()), scratch;
+        cpu::paged_attention(q.data(), n, pos0, n_heads, pool, 0, pages, chunk.data(), scratch, nullptr, isa);
+        for (int64_t t = 0; t < n; ++t)
+          cpu::paged_attention(q.data() + t * n_heads * hd, 1, pos0 + int32_t(t), n_heads, pool, 0, pages,
+                               one.data() + t * n_heads * hd, scratch, nullptr, isa);
+        REQUIRE(std::memcmp(chunk.data(), one.data(), q.size() * sizeof(float)) == 0);
+      }
+    }
   }
 }
 
