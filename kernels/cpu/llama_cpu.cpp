@@ -179,7 +179,7 @@ void cpu_llama::forward(std::span<const batch_seq> batch, kv_pool& pool, std::ve
     cpu::rms_norm(x_.data(), ffn_norm_[size_t(l)].data(), xn_.data(), T, e, c.rms_eps);
     cpu::matmul(W.ffn_gate, xn_.data(), T, gate_.data(), mm_scratch_, &pool_, isa_);
     cpu::matmul(W.ffn_up, xn_.data(), T, up_.data(), mm_scratch_, &pool_, isa_);
-    cpu::swiglu(gate_.data(), up_.data(), gate_.data(), size_t(T * c.n_ff), &pool_);
+    cpu::swiglu(gate_.data(), up_.data(), gate_.data(), size_t(T * c.n_ff), &pool_, isa_);
     cpu::matmul(W.ffn_down, gate_.data(), T, tmp_.data(), mm_scratch_, &pool_, isa_);
     for (int64_t i = 0; i < T * e; ++i) x_[size_t(i)] += tmp_[size_t(i)];
   }

@@ -442,13 +442,57 @@ __attribute__((target("avx2,fma,f16c"))) void tile_avx2(const uint8_t* const* ro
     }
 }
 
-// Rows [r0, r1). Batch 1 decodes the weights in registers (8 rows side by side). A larger
-// batch decodes a group of 4 rows once into `buf` (exact, so the same values) and runs f32
-// tiles of 4 rows x 2 activation rows over it while it sits in L1: the weights stream from
-// memory once per call for the whole batch and are decoded once, not once per activation row.
+// The loop order of a blocked GEMM over weight rows [r0, r1) and `batch` activation rows:
+// for each block of weight rows that fits in L2 (`w_block_bytes` of stored weights), each
+// tile of up to B activation rows (sized by the caller to stay in L1) meets every group of
+// R rows of the block: tile(rows, r, b, count). Activations are then read from L1 and the
+// weights from L2 (each load feeds up to B FMAs), and the weights come from memory once
+// per call. Returns the first row not covered (the r1 - r0 % R rows left for the caller).
+template <int R, int B, class Tile>
+int64_t gemm_blocks(const tensor_view& w, int64_t batch, int64_t r0, int64_t r1, size_t w_block_bytes,
+                    Tile&& tile) {
+  const int64_t rR = r0 + (r1 - r0) / R * R;
+  // Blocks of nearly equal size: a small last block would re-read every activation tile
+  // for only a few row groups.
+  const int64_t groups = (rR - r0) / R;
+  const int64_t max_groups = std::max<int64_t>(1, int64_t(w_block_bytes / row_bytes(w.type, w.cols())) / R);
+  const int64_t n_blocks = std::max<int64_t>(1, (groups + max_groups - 1) / max_groups);
+  const int64_t block = (groups + n_blocks - 1) / n_blocks * R;
+  // Tiles of nearly equal width (8 = 4 + 4, 32 = 6 + 6 + 5 + 5 + 5 + 5): a narrow
+  // remainder tile would reload its weight rows for only a few FMAs.
+  const int64_t tiles = (batch + B - 1) / B, width = batch / tiles, extra = batch % tiles;
+  for (int64_t rb0 = r0; rb0 < rR; rb0 += block) {
+    const int64_t rb1 = std::min(rR, rb0 + block);
+    int64_t b = 0;
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t count = width + (t < extra ? 1 : 0);  // the first `extra` tiles are one wider
+      for (int64_t r = rb0; r < rb1; r += R) {
+        const uint8_t* rows[R];
+        for (int i = 0; i < R; ++i) rows[i] = w.row(r + i);
+        tile(rows, r, b, count);
+      }
+      b += count;
+    }
+  }
+  return rR;
+}
+
+// Weight rows x `count` (< C) activation rows.
+template <ggml_type T, int R, int C>
+__attribute__((target("avx2,fma,f16c"))) void tile_avx2_rest(const uint8_t* const* rows, int64_t k,
+                                                             const float* x, float* y, int64_t n, int64_t r0,
+                                                             int64_t b0, int64_t count) {
+  if constexpr (C > 1) {
+    if (count == C - 1) return tile_avx2<T, R, C - 1>(rows, k, x, y, n, r0, b0);
+    return tile_avx2_rest<T, R, C - 1>(rows, k, x, y, n, r0, b0, count);
+  }
+}
+
+// Rows [r0, r1). Batch 1 decodes the weights in registers, 8 rows side by side. A larger
+// batch runs tiles of 3 weight rows x up to 4 activation rows (12 accumulators, all 16
+// registers in use) in gemm_blocks' order, also decoding the weights in registers.
 template <ggml_type T>
-void rows_avx2(const tensor_view& w, const float* x, int64_t batch, float* y, int64_t r0, int64_t r1,
-               std::vector<float>& buf) {
+void rows_avx2(const tensor_view& w, const float* x, int64_t batch, float* y, int64_t r0, int64_t r1) {
   const int64_t k = w.cols(), n = w.rows();
   int64_t r = r0;
   if (batch == 1) {
@@ -458,26 +502,13 @@ void rows_avx2(const tensor_view& w, const float* x, int64_t batch, float* y, in
       tile_avx2<T, 8, 1>(rows, k, x, y, n, r, 0);
     }
   } else {
-    constexpr ggml_type D = ggml_type::f32;
-    if (T != D && buf.size() < size_t(4 * k)) buf.resize(size_t(4 * k));
-    for (; r + 4 <= r1; r += 4) {
-      const uint8_t* rows[4];
-      for (int i = 0; i < 4; ++i) {
-        if constexpr (T == D) {
-          rows[i] = w.row(r + i);
-        } else {
-          dequantize_row(T, w.row(r + i), buf.data() + i * k, k);
-          rows[i] = reinterpret_cast<const uint8_t*>(buf.data() + i * k);
-        }
-      }
-      int64_t b = 0;
-      for (; b + 4 <= batch; b += 4) {
-        tile_avx2<D, 2, 4>(rows, k, x, y, n, r, b);
-        tile_avx2<D, 2, 4>(rows + 2, k, x, y, n, r + 2, b);
-      }
-      for (; b + 2 <= batch; b += 2) tile_avx2<D, 4, 2>(rows, k, x, y, n, r, b);
-      if (b < batch) tile_avx2<D, 4, 1>(rows, k, x, y, n, r, b);
-    }
+    auto tile = [&](const uint8_t* const* rows, int64_t rr, int64_t b, int64_t cnt) {
+      if (cnt == 4)
+        tile_avx2<T, 3, 4>(rows, k, x, y, n, rr, b);
+      else
+        tile_avx2_rest<T, 3, 4>(rows, k, x, y, n, rr, b, cnt);
+    };
+    r = gemm_blocks<3, 4>(w, batch, r0, r1, 512 << 10, tile);
   }
   for (; r < r1; ++r) {
     const uint8_t* row = w.row(r);
@@ -610,13 +641,11 @@ TANDEM_AVX512 void tile_avx512_rest(const uint8_t* const* rows, int64_t k, const
 }
 
 // Rows [r0, r1). Batch 1 runs tiles of 8 weight rows side by side (enough loads in flight
-// to stream at memory speed). A larger batch runs tiles of R weight rows x up to B
-// activation rows (24 accumulators) in the order of a blocked GEMM: for each block of
-// weight rows that fits in L2, each tile of activation rows (B x k floats, sized to stay in
-// L1) meets every row group of the block. Activations are then read from L1 and weights
-// from L2 (each load feeds B FMAs), and the weights come from memory once per call. Weights
-// are decoded in registers on every path: measured against decoding each block once into
-// an f32 buffer, that is as fast at 512 activation rows and faster at 8 to 32.
+// to stream at memory speed). A larger batch runs tiles of 4 weight rows x up to 6
+// activation rows (24 accumulators) in gemm_blocks' order; 6 activation rows stay in L1 up
+// to k = 1280 (30 KB), longer rows take tiles of 6 x 4 instead. Weights are decoded in
+// registers on every path: measured against decoding each block once into an f32 buffer,
+// that is as fast at 512 activation rows and faster at 8 to 32.
 template <ggml_type T>
 void rows_avx512(const tensor_view& w, const float* x, int64_t batch, float* y, int64_t r0, int64_t r1) {
   const int64_t k = w.cols(), n = w.rows();
@@ -627,40 +656,22 @@ void rows_avx512(const tensor_view& w, const float* x, int64_t batch, float* y, 
       for (int i = 0; i < 8; ++i) rows[i] = w.row(r + i);
       tile_avx512<T, 8, 1>(rows, k, x, y, n, r, 0);
     }
+  } else if (k * int64_t(sizeof(float)) * 6 <= (30 << 10)) {
+    auto tile = [&](const uint8_t* const* rows, int64_t rr, int64_t b, int64_t cnt) {
+      if (cnt == 6)
+        tile_avx512<T, 4, 6>(rows, k, x, y, n, rr, b);
+      else
+        tile_avx512_rest<T, 4, 6>(rows, k, x, y, n, rr, b, cnt);
+    };
+    r = gemm_blocks<4, 6>(w, batch, r0, r1, 512 << 10, tile);
   } else {
-    // 6 activation rows stay in L1 up to k = 1280 (30 KB); longer rows use 6 x 4 instead.
-    const bool wide = k * int64_t(sizeof(float)) * 6 <= (30 << 10);
-    const int R = wide ? 4 : 6, B = wide ? 6 : 4;
-    constexpr size_t w_block_bytes = 512 << 10;
-    const int64_t block = std::max<int64_t>(R, int64_t(w_block_bytes / row_bytes(T, k)) / R * R);
-    const int64_t rR = r0 + (r1 - r0) / R * R;
-    // Tiles of nearly equal width (8 = 4 + 4, 32 = 6 + 6 + 5 + 5 + 5 + 5): a narrow
-    // remainder tile would reload its weight rows for only a few FMAs.
-    const int64_t tiles = (batch + B - 1) / B, width = batch / tiles, extra = batch % tiles;
-    for (int64_t rb0 = r0; rb0 < rR; rb0 += block) {
-      const int64_t rb1 = std::min(rR, rb0 + block);
-      int64_t b = 0;
-      for (int64_t t = 0; t < tiles; ++t) {
-        const int64_t cnt = width + (t < extra ? 1 : 0);  // the first `extra` tiles are one wider
-        for (r = rb0; r < rb1; r += R) {
-          const uint8_t* rows[6];
-          for (int i = 0; i < R; ++i) rows[i] = w.row(r + i);
-          if (wide) {
-            if (cnt == 6)
-              tile_avx512<T, 4, 6>(rows, k, x, y, n, r, b);
-            else
-              tile_avx512_rest<T, 4, 6>(rows, k, x, y, n, r, b, cnt);
-          } else {
-            if (cnt == 4)
-              tile_avx512<T, 6, 4>(rows, k, x, y, n, r, b);
-            else
-              tile_avx512_rest<T, 6, 4>(rows, k, x, y, n, r, b, cnt);
-          }
-        }
-        b += cnt;
-      }
-    }
-    r = rR;
+    auto tile = [&](const uint8_t* const* rows, int64_t rr, int64_t b, int64_t cnt) {
+      if (cnt == 4)
+        tile_avx512<T, 6, 4>(rows, k, x, y, n, rr, b);
+      else
+        tile_avx512_rest<T, 6, 4>(rows, k, x, y, n, rr, b, cnt);
+    };
+    r = gemm_blocks<6, 4>(w, batch, r0, r1, 512 << 10, tile);
   }
   for (; r < r1; ++r) {
     const uint8_t* row = w.row(r);
@@ -681,10 +692,10 @@ void matmul_rows(const tensor_view& w, const float* x, int64_t batch, float* y, 
   }
   if (isa == cpu_isa::avx2) {
     switch (w.type) {
-      case ggml_type::f32: return rows_avx2<ggml_type::f32>(w, x, batch, y, r0, r1, buf);
-      case ggml_type::f16: return rows_avx2<ggml_type::f16>(w, x, batch, y, r0, r1, buf);
-      case ggml_type::bf16: return rows_avx2<ggml_type::bf16>(w, x, batch, y, r0, r1, buf);
-      case ggml_type::q8_0: return rows_avx2<ggml_type::q8_0>(w, x, batch, y, r0, r1, buf);
+      case ggml_type::f32: return rows_avx2<ggml_type::f32>(w, x, batch, y, r0, r1);
+      case ggml_type::f16: return rows_avx2<ggml_type::f16>(w, x, batch, y, r0, r1);
+      case ggml_type::bf16: return rows_avx2<ggml_type::bf16>(w, x, batch, y, r0, r1);
+      case ggml_type::q8_0: return rows_avx2<ggml_type::q8_0>(w, x, batch, y, r0, r1);
       default: break;
     }
   }
@@ -709,12 +720,17 @@ void matmul(const tensor_view& w, const float* x, int64_t batch, float* y, std::
     matmul_rows(w, x, batch, y, scratch, 0, n, isa);
     return;
   }
-  // Chunks of whole 8-row groups so every thread runs the wide tiles (the bits do not depend
-  // on the split either way).
-  const int64_t groups = (n + 7) / 8;
-  pool->parallel_for(groups, [&](int64_t g0, int64_t g1) {
-    std::vector<float> buf;  // per chunk: the decoded weight rows of this thread
-    matmul_rows(w, x, batch, y, buf, g0 * 8, std::min(n, g1 * 8), isa);
+  // Chunks of whole 24-row groups so every chunk runs whole tiles (8, 4, 6 or 3 rows; the
+  // bits do not depend on the split either way).
+  constexpr int64_t rows_per_group = 24;
+  const int64_t groups = (n + rows_per_group - 1) / rows_per_group;
+  // 4 chunks per thread taken as threads free up: on a shared machine one core often runs
+  // slower for a while, and a fixed half each made the other wait (measured: prefill 0.29
+  // of peak FMA with fixed halves, 0.36 with 4 chunks per thread, in a noisy period; the
+  // same within noise in a quiet one). Each chunk re-reads the activations once, so not more.
+  pool->parallel_for_dynamic(groups, 4, [&](int64_t g0, int64_t g1) {
+    std::vector<float> buf;  // per chunk: the decoded weight rows of the generic path
+    matmul_rows(w, x, batch, y, buf, g0 * rows_per_group, std::min(n, g1 * rows_per_group), isa);
   });
 }
 
@@ -744,16 +760,6 @@ void rope(float* x, const int32_t* pos, int64_t rows, int n_heads, int head_dim,
   }
 }
 
-void swiglu(const float* gate, const float* up, float* out, size_t n, thread_pool* pool) {
-  auto run = [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const float g = gate[i];
-      out[i] = g / (1.0f + std::exp(-g)) * up[i];
-    }
-  };
-  if (pool == nullptr || pool->size() == 1 || n < (size_t(1) << 14)) return run(0, int64_t(n));
-  pool->parallel_for(int64_t(n), run);
-}
 
 namespace {
 
@@ -848,6 +854,45 @@ void softmax(float* x, size_t n, cpu_isa isa) {
   if (n == 0) return;
   if (resolve_isa(isa) == cpu_isa::avx512) return softmax_avx512(x, n);
   softmax_scalar(x, n);
+}
+
+namespace {
+
+// silu(g) * u = g * sigmoid(g) * u with sigmoid from e = exp(-|g|) (in (0, 1], so exp_fixed
+// applies): 1 / (1 + e) for g >= 0, e / (1 + e) below. The same operations in 16 lanes and
+// in scalar code, so the bits do not depend on the path or on how the range is split.
+float swiglu_one(float g, float u) {
+  const float e = exp_fixed(-std::abs(g));
+  const float s = (g >= 0.0f ? 1.0f : e) / (1.0f + e);
+  return g * s * u;
+}
+
+TANDEM_AVX512 void swiglu_avx512(const float* gate, const float* up, float* out, int64_t b, int64_t e) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  int64_t i = b;
+  for (; i + 16 <= e; i += 16) {
+    const __m512 g = _mm512_loadu_ps(gate + i);
+    // -|g|: the sign bit set, as the scalar negation does.
+    const __m512 neg_abs = _mm512_castsi512_ps(
+        _mm512_or_si512(_mm512_castps_si512(_mm512_abs_ps(g)), _mm512_set1_epi32(int32_t(0x80000000u))));
+    const __m512 ex = exp_fixed16(neg_abs);
+    const __mmask16 pos = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_GE_OQ);
+    const __m512 s = _mm512_div_ps(_mm512_mask_mov_ps(ex, pos, one), _mm512_add_ps(one, ex));
+    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_mul_ps(g, s), _mm512_loadu_ps(up + i)));
+  }
+  for (; i < e; ++i) out[i] = swiglu_one(gate[i], up[i]);
+}
+
+}  // namespace
+
+void swiglu(const float* gate, const float* up, float* out, size_t n, thread_pool* pool, cpu_isa isa) {
+  const bool vec = resolve_isa(isa) == cpu_isa::avx512;
+  auto run = [&](int64_t b, int64_t e) {
+    if (vec) return swiglu_avx512(gate, up, out, b, e);
+    for (int64_t i = b; i < e; ++i) out[i] = swiglu_one(gate[i], up[i]);
+  };
+  if (pool == nullptr || pool->size() == 1 || n < (size_t(1) << 14)) return run(0, int64_t(n));
+  pool->parallel_for(int64_t(n), run);
 }
 
 namespace {
@@ -1043,7 +1088,7 @@ void paged_attention_batch(std::span<const attention_seq> seqs, int n_heads, con
   };
   // A handful of short rows is cheaper than waking the workers.
   if (tp == nullptr || tp->size() == 1 || work * hd < (int64_t(1) << 15)) return run(0, units);
-  tp->parallel_for(units, run);
+  tp->parallel_for_dynamic(units, 8, run);  // as matmul: a slower core takes fewer chunks
 }
 
 void paged_attention(const float* q, int64_t n_tokens, int32_t pos0, int n_heads, const kv_pool& pool,

@@ -59,9 +59,11 @@ void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n,
 /// (llama.cpp "normal" RoPE). x is [rows][n_heads][head_dim].
 void rope(float* x, const int32_t* pos, int64_t rows, int n_heads, int head_dim, float freq_base);
 
-/// out[i] = silu(gate[i]) * up[i] (out may equal gate). With `pool`, split across its threads
-/// (elementwise, so the same bits).
-void swiglu(const float* gate, const float* up, float* out, size_t n, thread_pool* pool = nullptr);
+/// out[i] = silu(gate[i]) * up[i] (out may equal gate), with softmax's exp, so every `isa`
+/// path gives the same bits. With `pool`, split across its threads (elementwise, so the same
+/// bits).
+void swiglu(const float* gate, const float* up, float* out, size_t n, thread_pool* pool = nullptr,
+            cpu_isa isa = cpu_isa::best);
 
 /// In place numerically stable softmax of n floats: exp(x - max) by a fixed polynomial
 /// (within 4 ulp after normalising; 0 below e^-87), summed in double in a fixed order, so every `isa` path

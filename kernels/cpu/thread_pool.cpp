@@ -1,5 +1,6 @@
 #include "kernels/cpu/thread_pool.h"
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -49,6 +50,31 @@ thread_pool::~thread_pool() {
 }
 
 void thread_pool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+  run(n, size(), false, fn);
+}
+
+void thread_pool::parallel_for_dynamic(int64_t n, int32_t chunks_per_thread,
+                                       const std::function<void(int64_t, int64_t)>& fn) {
+  run(n, std::min<int64_t>(n, int64_t(size()) * std::max(1, chunks_per_thread)), true, fn);
+}
+
+void thread_pool::run_share(int32_t index, const std::function<void(int64_t, int64_t)>& fn, int64_t n,
+                            int64_t chunks, bool dynamic) {
+  int64_t b, e;
+  if (!dynamic) {
+    chunk(n, int32_t(chunks), index, b, e);
+    if (b < e) fn(b, e);
+    return;
+  }
+  for (int64_t i = next_chunk_.fetch_add(1, std::memory_order_relaxed); i < chunks;
+       i = next_chunk_.fetch_add(1, std::memory_order_relaxed)) {
+    b = n * i / chunks;
+    e = n * (i + 1) / chunks;
+    if (b < e) fn(b, e);
+  }
+}
+
+void thread_pool::run(int64_t n, int64_t chunks, bool dynamic, const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
   if (workers_.empty() || n == 1) {
     fn(0, n);
@@ -59,6 +85,9 @@ void thread_pool::parallel_for(int64_t n, const std::function<void(int64_t, int6
     std::lock_guard lk(mu_);
     fn_ = &fn;
     n_ = n;
+    chunks_ = chunks;
+    dynamic_ = dynamic;
+    next_chunk_.store(0, std::memory_order_relaxed);
     error_ = nullptr;
     pending_.store(int32_t(workers_.size()), std::memory_order_relaxed);
     generation_.fetch_add(1, std::memory_order_release);
@@ -67,9 +96,7 @@ void thread_pool::parallel_for(int64_t n, const std::function<void(int64_t, int6
   if (wake) start_cv_.notify_all();
   std::exception_ptr mine;
   try {
-    int64_t b, e;
-    chunk(n, size(), 0, b, e);
-    if (b < e) fn(b, e);
+    run_share(0, fn, n, chunks, dynamic);
   } catch (...) {
     mine = std::current_exception();
   }
@@ -96,19 +123,20 @@ void thread_pool::worker(int32_t index) {
     }
     if (stop_.load(std::memory_order_acquire)) return;
     const std::function<void(int64_t, int64_t)>* fn;
-    int64_t n;
+    int64_t n, chunks;
+    bool dynamic;
     {
-      // fn_/n_ were written under mu_ before the generation moved.
+      // fn_/n_/chunks_/dynamic_ were written under mu_ before the generation moved.
       std::lock_guard lk(mu_);
       seen = generation_.load(std::memory_order_acquire);
       fn = fn_;
       n = n_;
+      chunks = chunks_;
+      dynamic = dynamic_;
     }
     std::exception_ptr err;
     try {
-      int64_t b, e;
-      chunk(n, size(), index, b, e);
-      if (b < e) (*fn)(b, e);
+      run_share(index, *fn, n, chunks, dynamic);
     } catch (...) {
       err = std::current_exception();
     }

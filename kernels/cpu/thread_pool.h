@@ -29,15 +29,27 @@ class thread_pool {
   /// Calls fn(begin, end) over disjoint chunks covering [0, n) and returns when all are done.
   /// An exception thrown by a chunk is rethrown here (the first one).
   void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn);
+  /// Like parallel_for, but [0, n) is cut into `chunks_per_thread` x size() contiguous chunks
+  /// that the threads take in order as they become free, so a thread that runs slower (a
+  /// busy core on a shared machine) takes fewer chunks instead of holding up the others.
+  void parallel_for_dynamic(int64_t n, int32_t chunks_per_thread, const std::function<void(int64_t, int64_t)>& fn);
 
  private:
   void worker(int32_t index);
+  void run(int64_t n, int64_t chunks, bool dynamic, const std::function<void(int64_t, int64_t)>& fn);
+  /// Runs this thread's share of the current job: chunk `index` (static) or chunks taken from
+  /// next_chunk_ until none is left (dynamic).
+  void run_share(int32_t index, const std::function<void(int64_t, int64_t)>& fn, int64_t n, int64_t chunks,
+                 bool dynamic);
   std::vector<std::thread> workers_;
   const int32_t spin_us_;
   std::mutex mu_;
   std::condition_variable start_cv_, done_cv_;
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
   int64_t n_ = 0;
+  int64_t chunks_ = 0;
+  bool dynamic_ = false;
+  std::atomic<int64_t> next_chunk_{0};
   std::atomic<uint64_t> generation_{0};
   std::atomic<int32_t> pending_{0};
   std::atomic<bool> stop_{false};

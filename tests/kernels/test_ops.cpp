@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <stdexcept>
@@ -246,6 +247,27 @@ TEST_CASE("ops: thread_pool covers the range once and rethrows, threaded matmul 
                       if (b > 0) throw std::runtime_error("chunk failed");
                     }),
                     "chunk failed");
+  // Dynamic chunks: every index exactly once, in contiguous chunks of about n / (3 x 4).
+  for (int64_t n : {1, 2, 5, 12, 13, 1000}) {
+    CAPTURE(n);
+    std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+    std::atomic<int> calls{0};
+    pool.parallel_for_dynamic(n, 4, [&](int64_t b, int64_t e) {
+      CHECK(e - b <= (n + 11) / 12);
+      ++calls;
+      for (int64_t i = b; i < e; ++i) ++hits[size_t(i)];
+    });
+    for (auto& h : hits) CHECK(h.load() == 1);
+    CHECK(calls.load() == std::min<int64_t>(n, 12));
+  }
+  CHECK_THROWS_WITH(pool.parallel_for_dynamic(100, 4, [](int64_t b, int64_t) {
+                      if (b > 50) throw std::runtime_error("dynamic chunk failed");
+                    }),
+                    "dynamic chunk failed");
+  // The pool still works after a throwing job.
+  std::atomic<int64_t> sum{0};
+  pool.parallel_for_dynamic(10, 2, [&](int64_t b, int64_t e) { sum += e - b; });
+  CHECK(sum.load() == 10);
   const int64_t n = 300, k = 128, batch = 4;
   const auto wf = random_floats(size_t(n * k), 9);
   const auto x = random_floats(size_t(batch * k), 10);
@@ -493,6 +515,31 @@ TEST_CASE("ops: softmax gives the same bits on every isa path and is within a fe
   std::vector<float> bad = {0.0f, std::numeric_limits<float>::quiet_NaN(), 1.0f};
   cpu::softmax(bad.data(), bad.size());
   CHECK(std::isnan(bad[1]));
+}
+
+TEST_CASE("ops: swiglu gives the same bits on every isa path, split or not, and matches silu") {
+  const size_t n = (size_t(1) << 14) + 13;  // large enough to be split across 2 threads, odd tail
+  auto g = random_floats(n, 80);
+  const auto u = random_floats(n, 81);
+  for (auto& v : g) v *= 30.0f;
+  g[3] = -120.0f;  // e^-120 underflows: silu is 0
+  g[4] = 0.0f;
+  g[5] = -0.0f;
+  cpu::thread_pool tp(2);
+  std::vector<float> first;
+  for (cpu_isa isa : runnable_isas()) {
+    for (cpu::thread_pool* pool : {static_cast<cpu::thread_pool*>(nullptr), &tp}) {
+      CAPTURE(cpu::to_string(isa));
+      std::vector<float> out(n);
+      cpu::swiglu(g.data(), u.data(), out.data(), n, pool, isa);
+      if (first.empty()) first = out;
+      REQUIRE(std::memcmp(first.data(), out.data(), n * sizeof(float)) == 0);
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const double want = double(g[i]) / (1.0 + std::exp(-double(g[i]))) * u[i];
+    REQUIRE(std::abs(double(first[i]) - want) <= 1e-6 * std::abs(want) + 1e-30);
+  }
 }
 
 TEST_CASE("ops: a chunk of query tokens gives the same bits as the same tokens one at a time") {
