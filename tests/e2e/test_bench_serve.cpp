@@ -136,3 +136,31 @@ TEST_CASE("bench serve: a burst against --max-queued-requests 1 gets 503s, count
   CHECK(num(j, "outcomes.server_error") >= num(j, "status.503"));
   CHECK(num(j, "outcomes.completed") >= 1);
 }
+
+TEST_CASE("bench serve --embedded --compare-model: decode, same-work and decode-only comparisons") {
+  bench_fixture fx;
+  const std::string json_path = (fx.dir.path / "compare.json").string();
+  child c({TANDEM_BINARY, "bench", "serve", "--embedded", "--model", fx.model, "--compare-model", "--concurrency", "2",
+           "--requests", "4", "--prompt-tokens", "8:24", "--max-tokens", "4", "--json", json_path},
+          {}, (fx.dir.path / "compare.log").string());
+  const std::string out = c.read_all(std::chrono::seconds(120));
+  INFO(out);
+  REQUIRE(c.wait(std::chrono::seconds(10)) == 0);
+  CHECK(out.find("compare: served") != std::string::npos);
+  CHECK(out.find("compare (same work): served") != std::string::npos);
+  CHECK(out.find("compare (decode only)") != std::string::npos);
+  std::ifstream in(json_path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const json::value j = json::parse(ss.str());
+  check_counts(j, 4);
+  CHECK(num(j, "outcomes.completed") == 4);
+  const json::value* same = j.find("compare_model") ? j.find("compare_model")->find("same_work") : nullptr;
+  REQUIRE(same != nullptr);
+  // The served prompts were 8..24 words: the in-process run prefills prompts of their mean length.
+  CHECK(num(*same, "prompt_tokens") >= 8);
+  REQUIRE(same->find("prefill_s") != nullptr);
+  CHECK(same->find("prefill_s")->num > 0.0);
+  CHECK(same->find("tokens_per_s")->num > 0.0);
+  CHECK(same->find("ratio")->num > 0.0);
+}

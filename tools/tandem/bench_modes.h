@@ -20,6 +20,11 @@ int bench_burst(args a);          ///< the overload incident: unbounded vs bound
 int bench_soak(args a);           ///< sustained overload: bounded RSS, mailboxes and answers (cmd_bench_soak.cpp)
 /// Batched decode tokens/s of `model` at `batch` with `context` tokens cached (bench model's loop).
 double bench_model_decode_tokens_per_s(const std::string& model, int32_t threads, int64_t batch, int64_t context);
+/// Seconds to prefill `seqs` prompts of `prompt` tokens in forward passes of at most
+/// `chunk_tokens` tokens, packed and split across passes as the prefill scheduler does
+/// (the fastest of 3 runs).
+double bench_model_prefill_s(const std::string& model, int32_t threads, int64_t seqs, int64_t prompt,
+                             int64_t chunk_tokens);
 
 /// The `p`-th percentile (0..100) of `v`, interpolated between the two nearest ranks; 0 if
 /// `v` is empty. Every benchmark reports latencies with this one definition.

@@ -174,6 +174,54 @@ double bench_model_decode_tokens_per_s(const std::string& path, int32_t threads,
   return run_decode(*model, {batch}, steps, context, 512, decode_ctx, rng).front().tokens_per_s;
 }
 
+double bench_model_prefill_s(const std::string& path, int32_t threads, int64_t seqs, int64_t prompt,
+                             int64_t chunk_tokens) {
+  if (seqs < 1 || prompt < 1 || chunk_tokens < 1)
+    throw tandem::error("prefill benchmark needs at least one sequence, one prompt token and one token per pass");
+  const gguf::file file = gguf::file::open(path);
+  cpu_options co;
+  co.threads = threads;
+  co.isa = cpu::resolve_isa(cpu_isa::best);
+  const auto model = llama_model::load(file, co);
+  const model_config& c = model->config();
+  if (c.n_ctx > 0 && prompt > c.n_ctx)
+    throw tandem::error(fmt::format("prompt of {} tokens exceeds the model's context {}", prompt, c.n_ctx));
+  const int32_t ps = 16;
+  const int64_t pages_per_seq = (prompt + ps - 1) / ps;
+  kv_pool pool(model->layout(ps), int32_t(pages_per_seq * seqs));
+  std::mt19937 rng(1);
+  std::uniform_int_distribution<int32_t> tok(1, c.n_vocab - 1);
+  std::vector<std::vector<int32_t>> toks(static_cast<size_t>(seqs)), pages(static_cast<size_t>(seqs));
+  for (int64_t s = 0; s < seqs; ++s) {
+    for (int64_t i = 0; i < prompt; ++i) toks[size_t(s)].push_back(tok(rng));
+    for (int64_t p = 0; p < pages_per_seq; ++p) pages[size_t(s)].push_back(int32_t(s * pages_per_seq + p));
+  }
+  std::vector<float> logits;
+  double best = 1e30;
+  for (int r = 0; r < 3; ++r) {
+    const double t0 = now_s();
+    int64_t s = 0, done = 0;  // next sequence and how many of its tokens are already in
+    while (s < seqs) {
+      std::vector<batch_seq> pass;
+      int64_t room = chunk_tokens;
+      while (s < seqs && room > 0) {
+        const int64_t n = std::min(room, prompt - done);
+        pass.push_back(batch_seq{.tokens = std::span<const int32_t>(toks[size_t(s)].data() + done, size_t(n)),
+                                 .pos = int32_t(done), .pages = pages[size_t(s)], .want_logits = done + n == prompt});
+        room -= n;
+        done += n;
+        if (done == prompt) {
+          ++s;
+          done = 0;
+        }
+      }
+      model->forward(pass, pool, logits);
+    }
+    best = std::min(best, now_s() - t0);
+  }
+  return best;
+}
+
 int bench_model(args a) {
   for (const std::string& s : a)
     if (s == "--null") {

@@ -36,6 +36,7 @@
 
 #include "actors/common/error.h"
 #include "actors/runtime/embedded_cluster.h"
+#include "actors/common/limits.h"
 #include "tools/tandem/bench_load.h"
 #include "tools/tandem/bench_modes.h"
 #include "tools/tandem/flags.h"
@@ -260,8 +261,8 @@ int bench_serve(args a) {
   const double out_tps = double(s.output_tokens) / s.active_s;
 
   // The same run's single-process decode at batch N, on a quiet machine: the server first.
-  double model_tps = 0;
-  int64_t model_ctx = 0;
+  double model_tps = 0, same_work_tps = 0, prefill_s = 0;
+  int64_t model_ctx = 0, prompt_tokens = 0;
   if (compare) {
     if (fe) fe->stop();
     if (fe_thread.joinable()) fe_thread.join();
@@ -269,6 +270,16 @@ int bench_serve(args a) {
     cluster.reset();
     model_ctx = (o.prompt_min + o.prompt_max) / 2 + o.max_tokens / 2;
     model_tps = bench_model_decode_tokens_per_s(model_path, int32_t(threads), o.concurrency, model_ctx);
+    // The same work in one process: N prompts of the served length, prefilled in the
+    // scheduler's chunks, then max_tokens decode steps at batch N. Served tokens/s over this
+    // is the runtime's overhead alone; the line above also charges it for the prefill.
+    prompt_tokens = s.prompt_reported > 0 ? std::llround(double(s.prompt_tokens) / double(s.prompt_reported)) : 0;
+    if (prompt_tokens > 0 && model_tps > 0) {
+      prefill_s = bench_model_prefill_s(model_path, int32_t(threads), o.concurrency, prompt_tokens,
+                                        limits{}.prefill_chunk_tokens);
+      const double out = double(o.concurrency * o.max_tokens);
+      same_work_tps = out / (prefill_s + out / model_tps);
+    }
   }
 
   const std::string mode = o.rate > 0 ? fmt::format("poisson {} req/s", o.rate)
@@ -305,6 +316,11 @@ int bench_serve(args a) {
   if (compare)
     std::printf("compare: served %.1f tokens/s / bench model decode batch %lld (ctx %lld) %.1f tokens/s = %.3f (goal >= 0.8)\n",
                 out_tps, (long long)o.concurrency, (long long)model_ctx, model_tps, model_tps > 0 ? out_tps / model_tps : 0.0);
+  if (compare && same_work_tps > 0)
+    std::printf("compare (same work): served %.1f tokens/s / in-process prefill of %lld x %lld-token prompts (%.2f s) + "
+                "%lld decode steps at batch %lld %.1f tokens/s = %.3f (goal >= 0.8)\n",
+                out_tps, (long long)o.concurrency, (long long)prompt_tokens, prefill_s, (long long)o.max_tokens,
+                (long long)o.concurrency, same_work_tps, out_tps / same_work_tps);
   if (compare && !s.itl.empty()) {
     // Without prefill and ramp: N streams each getting a token every median ITL.
     const double steady_tps = double(o.concurrency) / (percentile(s.itl, 50) / 1e3);
@@ -346,7 +362,10 @@ int bench_serve(args a) {
     if (compare) {
       w.key("compare_model").begin_object().key("batch").num(o.concurrency).key("context").num(model_ctx);
       w.key("decode_tokens_per_s").real(model_tps).key("served_tokens_per_s").real(out_tps);
-      w.key("ratio").real(model_tps > 0 ? out_tps / model_tps : 0.0).end_object();
+      w.key("ratio").real(model_tps > 0 ? out_tps / model_tps : 0.0);
+      w.key("same_work").begin_object().key("prompt_tokens").num(prompt_tokens).key("prefill_s").real(prefill_s);
+      w.key("tokens_per_s").real(same_work_tps).key("ratio").real(same_work_tps > 0 ? out_tps / same_work_tps : 0.0);
+      w.end_object().end_object();
     }
     w.key("records").begin_array();
     for (const record& r : recs) {
