@@ -746,9 +746,13 @@ void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n,
 }
 
 void rope(float* x, const int32_t* pos, int64_t rows, int n_heads, int head_dim, float freq_base) {
+  // The frequencies once per call, not once per row (the same doubles either way).
+  std::vector<double> freq(size_t(head_dim / 2));
+  for (int i = 0; i < head_dim / 2; ++i)
+    freq[size_t(i)] = std::pow(double(freq_base), -2.0 * i / double(head_dim));
   for (int64_t r = 0; r < rows; ++r) {
     for (int i = 0; i < head_dim / 2; ++i) {
-      const double theta = double(pos[r]) * std::pow(double(freq_base), -2.0 * i / double(head_dim));
+      const double theta = double(pos[r]) * freq[size_t(i)];
       const float c = float(std::cos(theta)), s = float(std::sin(theta));
       for (int h = 0; h < n_heads; ++h) {
         float* p = x + (r * n_heads + h) * head_dim + 2 * i;
@@ -802,6 +806,23 @@ TANDEM_AVX512 __m512 exp_fixed16(__m512 x) {
   return _mm512_mask_mov_ps(v, nan, x);
 }
 
+__attribute__((target("avx2,fma"))) __m256 exp_fixed8(__m256 x) {
+  const __m256 live = _mm256_cmp_ps(x, _mm256_set1_ps(exp_lo), _CMP_GE_OQ);
+  const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+  const __m256 n =
+      _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(log2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-ln2_hi), x);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(-ln2_lo), r);
+  const __m256 z = _mm256_mul_ps(r, r);
+  __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(exp_p[0]), r, _mm256_set1_ps(exp_p[1]));
+  for (int i = 2; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(exp_p[i]));
+  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, z, r), _mm256_set1_ps(1.0f));
+  // Dead lanes may hold any exponent here; the mask below zeroes them before use.
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256 v = _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), live);
+  return _mm256_blendv_ps(v, x, nan);
+}
+
 // The softmax sum: 8 double lanes, lane j adding elements j, j+8, j+16, ... in order, then
 // ((l0+l4)+(l1+l5))+((l2+l6)+(l3+l7)), then the n % 8 tail in order (both paths).
 double sum_tail(const float* x, size_t n8, size_t n, const double (&l)[8]) {
@@ -836,6 +857,33 @@ TANDEM_AVX512 void softmax_avx512(float* x, size_t n) {
   for (size_t i = n16; i < n; ++i) x[i] *= inv;
 }
 
+__attribute__((target("avx2,fma"))) void softmax_avx2(float* x, size_t n) {
+  const size_t n8 = n & ~size_t(7);
+  __m256 m = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  for (size_t i = 0; i < n8; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(x + i));
+  alignas(32) float mt[8];
+  _mm256_store_ps(mt, m);
+  float mx = mt[0];
+  for (int j = 1; j < 8; ++j) mx = std::max(mx, mt[j]);
+  for (size_t i = n8; i < n; ++i) mx = std::max(mx, x[i]);
+  const __m256 mv = _mm256_set1_ps(mx);
+  __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();  // lanes 0-3 and 4-7
+  for (size_t i = 0; i < n8; i += 8) {
+    const __m256 e = exp_fixed8(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
+    _mm256_storeu_ps(x + i, e);
+    lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+    hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+  }
+  for (size_t i = n8; i < n; ++i) x[i] = exp_fixed(x[i] - mx);
+  alignas(32) double l[8];
+  _mm256_store_pd(l, lo);
+  _mm256_store_pd(l + 4, hi);
+  const float inv = float(1.0 / sum_tail(x, n8, n, l));
+  const __m256 iv = _mm256_set1_ps(inv);
+  for (size_t i = 0; i < n8; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), iv));
+  for (size_t i = n8; i < n; ++i) x[i] *= inv;
+}
+
 void softmax_scalar(float* x, size_t n) {
   const float mx = *std::max_element(x, x + n);
   double l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -852,8 +900,11 @@ void softmax_scalar(float* x, size_t n) {
 
 void softmax(float* x, size_t n, cpu_isa isa) {
   if (n == 0) return;
-  if (resolve_isa(isa) == cpu_isa::avx512) return softmax_avx512(x, n);
-  softmax_scalar(x, n);
+  switch (resolve_isa(isa)) {
+    case cpu_isa::avx512: return softmax_avx512(x, n);
+    case cpu_isa::avx2: return softmax_avx2(x, n);
+    default: return softmax_scalar(x, n);
+  }
 }
 
 namespace {
@@ -883,12 +934,28 @@ TANDEM_AVX512 void swiglu_avx512(const float* gate, const float* up, float* out,
   for (; i < e; ++i) out[i] = swiglu_one(gate[i], up[i]);
 }
 
+__attribute__((target("avx2,fma"))) void swiglu_avx2(const float* gate, const float* up, float* out, int64_t b,
+                                                     int64_t e) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(int32_t(0x80000000u)));
+  int64_t i = b;
+  for (; i + 8 <= e; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 ex = exp_fixed8(_mm256_or_ps(g, sign));  // -|g|: the sign bit set
+    const __m256 pos = _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_GE_OQ);
+    const __m256 s = _mm256_div_ps(_mm256_blendv_ps(ex, one, pos), _mm256_add_ps(one, ex));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(g, s), _mm256_loadu_ps(up + i)));
+  }
+  for (; i < e; ++i) out[i] = swiglu_one(gate[i], up[i]);
+}
+
 }  // namespace
 
 void swiglu(const float* gate, const float* up, float* out, size_t n, thread_pool* pool, cpu_isa isa) {
-  const bool vec = resolve_isa(isa) == cpu_isa::avx512;
+  isa = resolve_isa(isa);
   auto run = [&](int64_t b, int64_t e) {
-    if (vec) return swiglu_avx512(gate, up, out, b, e);
+    if (isa == cpu_isa::avx512) return swiglu_avx512(gate, up, out, b, e);
+    if (isa == cpu_isa::avx2) return swiglu_avx2(gate, up, out, b, e);
     for (int64_t i = b; i < e; ++i) out[i] = swiglu_one(gate[i], up[i]);
   };
   if (pool == nullptr || pool->size() == 1 || n < (size_t(1) << 14)) return run(0, int64_t(n));
