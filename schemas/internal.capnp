@@ -172,6 +172,7 @@ struct AllocReply {
   pages @1 :List(Int32);
   error @2 :Error;
   free @3 :Int32;  # pages an allocation can have now: the free list plus evictable cached pages
+  total @4 :Int32; # pages in the pool (0 = not reported)
 }
 
 struct FreePages {

@@ -221,6 +221,7 @@ caf::result<wire> alloc_reply(cache_actor_t* self, schema::AllocRequest::Reader 
       // Cached pages no request uses are as good as free to an allocation (it evicts them);
       // reporting only the free list made a full prefix cache read as an exhausted pool.
       r.setFree(st.alloc->n_free() + st.alloc->n_evictable());
+      r.setTotal(st.alloc->n_pages());
     });
   };
   if (ops.empty()) return reply();

@@ -60,6 +60,11 @@ struct decode_state {
   int64_t transfers_done = 0, transfers_failed = 0, transfer_recomputes = 0;
   int64_t steps = 0, tokens = 0, preemptions = 0, joined = 0;
   int32_t pool_free_pages = -1;  ///< KV pages free at the last allocation reply (-1 = none yet)
+  int32_t pool_total_pages = 0;  ///< pages in the pool, from the allocation replies (0 = unknown)
+  /// The lone sequence here found no page while others (prefills, transfers) hold the rest:
+  /// allocation waits for a retry tick instead of failing it.
+  bool page_stall = false;
+  int64_t page_stalls = 0;
   uint64_t credit_seq = 0;
   int64_t last_credit_key[3] = {-2, -2, -2};
   int64_t credits_sent = 0;
@@ -398,6 +403,22 @@ void on_handoff(decode_actor_t* self, schema::KvHandoff::Reader h) {
 void preempt_or_fail(decode_actor_t* self) {
   auto& s = self->state;
   const size_t candidates = s.running.size() + s.waiting.size();
+  if (candidates == 1) {
+    // Alone here, but if it fits in the pool, the pages it lacks are held elsewhere (a
+    // prefill, a transfer): they come back, or arrive here as a sequence that can be
+    // preempted. Retry after opt.retry_ms rather than fail a request that fits (its deadline
+    // still bounds the wait). Only a sequence larger than the whole pool fails now.
+    const dseq& d = s.running.empty() ? s.waiting.front() : s.running.front();
+    const int64_t need = int64_t(d.pages.size()) + std::max(0, s.pages_needed(d));
+    if (s.pool_total_pages > 0 && need <= s.pool_total_pages) {
+      if (!s.page_stall) {
+        s.page_stall = true;
+        s.page_stalls += 1;
+        self->delayed_send(self, std::chrono::milliseconds(std::max(1, s.opt.retry_ms)), tick_atom::value);
+      }
+      return;
+    }
+  }
   // The youngest across running and waiting sequences.
   uint64_t best = 0;
   bool in_waiting = false;
@@ -555,7 +576,10 @@ void on_alloc(decode_actor_t* self, const wire& w,
   try {
     wire_reader rd(w);
     auto env = rd.root();
-    if (env.isAllocReply()) s.pool_free_pages = env.getAllocReply().getFree();
+    if (env.isAllocReply()) {
+      s.pool_free_pages = env.getAllocReply().getFree();
+      if (env.getAllocReply().getTotal() > 0) s.pool_total_pages = env.getAllocReply().getTotal();
+    }
     if (env.isAllocReply() && env.getAllocReply().getOk()) {
       pages = to_vector(env.getAllocReply().getPages());
       ok = true;
@@ -592,7 +616,7 @@ void pump(decode_actor_t* self) {
 
 void pump_once(decode_actor_t* self) {
   auto& s = self->state;
-  if (s.busy) return;
+  if (s.busy || s.page_stall) return;
   // Aborted sequences not in a batch leave now.
   for (auto it = s.running.begin(); it != s.running.end();) {
     if (it->aborted) {
@@ -836,6 +860,10 @@ caf::behavior decode_actor(decode_actor_t* self, scheduler_options opt, std::sha
           s.log->error("decode: malformed message: {}", e.getDescription().cStr());
         }
       },
+      [self](tick_atom) {
+        self->state.page_stall = false;
+        pump(self);
+      },
       [self](kv_atom, const wire& w) {
         try {
           on_kv_done(self, w);
@@ -858,6 +886,8 @@ caf::behavior decode_actor(decode_actor_t* self, scheduler_options opt, std::sha
             {"decode_tokens_total", "", double(s.tokens), "counter", "Tokens sampled by decode steps"},
             {"decode_preemptions_total", "", double(s.preemptions), "counter",
              "Sequences preempted on KV page exhaustion (requeued for recompute)"},
+            {"decode_page_stalls_total", "", double(s.page_stalls), "counter",
+             "Allocations retried later: the lone sequence fits the pool but others held the pages"},
             {"decode_kv_receiving_requests", "", double(s.receiving.size() + s.allocating.size()), "gauge",
              "Cross-node handoffs waiting for their KV pages (allocation or transfer)"},
             {"decode_kv_page_waiting_requests", "", double(s.page_waiting.size()), "gauge",
