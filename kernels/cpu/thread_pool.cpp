@@ -7,7 +7,7 @@
 namespace tandem::cpu {
 
 namespace {
-void chunk(int64_t n, int32_t parts, int32_t i, int64_t& b, int64_t& e) {
+void chunk(int64_t n, int64_t parts, int64_t i, int64_t& b, int64_t& e) {
   b = n * i / parts;
   e = n * (i + 1) / parts;
 }
@@ -62,14 +62,13 @@ void thread_pool::run_share(int32_t index, const std::function<void(int64_t, int
                             int64_t chunks, bool dynamic) {
   int64_t b, e;
   if (!dynamic) {
-    chunk(n, int32_t(chunks), index, b, e);
+    chunk(n, chunks, index, b, e);
     if (b < e) fn(b, e);
     return;
   }
   for (int64_t i = next_chunk_.fetch_add(1, std::memory_order_relaxed); i < chunks;
        i = next_chunk_.fetch_add(1, std::memory_order_relaxed)) {
-    b = n * i / chunks;
-    e = n * (i + 1) / chunks;
+    chunk(n, chunks, i, b, e);
     if (b < e) fn(b, e);
   }
 }

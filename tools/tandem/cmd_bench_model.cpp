@@ -158,14 +158,27 @@ std::vector<decode_result> run_decode(llama_model& model, const std::vector<int6
   return dec;
 }
 
+/// A model loaded for a benchmark, with the file whose mapping holds its weights.
+struct bench_model_file {
+  gguf::file file;
+  std::unique_ptr<llama_model> model;
+  cpu_isa isa = cpu_isa::best;  ///< the kernel path it runs (resolved)
+};
+
+bench_model_file load_bench_model(const std::string& path, int32_t threads, cpu_isa isa) {
+  bench_model_file m{gguf::file::open(path), nullptr, cpu::resolve_isa(isa)};
+  cpu_options co;
+  co.threads = threads;
+  co.isa = m.isa;
+  m.model = llama_model::load(m.file, co);
+  return m;
+}
+
 }  // namespace
 
 double bench_model_decode_tokens_per_s(const std::string& path, int32_t threads, int64_t batch, int64_t context) {
-  const gguf::file file = gguf::file::open(path);
-  cpu_options co;
-  co.threads = threads;
-  co.isa = cpu::resolve_isa(cpu_isa::best);
-  const auto model = llama_model::load(file, co);
+  const bench_model_file m = load_bench_model(path, threads, cpu_isa::best);
+  const auto& model = m.model;
   const int64_t steps = 16, decode_ctx = context + 2 + 3 * steps + 1;
   if (model->config().n_ctx > 0 && decode_ctx > model->config().n_ctx)
     throw tandem::error(fmt::format("decode context {} exceeds the model's context {}; use shorter prompts or outputs",
@@ -178,11 +191,8 @@ double bench_model_prefill_s(const std::string& path, int32_t threads, int64_t s
                              int64_t chunk_tokens) {
   if (seqs < 1 || prompt < 1 || chunk_tokens < 1)
     throw tandem::error("prefill benchmark needs at least one sequence, one prompt token and one token per pass");
-  const gguf::file file = gguf::file::open(path);
-  cpu_options co;
-  co.threads = threads;
-  co.isa = cpu::resolve_isa(cpu_isa::best);
-  const auto model = llama_model::load(file, co);
+  const bench_model_file m = load_bench_model(path, threads, cpu_isa::best);
+  const auto& model = m.model;
   const model_config& c = model->config();
   if (c.n_ctx > 0 && prompt > c.n_ctx)
     throw tandem::error(fmt::format("prompt of {} tokens exceeds the model's context {}", prompt, c.n_ctx));
@@ -257,13 +267,10 @@ int bench_model(args a) {
   const std::vector<int64_t> batches = parse_list(f.str("batches"), "batches");
   const bool json = f.on("json");
 
-  const gguf::file file = gguf::file::open(path);
-  cpu_options co;
-  co.threads = int32_t(threads);
-  co.isa = cpu::resolve_isa(cpu::parse_isa(f.str("isa")));
-  const auto model = llama_model::load(file, co);
+  const bench_model_file m = load_bench_model(path, int32_t(threads), cpu::parse_isa(f.str("isa")));
+  const auto& model = m.model;
   const model_config& c = model->config();
-  const model_cost cost = cost_of(file, c);
+  const model_cost cost = cost_of(m.file, c);
   const int32_t ps = 16;
   const int64_t warm = 2;
   const int64_t reps = 3;  // timed repetitions per batch size; the fastest counts (shared machines)
@@ -275,7 +282,7 @@ int bench_model(args a) {
   // Ceilings, measured now with the same thread count.
   cpu::thread_pool probe_pool(static_cast<int32_t>(threads));
   double bw = cpu::measure_read_bandwidth(probe_pool, size_t(bw_mb) << 20, 3);
-  double peak = cpu::measure_peak_fma(probe_pool, co.isa, 3);
+  double peak = cpu::measure_peak_fma(probe_pool, m.isa, 3);
   double roofline_step_s = double(cost.step_bytes) / bw;
 
   std::mt19937 rng(1);
@@ -308,7 +315,7 @@ int bench_model(args a) {
   // Ceilings again after the runs; the higher of the two counts, so load from other
   // processes during one probe cannot flatter the ratios.
   bw = std::max(bw, cpu::measure_read_bandwidth(probe_pool, size_t(bw_mb) << 20, 3));
-  const double peak2 = cpu::measure_peak_fma(probe_pool, co.isa, 3);
+  const double peak2 = cpu::measure_peak_fma(probe_pool, m.isa, 3);
   if (peak2 > peak) {
     for (auto& r : dec) r.of_peak *= peak / peak2;
     prefill_of_peak *= peak / peak2;
@@ -323,7 +330,7 @@ int bench_model(args a) {
     if (r.batch == 32) b32 = &r;
   }
 
-  const std::string isa_name(cpu::to_string(co.isa));
+  const std::string isa_name(cpu::to_string(m.isa));
   if (json) {
     std::string d;
     for (const auto& r : dec)
