@@ -11,7 +11,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <chrono>
+#include <filesystem>
 #include <thread>
 
 #include "tests/e2e/cluster_harness.h"
@@ -36,6 +38,7 @@ struct stream_result {
   bool framing_ok = false;
   std::string error_message;   ///< of the in-band error, or the error body of a refusal
   std::string raw;
+  std::string client_error;    ///< why the client's socket calls stopped, if not a complete response
   clk::time_point sent{}, first_byte{}, end{};
   /// Exactly one completion or one explicit error.
   bool ended_once() const {
@@ -50,7 +53,10 @@ stream_result stream(uint16_t port, const std::string& prompt, int32_t max_token
                      std::atomic<int>* started = nullptr) {
   stream_result r;
   int fd = test::connect_to(port);
-  if (fd < 0) return r;
+  if (fd < 0) {
+    r.client_error = std::string("connect: ") + std::strerror(errno);
+    return r;
+  }
   timeval tv{30, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   r.sent = clk::now();
@@ -59,8 +65,11 @@ stream_result stream(uint16_t port, const std::string& prompt, int32_t max_token
   char buf[16384];
   bool counted = false;
   while (!test::response_complete(raw)) {
-    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    if (n <= 0) break;
+    ssize_t n = test::recv_some(fd, buf, sizeof buf);
+    if (n <= 0) {
+      r.client_error = n == 0 ? std::string("recv: EOF") : std::string("recv: ") + std::strerror(errno);
+      break;
+    }
     if (raw.empty()) r.first_byte = clk::now();
     raw.append(buf, static_cast<size_t>(n));
     if (!counted && started && raw.find("data: ") != std::string::npos) {
@@ -96,6 +105,27 @@ stream_result stream(uint16_t port, const std::string& prompt, int32_t max_token
     if (c.find("finish_reason")->k == json::kind::string) ++r.finishes;
   }
   return r;
+}
+
+/// SIGSTOPs `pid` and waits until every thread of it is stopped: kill(2) returns before the
+/// signal is delivered, and on a loaded machine the process goes on running (serving, sending)
+/// for a while. False if it did not stop within 10 s.
+bool stop_process(pid_t pid) {
+  ::kill(pid, SIGSTOP);
+  const auto until = clk::now() + std::chrono::seconds(10);
+  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  while (clk::now() < until) {
+    bool all = true;
+    for (const auto& t : std::filesystem::directory_iterator(tasks)) {
+      const std::string stat = read_text((t.path() / "stat").string());
+      // pid (comm) state ...: comm may hold spaces and parentheses, the state follows the last ')'.
+      const auto close = stat.rfind(')');
+      if (close == std::string::npos || close + 2 >= stat.size() || stat[close + 2] != 'T') all = false;
+    }
+    if (all) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return false;
 }
 
 /// The value of `name{labels}` in a /metrics text (NaN if absent).
@@ -386,7 +416,7 @@ TEST_CASE("faults: SIGSTOP of the decode node ends its requests within 2 heartbe
     return started.load() == n && metric(m, "tandem_decode_running_requests") >= 1;
   });
   REQUIRE(started.load() == n);
-  ::kill(pd.decode().proc->pid(), SIGSTOP);
+  REQUIRE(stop_process(pd.decode().proc->pid()));
   const auto stopped_at = clk::now();
   for (auto& t : ts) t.join();
   const auto all_ended = clk::now();
@@ -436,7 +466,7 @@ TEST_CASE("faults: SIGSTOP of the prefill node ends the requests sent to it by t
   pd_cluster pd(model, dir.path, o);
   INFO(pd.logs());
   const double free_p = free_pages(pd.prefill()), free_d = free_pages(pd.decode());
-  ::kill(pd.prefill().proc->pid(), SIGSTOP);
+  REQUIRE(stop_process(pd.prefill().proc->pid()));
   const int n = 4;
   std::vector<stream_result> got(n);
   std::vector<std::thread> ts;
@@ -446,7 +476,7 @@ TEST_CASE("faults: SIGSTOP of the prefill node ends the requests sent to it by t
   int64_t worst_ms = 0;
   for (int i = 0; i < n; ++i) {
     const auto& r = got[size_t(i)];
-    INFO("stream " << i << ": " << r.raw);
+    INFO("stream " << i << ": " << r.raw << " (client: " << r.client_error << ")");
     CHECK(r.ended_once());
     CHECK(r.status == 504);  // nothing streamed yet: the timeout is the response's status
     CHECK(r.error_message.find("request_timeout_ms = 1500") != std::string::npos);
@@ -515,7 +545,7 @@ TEST_CASE("faults: an SSE client that stops reading is cut off at the backlog bo
   std::string head;
   char buf[512];
   while (head.find("data: ") == std::string::npos) {
-    ssize_t n = ::recv(slow, buf, sizeof buf, 0);
+    ssize_t n = test::recv_some(slow, buf, sizeof buf);
     REQUIRE(n > 0);
     head.append(buf, static_cast<size_t>(n));
   }
@@ -546,7 +576,7 @@ TEST_CASE("faults: an SSE client that stops reading is cut off at the backlog bo
   // Reading on, the slow client gets what the sockets held, then the end: no [DONE].
   std::string rest = head;
   while (true) {
-    ssize_t n = ::recv(slow, buf, sizeof buf, 0);
+    ssize_t n = test::recv_some(slow, buf, sizeof buf);
     if (n <= 0) break;
     rest.append(buf, static_cast<size_t>(n));
   }

@@ -132,7 +132,7 @@ TEST_CASE("pd: 200 requests aborted at random points leave every node's KV pool 
         char buf[4096];
         bool closed_early = true;
         while (got < pl.hangup_after) {
-          ssize_t n = ::recv(fd, buf, std::min(sizeof buf, pl.hangup_after - got), 0);
+          ssize_t n = test::recv_some(fd, buf, std::min(sizeof buf, pl.hangup_after - got));
           if (n <= 0) {
             closed_early = false;
             break;

@@ -131,7 +131,7 @@ TEST_CASE("pd multi: two prefill and two decode nodes each serve, byte for byte,
         size_t got_bytes = 0;
         char buf[4096];
         while (got_bytes < after) {
-          ssize_t k = ::recv(fd, buf, std::min(sizeof buf, after - got_bytes), 0);
+          ssize_t k = test::recv_some(fd, buf, std::min(sizeof buf, after - got_bytes));
           if (k <= 0) break;
           got_bytes += size_t(k);
         }

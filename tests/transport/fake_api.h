@@ -4,11 +4,13 @@
 // running the front ends on a background thread and a blocking HTTP client.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -305,16 +307,39 @@ inline int connect_to(uint16_t port) {
   a.sin_port = htons(port);
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return -1;
+    // An interrupted connect goes on in the background: wait for its outcome.
+    int err = errno;
+    if (err == EINTR) {
+      pollfd p{fd, POLLOUT, 0};
+      while (::poll(&p, 1, 10000) < 0 && errno == EINTR) {
+      }
+      socklen_t len = sizeof err;
+      if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+    }
+    if (err != 0) {
+      ::close(fd);
+      errno = err;
+      return -1;
+    }
   }
   return fd;
+}
+
+/// recv(2) that retries EINTR. A socket with SO_RCVTIMEO fails a blocked recv with EINTR
+/// whenever a signal is handled, even one whose handler has SA_RESTART (socket(7)); the
+/// fault tests signal other processes while client threads read.
+inline ssize_t recv_some(int fd, char* buf, size_t len, int flags = 0) {
+  while (true) {
+    ssize_t n = ::recv(fd, buf, len, flags);
+    if (n >= 0 || errno != EINTR) return n;
+  }
 }
 
 inline void send_all(int fd, const std::string& s) {
   size_t off = 0;
   while (off < s.size()) {
     ssize_t n = ::send(fd, s.data() + off, s.size() - off, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return;
     off += static_cast<size_t>(n);
   }
@@ -375,7 +400,7 @@ inline http_response http_exchange(uint16_t port, const std::string& raw_request
   char buf[65536];
   // kj-http keeps the connection open for pipelining, so stop at the end of the response.
   while (!response_complete(raw)) {
-    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    ssize_t n = recv_some(fd, buf, sizeof buf);
     if (n <= 0) break;
     raw.append(buf, static_cast<size_t>(n));
   }

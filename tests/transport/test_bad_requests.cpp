@@ -114,7 +114,7 @@ std::string read_until_close(int fd, bool& closed) {
   char buf[4096];
   closed = false;
   for (;;) {
-    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    ssize_t n = test::recv_some(fd, buf, sizeof buf);
     if (n == 0 || (n < 0 && errno == ECONNRESET)) {
       closed = true;
       break;
@@ -166,7 +166,7 @@ TEST_CASE("bad requests: a body dribbled slower than limits.http_body_timeout_ms
   std::string raw;
   char buf[4096];
   while (!response_complete(raw)) {
-    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    ssize_t n = test::recv_some(fd, buf, sizeof buf);
     if (n <= 0) break;
     raw.append(buf, static_cast<size_t>(n));
   }

@@ -359,7 +359,7 @@ TEST_CASE("http: a client that disconnects mid-request gets its request aborted"
       std::string got;
       char buf[4096];
       while (got.find("data: ") == std::string::npos) {
-        ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+        ssize_t n = test::recv_some(fd, buf, sizeof buf);
         REQUIRE(n > 0);
         got.append(buf, static_cast<size_t>(n));
       }
