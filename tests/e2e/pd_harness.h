@@ -89,6 +89,7 @@ struct pd_cluster {
     // All three start at once: each waits (with a deadline) for the others' ingress.
     for (auto& n : nodes) spawn(n);
     for (auto& n : nodes) wait_listening(n);
+    for (auto& n : nodes) wait_links_up(n);
   }
   node_proc& router() { return nodes[0]; }
   node_proc& prefill() { return nodes[1]; }
@@ -118,6 +119,24 @@ struct pd_cluster {
     n.proc = std::make_unique<child>(
         std::vector<std::string>{TANDEM_BINARY, "serve", "--config", config, "--node", n.name, "--log-level", "info"},
         n.env, n.log);
+  }
+  /// Waits until `n` reaches every peer. Nodes that dial each other at the same moment can
+  /// lose the link both opened (the node redials it within redial_first_ms); a test that
+  /// starts in that window sees its first requests refused as "not reachable".
+  void wait_links_up(node_proc& n) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    std::string down;
+    while (true) {
+      std::istringstream in(test::get(n.http, "/metrics").body);
+      std::string line;
+      down.clear();
+      while (std::getline(in, line))
+        if (line.rfind("tandem_remote_node_up{", 0) == 0 && line.substr(line.rfind(' ') + 1) != "1") down += line + "\n";
+      if (down.empty()) return;
+      if (std::chrono::steady_clock::now() >= until)
+        throw std::runtime_error("node " + n.name + " did not reach its peers:\n" + down + read_text(n.log));
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling a condition, with a deadline
+    }
   }
   void wait_listening(node_proc& n) {
     int seen = 0;
