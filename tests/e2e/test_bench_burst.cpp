@@ -16,7 +16,7 @@ TEST_CASE("bench burst: one run, both clusters, every JSON field, no request wit
   const std::string model = write_micro_model(dir.path);
   const std::string json_path = (dir.path / "burst.json").string();
   child c({TANDEM_BINARY, "bench", "burst", "--model", model, "--capacity-s", "0.3", "--load-s", "0.3", "--burst-s",
-           "0.3", "--max-tokens", "4", "--prompt-tokens", "16", "--json", json_path},
+           "0.3", "--max-tokens", "4", "--prompt-tokens", "16", "--prefill-chunk-tokens", "64", "--json", json_path},
           {}, (dir.path / "bench.log").string());
   const std::string out = c.read_all(std::chrono::seconds(120));
   INFO("stdout:\n" << out);
@@ -27,6 +27,8 @@ TEST_CASE("bench burst: one run, both clusters, every JSON field, no request wit
   ss << in.rdbuf();
   auto j = json::parse(ss.str());
   REQUIRE(j.find("capacity_rps"));
+  REQUIRE(j.find("prefill_chunk_tokens"));
+  CHECK(j.find("prefill_chunk_tokens")->i == 64);  // both clusters ran with the flag's step size
   CHECK(j.find("capacity_rps")->num > 0);
   const json::value* clusters = j.find("clusters");
   REQUIRE(clusters);

@@ -210,6 +210,7 @@ int bench_burst(args a) {
   f.opt("model", "GGUF model file (required; tandem make-model writes a small one)")
       .opt("threads", "kernel threads of each cluster's worker", "1")
       .opt("max-running-seqs", "decode batch size of both clusters", "8")
+      .opt("prefill-chunk-tokens", "prompt tokens per prefill step of both clusters (0 = limits' default)", "0")
       .opt("prompt-tokens", "prompt length in words (~tokens)", "64")
       .opt("max-tokens", "output tokens per request", "16")
       .opt("capacity-s", "closed-loop capacity measurement (seconds)", "4")
@@ -233,6 +234,8 @@ int bench_burst(args a) {
   const int64_t threads = f.num("threads"), running = f.num("max-running-seqs");
   if (threads < 1 || threads > 1024) throw tandem::error("--threads must be in [1, 1024]");
   if (running < 1 || running > 4096) throw tandem::error("--max-running-seqs must be in [1, 4096]");
+  const int64_t chunk = f.num("prefill-chunk-tokens");
+  if (chunk < 0 || chunk > (1 << 20)) throw tandem::error("--prefill-chunk-tokens must be in [0, 1048576]");
   options o;
   o.prompt_min = o.prompt_max = f.num("prompt-tokens");
   o.max_tokens = f.num("max-tokens");
@@ -250,6 +253,7 @@ int bench_burst(args a) {
   base.log_level = "error";
   base.lim.threads = int32_t(threads);
   base.lim.max_running_seqs = int32_t(running);
+  if (chunk > 0) base.lim.prefill_chunk_tokens = int32_t(chunk);
   // (a) Unbounded: every admission bound out of the way (the incident's configuration).
   cluster_options unbounded = base;
   unbounded.lim.max_queued_requests = std::numeric_limits<int32_t>::max() / 2;
@@ -316,8 +320,10 @@ int bench_burst(args a) {
     capacity = double(done) / s.active_s;
     if (!(capacity > 0)) throw tandem::error("capacity measurement completed no request; raise --capacity-s");
   }
-  std::printf("tandem bench burst: %s, prompts %lld words, %lld output tokens, decode batch %lld\n", model.c_str(),
-              (long long)o.prompt_min, (long long)o.max_tokens, (long long)running);
+  std::printf("tandem bench burst: %s, prompts %lld words, %lld output tokens, decode batch %lld, prefill steps of "
+              "%d tokens\n",
+              model.c_str(), (long long)o.prompt_min, (long long)o.max_tokens, (long long)running,
+              base.lim.prefill_chunk_tokens);
   std::printf("capacity (closed loop, %lld streams, %.1f s): %.2f req/s\n", (long long)running, cap_s, capacity);
   results[0].load = run_phase("load_0_8x", o, 0.8 * capacity, load_s, phase_kind::load);
   if (queue_wait_ms == 0) {
@@ -396,7 +402,8 @@ int bench_burst(args a) {
   if (f.has("json")) {
     json::writer w;
     w.begin_object().key("model").str(model).key("prompt_tokens").num(o.prompt_min).key("max_tokens").num(o.max_tokens);
-    w.key("max_running_seqs").num(running).key("capacity_rps").real(capacity);
+    w.key("max_running_seqs").num(running).key("prefill_chunk_tokens").num(base.lim.prefill_chunk_tokens);
+    w.key("capacity_rps").real(capacity);
     w.key("clusters").begin_object();
     for (const auto& r : results) {
       w.key(r.name).begin_object();
