@@ -62,4 +62,7 @@ TEST_CASE("bench burst: one run, both clusters, every JSON field, no request wit
                         "queue_within_bound", "without_final_answer"})
     CHECK_MESSAGE(goal->find(k), "missing " << k);
   CHECK(goal->find("without_final_answer")->i == 0);
+  REQUIRE(j.find("calibration_p99_ratio"));
+  CHECK(j.find("calibration_p99_ratio")->num >= 0);  // 0 only if the bounded 0.8x run completed nothing
+  CHECK(out.find("calibration: max_queue_wait_ms") != std::string::npos);
 }

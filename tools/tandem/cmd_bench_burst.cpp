@@ -398,6 +398,17 @@ int bench_burst(args a) {
               (long long)without, without == 0 ? "met" : "MISSED");
   std::printf("goal: bounded refusals at 0.8x load <= %.0f%%: %.2f%% (%zu of %lld) %s\n", kMaxLoadRefusedPct,
               load_refused_pct, b.load.s.reject.size(), (long long)b.load.s.sent, load_ok ? "met" : "MISSED");
+  // The bound is calibrated on the unbounded cluster's 0.8x run and judged against the bounded
+  // cluster's own, measured a minute later. On a shared machine the two p99s differ by up to
+  // 2x; across 35 runs of tiny-15m every run with unbounded/bounded >= 1.1 missed the TTFT goal
+  // (the bound was loose for the bounded cluster's pace), so the line says which case a run is.
+  const double calib = percentile(b.load.s.ttft, 99) > 0
+                           ? percentile(results[0].load.s.ttft, 99) / percentile(b.load.s.ttft, 99)
+                           : 0;
+  std::printf("calibration: max_queue_wait_ms %.0f from the unbounded cluster's 0.8x p99 %.1f ms; the bounded "
+              "cluster's own 0.8x p99 %.1f ms (unbounded/bounded %.2f; far from 1 = the machine's pace moved "
+              "between the runs)\n",
+              b.queue_wait_ms, percentile(results[0].load.s.ttft, 99), percentile(b.load.s.ttft, 99), calib);
 
   if (f.has("json")) {
     json::writer w;
@@ -416,6 +427,7 @@ int bench_burst(args a) {
       w.end_object();
     }
     w.end_object();
+    w.key("calibration_p99_ratio").real(calib);
     w.key("goal").begin_object().key("ttft_ratio").real(b.ratio()).key("ttft_ratio_max").real(1.5);
     w.key("ttft_met").boolean(ttft_ok).key("rejection_p99_ms").real(rej_p99).key("rejection_p99_ms_max").real(50);
     w.key("rejection_met").boolean(rej_ok).key("queue_within_bound").boolean(queue_ok);
