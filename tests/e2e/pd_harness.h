@@ -43,6 +43,34 @@ struct node_proc {
   std::unique_ptr<child> proc;
 };
 
+/// The value of an unlabelled metric in a /metrics text (NaN if absent).
+inline double metric(const std::string& text, const std::string& name) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
+  }
+  return std::nan("");
+}
+
+/// A role's gauge is 0, or the node does not run the role (a prefill node renders no decode gauges).
+inline bool zero_or_absent(const std::string& text, const std::string& name) {
+  const double v = metric(text, name);
+  return std::isnan(v) || v == 0;
+}
+
+/// Polls /metrics of `port` until `ok(text)` holds or the deadline passes; the last text.
+inline std::string wait_metrics(uint16_t port, const std::function<bool(const std::string&)>& ok,
+                                std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  std::string text;
+  while (true) {
+    text = test::get(port, "/metrics").body;
+    if (ok(text) || std::chrono::steady_clock::now() >= until) return text;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling a condition, with a deadline
+  }
+}
+
 /// What a pd_cluster's config and processes get beyond the defaults.
 struct pd_options {
   std::string policy = "fail";        ///< [transfer] failure_policy
@@ -124,19 +152,15 @@ struct pd_cluster {
   /// lose the link both opened (the node redials it within redial_first_ms); a test that
   /// starts in that window sees its first requests refused as "not reachable".
   void wait_links_up(node_proc& n) {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    std::string down;
-    while (true) {
-      std::istringstream in(test::get(n.http, "/metrics").body);
-      std::string line;
-      down.clear();
+    auto down = [](const std::string& m) {
+      std::istringstream in(m);
+      std::string line, out;
       while (std::getline(in, line))
-        if (line.rfind("tandem_remote_node_up{", 0) == 0 && line.substr(line.rfind(' ') + 1) != "1") down += line + "\n";
-      if (down.empty()) return;
-      if (std::chrono::steady_clock::now() >= until)
-        throw std::runtime_error("node " + n.name + " did not reach its peers:\n" + down + read_text(n.log));
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling a condition, with a deadline
-    }
+        if (line.rfind("tandem_remote_node_up{", 0) == 0 && line.substr(line.rfind(' ') + 1) != "1") out += line + "\n";
+      return out;
+    };
+    const std::string left = down(wait_metrics(n.http, [&](const std::string& m) { return down(m).empty(); }));
+    if (!left.empty()) throw std::runtime_error("node " + n.name + " did not reach its peers:\n" + left + read_text(n.log));
   }
   void wait_listening(node_proc& n) {
     int seen = 0;
@@ -176,34 +200,6 @@ inline completion complete(uint16_t port, const std::string& prompt, int32_t max
   c.text = choice.find("text")->s;
   c.finish_reason = choice.find("finish_reason")->s;
   return c;
-}
-
-/// The value of an unlabelled metric in a /metrics text (NaN if absent).
-inline double metric(const std::string& text, const std::string& name) {
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
-  }
-  return std::nan("");
-}
-
-/// A role's gauge is 0, or the node does not run the role (a prefill node renders no decode gauges).
-inline bool zero_or_absent(const std::string& text, const std::string& name) {
-  const double v = metric(text, name);
-  return std::isnan(v) || v == 0;
-}
-
-/// Polls /metrics of `port` until `ok(text)` holds or the deadline passes; the last text.
-inline std::string wait_metrics(uint16_t port, const std::function<bool(const std::string&)>& ok,
-                                std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
-  const auto until = std::chrono::steady_clock::now() + timeout;
-  std::string text;
-  while (true) {
-    text = test::get(port, "/metrics").body;
-    if (ok(text) || std::chrono::steady_clock::now() >= until) return text;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling a condition, with a deadline
-  }
 }
 
 /// A worker node's pool is whole: every page free, no transfer live or quarantined, no send

@@ -402,13 +402,12 @@ int bench_burst(args a) {
   // cluster's own, measured a minute later. On a shared machine the two p99s differ by up to
   // 2x; across 35 runs of tiny-15m every run with unbounded/bounded >= 1.1 missed the TTFT goal
   // (the bound was loose for the bounded cluster's pace), so the line says which case a run is.
-  const double calib = percentile(b.load.s.ttft, 99) > 0
-                           ? percentile(results[0].load.s.ttft, 99) / percentile(b.load.s.ttft, 99)
-                           : 0;
+  const double u_load_p99 = percentile(results[0].load.s.ttft, 99), b_load_p99 = percentile(b.load.s.ttft, 99);
+  const double calib = b_load_p99 > 0 ? u_load_p99 / b_load_p99 : 0;
   std::printf("calibration: max_queue_wait_ms %.0f from the unbounded cluster's 0.8x p99 %.1f ms; the bounded "
               "cluster's own 0.8x p99 %.1f ms (unbounded/bounded %.2f; far from 1 = the machine's pace moved "
               "between the runs)\n",
-              b.queue_wait_ms, percentile(results[0].load.s.ttft, 99), percentile(b.load.s.ttft, 99), calib);
+              b.queue_wait_ms, u_load_p99, b_load_p99, calib);
 
   if (f.has("json")) {
     json::writer w;

@@ -35,8 +35,8 @@
 #include <vector>
 
 #include "actors/common/error.h"
-#include "actors/runtime/embedded_cluster.h"
 #include "actors/common/limits.h"
+#include "actors/runtime/embedded_cluster.h"
 #include "tools/tandem/bench_load.h"
 #include "tools/tandem/bench_modes.h"
 #include "tools/tandem/flags.h"
