@@ -253,7 +253,7 @@ struct Credit {
   target @0 :Text;            # "node/prefill" or "node/decode"
   role @1 :Text;              # "prefill" or "decode"
   seq @2 :UInt64;             # increases with every credit of the target
-  received @3 :UInt64;        # submissions the prefill scheduler has taken off its mailbox (admitted or refused)
+  received @3 :UInt64;        # prefill: submissions taken off its mailbox (admitted or refused); decode: handoffs taken from its own node's prefill
   queuedRequests @4 :Int32;   # prefill: requests waiting
   queuedTokens @5 :Int64;     # prefill: prompt tokens waiting (and being prefilled)
   freeRequests @6 :Int32;     # prefill: max_queued_requests - queuedRequests

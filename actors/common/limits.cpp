@@ -59,6 +59,10 @@ std::string limits::validate() const {
                          {"router_max_retries", router_max_retries},
                          {"router_max_migrations", router_max_migrations}})
     if (v < 0) return fmt::format("limits.{} = {} must be >= 0 (0 = off)", name, v);
+  if (prefill_pause_decode_waiting_seqs < -1)
+    return fmt::format("limits.prefill_pause_decode_waiting_seqs = {} must be >= -1 (-1 = never pause, 0 = "
+                       "max_running_seqs)",
+                       prefill_pause_decode_waiting_seqs);
   if (max_decode_waiting_seqs < -1)
     return fmt::format("limits.max_decode_waiting_seqs = {} must be >= -1 (-1 = off, 0 = twice the decode batch size)",
                        max_decode_waiting_seqs);

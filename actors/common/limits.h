@@ -35,6 +35,14 @@ struct limits {
   /// decode target's batch: a burst then cannot build a decode backlog that every admitted
   /// request sits behind. 0 = twice the target's max_running_seqs (two batches waiting); -1 = off.
   int32_t max_decode_waiting_seqs = 0;
+  /// Prefill and decode on one worker (both roles on a node): the prefill scheduler starts no
+  /// step while the decode scheduler has a running batch and this many sequences waiting for
+  /// a slot in it. Alternating one step each, a 256-token prefill step (~70 ms on tiny-15m)
+  /// against a 5 ms decode step gave decode ~7% of the worker in a burst: prefill handed off
+  /// sequences faster than decode finished them, and the backlog was refused as decode_queue
+  /// even at 0.8x load. Pausing slows the prefill drain instead, which the router's wait
+  /// estimate measures. 0 = max_running_seqs (one full batch waiting); -1 = never pause.
+  int32_t prefill_pause_decode_waiting_seqs = 0;
 
   // --- routing
   int32_t router_max_retries = 2;        ///< re-routes of a request refused (overloaded/disconnected) before its first token

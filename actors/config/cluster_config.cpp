@@ -302,6 +302,8 @@ const std::vector<i32_field>& limits_i32_fields() {
       {"router_max_migrations", &limits::router_max_migrations, 0, "use e.g. 2 (0 = never move a stream)"},
       {"max_decode_waiting_seqs", &limits::max_decode_waiting_seqs, -1,
        "use 0 (= twice the decode batch size), a count, or -1 (off)"},
+      {"prefill_pause_decode_waiting_seqs", &limits::prefill_pause_decode_waiting_seqs, -1,
+       "use 0 (= the decode batch size), a count, or -1 (never pause prefill for decode)"},
       {"threads", &limits::threads, 1, "use the number of cores to compute on"},
       {"scheduler_threads", &limits::scheduler_threads, 1, "use 2 or more"},
   };

@@ -68,6 +68,9 @@ struct decode_state {
   uint64_t credit_seq = 0;
   int64_t last_credit_key[3] = {-2, -2, -2};
   int64_t credits_sent = 0;
+  int64_t waiting_high_water = 0;
+  uint64_t local_handoffs = 0;         ///< handoffs taken from this node's prefill (no transfer)
+  uint64_t prefill_told_handoffs = 0;  ///< local_handoffs as last sent to that prefill  ///< most sequences ever waiting for a batch slot (seen at a credit)
   std::unordered_map<std::string, int64_t> rejected;
   /// The last `handoff_window` handoffs taken ("node/seq"), to recognize a link's late copies.
   static constexpr size_t handoff_window = 4096;
@@ -111,24 +114,38 @@ struct decode_state {
   }
   /// Sends the router a credit if the batch, the waiting list or the free pages changed
   /// (or `force`: a heartbeat answer).
+  /// The same credit goes to the prefill scheduler sharing this node's worker, which pauses
+  /// while decode is backed up (limits.prefill_pause_decode_waiting_seqs).
   void send_credit(bool force) {
-    if (!peers.router) return;
+    waiting_high_water = std::max<int64_t>(waiting_high_water, int64_t(waiting.size() + page_waiting.size()));
+    const bool to_prefill = opt.shares_worker && peers.prefill;
+    if (!peers.router && !to_prefill) return;
     const int64_t key[3] = {int64_t(running.size()), int64_t(waiting.size() + page_waiting.size()),
                             pool_free_pages};
-    if (!force && std::equal(key, key + 3, last_credit_key)) return;
+    const bool changed = force || !std::equal(key, key + 3, last_credit_key);
+    if (!changed && !(to_prefill && prefill_told_handoffs != local_handoffs)) return;
     std::copy(key, key + 3, last_credit_key);
     credits_sent += 1;
-    peers.router.gate->enter_control();
-    caf::anon_send(peers.router.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
-                     auto c = env.initCredit();
-                     c.setTarget(opt.node + "/decode");
-                     c.setRole("decode");
-                     c.setSeq(++credit_seq);
-                     c.setFreePages(pool_free_pages);
-                     c.setRunningSeqs(static_cast<int32_t>(running.size()));
-                     c.setWaitingSeqs(static_cast<int32_t>(waiting.size() + page_waiting.size()));
-                     c.setMaxRunningSeqs(opt.lim.max_running_seqs);
-                   }));
+    auto w = make_wire([&](schema::Envelope::Builder env) {
+      auto c = env.initCredit();
+      c.setTarget(opt.node + "/decode");
+      c.setRole("decode");
+      c.setSeq(++credit_seq);
+      c.setFreePages(pool_free_pages);
+      c.setRunningSeqs(static_cast<int32_t>(running.size()));
+      c.setWaitingSeqs(static_cast<int32_t>(waiting.size() + page_waiting.size()));
+      c.setMaxRunningSeqs(opt.lim.max_running_seqs);
+      c.setReceived(local_handoffs);
+    });
+    if (to_prefill) {
+      prefill_told_handoffs = local_handoffs;
+      peers.prefill.gate->enter_control();
+      caf::anon_send(peers.prefill.handle, wire_atom::value, w);
+    }
+    if (peers.router && changed) {
+      peers.router.gate->enter_control();
+      caf::anon_send(peers.router.handle, wire_atom::value, std::move(w));
+    }
   }
   dseq* find(const std::string& id) {
     for (auto& d : running)
@@ -844,8 +861,13 @@ caf::behavior decode_actor(decode_actor_t* self, scheduler_options opt, std::sha
         try {
           wire_reader rd(w);
           auto env = rd.root();
-          if (env.isHandoff())
+          if (env.isHandoff()) {
+            // The prefill scheduler sharing the worker counts this handoff as on its way
+            // until a credit counts it taken, changed or not (a refused one changes nothing).
+            if (env.getHandoff().getTransferId() == 0) s.local_handoffs += 1;
             on_handoff(self, env.getHandoff());
+            s.send_credit(false);
+          }
           else if (env.isSubmit())
             on_local_submit(self, seq_request::read(env.getSubmit()));
           else if (env.isAbort())
@@ -882,6 +904,8 @@ caf::behavior decode_actor(decode_actor_t* self, scheduler_options opt, std::sha
              "limits.max_running_seqs"},
             {"decode_waiting_requests", "", double(s.waiting.size()), "gauge",
              "Handed-off sequences waiting for a batch slot"},
+            {"decode_waiting_requests_high_water", "", double(s.waiting_high_water), "gauge",
+             "Most sequences ever waiting for a decode batch slot (limits.max_decode_waiting_seqs refuses beyond)"},
             {"decode_steps_total", "", double(s.steps), "counter", "Decode forward steps"},
             {"decode_tokens_total", "", double(s.tokens), "counter", "Tokens sampled by decode steps"},
             {"decode_preemptions_total", "", double(s.preemptions), "counter",

@@ -76,7 +76,29 @@ struct prefill_state {
   int32_t queued_requests_high_water = 0;
   int64_t credits_sent = 0;
   std::unordered_map<std::string, int64_t> rejected;
+  // --- the decode scheduler sharing the worker (opt.shares_worker), from its credits
+  int32_t decode_running = 0, decode_waiting = 0, decode_max_running = 0;
+  uint64_t local_handoffs = 0;          ///< handed to this node's decode scheduler (no transfer)
+  uint64_t decode_took_handoffs = 0;    ///< of those, taken as of its last credit
+  /// Handoffs on their way to decode: not in decode_waiting yet (the credit counts exactly
+  /// which it has taken, so a credit sent before a step's handoffs arrived undercounts nothing).
+  int64_t handoffs_in_transit() const { return int64_t(local_handoffs - std::min(decode_took_handoffs, local_handoffs)); }
+  bool paused = false;            ///< a step was due but decode is backed up
+  int64_t pause_start_ms = 0;
+  int64_t pauses = 0, paused_ms = 0;
   static inline const char* name = "prefill";
+
+  /// Decode, on the same worker, has a running batch and a full batch waiting for a slot:
+  /// another prefill step would only add to that backlog and take the worker from it.
+  bool decode_backed_up() const {
+    const int32_t bound = opt.lim.prefill_pause_decode_waiting_seqs;
+    // An idle decode batch uses no worker time: nothing to yield to (and sequences waiting
+    // there for pages must not wait on prefill's). Handoffs on their way will join the batch.
+    const int64_t transit = handoffs_in_transit();
+    if (!opt.shares_worker || bound < 0 || decode_running + transit <= 0) return false;
+    const int32_t at = bound > 0 ? bound : (decode_max_running > 0 ? decode_max_running : opt.lim.max_running_seqs);
+    return decode_waiting + transit >= std::max(at, 1);
+  }
 
   int32_t page_size() const { return opt.layout.page_size; }
 
@@ -113,7 +135,10 @@ struct prefill_state {
 
   /// Tells the drain meter the state the scheduler is in from now on (see drain_meter.h).
   void observe_drain() {
-    const auto st = drain_state(!waiting.empty(), queued_tokens + active_tokens(), acquiring || !active.empty(),
+    // A step held for decode (paused) is a queue too: its sequences wait, and the rate the
+    // router estimates waits from must count that time even when nothing else is waiting.
+    const auto st = drain_state(!waiting.empty() || (paused && !active.empty()), queued_tokens + active_tokens(),
+                                acquiring || !active.empty(),
                                 opt.lim.prefill_chunk_tokens);
     drain.observe(clk->now_ms(), st, drain_pending_tokens);
     drain_pending_tokens = 0;
@@ -309,6 +334,7 @@ void finish_prefill(prefill_actor_t* self, pseq& q, int32_t token) {
                  fill_list([&](unsigned n) { return o.initPages(n); }, q.pages);
                }));
   }
+  if (tid == 0) s.local_handoffs += 1;
   self->send(s.peers.decode.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
                auto h = env.initHandoff();
                h.setHandoffSeq(s.next_handoff++);
@@ -481,7 +507,18 @@ void pump(prefill_actor_t* self) {
               });
     }
   }
-  if (!s.busy && !s.active.empty()) start_batch(self);
+  if (!s.busy && !s.active.empty()) {
+    const bool hold = s.decode_backed_up();
+    if (hold && !s.paused) {
+      s.paused = true;
+      s.pauses += 1;
+      s.pause_start_ms = s.clk->now_ms();
+    } else if (!hold && s.paused) {
+      s.paused = false;
+      s.paused_ms += s.clk->now_ms() - s.pause_start_ms;
+    }
+    if (!hold) start_batch(self);
+  }
   s.observe_drain();
   s.send_credit(false);
 }
@@ -557,7 +594,15 @@ caf::behavior prefill_actor(prefill_actor_t* self, scheduler_options opt, std::s
             on_abort(self, env.getAbort().getId().cStr(), env.getAbort().getHops());
           else if (env.isCreditQuery())
             s.send_credit(true);
-          else
+          else if (env.isCredit() && env.getCredit().getRole() == "decode") {
+            // The decode scheduler on this worker: a step held back for it may go now.
+            auto c = env.getCredit();
+            s.decode_running = c.getRunningSeqs();
+            s.decode_waiting = c.getWaitingSeqs();
+            s.decode_max_running = c.getMaxRunningSeqs();
+            s.decode_took_handoffs = c.getReceived();
+            pump(self);
+          } else
             s.log->error("prefill: unexpected message dropped");
           // A refused submission or an abort changes no queue pump() saw: report it here.
           if (env.isSubmit() || env.isAbort()) s.send_credit(false);
@@ -613,6 +658,12 @@ caf::behavior prefill_actor(prefill_actor_t* self, scheduler_options opt, std::s
              "Measured rate the prefill queue drains at (prompt tokens per wall second while requests wait; while it has work until a queue was seen)"},
             {"prefill_credits_sent_total", "", double(s.credits_sent), "counter",
              "Credits sent to the router (queue changes and heartbeat answers)"},
+            {"prefill_decode_pauses_total", "", double(s.pauses), "counter",
+             "Times a prefill step waited for the decode scheduler sharing the worker (limits.prefill_pause_decode_waiting_seqs)"},
+            {"prefill_decode_paused_ms_total", "", double(s.paused_ms + (s.paused ? s.clk->now_ms() - s.pause_start_ms : 0)),
+             "counter", "Time prefill steps waited for the decode scheduler sharing the worker (ms)"},
+            {"prefill_decode_paused", "", s.paused ? 1.0 : 0.0, "gauge",
+             "1 while a prefill step waits for the decode scheduler sharing the worker"},
         };
         for (const auto& [r, n] : s.rejected)
           m.push_back({"rejections_total", fmt::format("actor=\"prefill\",reason=\"{}\"", r), double(n),

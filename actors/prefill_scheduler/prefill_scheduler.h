@@ -33,6 +33,10 @@ struct scheduler_options {
   std::string transfer_failure_policy = "recompute";
   int32_t max_transfer_retries = 2;
   int32_t retry_ms = 2;  ///< real-time wait before retrying an allocation that found no pages
+  /// Prefill and decode share this node's worker: the decode scheduler sends its credits to
+  /// the prefill scheduler too, which pauses while decode is backed up
+  /// (limits.prefill_pause_decode_waiting_seqs).
+  bool shares_worker = false;
 };
 
 /// Messages: (peers_atom, peer_set) first; (wire_atom, wire{submit|requeue|abort}); (stats_atom) -> wire.

@@ -1273,6 +1273,13 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
         for (const auto& id : ids) s.finish_here(id, finish_reason::error, &err);
         return true;
       },
+      [self](queue_wait_atom, int32_t ms) -> int32_t {
+        auto& s = self->state;
+        const int32_t before = s.opt.lim.max_queue_wait_ms;
+        s.opt.lim.max_queue_wait_ms = std::max<int32_t>(ms, 0);
+        s.log->info("limits.max_queue_wait_ms set to {} (was {})", s.opt.lim.max_queue_wait_ms, before);
+        return before;
+      },
       [self](inflight_atom) -> inflight_list {
         auto& s = self->state;
         inflight_list out;
@@ -1292,6 +1299,8 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
              "Requests in the router's in-flight table"},
             {"requests_inflight_bound", "", double(s.opt.lim.max_inflight_requests), "gauge",
              "Bound of the in-flight table"},
+            {"queue_wait_bound_ms", "", double(s.opt.lim.max_queue_wait_ms), "gauge",
+             "Queue-wait bound the router admits by now (limits.max_queue_wait_ms; 0 = off)"},
             {"tokens_generated_total", "", double(s.tokens_generated), "counter",
              "Completion tokens delivered"},
             {"prompt_tokens_total", "", double(s.prompt_tokens_total), "counter",

@@ -45,6 +45,12 @@ struct inflight_list {
 /// Asks the router for its in-flight table: (inflight_atom) -> inflight_list.
 using inflight_atom = caf::atom_constant<caf::atom("inflight")>;
 
+/// Sets the router's queue-wait bound (limits.max_queue_wait_ms, 0 = off) while it runs:
+/// (queue_wait_atom, int32_t ms) -> int32_t, the bound it replaced. An operator retunes it from
+/// the normal-load TTFT measured on the running cluster (and `tandem bench burst` calibrates
+/// the bounded cluster on its own normal load) without a restart that would empty the caches.
+using queue_wait_atom = caf::atom_constant<caf::atom("qwaitbound")>;
+
 /// A node is unreachable (sent by the proxy of a remote role on the router's node):
 /// (node_down_atom, what, why) with `what` a role (every node of it: "decode", "prefill") or
 /// a target / node name ("n1/decode", "n1"), or (node_down_atom, role, target, why). The

@@ -186,6 +186,7 @@ void spawn_set(actor_cluster::state& s, const actor_cluster_options& opt, int32_
   so.pool_id = wo.pool_id;
   so.node = opt.node_name;
   so.transfer_failure_policy = opt.transfer_failure_policy;
+  so.shares_worker = s.has("prefill") && s.has("decode");
   if (!s.has("decode")) {
     auto d = s.links.with_role("decode");
     if (!d.empty()) so.remote_decode_node = d.front().name;
@@ -597,6 +598,25 @@ void actor_cluster::inject_failure(const std::string& role, const std::string& c
   }
   throw tandem::error(error_kind::failed,
                       fmt::format("no actor role '{}'; use router, prefill, decode, worker or cache_tier", role));
+}
+
+int32_t actor_cluster::set_max_queue_wait_ms(int32_t ms) {
+  auto& s = *st_;
+  if (ms < 0)
+    throw tandem::error(error_kind::failed,
+                        fmt::format("limits.max_queue_wait_ms = {} must be >= 0 (0 = off)", ms));
+  if (s.stopped || !s.sys || !s.has("router"))
+    throw tandem::error(error_kind::failed,
+                        "this node runs no router: set limits.max_queue_wait_ms on the node with the router role");
+  int32_t before = -1;
+  std::string failure;
+  caf::scoped_actor self{*s.sys};
+  self->request(s.router.handle, std::chrono::milliseconds(opt_.query_timeout_ms), queue_wait_atom::value, ms)
+      .receive([&](int32_t b) { before = b; }, [&](caf::error& e) { failure = s.sys->render(e); });
+  if (before < 0)
+    throw tandem::error(error_kind::disconnected,
+                        fmt::format("the router did not take the new queue-wait bound ({}); retry", failure));
+  return before;
 }
 
 node_report actor_cluster::inspect() const {

@@ -76,6 +76,9 @@ class actor_cluster {
   std::string metrics_text() const;
   /// Actors, in-flight requests and KV pools, for `tandem inspect`.
   node_report inspect() const;
+  /// Sets limits.max_queue_wait_ms (0 = off) in this node's running router; returns the bound
+  /// it replaced. Throws tandem::error if `ms` < 0 or this node has no router.
+  int32_t set_max_queue_wait_ms(int32_t ms);
   /// Every actor's metrics plus the mailbox gates (actor "mailboxes"). The worker answers
   /// between forward passes; `include_worker = false` skips it (stats() does).
   std::vector<stats_snapshot> snapshots(bool include_worker = true) const;

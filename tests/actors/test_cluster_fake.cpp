@@ -177,6 +177,54 @@ TEST_CASE("cluster(fake): admission bounds reject explicitly and lose no request
   CHECK(ev.reject_reason == "queue_requests");
 }
 
+TEST_CASE("cluster(fake): prefill on the decode worker pauses while decode is backed up, loses nothing") {
+  // 24 four-token prompts at once, 20 tokens each, a decode batch of 2: prefill (4 prompts a
+  // step) outruns decode. Sharing the worker, prefill holds its steps while 2 sequences wait
+  // for a batch slot (counting its handoffs on their way, which decode's credits count as
+  // taken), so the backlog stays below that plus one step's handoffs; never pausing, it holds
+  // nearly every request.
+  std::vector<completion_request> reqs;
+  for (int i = 0; i < 24; ++i) reqs.push_back(make_req("p" + std::to_string(i), prompt_of(4, i), 20));
+  auto l = small_limits();
+  l.prefix_cache = false;
+  l.device_pages = 512;
+  l.max_running_seqs = 2;
+  l.max_prefill_batch_seqs = 4;
+  l.max_decode_waiting_seqs = -1;  // the router's refusal would hide the backlog
+  for (int32_t pause_at : {0, -1}) {
+    CAPTURE(pause_at);
+    l.prefill_pause_decode_waiting_seqs = pause_at;
+    actor_cluster c(std::make_shared<fake_model>(), opts(l));
+    auto out = run_all(c, reqs);
+    for (size_t i = 0; i < reqs.size(); ++i) CHECK(out[i] == expected_greedy(reqs[i].prompt, reqs[i].max_tokens));
+    CHECK(wait_stats(c, [&](const stats_info& s) { return s.kv_pages_free == c.n_pages(); }));
+    double high = 0, pauses = 0;
+    for (auto& x : c.snapshots()) {
+      high += x.value("decode_waiting_requests_high_water");
+      pauses += x.value("prefill_decode_pauses_total");
+    }
+    if (pause_at == 0) {
+      CHECK(pauses > 0);
+      CHECK(high <= 2 - 1 + 4);  // below the pause point, plus one step's handoffs
+    } else {
+      CHECK(pauses == 0);
+      CHECK(high > 2 - 1 + 4);
+    }
+  }
+}
+
+TEST_CASE("cluster(fake): the queue-wait bound is set live through the cluster, a bad one is refused") {
+  auto l = small_limits();
+  l.max_queue_wait_ms = 300;
+  actor_cluster c(std::make_shared<fake_model>(), opts(l));
+  CHECK(c.set_max_queue_wait_ms(50) == 300);
+  CHECK(c.metrics_text().find("tandem_queue_wait_bound_ms 50") != std::string::npos);
+  CHECK_THROWS_WITH_AS(c.set_max_queue_wait_ms(-1), doctest::Contains("must be >= 0"), tandem::error);
+  CHECK(c.set_max_queue_wait_ms(0) == 50);  // off
+  auto out = run_all(c, {make_req("q0", prompt_of(6, 1), 5)});
+  CHECK(out[0] == expected_greedy(prompt_of(6, 1), 5));
+}
+
 TEST_CASE("cluster(fake): queued-token bound rejects explicitly") {
   auto gate = std::make_shared<forward_gate>();
   gate->pause_at = 0;

@@ -175,6 +175,33 @@ TEST_CASE("router admission: refuses from credits before sending, with Retry-Aft
   CHECK(r.boxes[0]->submits == std::deque<std::string>{"a", "d"});
 }
 
+TEST_CASE("router admission: the queue-wait bound is retuned while the router runs, and exported") {
+  limits l = small_limits();
+  l.max_queued_requests = 100;
+  l.max_queued_tokens = 100000;
+  l.max_queue_wait_ms = 0;  // off at start
+  rig r(l, 1);
+  CHECK(r.stats().value("queue_wait_bound_ms") == 0);
+  r.credit(0, 1, 0, 3, 300, 1000);  // 300 ms of queue
+  r.submit("a", 400);               // ~700 ms: admitted, no wait bound
+  REQUIRE(r.boxes[0]->wait_submits(1));
+  caf::scoped_actor self{*r.sys};
+  int32_t before = -1;
+  self->request(r.router.handle, std::chrono::seconds(10), queue_wait_atom::value, int32_t(500))
+      .receive([&](int32_t b) { before = b; }, [](caf::error&) {});
+  CHECK(before == 0);
+  CHECK(r.stats().value("queue_wait_bound_ms") == 500);
+  r.submit("b", 100);  // 300 + 400 (in transit) + 100 = 800 ms > 500: refused now
+  REQUIRE(r.col.wait_finished(1));
+  CHECK(r.col.last("b").reject_reason == "queue_wait");
+  CHECK(r.col.last("b").retry_after_ms == 300);
+  self->request(r.router.handle, std::chrono::seconds(10), queue_wait_atom::value, int32_t(0))
+      .receive([&](int32_t b) { before = b; }, [](caf::error&) {});
+  CHECK(before == 500);
+  r.submit("c", 100);  // off again: admitted
+  REQUIRE(r.boxes[0]->wait_submits(2));
+}
+
 TEST_CASE("router admission: an empty queue always admits, the request-count bound counts in-transit work") {
   limits l = small_limits();
   l.max_queued_requests = 2;

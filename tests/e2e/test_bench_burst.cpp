@@ -36,9 +36,15 @@ TEST_CASE("bench burst: one run, both clusters, every JSON field, no request wit
     INFO("cluster " << name);
     const json::value* cl = clusters->find(name);
     REQUIRE(cl);
-    for (const char* ph : {"load_0_8x", "burst_3x"}) {
+    for (const char* ph : {"load_0_8x", "burst_3x", "load_0_8x_after_burst"}) {
       INFO("phase " << ph);
       const json::value* p = cl->find(ph);
+      // The 0.8x load after the burst runs on the bounded cluster only (its bounds' cost at
+      // normal load).
+      if (std::string(ph) == "load_0_8x_after_burst" && std::string(name) == "unbounded") {
+        CHECK_FALSE(p);
+        continue;
+      }
       REQUIRE(p);
       for (const char* k : {"rate", "sent", "completed", "rejected", "status", "ttft_ms", "rejection_ms", "without_final_answer"})
         CHECK_MESSAGE(p->find(k), "missing " << k);
@@ -65,4 +71,12 @@ TEST_CASE("bench burst: one run, both clusters, every JSON field, no request wit
   REQUIRE(j.find("calibration_p99_ratio"));
   CHECK(j.find("calibration_p99_ratio")->num >= 0);  // 0 only if the bounded 0.8x run completed nothing
   CHECK(out.find("calibration: max_queue_wait_ms") != std::string::npos);
+  // The bound came from the bounded cluster's own 0.8x run and is the one its router applied
+  // in the burst (read back from its metrics after being set live).
+  REQUIRE(j.find("queue_wait_bound_source"));
+  CHECK(j.find("queue_wait_bound_source")->s == "bounded_load_0_8x_p99");
+  REQUIRE(j.find("queue_wait_bound_in_force_ms"));
+  CHECK(j.find("queue_wait_bound_in_force_ms")->num == clusters->find("bounded")->find("max_queue_wait_ms")->num);
+  REQUIRE(j.find("prefill_pause_decode_waiting_seqs"));
+  CHECK(j.find("prefill_pause_decode_waiting_seqs")->i == 0);
 }
