@@ -30,6 +30,8 @@ TEST_CASE("bench burst: one run, both clusters, every JSON field, no request wit
   REQUIRE(j.find("prefill_chunk_tokens"));
   CHECK(j.find("prefill_chunk_tokens")->i == 64);  // both clusters ran with the flag's step size
   CHECK(j.find("capacity_rps")->num > 0);
+  REQUIRE(j.find("capacity_bounded_rps"));
+  CHECK(j.find("capacity_bounded_rps")->num > 0);  // the bounded cluster's warm-up completed requests
   const json::value* clusters = j.find("clusters");
   REQUIRE(clusters);
   for (const char* name : {"unbounded", "bounded"}) {
