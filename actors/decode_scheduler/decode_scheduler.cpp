@@ -68,9 +68,9 @@ struct decode_state {
   uint64_t credit_seq = 0;
   int64_t last_credit_key[3] = {-2, -2, -2};
   int64_t credits_sent = 0;
-  int64_t waiting_high_water = 0;
+  int64_t waiting_high_water = 0;      ///< most sequences ever waiting for a batch slot (seen at a credit)
   uint64_t local_handoffs = 0;         ///< handoffs taken from this node's prefill (no transfer)
-  uint64_t prefill_told_handoffs = 0;  ///< local_handoffs as last sent to that prefill  ///< most sequences ever waiting for a batch slot (seen at a credit)
+  uint64_t prefill_told_handoffs = 0;  ///< local_handoffs as last sent to that prefill
   std::unordered_map<std::string, int64_t> rejected;
   /// The last `handoff_window` handoffs taken ("node/seq"), to recognize a link's late copies.
   static constexpr size_t handoff_window = 4096;
@@ -867,8 +867,7 @@ caf::behavior decode_actor(decode_actor_t* self, scheduler_options opt, std::sha
             if (env.getHandoff().getTransferId() == 0) s.local_handoffs += 1;
             on_handoff(self, env.getHandoff());
             s.send_credit(false);
-          }
-          else if (env.isSubmit())
+          } else if (env.isSubmit())
             on_local_submit(self, seq_request::read(env.getSubmit()));
           else if (env.isAbort())
             on_abort(self, env.getAbort().getId().cStr(), env.getAbort().getHops());
@@ -930,7 +929,7 @@ caf::behavior decode_actor(decode_actor_t* self, scheduler_options opt, std::sha
             {"decode_local_prefill_tokens_total", "", double(s.local_prefill_tokens), "counter",
              "Prompt tokens computed by local prefill chunks in decode steps"},
             {"decode_credits_sent_total", "", double(s.credits_sent), "counter",
-             "Credits sent to the router (batch/page changes and heartbeat answers)"},
+             "Credits sent to the router and a prefill scheduler sharing the worker (batch/page changes, handoffs taken, heartbeat answers)"},
         };
         for (const auto& [r, n] : s.rejected)
           m.push_back({"rejections_total", fmt::format("actor=\"decode\",reason=\"{}\"", r), double(n),

@@ -605,7 +605,9 @@ int32_t actor_cluster::set_max_queue_wait_ms(int32_t ms) {
   if (ms < 0)
     throw tandem::error(error_kind::failed,
                         fmt::format("limits.max_queue_wait_ms = {} must be >= 0 (0 = off)", ms));
-  if (s.stopped || !s.sys || !s.has("router"))
+  if (s.stopped || !s.sys)
+    throw tandem::error(error_kind::disconnected, "the cluster is shut down; start it again to set its limits");
+  if (!s.has("router"))
     throw tandem::error(error_kind::failed,
                         "this node runs no router: set limits.max_queue_wait_ms on the node with the router role");
   int32_t before = -1;

@@ -5,6 +5,8 @@
 #include <string>
 
 #include <algorithm>
+#include <cstdlib>
+#include <sstream>
 #include <vector>
 
 #include "tools/tandem/commands.h"
@@ -34,6 +36,21 @@ inline double percentile(std::vector<double> v, double p) {
   const double idx = p / 100.0 * double(v.size() - 1);
   const size_t lo = size_t(idx), hi = std::min(lo + 1, v.size() - 1);
   return v[lo] + (v[hi] - v[lo]) * (idx - double(lo));
+}
+
+/// A metric's value summed over its series in a node's /metrics text (0 if absent); `name`
+/// matches whole (`x` is not `x_total`), so a histogram's `_sum` or `_count` is asked by name.
+inline double metric_sum(const std::string& text, const std::string& name) {
+  std::istringstream in(text);
+  std::string line;
+  double v = 0;
+  while (std::getline(in, line)) {
+    if (line.rfind(name, 0) != 0) continue;
+    const char next = line.size() > name.size() ? line[name.size()] : '\0';
+    if (next != ' ' && next != '{') continue;
+    v += std::strtod(line.c_str() + line.rfind(' ') + 1, nullptr);
+  }
+  return v;
 }
 
 }  // namespace tandem::cli

@@ -123,18 +123,7 @@ class served_cluster {
     return h;
   }
   /// A metric's value summed over its series in the node's /metrics text (0 if absent).
-  double metric(const std::string& name) const {
-    std::istringstream in(cluster_->metrics_text());
-    std::string line;
-    double v = 0;
-    while (std::getline(in, line)) {
-      if (line.rfind(name, 0) != 0) continue;
-      const char next = line.size() > name.size() ? line[name.size()] : '\0';
-      if (next != ' ' && next != '{') continue;
-      v += std::strtod(line.c_str() + line.rfind(' ') + 1, nullptr);
-    }
-    return v;
-  }
+  double metric(const std::string& name) const { return metric_sum(cluster_->metrics_text(), name); }
 
  private:
   std::unique_ptr<embedded_cluster> cluster_;

@@ -255,8 +255,25 @@ int bench_serve(args a) {
       throw tandem::error(fmt::format("warm-up request {} did not complete ({}, HTTP {}): {}", i, outcome_name(r.out),
                                       r.status, r.error));
   }
+  // Where the embedded worker's time went in the run: its forward passes against wall time
+  // (the rest is the runtime between steps, or no work), from its metrics before and after.
+  struct worker_marks {
+    double forward_ms = 0, prefill_steps = 0, decode_steps = 0, decode_tokens = 0;
+  };
+  auto marks = [&] {
+    worker_marks m;
+    if (!cluster) return m;
+    const std::string t = cluster->metrics_text();
+    m.forward_ms = metric_sum(t, "tandem_worker_forward_ms_sum");
+    m.prefill_steps = metric_sum(t, "tandem_prefill_batches_total");
+    m.decode_steps = metric_sum(t, "tandem_decode_steps_total");
+    m.decode_tokens = metric_sum(t, "tandem_decode_tokens_total");
+    return m;
+  };
+  const worker_marks before = marks();
   double wall_s = 0;
   const std::vector<record> recs = run_load(o, prompts, wall_s);
+  const worker_marks after = marks();
   const summary s = summarize(recs, wall_s, slo_ttft_ms, slo_tpot_ms);
   const double out_tps = double(s.output_tokens) / s.active_s;
 
@@ -313,6 +330,14 @@ int bench_serve(args a) {
               double(completed) / s.active_s, out_tps, (long long)s.good, double(s.good) / s.active_s,
               slo_ttft_ms > 0 ? fmt::format("{} ms", slo_ttft_ms).c_str() : "any",
               slo_tpot_ms > 0 ? fmt::format("{} ms", slo_tpot_ms).c_str() : "any");
+  if (embedded) {
+    const double busy_s = (after.forward_ms - before.forward_ms) / 1e3;
+    const double steps = after.decode_steps - before.decode_steps;
+    std::printf("worker: forward passes %.2f s of the run's %.2f s (%.1f%%); %.0f prefill steps, %.0f decode steps of "
+                "%.1f sequences on average\n",
+                busy_s, wall_s, wall_s > 0 ? 100.0 * busy_s / wall_s : 0.0, after.prefill_steps - before.prefill_steps,
+                steps, steps > 0 ? (after.decode_tokens - before.decode_tokens) / steps : 0.0);
+  }
   if (compare)
     std::printf("compare: served %.1f tokens/s / bench model decode batch %lld (ctx %lld) %.1f tokens/s = %.3f (goal >= 0.8)\n",
                 out_tps, (long long)o.concurrency, (long long)model_ctx, model_tps, model_tps > 0 ? out_tps / model_tps : 0.0);
