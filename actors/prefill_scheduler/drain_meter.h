@@ -37,6 +37,7 @@ class drain_meter {
       const int64_t dt = now_ms - last_ms_;
       if (last_ != state::idle) pend_work_ms_ += dt;
       if (last_ == state::queued) pend_queued_ms_ += dt;
+      if (last_ == state::busy) work_unqueued_ms_ += dt;
       pend_tokens_ += std::max<int64_t>(tokens, 0);
       // Millisecond timestamps: a lump after less than a millisecond of work waits for more.
       if (pend_tokens_ > 0 && pend_work_ms_ > 0) {
@@ -47,6 +48,16 @@ class drain_meter {
         pend_tokens_ = pend_work_ms_ = pend_queued_ms_ = 0;
       }
     }
+    if (now_state == state::queued && last_ != state::queued) {
+      // A queue forms again after a long stretch without one: start from the faster of the
+      // old queued rate and the recent busy rate (see stale()).
+      if (stale()) {
+        queued_.rate = std::max(queued_.rate, busy_.rate);
+        queued_.tokens = 0;  // the open window's part is from then too
+        queued_.ms = 0;
+      }
+      work_unqueued_ms_ = 0;
+    }
     last_ms_ = now_ms;
     last_ = now_state;
   }
@@ -56,7 +67,15 @@ class drain_meter {
   /// in a burst the worker's share for prefill falls as the decode batch fills (the burst's
   /// first sample is taken with decode still idle), and an estimate that waits for the window
   /// to close admits a queue that waits several times the bound.
-  double tokens_per_s() const { return queued_.current(window_ms_ / 2); }
+  /// A queued rate not refreshed for 10 windows of work without a queue (the load fell after a
+  /// burst) is stale: the burst's rate, slowed by a full decode batch sharing the worker,
+  /// then made the router refuse at normal load, which kept a queue (and a new sample) from
+  /// forming: `tandem bench burst` refused 7-10% of its 0.8x load after the burst. A stale
+  /// rate reads at least the busy rate, whose windows keep measuring the worker as it is now.
+  double tokens_per_s() const {
+    const double q = queued_.current(window_ms_ / 2);
+    return q > 0 && stale() ? std::max(q, busy_.rate) : q;
+  }
   double queued_tokens_per_s() const { return queued_.rate; }
   double busy_tokens_per_s() const { return busy_.rate; }
 
@@ -90,6 +109,8 @@ class drain_meter {
   int64_t last_ms_ = -1;
   state last_ = state::idle;
   int64_t pend_tokens_ = 0, pend_work_ms_ = 0, pend_queued_ms_ = 0;  ///< since the last lump
+  int64_t work_unqueued_ms_ = 0;  ///< time with work and no queue since the queue last formed
+  bool stale() const { return work_unqueued_ms_ >= 10 * window_ms_; }
   ewma busy_, queued_;
 };
 

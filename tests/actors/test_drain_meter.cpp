@@ -99,3 +99,37 @@ TEST_CASE("drain_state: tokens beyond one forward step count as a queue, also on
   CHECK(drain_state(false, 0, false, 256) == st::idle);
   CHECK(drain_state(false, 0, true, 256) == st::busy);  // acquiring pages, nothing to compute yet
 }
+
+TEST_CASE("drain_meter: a queued rate left from a burst goes stale after 10 windows of work without a queue") {
+  drain_meter m(100, 0.3);
+  int64_t t = 0;
+  // A burst: the queue drains at 1000 tokens/s (decode holds most of the worker).
+  for (int i = 0; i < 100; ++i) {
+    m.observe(t, st::queued, 0);
+    m.observe(t + 10, st::queued, 10);
+    t += 10;
+  }
+  CHECK(m.tokens_per_s() == doctest::Approx(1000.0).epsilon(0.02));
+  // Normal load after it: lone prompts prefilled at 4000 tokens/s, no queue.
+  auto lone = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      m.observe(t, st::busy, 0);
+      m.observe(t + 10, st::idle, 40);
+      m.observe(t + 20, st::idle, 0);  // idle time does not age the rate
+      t += 20;
+    }
+  };
+  lone(90);  // 900 ms of work: not stale yet
+  CHECK(m.tokens_per_s() == doctest::Approx(1000.0).epsilon(0.02));
+  lone(20);  // past 1000 ms of work without a queue: the busy rate as it is now
+  CHECK(m.tokens_per_s() == doctest::Approx(4000.0).epsilon(0.02));
+  CHECK(m.queued_tokens_per_s() == doctest::Approx(1000.0).epsilon(0.02));
+  // A queue forms again: its estimate starts from the busy rate, then follows its own samples.
+  m.observe(t, st::queued, 0);
+  CHECK(m.tokens_per_s() == doctest::Approx(4000.0).epsilon(0.02));
+  for (int i = 0; i < 200; ++i) {
+    m.observe(t + 10, st::queued, 20);  // 2000 tokens/s
+    t += 10;
+  }
+  CHECK(m.tokens_per_s() == doctest::Approx(2000.0).epsilon(0.02));
+}
