@@ -1,7 +1,8 @@
 #pragma once
 // A router node, a prefill node and a decode node as three `tandem serve --config pd.toml
 // --node NAME` processes on loopback, and the client helpers the PD and fault tests share
-// (test_pd.cpp, test_faults.cpp).
+// (test_pd.cpp, test_faults.cpp). Reading files and /metrics (file_text, series,
+// poll_metrics) comes from cluster_harness.h, which the multi-node tests use too.
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -21,19 +22,13 @@
 #include <thread>
 #include <vector>
 
+#include "tests/e2e/cluster_harness.h"
 #include "tests/e2e/ports.h"
 #include "tests/e2e/process.h"
 #include "tests/transport/fake_api.h"
 #include "transport/http/json.h"
 
 namespace tandem::e2e {
-
-inline std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 struct node_proc {
   std::string name;
@@ -43,32 +38,10 @@ struct node_proc {
   std::unique_ptr<child> proc;
 };
 
-/// The value of an unlabelled metric in a /metrics text (NaN if absent).
-inline double metric(const std::string& text, const std::string& name) {
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
-  }
-  return std::nan("");
-}
-
 /// A role's gauge is 0, or the node does not run the role (a prefill node renders no decode gauges).
 inline bool zero_or_absent(const std::string& text, const std::string& name) {
-  const double v = metric(text, name);
+  const double v = series(text, name);
   return std::isnan(v) || v == 0;
-}
-
-/// Polls /metrics of `port` until `ok(text)` holds or the deadline passes; the last text.
-inline std::string wait_metrics(uint16_t port, const std::function<bool(const std::string&)>& ok,
-                                std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
-  const auto until = std::chrono::steady_clock::now() + timeout;
-  std::string text;
-  while (true) {
-    text = test::get(port, "/metrics").body;
-    if (ok(text) || std::chrono::steady_clock::now() >= until) return text;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling a condition, with a deadline
-  }
 }
 
 /// What a pd_cluster's config and processes get beyond the defaults.
@@ -124,7 +97,7 @@ struct pd_cluster {
   node_proc& decode() { return nodes[2]; }
   std::string logs() {
     std::string s;
-    for (auto& n : nodes) s += "--- " + n.name + "\n" + read_text(n.log);
+    for (auto& n : nodes) s += "--- " + n.name + "\n" + file_text(n.log);
     return s;
   }
   /// Starts node `n` again (after it was killed): same config, ports and environment; its log
@@ -159,14 +132,14 @@ struct pd_cluster {
         if (line.rfind("tandem_remote_node_up{", 0) == 0 && line.substr(line.rfind(' ') + 1) != "1") out += line + "\n";
       return out;
     };
-    const std::string left = down(wait_metrics(n.http, [&](const std::string& m) { return down(m).empty(); }));
-    if (!left.empty()) throw std::runtime_error("node " + n.name + " did not reach its peers:\n" + left + read_text(n.log));
+    const std::string left = down(poll_metrics(n.http, [&](const std::string& m) { return down(m).empty(); }));
+    if (!left.empty()) throw std::runtime_error("node " + n.name + " did not reach its peers:\n" + left + file_text(n.log));
   }
   void wait_listening(node_proc& n) {
     int seen = 0;
     while (seen < 3) {
       auto line = n.proc->read_line(std::chrono::seconds(30));
-      if (!line) throw std::runtime_error("node " + n.name + " did not print its listening lines:\n" + read_text(n.log));
+      if (!line) throw std::runtime_error("node " + n.name + " did not print its listening lines:\n" + file_text(n.log));
       if (line->find(" listening on 127.0.0.1:") != std::string::npos) ++seen;
     }
   }
@@ -206,8 +179,8 @@ inline completion complete(uint16_t port, const std::string& prompt, int32_t max
 /// or receive in flight (the actors answer a scrape one after another: all parts must agree).
 inline std::function<bool(const std::string&)> pool_settled(double free_pages) {
   return [free_pages](const std::string& m) {
-    return metric(m, "tandem_kv_pages_free") == free_pages && metric(m, "tandem_kv_transfer_live") == 0 &&
-           metric(m, "tandem_kv_transfer_quarantined_pages") == 0 &&
+    return series(m, "tandem_kv_pages_free") == free_pages && series(m, "tandem_kv_transfer_live") == 0 &&
+           series(m, "tandem_kv_transfer_quarantined_pages") == 0 &&
            zero_or_absent(m, "tandem_prefill_kv_sends_inflight") && zero_or_absent(m, "tandem_decode_kv_receiving_requests");
   };
 }

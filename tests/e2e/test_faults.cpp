@@ -117,7 +117,7 @@ bool stop_process(pid_t pid) {
   while (clk::now() < until) {
     bool all = true;
     for (const auto& t : std::filesystem::directory_iterator(tasks)) {
-      const std::string stat = read_text((t.path() / "stat").string());
+      const std::string stat = file_text((t.path() / "stat").string());
       // pid (comm) state ...: comm may hold spaces and parentheses, the state follows the last ')'.
       const auto close = stat.rfind(')');
       if (close == std::string::npos || close + 2 >= stat.size() || stat[close + 2] != 'T') all = false;
@@ -130,21 +130,21 @@ bool stop_process(pid_t pid) {
 
 /// The value of `name{labels}` in a /metrics text (NaN if absent).
 double labelled(const std::string& text, const std::string& name, const std::string& labels) {
-  return metric(text, name + "{" + labels + "}");
+  return series(text, name + "{" + labels + "}");
 }
 
 /// Free pages of a worker node now (its start value once nothing runs).
-double free_pages(const node_proc& n) { return metric(test::get(n.http, "/metrics").body, "tandem_kv_pages_free"); }
+double free_pages(const node_proc& n) { return series(test::get(n.http, "/metrics").body, "tandem_kv_pages_free"); }
 
-double free_pages_of(uint16_t http) { return metric(test::get(http, "/metrics").body, "tandem_kv_pages_free"); }
+double free_pages_of(uint16_t http) { return series(test::get(http, "/metrics").body, "tandem_kv_pages_free"); }
 
 /// Waits until `n`'s pool is whole again; returns the metrics text.
 std::string wait_whole(const node_proc& n, double want) {
-  auto m = wait_metrics(n.http, pool_settled(want));
+  auto m = poll_metrics(n.http, pool_settled(want));
   INFO("node " << n.name << " metrics:\n" << m);
-  CHECK(metric(m, "tandem_kv_pages_free") == want);
-  CHECK(metric(m, "tandem_kv_transfer_live") == 0);
-  CHECK(metric(m, "tandem_kv_transfer_quarantined_pages") == 0);
+  CHECK(series(m, "tandem_kv_pages_free") == want);
+  CHECK(series(m, "tandem_kv_transfer_live") == 0);
+  CHECK(series(m, "tandem_kv_transfer_quarantined_pages") == 0);
   CHECK(zero_or_absent(m, "tandem_prefill_kv_sends_inflight"));
   CHECK(zero_or_absent(m, "tandem_decode_kv_receiving_requests"));
   return m;
@@ -153,7 +153,7 @@ std::string wait_whole(const node_proc& n, double want) {
 /// Waits until the router sees both worker nodes (linked and with fresh credits) and the
 /// prefill node reaches the decode node again.
 void wait_linked(pd_cluster& pd) {
-  auto rm = wait_metrics(pd.router().http, [](const std::string& m) {
+  auto rm = poll_metrics(pd.router().http, [](const std::string& m) {
     return labelled(m, "tandem_remote_node_up", "role=\"decode\",peer=\"decode-0\"") == 1 &&
            labelled(m, "tandem_remote_node_up", "role=\"prefill\",peer=\"prefill-0\"") == 1 &&
            labelled(m, "tandem_router_target_healthy", "target=\"decode-0/decode\"") == 1 &&
@@ -162,7 +162,7 @@ void wait_linked(pd_cluster& pd) {
   INFO("router metrics:\n" << rm);
   REQUIRE(labelled(rm, "tandem_router_target_healthy", "target=\"decode-0/decode\"") == 1);
   REQUIRE(labelled(rm, "tandem_router_target_healthy", "target=\"prefill-0/prefill\"") == 1);
-  auto pm = wait_metrics(pd.prefill().http, [](const std::string& m) {
+  auto pm = poll_metrics(pd.prefill().http, [](const std::string& m) {
     return labelled(m, "tandem_remote_node_up", "role=\"decode\",peer=\"decode-0\"") == 1;
   });
   REQUIRE(labelled(pm, "tandem_remote_node_up", "role=\"decode\",peer=\"decode-0\"") == 1);
@@ -220,11 +220,11 @@ TEST_CASE("faults: kill -9 of the decode node with 50 streams ends every one wit
   std::vector<std::thread> ts;
   for (int i = 0; i < n; ++i)
     ts.emplace_back([&, i] { got[size_t(i)] = stream(pd.router().http, pd_prompts[size_t(i) % pd_prompts.size()], 400, &started); });
-  auto dm = wait_metrics(pd.decode().http, [&](const std::string& m) {
-    return started.load() == n && metric(m, "tandem_decode_running_requests") >= 8;
+  auto dm = poll_metrics(pd.decode().http, [&](const std::string& m) {
+    return started.load() == n && series(m, "tandem_decode_running_requests") >= 8;
   });
   REQUIRE(started.load() == n);
-  REQUIRE(metric(dm, "tandem_decode_running_requests") >= 8);
+  REQUIRE(series(dm, "tandem_decode_running_requests") >= 8);
   const auto killed_at = clk::now();
   ::kill(pd.decode().proc->pid(), SIGKILL);
   for (auto& t : ts) t.join();
@@ -297,11 +297,11 @@ TEST_CASE("faults: kill -9 of one of two decode nodes with 50 streams and migrat
   std::vector<std::thread> ts;
   for (int i = 0; i < n; ++i)
     ts.emplace_back([&, i] { got[size_t(i)] = stream(router, pd_prompts[size_t(i) % pd_prompts.size()], max_tokens, &started); });
-  auto dm = wait_metrics(c.node("decode-1").http, [&](const std::string& m) {
-    return started.load() == n && metric(m, "tandem_decode_running_requests") >= 8;
+  auto dm = poll_metrics(c.node("decode-1").http, [&](const std::string& m) {
+    return started.load() == n && series(m, "tandem_decode_running_requests") >= 8;
   });
   REQUIRE(started.load() == n);
-  const double held = metric(dm, "tandem_decode_running_requests");
+  const double held = series(dm, "tandem_decode_running_requests");
   REQUIRE(held >= 8);
   c.kill("decode-1");
   for (auto& t : ts) t.join();
@@ -331,11 +331,11 @@ TEST_CASE("faults: kill -9 of one of two decode nodes with 50 streams and migrat
   CHECK(c.node("prefill-0").proc->wait(std::chrono::milliseconds(0)) == -1);
   CHECK(c.node("decode-0").proc->wait(std::chrono::milliseconds(0)) == -1);
   for (auto [name, want_free] : {std::pair<const char*, double>{"prefill-0", free_p}, {"decode-0", free_d0}}) {
-    auto m = wait_metrics(c.node(name).http, pool_settled(want_free));
+    auto m = poll_metrics(c.node(name).http, pool_settled(want_free));
     INFO(name << " metrics:\n" << m);
-    CHECK(metric(m, "tandem_kv_pages_free") == want_free);
-    CHECK(metric(m, "tandem_kv_transfer_live") == 0);
-    CHECK(metric(m, "tandem_kv_transfer_quarantined_pages") == 0);
+    CHECK(series(m, "tandem_kv_pages_free") == want_free);
+    CHECK(series(m, "tandem_kv_transfer_live") == 0);
+    CHECK(series(m, "tandem_kv_transfer_quarantined_pages") == 0);
   }
 }
 
@@ -357,11 +357,11 @@ TEST_CASE("faults: kill -9 of the prefill node mid-transfer ends the transferrin
   std::vector<std::thread> ts;
   for (int i = 0; i < n; ++i)
     ts.emplace_back([&, i] { got[size_t(i)] = stream(pd.router().http, pd_prompts[size_t(i) % pd_prompts.size()], 16); });
-  auto dm = wait_metrics(pd.decode().http, [&](const std::string& m) {
-    return metric(m, "tandem_decode_kv_receiving_requests") == n && metric(m, "tandem_kv_transfer_live") == n;
+  auto dm = poll_metrics(pd.decode().http, [&](const std::string& m) {
+    return series(m, "tandem_decode_kv_receiving_requests") == n && series(m, "tandem_kv_transfer_live") == n;
   });
-  REQUIRE(metric(dm, "tandem_decode_kv_receiving_requests") == n);
-  REQUIRE(metric(dm, "tandem_kv_transfer_live") == n);
+  REQUIRE(series(dm, "tandem_decode_kv_receiving_requests") == n);
+  REQUIRE(series(dm, "tandem_kv_transfer_live") == n);
   const auto killed_at = clk::now();
   ::kill(pd.prefill().proc->pid(), SIGKILL);
   for (auto& t : ts) t.join();
@@ -381,7 +381,7 @@ TEST_CASE("faults: kill -9 of the prefill node mid-transfer ends the transferrin
   CHECK(last_ms < 3000);
   // The decode node let go of every destination page: nothing live, nothing quarantined.
   auto m = wait_whole(pd.decode(), free_d);
-  CHECK(metric(m, "tandem_decode_kv_receive_failures_total") == n);
+  CHECK(series(m, "tandem_decode_kv_receive_failures_total") == n);
   CHECK(pd_cluster::alive(pd.router()));
   CHECK(pd_cluster::alive(pd.decode()));
 
@@ -412,8 +412,8 @@ TEST_CASE("faults: SIGSTOP of the decode node ends its requests within 2 heartbe
   std::vector<std::thread> ts;
   for (int i = 0; i < n; ++i)
     ts.emplace_back([&, i] { got[size_t(i)] = stream(pd.router().http, pd_prompts[size_t(i) % pd_prompts.size()], 400, &started); });
-  wait_metrics(pd.decode().http, [&](const std::string& m) {
-    return started.load() == n && metric(m, "tandem_decode_running_requests") >= 1;
+  poll_metrics(pd.decode().http, [&](const std::string& m) {
+    return started.load() == n && series(m, "tandem_decode_running_requests") >= 1;
   });
   REQUIRE(started.load() == n);
   REQUIRE(stop_process(pd.decode().proc->pid()));
@@ -504,7 +504,7 @@ TEST_CASE("faults: a worker that crashes at start is restarted up to the restart
   child proc({TANDEM_BINARY, "serve", "--model", model, "--port", "0", "--rpc-port", "0", "--log-level", "info"},
              {{"TANDEM_WORKER_FAULT", "start"}}, log);
   const int rc = proc.wait(std::chrono::seconds(30));
-  const std::string text = read_text(log);
+  const std::string text = file_text(log);
   INFO(text);
   CHECK(rc == 1);
   // Three restarts (limits.supervisor_max_restarts = 3), each logged, then the report.
@@ -564,12 +564,12 @@ TEST_CASE("faults: an SSE client that stops reading is cut off at the backlog bo
   }
   // The slow stream's backlog hit the bound: the request was aborted (the router's table
   // empties, every page returns) and the connection closed.
-  auto rm = wait_metrics(pd.router().http, [](const std::string& m) {
-    return metric(m, "tandem_http_stream_backlog_aborts_total") == 1 && metric(m, "tandem_requests_inflight") == 0;
+  auto rm = poll_metrics(pd.router().http, [](const std::string& m) {
+    return series(m, "tandem_http_stream_backlog_aborts_total") == 1 && series(m, "tandem_requests_inflight") == 0;
   });
   INFO("router metrics:\n" << rm);
-  CHECK(metric(rm, "tandem_http_stream_backlog_aborts_total") == 1);
-  CHECK(metric(rm, "tandem_requests_inflight") == 0);
+  CHECK(series(rm, "tandem_http_stream_backlog_aborts_total") == 1);
+  CHECK(series(rm, "tandem_requests_inflight") == 0);
   CHECK(labelled(rm, "tandem_requests_finished_total", "reason=\"abort\"") == 1);
   wait_whole(pd.prefill(), free_p);
   wait_whole(pd.decode(), free_d);

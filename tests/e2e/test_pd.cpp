@@ -61,9 +61,9 @@ TEST_CASE("pd: router, prefill and decode processes give the single-process gree
   const auto n = double(prompts.size() * 4);
   auto pm = test::get(pd.prefill().http, "/metrics").body;
   auto dm = test::get(pd.decode().http, "/metrics").body;
-  CHECK(metric(pm, "tandem_prefill_kv_sends_total") == n);
-  CHECK(metric(dm, "tandem_decode_kv_receives_total") == n);
-  CHECK(metric(dm, "tandem_kv_transfer_done_total") == n);
+  CHECK(series(pm, "tandem_prefill_kv_sends_total") == n);
+  CHECK(series(dm, "tandem_decode_kv_receives_total") == n);
+  CHECK(series(dm, "tandem_kv_transfer_done_total") == n);
   // docs/metrics.md both ways: what the nodes render is documented; every `pd node` row is
   // rendered by at least one of them.
   auto docs = documented_metrics();
@@ -95,7 +95,7 @@ TEST_CASE("pd: 200 requests aborted at random points leave every node's KV pool 
   INFO(pd.logs());
   auto start_p = test::get(pd.prefill().http, "/metrics").body;
   auto start_d = test::get(pd.decode().http, "/metrics").body;
-  const double free_p = metric(start_p, "tandem_kv_pages_free"), free_d = metric(start_d, "tandem_kv_pages_free");
+  const double free_p = series(start_p, "tandem_kv_pages_free"), free_d = series(start_d, "tandem_kv_pages_free");
   REQUIRE(free_p > 0);
   REQUIRE(free_d > 0);
 
@@ -152,22 +152,22 @@ TEST_CASE("pd: 200 requests aborted at random points leave every node's KV pool 
 
   // Every request ends (the router's table empties), then every pool is whole again and no
   // transfer holds pages.
-  auto rm = wait_metrics(pd.router().http, [](const std::string& m) {
-    return metric(m, "tandem_requests_inflight") == 0;
+  auto rm = poll_metrics(pd.router().http, [](const std::string& m) {
+    return series(m, "tandem_requests_inflight") == 0;
   });
   INFO("router metrics:\n" << rm);
-  auto pm = wait_metrics(pd.prefill().http, pool_settled(free_p));
-  auto dm = wait_metrics(pd.decode().http, pool_settled(free_d));
+  auto pm = poll_metrics(pd.prefill().http, pool_settled(free_p));
+  auto dm = poll_metrics(pd.decode().http, pool_settled(free_d));
   INFO("prefill metrics:\n" << pm);
   INFO("decode metrics:\n" << dm);
-  CHECK(metric(pm, "tandem_kv_pages_free") == free_p);
-  CHECK(metric(dm, "tandem_kv_pages_free") == free_d);
-  CHECK(metric(pm, "tandem_kv_transfer_live") == 0);
-  CHECK(metric(dm, "tandem_kv_transfer_live") == 0);
-  CHECK(metric(pm, "tandem_prefill_kv_sends_inflight") == 0);
-  CHECK(metric(dm, "tandem_decode_kv_receiving_requests") == 0);
-  CHECK(metric(dm, "tandem_kv_transfer_quarantined_pages") == 0);
-  MESSAGE("prefill: sends " << metric(pm, "tandem_prefill_kv_sends_total") << ", send failures " << metric(pm, "tandem_prefill_kv_send_failures_total") << "; decode: receives " << metric(dm, "tandem_decode_kv_receives_total") << ", receive failures " << metric(dm, "tandem_decode_kv_receive_failures_total") << ", hung up " << hung_up.load());
+  CHECK(series(pm, "tandem_kv_pages_free") == free_p);
+  CHECK(series(dm, "tandem_kv_pages_free") == free_d);
+  CHECK(series(pm, "tandem_kv_transfer_live") == 0);
+  CHECK(series(dm, "tandem_kv_transfer_live") == 0);
+  CHECK(series(pm, "tandem_prefill_kv_sends_inflight") == 0);
+  CHECK(series(dm, "tandem_decode_kv_receiving_requests") == 0);
+  CHECK(series(dm, "tandem_kv_transfer_quarantined_pages") == 0);
+  MESSAGE("prefill: sends " << series(pm, "tandem_prefill_kv_sends_total") << ", send failures " << series(pm, "tandem_prefill_kv_send_failures_total") << "; decode: receives " << series(dm, "tandem_decode_kv_receives_total") << ", receive failures " << series(dm, "tandem_decode_kv_receive_failures_total") << ", hung up " << hung_up.load());
   // The cluster still serves.
   auto ok = complete(pd.router().http, "still alive", 8);
   INFO(ok.raw);
@@ -188,8 +188,8 @@ TEST_CASE("pd: a failed KV transfer is recomputed or failed as transfer.failure_
     REQUIRE(got.status == 200);
     CHECK(got.text == want.text);
     auto dm = test::get(pd.decode().http, "/metrics").body;
-    CHECK(metric(dm, "tandem_decode_kv_recomputes_total") == 1);
-    CHECK(metric(dm, "tandem_decode_kv_receive_failures_total") == 1);
+    CHECK(series(dm, "tandem_decode_kv_recomputes_total") == 1);
+    CHECK(series(dm, "tandem_decode_kv_receive_failures_total") == 1);
   }
   SUBCASE("fail: the client gets an explicit error naming the transfer, the next request works") {
     pd_cluster pd(model, dir.path, "fail", true, {{"TANDEM_KV_FAULT", "put:fail:1"}});
@@ -213,14 +213,14 @@ TEST_CASE("pd: killing the decode node ends its requests with disconnected and f
   REQUIRE(std::filesystem::exists(model));
   pd_cluster pd(model, dir.path, "fail", false);
   INFO(pd.logs());
-  const double free_p = metric(test::get(pd.prefill().http, "/metrics").body, "tandem_kv_pages_free");
+  const double free_p = series(test::get(pd.prefill().http, "/metrics").body, "tandem_kv_pages_free");
   std::vector<completion> got(4);
   std::vector<std::thread> ts;
   for (size_t i = 0; i < got.size(); ++i)
     ts.emplace_back([&, i] { got[i] = complete(pd.router().http, prompts[i], 400); });
-  auto dm = wait_metrics(pd.decode().http,
-                         [](const std::string& m) { return metric(m, "tandem_decode_running_requests") >= 1; });
-  REQUIRE(metric(dm, "tandem_decode_running_requests") >= 1);
+  auto dm = poll_metrics(pd.decode().http,
+                         [](const std::string& m) { return series(m, "tandem_decode_running_requests") >= 1; });
+  REQUIRE(series(dm, "tandem_decode_running_requests") >= 1);
   ::kill(pd.decode().proc->pid(), SIGKILL);
   for (auto& t : ts) t.join();
   int ended_by_the_failure = 0;
@@ -233,12 +233,12 @@ TEST_CASE("pd: killing the decode node ends its requests with disconnected and f
   }
   CHECK(ended_by_the_failure >= 1);
   // The prefill node let go of every page it was sending to the dead node.
-  auto pm = wait_metrics(pd.prefill().http, [&](const std::string& m) {
-    return metric(m, "tandem_kv_pages_free") == free_p && metric(m, "tandem_prefill_kv_sends_inflight") == 0;
+  auto pm = poll_metrics(pd.prefill().http, [&](const std::string& m) {
+    return series(m, "tandem_kv_pages_free") == free_p && series(m, "tandem_prefill_kv_sends_inflight") == 0;
   });
   INFO("prefill metrics:\n" << pm);
-  CHECK(metric(pm, "tandem_kv_pages_free") == free_p);
-  CHECK(metric(pm, "tandem_prefill_kv_sends_inflight") == 0);
+  CHECK(series(pm, "tandem_kv_pages_free") == free_p);
+  CHECK(series(pm, "tandem_prefill_kv_sends_inflight") == 0);
   // New requests get an explicit error naming the missing role instead of hanging.
   auto after = complete(pd.router().http, prompts[0], 8);
   INFO(after.raw);
@@ -262,7 +262,7 @@ TEST_CASE("pd: handoffs that find the decode pool full wait for pages instead of
   o.extra_limits = "device_pages = 30\ndecode_page_admission = false\n";
   pd_cluster pd(model, dir.path, o);
   INFO(pd.logs());
-  auto free_at_start = [&](node_proc& nd) { return metric(test::get(nd.http, "/metrics").body, "tandem_kv_pages_free"); };
+  auto free_at_start = [&](node_proc& nd) { return series(test::get(nd.http, "/metrics").body, "tandem_kv_pages_free"); };
   const double prefill_free = free_at_start(pd.prefill()), decode_free = free_at_start(pd.decode());
   std::vector<completion> got(static_cast<size_t>(n));
   std::vector<std::thread> ts;
@@ -275,10 +275,10 @@ TEST_CASE("pd: handoffs that find the decode pool full wait for pages instead of
     CHECK(got[size_t(i)].text == want[size_t(i)].text);
   }
   auto dm = test::get(pd.decode().http, "/metrics").body;
-  CHECK(metric(dm, "tandem_decode_preemptions_total") >= 1);
-  CHECK(metric(dm, "tandem_decode_kv_handoffs_parked_total") >= 1);
-  CHECK(metric(dm, "tandem_decode_kv_receive_failures_total") == 0);
-  CHECK(metric(dm, "tandem_decode_kv_page_waiting_requests") == 0);
+  CHECK(series(dm, "tandem_decode_preemptions_total") >= 1);
+  CHECK(series(dm, "tandem_decode_kv_handoffs_parked_total") >= 1);
+  CHECK(series(dm, "tandem_decode_kv_receive_failures_total") == 0);
+  CHECK(series(dm, "tandem_decode_kv_page_waiting_requests") == 0);
   // Pages come back (cached prefixes are evictable: compare free + cached).
   for (int k = 0; k < 100; ++k) {
     if (free_at_start(pd.prefill()) == prefill_free && free_at_start(pd.decode()) == decode_free) break;
