@@ -89,6 +89,7 @@ class cpu_llama final : public llama_model {
   std::vector<std::vector<float>> attn_norm_, ffn_norm_;
   // Scratch reused across calls (one model serves one executor thread).
   std::vector<float> x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_, mm_scratch_;
+  cpu::rope_table rope_;  ///< the angles of the positions of the current forward pass
   std::vector<int32_t> tok_, pos_;
   std::vector<cpu::attention_seq> attn_;
 };
@@ -146,15 +147,16 @@ void cpu_llama::forward(std::span<const batch_seq> batch, kv_pool& pool, std::ve
   gate_.resize(size_t(T * c.n_ff));
   up_.resize(size_t(T * c.n_ff));
   cpu::get_rows(w_.token_embd, tok_, x_.data());
+  rope_.build(pos_.data(), T, int(hd), c.rope_freq_base);  // the same angles for every layer
 
   for (int32_t l = 0; l < c.n_layer; ++l) {
     const auto& W = w_.layers[size_t(l)];
-    cpu::rms_norm(x_.data(), attn_norm_[size_t(l)].data(), xn_.data(), T, e, c.rms_eps);
+    cpu::rms_norm(x_.data(), attn_norm_[size_t(l)].data(), xn_.data(), T, e, c.rms_eps, &pool_);
     cpu::matmul(W.attn_q, xn_.data(), T, q_.data(), mm_scratch_, &pool_, isa_);
     cpu::matmul(W.attn_k, xn_.data(), T, k_.data(), mm_scratch_, &pool_, isa_);
     cpu::matmul(W.attn_v, xn_.data(), T, v_.data(), mm_scratch_, &pool_, isa_);
-    cpu::rope(q_.data(), pos_.data(), T, c.n_head, c.head_dim, c.rope_freq_base);
-    cpu::rope(k_.data(), pos_.data(), T, c.n_head_kv, c.head_dim, c.rope_freq_base);
+    cpu::rope(q_.data(), rope_, c.n_head, &pool_);
+    cpu::rope(k_.data(), rope_, c.n_head_kv, &pool_);
     int64_t t0 = 0;
     attn_.clear();
     for (const batch_seq& b : batch) {
@@ -174,14 +176,14 @@ void cpu_llama::forward(std::span<const batch_seq> batch, kv_pool& pool, std::ve
     // Every sequence's attention in one fork-join (decode batches are many short rows).
     cpu::paged_attention_batch(attn_, c.n_head, pool, l, &pool_, isa_);
     cpu::matmul(W.attn_output, att_.data(), T, tmp_.data(), mm_scratch_, &pool_, isa_);
-    for (int64_t i = 0; i < T * e; ++i) x_[size_t(i)] += tmp_[size_t(i)];
+    cpu::add_inplace(x_.data(), tmp_.data(), T * e, &pool_);
 
-    cpu::rms_norm(x_.data(), ffn_norm_[size_t(l)].data(), xn_.data(), T, e, c.rms_eps);
+    cpu::rms_norm(x_.data(), ffn_norm_[size_t(l)].data(), xn_.data(), T, e, c.rms_eps, &pool_);
     cpu::matmul(W.ffn_gate, xn_.data(), T, gate_.data(), mm_scratch_, &pool_, isa_);
     cpu::matmul(W.ffn_up, xn_.data(), T, up_.data(), mm_scratch_, &pool_, isa_);
     cpu::swiglu(gate_.data(), up_.data(), gate_.data(), size_t(T * c.n_ff), &pool_, isa_);
     cpu::matmul(W.ffn_down, gate_.data(), T, tmp_.data(), mm_scratch_, &pool_, isa_);
-    for (int64_t i = 0; i < T * e; ++i) x_[size_t(i)] += tmp_[size_t(i)];
+    cpu::add_inplace(x_.data(), tmp_.data(), T * e, &pool_);
   }
 
   // Last new token of each sequence that wants logits.

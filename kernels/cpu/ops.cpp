@@ -606,7 +606,8 @@ TANDEM_AVX512 void tile_avx512(const uint8_t* const* rows, int64_t k, const floa
       fma_step16<R, B>(acc, wv, xs, i);
     }
   }
-  // hsum16 of every accumulator, 16 at a time through the transpose network (same bits).
+  // hsum16 of every accumulator, 16 at a time through the transpose network (same bits),
+  // in output order: sums[b * R + r] is y[b0 + b][r0 + r].
   constexpr int chunks = (R * B + 15) / 16;
   alignas(64) float sums[chunks * 16];
   if constexpr (R * B >= 8) {
@@ -615,18 +616,28 @@ TANDEM_AVX512 void tile_avx512(const uint8_t* const* rows, int64_t k, const floa
       __m512 A[16];
 #pragma GCC unroll 16
       for (int j = 0; j < 16; ++j)
-        A[j] = c * 16 + j < R * B ? acc[(c * 16 + j) / B][(c * 16 + j) % B] : _mm512_setzero_ps();
+        A[j] = c * 16 + j < R * B ? acc[(c * 16 + j) % R][(c * 16 + j) / R] : _mm512_setzero_ps();
       hsum16_x16(A, sums + c * 16);
     }
   } else {
     for (int r = 0; r < R; ++r)
-      for (int b = 0; b < B; ++b) sums[r * B + b] = hsum16(acc[r][b]);
+      for (int b = 0; b < B; ++b) sums[b * R + r] = hsum16(acc[r][b]);
+  }
+  if (k16 == k) {
+    // No tail: each activation row's R outputs are contiguous (+ 0.0f as the tail sum adds
+    // below, so -0 sums give +0 on both paths). A scalar loop with an empty tail loop per
+    // output took a tenth of a 4 x 6 tile's time at k = 768.
+#pragma GCC unroll 8
+    for (int b = 0; b < B; ++b)
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) y[(b0 + b) * n + r0 + r] = sums[b * R + r] + 0.0f;
+    return;
   }
   for (int r = 0; r < R; ++r)
     for (int b = 0; b < B; ++b) {
       float tail = 0.0f;
       for (int64_t i = k16; i < k; ++i) tail = std::fma(load_w1<T>(rows[r], i), xs[b][i], tail);
-      y[(b0 + b) * n + r0 + r] = sums[r * B + b] + tail;
+      y[(b0 + b) * n + r0 + r] = sums[b * R + r] + tail;
     }
 }
 
@@ -642,8 +653,10 @@ TANDEM_AVX512 void tile_avx512_rest(const uint8_t* const* rows, int64_t k, const
 
 // Rows [r0, r1). Batch 1 runs tiles of 8 weight rows side by side (enough loads in flight
 // to stream at memory speed). A larger batch runs tiles of 4 weight rows x up to 6
-// activation rows (24 accumulators) in gemm_blocks' order; 6 activation rows stay in L1 up
-// to k = 1280 (30 KB), longer rows take tiles of 6 x 4 instead. Weights are decoded in
+// activation rows (24 accumulators) in gemm_blocks' order at every k. Measured on f16,
+// batch 256-512, one thread, side by side: 4 x 6 beats 6 x 4 by 8% at k = 2048 and
+// 0-6% at 3072 to 11008 (6 x 4 was taken above k = 1280 on the idea that 6 activation rows
+// must stay in L1; they need not), and 3 x 8 is 3-7% slower at 768. Weights are decoded in
 // registers on every path: measured against decoding each block once into an f32 buffer,
 // that is as fast at 512 activation rows and faster at 8 to 32.
 template <ggml_type T>
@@ -656,7 +669,7 @@ void rows_avx512(const tensor_view& w, const float* x, int64_t batch, float* y, 
       for (int i = 0; i < 8; ++i) rows[i] = w.row(r + i);
       tile_avx512<T, 8, 1>(rows, k, x, y, n, r, 0);
     }
-  } else if (k * int64_t(sizeof(float)) * 6 <= (30 << 10)) {
+  } else {
     auto tile = [&](const uint8_t* const* rows, int64_t rr, int64_t b, int64_t cnt) {
       if (cnt == 6)
         tile_avx512<T, 4, 6>(rows, k, x, y, n, rr, b);
@@ -664,14 +677,6 @@ void rows_avx512(const tensor_view& w, const float* x, int64_t batch, float* y, 
         tile_avx512_rest<T, 4, 6>(rows, k, x, y, n, rr, b, cnt);
     };
     r = gemm_blocks<4, 6>(w, batch, r0, r1, 512 << 10, tile);
-  } else {
-    auto tile = [&](const uint8_t* const* rows, int64_t rr, int64_t b, int64_t cnt) {
-      if (cnt == 4)
-        tile_avx512<T, 6, 4>(rows, k, x, y, n, rr, b);
-      else
-        tile_avx512_rest<T, 6, 4>(rows, k, x, y, n, rr, b, cnt);
-    };
-    r = gemm_blocks<6, 4>(w, batch, r0, r1, 512 << 10, tile);
   }
   for (; r < r1; ++r) {
     const uint8_t* row = w.row(r);
@@ -734,34 +739,97 @@ void matmul(const tensor_view& w, const float* x, int64_t batch, float* y, std::
   });
 }
 
-void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * n;
-    double ss = 0.0;
-    for (int64_t i = 0; i < n; ++i) ss += double(xr[i]) * xr[i];
-    const float scale = float(1.0 / std::sqrt(ss / double(n) + double(eps)));
-    float* yr = y + r * n;
-    for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * scale * w[i];
+namespace {
+
+// Rows [r, r + G) of rms_norm: each row's sum of squares is its own double chain in index
+// order, as for one row alone; G chains side by side keep the adder busy where one chain
+// waits on each add's latency (one row of 768 took ~3,000 cycles). double(x) * x is exact,
+// so a contracted multiply-add would give the same bits too.
+template <int G>
+void rms_norm_rows(const float* x, const float* w, float* y, int64_t r, int64_t n, float eps) {
+  double ss[G] = {};
+  for (int64_t i = 0; i < n; ++i)
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) {
+      const double v = x[(r + g) * n + i];
+      ss[g] += v * v;
+    }
+  for (int g = 0; g < G; ++g) {
+    const float scale = float(1.0 / std::sqrt(ss[g] / double(n) + double(eps)));
+    const float* xr = x + (r + g) * n;
+    float* yr = y + (r + g) * n;
+    const __m128 sc = _mm_set1_ps(scale);
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4)  // (x * scale) * w, 4 lanes (SSE: no fused multiply-add here)
+      _mm_storeu_ps(yr + i, _mm_mul_ps(_mm_mul_ps(_mm_loadu_ps(xr + i), sc), _mm_loadu_ps(w + i)));
+    for (; i < n; ++i) yr[i] = xr[i] * scale * w[i];
   }
 }
 
-void rope(float* x, const int32_t* pos, int64_t rows, int n_heads, int head_dim, float freq_base) {
-  // The frequencies once per call, not once per row (the same doubles either way).
-  std::vector<double> freq(size_t(head_dim / 2));
-  for (int i = 0; i < head_dim / 2; ++i)
-    freq[size_t(i)] = std::pow(double(freq_base), -2.0 * i / double(head_dim));
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int i = 0; i < head_dim / 2; ++i) {
+}  // namespace
+
+void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps, thread_pool* pool) {
+  auto run = [&](int64_t r0, int64_t r1) {
+    int64_t r = r0;
+    for (; r + 8 <= r1; r += 8) rms_norm_rows<8>(x, w, y, r, n, eps);
+    for (; r < r1; ++r) rms_norm_rows<1>(x, w, y, r, n, eps);
+  };
+  // Rows are independent: any split gives the same bits.
+  if (pool == nullptr || pool->size() == 1 || rows * n < (int64_t(1) << 15)) return run(0, rows);
+  pool->parallel_for(rows, run);
+}
+
+void add_inplace(float* y, const float* x, int64_t n, thread_pool* pool) {
+  auto run = [&](int64_t b, int64_t e) {
+    int64_t i = b;
+    for (; i + 4 <= e; i += 4) _mm_storeu_ps(y + i, _mm_add_ps(_mm_loadu_ps(y + i), _mm_loadu_ps(x + i)));
+    for (; i < e; ++i) y[i] += x[i];
+  };
+  if (pool == nullptr || pool->size() == 1 || n < (int64_t(1) << 15)) return run(0, n);
+  pool->parallel_for(n, run);
+}
+
+void rope_table::build(const int32_t* pos, int64_t n_rows, int head_dim_, float freq_base) {
+  rows = n_rows;
+  head_dim = head_dim_;
+  // The frequencies once per table, not once per row (the same doubles either way).
+  const int half = head_dim / 2;
+  std::vector<double> freq(static_cast<size_t>(half));
+  for (int i = 0; i < half; ++i) freq[size_t(i)] = std::pow(double(freq_base), -2.0 * i / double(head_dim));
+  cos_sin.resize(size_t(rows) * size_t(half) * 2);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int i = 0; i < half; ++i) {
       const double theta = double(pos[r]) * freq[size_t(i)];
-      const float c = float(std::cos(theta)), s = float(std::sin(theta));
-      for (int h = 0; h < n_heads; ++h) {
-        float* p = x + (r * n_heads + h) * head_dim + 2 * i;
-        const float a = p[0], b = p[1];
-        p[0] = a * c - b * s;
-        p[1] = a * s + b * c;
-      }
+      cos_sin[size_t((r * half + i) * 2)] = float(std::cos(theta));
+      cos_sin[size_t((r * half + i) * 2 + 1)] = float(std::sin(theta));
     }
-  }
+}
+
+void rope(float* x, const rope_table& t, int n_heads, thread_pool* pool) {
+  const int half = t.head_dim / 2;
+  auto run = [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int h = 0; h < n_heads; ++h) {
+        float* p = x + (r * n_heads + h) * t.head_dim;
+        const float* cs = t.cos_sin.data() + size_t(r * half) * 2;
+        for (int i = 0; i < half; ++i) {
+          const float c = cs[2 * i], s = cs[2 * i + 1];
+          const float a = p[2 * i], b = p[2 * i + 1];
+          p[2 * i] = a * c - b * s;
+          p[2 * i + 1] = a * s + b * c;
+        }
+      }
+  };
+  // Rows are independent: any split gives the same bits.
+  if (pool == nullptr || pool->size() == 1 || t.rows * n_heads * t.head_dim < (int64_t(1) << 15))
+    return run(0, t.rows);
+  pool->parallel_for(t.rows, run);
+}
+
+void rope(float* x, const int32_t* pos, int64_t rows, int n_heads, int head_dim, float freq_base) {
+  rope_table t;
+  t.build(pos, rows, head_dim, freq_base);
+  rope(x, t, n_heads);
 }
 
 
@@ -845,7 +913,12 @@ TANDEM_AVX512 void softmax_avx512(float* x, size_t n) {
     acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
     acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
   }
-  for (size_t i = n16; i < n; ++i) x[i] = exp_fixed(x[i] - mx);
+  if (n16 < n) {
+    // The tail's exps in one masked vector: exp_fixed16 is exp_fixed lane by lane (the scalar
+    // calls, with fmaf from libm, took a tenth of a prefill's attention).
+    const __mmask16 m = __mmask16((1u << (n - n16)) - 1u);
+    _mm512_mask_storeu_ps(x + n16, m, exp_fixed16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + n16), mv)));
+  }
   alignas(64) double l[8];
   _mm512_store_pd(l, acc);
   // Elements n16 .. n8 belong to the lanes too (n8 = n rounded down to 8).
@@ -854,7 +927,10 @@ TANDEM_AVX512 void softmax_avx512(float* x, size_t n) {
   const float inv = float(1.0 / sum_tail(x, n8, n, l));
   const __m512 iv = _mm512_set1_ps(inv);
   for (size_t i = 0; i < n16; i += 16) _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), iv));
-  for (size_t i = n16; i < n; ++i) x[i] *= inv;
+  if (n16 < n) {
+    const __mmask16 m = __mmask16((1u << (n - n16)) - 1u);
+    _mm512_mask_storeu_ps(x + n16, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + n16), iv));
+  }
 }
 
 __attribute__((target("avx2,fma"))) void softmax_avx2(float* x, size_t n) {
@@ -986,6 +1062,57 @@ TANDEM_AVX512 void dot16_avx512(const float* a, const float* const* rows, int64_
   for (int j = 0; j < 16; ++j) out[j] = t[j] + 0.0f;
 }
 
+// dot16_avx512 for G query rows against the same 16 rows at once: each row's 16-float
+// chunks are loaded once and feed all G queries, whose NV chunks (n = 16 NV) stay in
+// registers (dot16_avx512 loads both operands for every FMA, so a prefill chunk's scores
+// were bound by loads). Per (query, row) it is exactly dot_avx512's arithmetic: chunk c of a
+// pair-step goes to s[c % 2] in ascending order, an odd last chunk to s0, then s0 + s1 and
+// the hsum16 network.
+template <int G, int NV>
+TANDEM_AVX512 void dot16_rows_avx512(const float* const* q, const float* const* rows, float* const* out) {
+  __m512 qv[G][NV];
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g)
+#pragma GCC unroll 8
+    for (int c = 0; c < NV; ++c) qv[g][c] = _mm512_loadu_ps(q[g] + 16 * c);
+  alignas(64) __m512 A[G][16];
+  for (int j = 0; j < 16; ++j) {
+    const float* b = rows[j];
+    __m512 s0[G], s1[G];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) s0[g] = s1[g] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int c = 0; c < NV; ++c) {
+      const __m512 bv = _mm512_loadu_ps(b + 16 * c);
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) {
+        // Pairs of chunks alternate s0, s1; an odd last chunk (NV odd) goes to s0.
+        if (c % 2 == 0) s0[g] = _mm512_fmadd_ps(qv[g][c], bv, s0[g]);
+        else s1[g] = _mm512_fmadd_ps(qv[g][c], bv, s1[g]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) A[g][j] = _mm512_add_ps(s0[g], s1[g]);
+  }
+  alignas(64) float t[16];
+  for (int g = 0; g < G; ++g) {
+    hsum16_x16(A[g], t);
+    for (int j = 0; j < 16; ++j) out[g][j] = t[j] + 0.0f;
+  }
+}
+
+// dot16_rows_avx512 for the group size and head size at run time; false if n is not 16 to 64.
+template <int G>
+TANDEM_AVX512 bool dot16_rows(const float* const* q, const float* const* rows, int64_t n, float* const* out) {
+  switch (n) {
+    case 16: dot16_rows_avx512<G, 1>(q, rows, out); return true;
+    case 32: dot16_rows_avx512<G, 2>(q, rows, out); return true;
+    case 48: dot16_rows_avx512<G, 3>(q, rows, out); return true;
+    case 64: dot16_rows_avx512<G, 4>(q, rows, out); return true;
+    default: return false;
+  }
+}
+
 // Output columns [c, c + 16 V) of G rows of attention at once: for each position p below
 // `common` (where all G rows attend), V[p]'s vectors are loaded once and feed every row;
 // then each row runs on alone over its own further positions. Per element this is the FMA
@@ -1061,13 +1188,38 @@ TANDEM_AVX512 void attention_group_avx512(const float* const* qh, int g_count, i
   k_rows(pool, layer, pages, kvh, max_len, rows);
   const float* atts[4];
   int64_t lens[4];
+  // Blocks of 16 positions every row of the group attends to: all rows at once (head sizes
+  // 16 to 64; others, and the rest of each row, one row at a time).
+  int64_t common16 = 0;
+  if (g_count > 1 && hd <= 64) {
+    float* outs[4];
+    for (; common16 + 16 <= len0; common16 += 16) {
+      for (int g = 0; g < g_count; ++g) outs[g] = att + g * att_stride + common16;
+      const float* const* kr = rows.data() + common16;
+      const bool done = g_count == 4   ? dot16_rows<4>(qh, kr, hd, outs)
+                        : g_count == 3 ? dot16_rows<3>(qh, kr, hd, outs)
+                                       : dot16_rows<2>(qh, kr, hd, outs);
+      if (!done) break;
+    }
+  }
+  const __m512 sv = _mm512_set1_ps(scale);
   for (int g = 0; g < g_count; ++g) {
     float* a = att + g * att_stride;
     const int64_t len = len0 + g;
-    int64_t p = 0;
+    int64_t p = common16;
     for (; p + 16 <= len; p += 16) dot16_avx512(qh[g], rows.data() + p, hd, a + p);
-    for (; p < len; ++p) a[p] = dot_avx512(qh[g], rows[size_t(p)], hd);
-    for (p = 0; p < len; ++p) a[p] *= scale;
+    if (p < len) {
+      // The last len % 16 positions as one more 16-row call, padded with position 0 (each
+      // output is its own dot_avx512, so the padding changes nothing and is dropped).
+      const float* tail_rows[16];
+      for (int j = 0; j < 16; ++j) tail_rows[j] = rows[size_t(p + j < len ? p + j : 0)];
+      alignas(64) float t[16];
+      dot16_avx512(qh[g], tail_rows, hd, t);
+      for (int64_t j = 0; p + j < len; ++j) a[p + j] = t[j];
+    }
+    p = 0;
+    for (; p + 16 <= len; p += 16) _mm512_storeu_ps(a + p, _mm512_mul_ps(_mm512_loadu_ps(a + p), sv));
+    for (; p < len; ++p) a[p] *= scale;
     softmax(a, size_t(len), cpu_isa::avx512);
     atts[g] = a;
     lens[g] = len;

@@ -53,11 +53,28 @@ float dot(const float* a, const float* b, int64_t n, cpu_isa isa);
 void axpy(float a, const float* x, float* y, int64_t n, cpu_isa isa = cpu_isa::best);
 
 /// y[r][i] = x[r][i] * w[i] / sqrt(mean(x[r]^2) + eps), rows of n floats (y may equal x).
-void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps);
+/// With `pool`, rows are split across its threads (the same bits).
+void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps,
+              thread_pool* pool = nullptr);
+
+/// y[i] += x[i] for i < n (the residual add), split across `pool`'s threads if given.
+void add_inplace(float* y, const float* x, int64_t n, thread_pool* pool = nullptr);
 
 /// In place: rotate adjacent pairs (x[2i], x[2i+1]) of each head by pos[r] * base^(-2i/head_dim)
 /// (llama.cpp "normal" RoPE). x is [rows][n_heads][head_dim].
 void rope(float* x, const int32_t* pos, int64_t rows, int n_heads, int head_dim, float freq_base);
+
+/// cos and sin of every (row, pair) angle of rope(), computed once for the positions of a
+/// forward pass and shared by its Q and K of every layer (the same bits as rope()).
+struct rope_table {
+  int64_t rows = 0;
+  int head_dim = 0;
+  std::vector<float> cos_sin;  ///< [rows][head_dim / 2][cos, sin]
+  void build(const int32_t* pos, int64_t n_rows, int head_dim, float freq_base);
+};
+/// rope() with the angles of `t` (x is [t.rows][n_heads][t.head_dim]); rows split across
+/// `pool`'s threads if given (the same bits).
+void rope(float* x, const rope_table& t, int n_heads, thread_pool* pool = nullptr);
 
 /// out[i] = silu(gate[i]) * up[i] (out may equal gate), with softmax's exp, so every `isa`
 /// path gives the same bits. With `pool`, split across its threads (elementwise, so the same

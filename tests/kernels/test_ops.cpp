@@ -146,6 +146,58 @@ TEST_CASE("ops: get_rows reads any type and rejects bad ids") {
   }
 }
 
+TEST_CASE("ops: rms_norm, rope and the residual add give the same bits in any row split and thread count") {
+  // rms_norm runs 8 rows' sums side by side, rope takes its angles from a table built once
+  // per forward pass, and all three split rows across threads: each row must still come
+  // out exactly as it does alone.
+  const int64_t rows = 21, n = 96;  // 8 + 8 + 5 rows
+  const int n_heads = 3, hd = 32;
+  const auto x = random_floats(size_t(rows * n), 90, 4.0f);
+  const auto w = random_floats(size_t(n), 91);
+  std::vector<int32_t> pos(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) pos[size_t(r)] = int32_t(r * 37 % 1500);
+  std::vector<float> alone(x.size());
+  for (int64_t r = 0; r < rows; ++r) cpu::rms_norm(x.data() + r * n, w.data(), alone.data() + r * n, 1, n, 1e-5f);
+  std::vector<float> rope_alone = x;
+  for (int64_t r = 0; r < rows; ++r)
+    cpu::rope(rope_alone.data() + r * n, pos.data() + r, 1, n_heads, hd, 10000.0f);
+  cpu::rope_table table;
+  table.build(pos.data(), rows, hd, 10000.0f);
+  // Large enough for the pool to split (the kernels keep small calls on one thread).
+  const int64_t big_rows = 1024;
+  std::vector<float> xb, wantb, ropeb;
+  for (int64_t r = 0; r < big_rows; ++r) {
+    xb.insert(xb.end(), x.begin() + (r % rows) * n, x.begin() + (r % rows + 1) * n);
+    wantb.insert(wantb.end(), alone.begin() + (r % rows) * n, alone.begin() + (r % rows + 1) * n);
+    ropeb.insert(ropeb.end(), rope_alone.begin() + (r % rows) * n, rope_alone.begin() + (r % rows + 1) * n);
+  }
+  std::vector<int32_t> posb(static_cast<size_t>(big_rows));
+  for (int64_t r = 0; r < big_rows; ++r) posb[size_t(r)] = pos[size_t(r % rows)];
+  cpu::rope_table tb;
+  tb.build(posb.data(), big_rows, hd, 10000.0f);
+  cpu::thread_pool tp(2);
+  for (cpu::thread_pool* pool : {static_cast<cpu::thread_pool*>(nullptr), &tp}) {
+    CAPTURE(pool != nullptr);
+    std::vector<float> y(x.size());
+    cpu::rms_norm(x.data(), w.data(), y.data(), rows, n, 1e-5f, pool);
+    REQUIRE(std::memcmp(y.data(), alone.data(), y.size() * 4) == 0);
+    std::vector<float> yb(xb.size());
+    cpu::rms_norm(xb.data(), w.data(), yb.data(), big_rows, n, 1e-5f, pool);
+    REQUIRE(std::memcmp(yb.data(), wantb.data(), yb.size() * 4) == 0);
+
+    auto q = x;
+    cpu::rope(q.data(), table, n_heads, pool);
+    REQUIRE(std::memcmp(q.data(), rope_alone.data(), q.size() * 4) == 0);
+    auto qb = xb;
+    cpu::rope(qb.data(), tb, n_heads, pool);
+    REQUIRE(std::memcmp(qb.data(), ropeb.data(), qb.size() * 4) == 0);
+
+    auto sum = xb;
+    cpu::add_inplace(sum.data(), wantb.data(), int64_t(sum.size()) - 3, pool);  // an odd length
+    for (size_t i = 0; i < sum.size(); ++i) REQUIRE(sum[i] == (i + 3 < sum.size() ? xb[i] + wantb[i] : xb[i]));
+  }
+}
+
 TEST_CASE("ops: rms_norm, rope, swiglu, softmax match naive references") {
   const int64_t rows = 3, n = 64;
   auto x = random_floats(size_t(rows * n), 4, 3.0f);
@@ -543,16 +595,18 @@ TEST_CASE("ops: swiglu gives the same bits on every isa path, split or not, and 
 }
 
 TEST_CASE("ops: a chunk of query tokens gives the same bits as the same tokens one at a time") {
-  // The avx512 path takes 4 tokens of a head at a time (sharing V loads); 7 and 10 tokens
-  // leave groups of 3 and 2, and pos0 = 13 starts the chunk mid-page.
-  for (int hd : {64, 48}) {
+  // The avx512 path takes 4 tokens of a head at a time (sharing K and V loads); 7 and 10
+  // tokens leave groups of 3 and 2, pos0 = 13 starts the chunk mid-page, and 45 tokens give
+  // groups whose rows share several 16-position blocks of scores (one to five 16-float
+  // chunks per row: head_dim 16 to 80).
+  for (int hd : {64, 48, 16, 32, 80}) {
     kv_layout L{.n_layers = 1, .n_kv_heads = 2, .head_dim = hd, .page_size = 16};
-    kv_pool pool(L, 3);
+    kv_pool pool(L, 4);
     const auto kv = random_floats(pool.bytes() / 4, 60);
     std::memcpy(pool.page_data(0), kv.data(), pool.bytes());
-    const std::vector<int32_t> pages = {2, 0, 1};
+    const std::vector<int32_t> pages = {2, 0, 3, 1};
     const int n_heads = 4;
-    for (int64_t n : {int64_t(7), int64_t(10)}) {
+    for (int64_t n : {int64_t(7), int64_t(10), int64_t(45), int64_t(46)}) {
       const int32_t pos0 = 13;
       const auto q = random_floats(size_t(n * n_heads * hd), 61 + uint64_t(n));
       for (cpu_isa isa : runnable_isas()) {
