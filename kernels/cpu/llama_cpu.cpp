@@ -161,13 +161,20 @@ void cpu_llama::forward(std::span<const batch_seq> batch, kv_pool& pool, std::ve
     attn_.clear();
     for (const batch_seq& b : batch) {
       const int64_t n = int64_t(b.tokens.size());
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t p = b.pos + i;
-        const int32_t page = b.pages[size_t(p / ps)];
-        const size_t slot = size_t(p % ps) * size_t(kd);
-        std::memcpy(pool.k(page, l) + slot, k_.data() + (t0 + i) * kd, size_t(kd) * sizeof(float));
-        std::memcpy(pool.v(page, l) + slot, v_.data() + (t0 + i) * kd, size_t(kd) * sizeof(float));
-      }
+      auto store = [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) {
+          const int64_t p = b.pos + i;
+          const int32_t page = b.pages[size_t(p / ps)];
+          const size_t slot = size_t(p % ps) * size_t(kd);
+          std::memcpy(pool.k(page, l) + slot, k_.data() + (t0 + i) * kd, size_t(kd) * sizeof(float));
+          std::memcpy(pool.v(page, l) + slot, v_.data() + (t0 + i) * kd, size_t(kd) * sizeof(float));
+        }
+      };
+      // A prefill chunk's K and V (3 MB per layer for 512 tokens of 768 floats) on both cores.
+      if (n * kd >= (int64_t(1) << 15))
+        pool_.parallel_for(n, store);
+      else
+        store(0, n);
       if (n > 0)
         attn_.push_back(cpu::attention_seq{
             .q = q_.data() + t0 * qd, .n_tokens = n, .pos0 = b.pos, .pages = b.pages, .out = att_.data() + t0 * qd});

@@ -289,14 +289,14 @@ int bench_model(args a) {
   std::uniform_int_distribution<int32_t> tok(1, c.n_vocab - 1);
   std::vector<float> logits;
 
-  // Prefill: one sequence of `prompt` tokens (3 runs; the fastest counts, the first also warms).
+  // Prefill: one sequence of `prompt` tokens (5 runs; the fastest counts, the first also warms).
   double prefill_s = 1e30;
   {
     kv_pool pool(model->layout(ps), int32_t((prompt + ps - 1) / ps));
     std::vector<int32_t> pages(static_cast<size_t>(pool.n_pages())), toks(static_cast<size_t>(prompt));
     for (size_t i = 0; i < pages.size(); ++i) pages[i] = int32_t(i);
     for (auto& t : toks) t = tok(rng);
-    for (int r = 0; r < 3; ++r) {
+    for (int r = 0; r < 5; ++r) {
       const batch_seq s{.tokens = toks, .pos = 0, .pages = pages, .want_logits = true};
       const double t0 = now_s();
       model->forward(std::span<const batch_seq>(&s, 1), pool, logits);
