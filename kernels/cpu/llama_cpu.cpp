@@ -171,10 +171,7 @@ void cpu_llama::forward(std::span<const batch_seq> batch, kv_pool& pool, std::ve
         }
       };
       // A prefill chunk's K and V (3 MB per layer for 512 tokens of 768 floats) on both cores.
-      if (n * kd >= (int64_t(1) << 15))
-        pool_.parallel_for(n, store);
-      else
-        store(0, n);
+      cpu::parallel_for_if(&pool_, n, n * kd, store);
       if (n > 0)
         attn_.push_back(cpu::attention_seq{
             .q = q_.data() + t0 * qd, .n_tokens = n, .pos0 = b.pos, .pages = b.pages, .out = att_.data() + t0 * qd});

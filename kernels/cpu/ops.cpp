@@ -774,9 +774,7 @@ void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n,
     for (; r + 8 <= r1; r += 8) rms_norm_rows<8>(x, w, y, r, n, eps);
     for (; r < r1; ++r) rms_norm_rows<1>(x, w, y, r, n, eps);
   };
-  // Rows are independent: any split gives the same bits.
-  if (pool == nullptr || pool->size() == 1 || rows * n < (int64_t(1) << 15)) return run(0, rows);
-  pool->parallel_for(rows, run);
+  parallel_for_if(pool, rows, rows * n, run);  // rows are independent: any split, the same bits
 }
 
 void add_inplace(float* y, const float* x, int64_t n, thread_pool* pool) {
@@ -785,8 +783,7 @@ void add_inplace(float* y, const float* x, int64_t n, thread_pool* pool) {
     for (; i + 4 <= e; i += 4) _mm_storeu_ps(y + i, _mm_add_ps(_mm_loadu_ps(y + i), _mm_loadu_ps(x + i)));
     for (; i < e; ++i) y[i] += x[i];
   };
-  if (pool == nullptr || pool->size() == 1 || n < (int64_t(1) << 15)) return run(0, n);
-  pool->parallel_for(n, run);
+  parallel_for_if(pool, n, n, run);
 }
 
 void rope_table::build(const int32_t* pos, int64_t n_rows, int head_dim_, float freq_base) {
@@ -820,10 +817,7 @@ void rope(float* x, const rope_table& t, int n_heads, thread_pool* pool) {
         }
       }
   };
-  // Rows are independent: any split gives the same bits.
-  if (pool == nullptr || pool->size() == 1 || t.rows * n_heads * t.head_dim < (int64_t(1) << 15))
-    return run(0, t.rows);
-  pool->parallel_for(t.rows, run);
+  parallel_for_if(pool, t.rows, t.rows * n_heads * t.head_dim, run);  // any split, the same bits
 }
 
 void rope(float* x, const int32_t* pos, int64_t rows, int n_heads, int head_dim, float freq_base) {
@@ -913,12 +907,11 @@ TANDEM_AVX512 void softmax_avx512(float* x, size_t n) {
     acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
     acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
   }
-  if (n16 < n) {
-    // The tail's exps in one masked vector: exp_fixed16 is exp_fixed lane by lane (the scalar
-    // calls, with fmaf from libm, took a tenth of a prefill's attention).
-    const __mmask16 m = __mmask16((1u << (n - n16)) - 1u);
-    _mm512_mask_storeu_ps(x + n16, m, exp_fixed16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + n16), mv)));
-  }
+  // The tail's exps in one masked vector: exp_fixed16 is exp_fixed lane by lane (the scalar
+  // calls, with fmaf from libm, took a tenth of a prefill's attention).
+  const __mmask16 tail = __mmask16((1u << (n - n16)) - 1u);
+  if (tail != 0)
+    _mm512_mask_storeu_ps(x + n16, tail, exp_fixed16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, x + n16), mv)));
   alignas(64) double l[8];
   _mm512_store_pd(l, acc);
   // Elements n16 .. n8 belong to the lanes too (n8 = n rounded down to 8).
@@ -927,10 +920,7 @@ TANDEM_AVX512 void softmax_avx512(float* x, size_t n) {
   const float inv = float(1.0 / sum_tail(x, n8, n, l));
   const __m512 iv = _mm512_set1_ps(inv);
   for (size_t i = 0; i < n16; i += 16) _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), iv));
-  if (n16 < n) {
-    const __mmask16 m = __mmask16((1u << (n - n16)) - 1u);
-    _mm512_mask_storeu_ps(x + n16, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + n16), iv));
-  }
+  if (tail != 0) _mm512_mask_storeu_ps(x + n16, tail, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, x + n16), iv));
 }
 
 __attribute__((target("avx2,fma"))) void softmax_avx2(float* x, size_t n) {
@@ -1034,8 +1024,7 @@ void swiglu(const float* gate, const float* up, float* out, size_t n, thread_poo
     if (isa == cpu_isa::avx2) return swiglu_avx2(gate, up, out, b, e);
     for (int64_t i = b; i < e; ++i) out[i] = swiglu_one(gate[i], up[i]);
   };
-  if (pool == nullptr || pool->size() == 1 || n < (size_t(1) << 14)) return run(0, int64_t(n));
-  pool->parallel_for(int64_t(n), run);
+  parallel_for_if(pool, int64_t(n), int64_t(n), run, int64_t(1) << 14);
 }
 
 namespace {
@@ -1189,9 +1178,9 @@ TANDEM_AVX512 void attention_group_avx512(const float* const* qh, int g_count, i
   const float* atts[4];
   int64_t lens[4];
   // Blocks of 16 positions every row of the group attends to: all rows at once (head sizes
-  // 16 to 64; others, and the rest of each row, one row at a time).
+  // 16 to 64, which dot16_rows takes; others, and the rest of each row, one row at a time).
   int64_t common16 = 0;
-  if (g_count > 1 && hd <= 64) {
+  if (g_count > 1) {
     float* outs[4];
     for (; common16 + 16 <= len0; common16 += 16) {
       for (int g = 0; g < g_count; ++g) outs[g] = att + g * att_stride + common16;

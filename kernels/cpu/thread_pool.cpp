@@ -53,6 +53,12 @@ void thread_pool::parallel_for(int64_t n, const std::function<void(int64_t, int6
   run(n, size(), false, fn);
 }
 
+void parallel_for_if(thread_pool* pool, int64_t n, int64_t work, const std::function<void(int64_t, int64_t)>& fn,
+                     int64_t min_work) {
+  if (pool == nullptr || pool->size() == 1 || work < min_work) return fn(0, n);
+  pool->parallel_for(n, fn);
+}
+
 void thread_pool::parallel_for_dynamic(int64_t n, int32_t chunks_per_thread,
                                        const std::function<void(int64_t, int64_t)>& fn) {
   run(n, std::min<int64_t>(n, int64_t(size()) * std::max(1, chunks_per_thread)), true, fn);

@@ -57,4 +57,13 @@ class thread_pool {
   std::exception_ptr error_;  // guarded by mu_
 };
 
+/// Elements an elementwise or row-wise kernel must touch before it wakes the workers:
+/// below this, waking them costs more than the work.
+constexpr int64_t min_parallel_work = int64_t(1) << 15;
+
+/// fn over [0, n): split across `pool`'s threads (pool->parallel_for) when there is a pool
+/// of more than one thread and `work` reaches `min_work`, else run on the caller.
+void parallel_for_if(thread_pool* pool, int64_t n, int64_t work, const std::function<void(int64_t, int64_t)>& fn,
+                     int64_t min_work = min_parallel_work);
+
 }  // namespace tandem::cpu
