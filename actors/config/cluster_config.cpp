@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "actors/config/toml.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/gguf/gguf.h"
 #include "kernels/model/kv_pool.h"
 
@@ -98,6 +99,8 @@ machine_info machine_info::probe() {
   m.mem_total_bytes = meminfo_kb("/proc/meminfo", "MemTotal") * 1024;
   m.mem_available_bytes = meminfo_kb("/proc/meminfo", "MemAvailable") * 1024;
   m.cpus = int32_t(std::thread::hardware_concurrency());
+  for (cpu_isa i : {cpu_isa::best, cpu_isa::scalar, cpu_isa::avx2, cpu_isa::avx512, cpu_isa::amx})
+    if (cpu::isa_supported(i)) m.kernel_paths.emplace_back(cpu::to_string(i));
   // NUMA nodes as the kernel reports them (what libnuma reads too); ids are dense in practice.
   for (int32_t n = 0;; ++n) {
     std::string p = fmt::format("/sys/devices/system/node/node{}/meminfo", n);
@@ -450,7 +453,17 @@ config_check check_cluster_config(const std::string& text, const std::string& so
   // --- [model]
   toml::position model_path_pos{1, 1};
   if (const value* t = ck.table(root, "model")) {
-    ck.known_keys(*t, "model", {"path", "threads"});
+    ck.known_keys(*t, "model", {"path", "threads", "kernels"});
+    // The kernel path: every name is checked, and one this machine cannot run is refused
+    // here rather than when the worker builds the model.
+    const std::vector<std::string> paths = {"best", "scalar", "avx2", "avx512", "amx"};
+    if (ck.choice(*t, "model", "kernels", paths, cfg.kernel_isa) && !m.kernel_paths.empty() &&
+        std::find(m.kernel_paths.begin(), m.kernel_paths.end(), cfg.kernel_isa) == m.kernel_paths.end()) {
+      std::string list;
+      for (const auto& k : m.kernel_paths) list += (list.empty() ? "" : ", ") + k;
+      ck.error(t->find("kernels")->pos, "model.kernels", t->find("kernels"),
+               fmt::format("this machine cannot run the {} kernels; use one of: {}", cfg.kernel_isa, list));
+    }
     if (ck.string(*t, "model", "path", cfg.model_path)) {
       model_path_pos = t->find("path")->pos;
       if (cfg.model_path.empty())

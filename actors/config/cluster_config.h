@@ -41,6 +41,8 @@ struct cluster_config {
   cache_config cache;
   std::vector<node_config> nodes;
   std::string router_policy = "round_robin";        ///< round_robin | power_of_two | cache_aware
+  /// [model] kernels: the CPU kernel path (best | scalar | avx2 | avx512 | amx).
+  std::string kernel_isa = "best";
   /// [router] balance_abs_tokens / balance_rel: cache_aware's balance thresholds
   /// (route_policy_options; the defaults are the same).
   int64_t router_balance_abs_tokens = 2048;
@@ -65,6 +67,9 @@ struct machine_info {
   /// MemTotal of each NUMA node, by node id; empty = unknown (ids are not checked).
   std::vector<uint64_t> numa_node_bytes;
   int32_t cpus = 0;
+  /// The CPU kernel paths this machine runs (cpu::isa_supported), "best" first; empty =
+  /// unknown (not checked).
+  std::vector<std::string> kernel_paths;
 
   /// Reads /proc/meminfo and /sys/devices/system/node/node*/meminfo.
   static machine_info probe();

@@ -307,8 +307,8 @@ actor_cluster::actor_cluster(std::shared_ptr<llama_model> model, actor_cluster_o
   };
   s.supervisor = spawn_supervisor(*s.sys, std::move(sv), children_of(s), s.clk,
                                   make_actor_logger("supervisor", sink, opt_.log_level));
-  s.log->info("cluster up: model {}, {} KV pages of {} ({:.1f} MiB), context {}, prefix cache {}",
-              opt_.model_id, n_pages_, layout.describe(),
+  s.log->info("cluster up: model {} (kernels {}), {} KV pages of {} ({:.1f} MiB), context {}, prefix cache {}",
+              opt_.model_id, opt_.kernels, n_pages_, layout.describe(),
               double(n_pages_) * double(layout.page_bytes()) / (1024.0 * 1024.0), max_context_,
               opt_.lim.prefix_cache ? "on" : "off");
 }

@@ -26,6 +26,7 @@ struct actor_cluster_options {
   limits lim;
   cache_config cache;  ///< hierarchical KV cache tiers (validated with the model's layout at start)
   std::string model_id = "model";
+  std::string kernels = "cpu";                 ///< the model's kernel path, for the start-up log line
   std::string node_name = "local";             ///< `node` label of the node health metrics
   int32_t eos_id = -1;
   std::string log_level = "info";

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "actors/runtime/actor_cluster.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/gguf/gguf.h"
 #include "kernels/model/llama.h"
 #include "kernels/tokenizer/tokenizer.h"
@@ -34,6 +35,7 @@ std::unique_ptr<embedded_cluster> embedded_cluster::start(const cluster_options&
   p->tok = tokenizer::from_gguf(p->file);
   cpu_options co;
   co.threads = opt.lim.threads;
+  co.isa = cpu::parse_isa(opt.kernel_isa);
   std::shared_ptr<llama_model> model = llama_model::load(p->file, co);
   p->model_id = model->config().name.empty() ? std::filesystem::path(opt.model_path).stem().string()
                                              : model->config().name;
@@ -41,6 +43,8 @@ std::unique_ptr<embedded_cluster> embedded_cluster::start(const cluster_options&
   ao.lim = opt.lim;
   ao.cache = opt.cache;
   ao.model_id = p->model_id;
+  ao.kernels = fmt::format("{}, {} thread{}", cpu::to_string(cpu::resolve_isa(co.isa)), co.threads,
+                           co.threads == 1 ? "" : "s");
   ao.eos_id = p->tok->eos_id();
   ao.log_level = opt.log_level;
   ao.log_json = opt.log_json;

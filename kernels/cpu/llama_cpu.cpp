@@ -69,6 +69,13 @@ class cpu_llama final : public llama_model {
       attn_norm_.push_back(to_f32(L.attn_norm));
       ffn_norm_.push_back(to_f32(L.ffn_norm));
     }
+    // Every matmul weight prepared once for the kernel path (on amx: copied into the tile
+    // layout, which adds the model's f16/bf16 weight bytes in memory).
+    auto pack = [this](const tensor_view& t) { return cpu::pack_weight(t, isa_, &pool_); };
+    for (const auto& L : w_.layers)
+      packed_.push_back(packed_layer{pack(L.attn_q), pack(L.attn_k), pack(L.attn_v), pack(L.attn_output),
+                                     pack(L.ffn_gate), pack(L.ffn_up), pack(L.ffn_down)});
+    output_ = pack(w_.output);
   }
 
   const model_config& config() const override { return w_.config; }
@@ -89,7 +96,12 @@ class cpu_llama final : public llama_model {
   std::vector<std::vector<float>> attn_norm_, ffn_norm_;
   // Scratch reused across calls (one model serves one executor thread).
   std::vector<float> x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_, mm_scratch_;
-  cpu::rope_table rope_;  ///< the angles of the positions of the current forward pass
+  cpu::rope_table rope_;
+  struct packed_layer {
+    cpu::packed_weight attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down;
+  };
+  std::vector<packed_layer> packed_;
+  cpu::packed_weight output_;  ///< the angles of the positions of the current forward pass
   std::vector<int32_t> tok_, pos_;
   std::vector<cpu::attention_seq> attn_;
 };
@@ -150,11 +162,11 @@ void cpu_llama::forward(std::span<const batch_seq> batch, kv_pool& pool, std::ve
   rope_.build(pos_.data(), T, int(hd), c.rope_freq_base);  // the same angles for every layer
 
   for (int32_t l = 0; l < c.n_layer; ++l) {
-    const auto& W = w_.layers[size_t(l)];
+    const packed_layer& W = packed_[size_t(l)];
     cpu::rms_norm(x_.data(), attn_norm_[size_t(l)].data(), xn_.data(), T, e, c.rms_eps, &pool_);
-    cpu::matmul(W.attn_q, xn_.data(), T, q_.data(), mm_scratch_, &pool_, isa_);
-    cpu::matmul(W.attn_k, xn_.data(), T, k_.data(), mm_scratch_, &pool_, isa_);
-    cpu::matmul(W.attn_v, xn_.data(), T, v_.data(), mm_scratch_, &pool_, isa_);
+    cpu::matmul(W.attn_q, xn_.data(), T, q_.data(), mm_scratch_, &pool_);
+    cpu::matmul(W.attn_k, xn_.data(), T, k_.data(), mm_scratch_, &pool_);
+    cpu::matmul(W.attn_v, xn_.data(), T, v_.data(), mm_scratch_, &pool_);
     cpu::rope(q_.data(), rope_, c.n_head, &pool_);
     cpu::rope(k_.data(), rope_, c.n_head_kv, &pool_);
     int64_t t0 = 0;
@@ -179,14 +191,14 @@ void cpu_llama::forward(std::span<const batch_seq> batch, kv_pool& pool, std::ve
     }
     // Every sequence's attention in one fork-join (decode batches are many short rows).
     cpu::paged_attention_batch(attn_, c.n_head, pool, l, &pool_, isa_);
-    cpu::matmul(W.attn_output, att_.data(), T, tmp_.data(), mm_scratch_, &pool_, isa_);
+    cpu::matmul(W.attn_output, att_.data(), T, tmp_.data(), mm_scratch_, &pool_);
     cpu::add_inplace(x_.data(), tmp_.data(), T * e, &pool_);
 
     cpu::rms_norm(x_.data(), ffn_norm_[size_t(l)].data(), xn_.data(), T, e, c.rms_eps, &pool_);
-    cpu::matmul(W.ffn_gate, xn_.data(), T, gate_.data(), mm_scratch_, &pool_, isa_);
-    cpu::matmul(W.ffn_up, xn_.data(), T, up_.data(), mm_scratch_, &pool_, isa_);
+    cpu::matmul(W.ffn_gate, xn_.data(), T, gate_.data(), mm_scratch_, &pool_);
+    cpu::matmul(W.ffn_up, xn_.data(), T, up_.data(), mm_scratch_, &pool_);
     cpu::swiglu(gate_.data(), up_.data(), gate_.data(), size_t(T * c.n_ff), &pool_, isa_);
-    cpu::matmul(W.ffn_down, gate_.data(), T, tmp_.data(), mm_scratch_, &pool_, isa_);
+    cpu::matmul(W.ffn_down, gate_.data(), T, tmp_.data(), mm_scratch_, &pool_);
     cpu::add_inplace(x_.data(), tmp_.data(), T * e, &pool_);
   }
 
@@ -201,7 +213,7 @@ void cpu_llama::forward(std::span<const batch_seq> batch, kv_pool& pool, std::ve
     }
   }
   cpu::rms_norm(xn_.data(), output_norm_.data(), xn_.data(), r, e, c.rms_eps);
-  cpu::matmul(w_.output, xn_.data(), r, logits.data(), mm_scratch_, &pool_, isa_);
+  cpu::matmul(output_, xn_.data(), r, logits.data(), mm_scratch_, &pool_);
 }
 
 }  // namespace

@@ -1,14 +1,9 @@
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/amx.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/cpu/thread_pool.h"
 
 #include <fmt/format.h>
-// GCC 12's AVX-512 headers self-initialise their "undefined" vectors (GCC bug 105593), which
-// -Wuninitialized flags once inlined; the state applies to the header's own lines.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
 
 #include <algorithm>
 #include <cmath>
@@ -157,6 +152,7 @@ __attribute__((target("avx2,f16c"))) void q8_0_row_avx2(const block_q8_0* blocks
 
 }  // namespace
 
+// amx is never picked here: its batch-1 decode is slower (see amx.h); it is chosen by name.
 cpu_isa detected_isa() {
   if (has_avx512()) return cpu_isa::avx512;
   if (has_avx2_fma() && has_f16c()) return cpu_isa::avx2;
@@ -169,6 +165,7 @@ bool isa_supported(cpu_isa i) {
     case cpu_isa::scalar: return true;
     case cpu_isa::avx2: return has_avx2_fma() && has_f16c();
     case cpu_isa::avx512: return has_avx512();
+    case cpu_isa::amx: return has_avx512() && amx_usable();
   }
   return false;
 }
@@ -176,9 +173,10 @@ bool isa_supported(cpu_isa i) {
 cpu_isa resolve_isa(cpu_isa i) {
   if (i == cpu_isa::best) return detected_isa();
   if (!isa_supported(i))
-    throw tandem::error(fmt::format("this CPU cannot run the {} kernels; use best or one of scalar{}{}", to_string(i),
-                                    isa_supported(cpu_isa::avx2) ? ", avx2" : "",
-                                    isa_supported(cpu_isa::avx512) ? ", avx512" : ""));
+    throw tandem::error(fmt::format("this CPU cannot run the {} kernels; use best or one of scalar{}{}{}",
+                                    to_string(i), isa_supported(cpu_isa::avx2) ? ", avx2" : "",
+                                    isa_supported(cpu_isa::avx512) ? ", avx512" : "",
+                                    isa_supported(cpu_isa::amx) ? ", amx" : ""));
   return i;
 }
 
@@ -188,14 +186,15 @@ std::string_view to_string(cpu_isa i) {
     case cpu_isa::scalar: return "scalar";
     case cpu_isa::avx2: return "avx2";
     case cpu_isa::avx512: return "avx512";
+    case cpu_isa::amx: return "amx";
   }
   return "?";
 }
 
 cpu_isa parse_isa(std::string_view s) {
-  for (cpu_isa i : {cpu_isa::best, cpu_isa::scalar, cpu_isa::avx2, cpu_isa::avx512})
+  for (cpu_isa i : {cpu_isa::best, cpu_isa::scalar, cpu_isa::avx2, cpu_isa::avx512, cpu_isa::amx})
     if (s == to_string(i)) return i;
-  throw tandem::error(fmt::format("unknown kernel path '{}'; use best, scalar, avx2 or avx512", s));
+  throw tandem::error(fmt::format("unknown kernel path '{}'; use best, scalar, avx2, avx512 or amx", s));
 }
 
 float fp16_to_fp32(uint16_t h) {
@@ -306,7 +305,7 @@ void get_rows(const tensor_view& table, std::span<const int32_t> ids, float* out
 float dot(const float* a, const float* b, int64_t n) { return dot(a, b, n, cpu_isa::best); }
 
 float dot(const float* a, const float* b, int64_t n, cpu_isa isa) {
-  switch (resolve_isa(isa)) {
+  switch (vector_isa(resolve_isa(isa))) {
     case cpu_isa::avx512: return dot_avx512(a, b, n);
     case cpu_isa::avx2: return dot_avx2(a, b, n);
     default: return dot_generic(a, b, n);
@@ -314,7 +313,7 @@ float dot(const float* a, const float* b, int64_t n, cpu_isa isa) {
 }
 
 void axpy(float a, const float* x, float* y, int64_t n, cpu_isa isa) {
-  switch (resolve_isa(isa)) {
+  switch (vector_isa(resolve_isa(isa))) {
     case cpu_isa::avx512: return axpy_avx512(a, x, y, n);
     case cpu_isa::avx2: return axpy_avx2(a, x, y, n);
     default:
@@ -710,10 +709,31 @@ void matmul_rows(const tensor_view& w, const float* x, int64_t batch, float* y, 
 
 }  // namespace
 
+packed_weight pack_weight(const tensor_view& w, cpu_isa isa, thread_pool* pool) {
+  packed_weight p;
+  p.view = w;
+  p.isa = resolve_isa(isa);
+  if (p.isa == cpu_isa::amx && amx_handles(w.type))
+    p.amx = std::make_shared<const amx_matrix>(amx_pack(w, pool));
+  return p;
+}
+
+void matmul(const packed_weight& w, const float* x, int64_t batch, float* y, std::vector<float>& scratch,
+            thread_pool* pool) {
+  if (w.amx) return amx_matmul(*w.amx, x, batch, y, scratch, pool);
+  matmul(w.view, x, batch, y, scratch, pool, w.isa);
+}
+
 void matmul(const tensor_view& w, const float* x, int64_t batch, float* y, std::vector<float>& scratch,
             thread_pool* pool, cpu_isa isa) {
   const int64_t k = w.cols(), n = w.rows();
   isa = resolve_isa(isa);
+  if (isa == cpu_isa::amx && amx_handles(w.type)) {
+    // A view meets the tile layout only here: copied per call (packed_weight keeps it).
+    if (batch > 0) amx_matmul(amx_pack(w, pool), x, batch, y, scratch, pool);
+    return;
+  }
+  isa = vector_isa(isa);
   if (!is_supported(w.type))
     throw tandem::error(fmt::format("matmul: weight type {} is not supported; use f32, f16, bf16 or q8_0",
                                     to_string(w.type)));
@@ -966,7 +986,7 @@ void softmax_scalar(float* x, size_t n) {
 
 void softmax(float* x, size_t n, cpu_isa isa) {
   if (n == 0) return;
-  switch (resolve_isa(isa)) {
+  switch (vector_isa(resolve_isa(isa))) {
     case cpu_isa::avx512: return softmax_avx512(x, n);
     case cpu_isa::avx2: return softmax_avx2(x, n);
     default: return softmax_scalar(x, n);
@@ -1018,7 +1038,7 @@ __attribute__((target("avx2,fma"))) void swiglu_avx2(const float* gate, const fl
 }  // namespace
 
 void swiglu(const float* gate, const float* up, float* out, size_t n, thread_pool* pool, cpu_isa isa) {
-  isa = resolve_isa(isa);
+  isa = vector_isa(resolve_isa(isa));
   auto run = [&](int64_t b, int64_t e) {
     if (isa == cpu_isa::avx512) return swiglu_avx512(gate, up, out, b, e);
     if (isa == cpu_isa::avx2) return swiglu_avx2(gate, up, out, b, e);
@@ -1253,7 +1273,7 @@ void check_attention(const attention_seq& s, int n_heads, const kv_pool& pool) {
 
 void paged_attention_batch(std::span<const attention_seq> seqs, int n_heads, const kv_pool& pool, int32_t layer,
                            thread_pool* tp, cpu_isa isa) {
-  isa = resolve_isa(isa);
+  isa = vector_isa(resolve_isa(isa));
   const kv_layout& L = pool.layout();
   const int hd = L.head_dim;
   // The avx512 path takes up to 4 consecutive tokens of one head at a time (same bits as

@@ -4,9 +4,11 @@
 /// on that element's inputs, never on the batch size, so batch 1 and batch N agree bit for bit.
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
+#include "kernels/cpu/amx.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/model/kv_pool.h"
 #include "kernels/tensor.h"
@@ -45,6 +47,21 @@ void get_rows(const tensor_view& table, std::span<const int32_t> ids, float* out
 /// instruction-set path (throws tandem::error if this CPU lacks it).
 void matmul(const tensor_view& w, const float* x, int64_t batch, float* y, std::vector<float>& scratch,
             thread_pool* pool = nullptr, cpu_isa isa = cpu_isa::best);
+
+/// A weight matrix prepared once for the kernel path `isa` (resolved): on the amx path an
+/// f16 or bf16 matrix is also copied into the tile layout (`amx`); otherwise only the view
+/// is kept. The view's memory must outlive it.
+struct packed_weight {
+  tensor_view view;
+  cpu_isa isa = cpu_isa::scalar;
+  std::shared_ptr<const amx_matrix> amx;  ///< null unless the amx path packed it
+};
+/// Prepares `w` for `isa` (split across `pool`'s threads); throws tandem::error if this CPU
+/// lacks the path.
+packed_weight pack_weight(const tensor_view& w, cpu_isa isa = cpu_isa::best, thread_pool* pool = nullptr);
+/// matmul of a prepared weight on its path: the same bits as matmul(w.view, ..., w.isa).
+void matmul(const packed_weight& w, const float* x, int64_t batch, float* y, std::vector<float>& scratch,
+            thread_pool* pool = nullptr);
 
 /// Dot product of n floats with a fixed accumulation order (8 lanes; 16 on the avx512 path).
 float dot(const float* a, const float* b, int64_t n);

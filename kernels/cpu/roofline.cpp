@@ -1,11 +1,5 @@
 #include "kernels/cpu/roofline.h"
 
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -14,6 +8,7 @@
 #include <memory>
 
 #include "actors/common/error.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace tandem::cpu {
@@ -125,7 +120,7 @@ double measure_read_bandwidth(thread_pool& pool, size_t bytes, int reps) {
       for (size_t j = b; j < e; ++j) p[j] = float(j & 7);
     }
   });
-  const cpu_isa isa = detected_isa();
+  const cpu_isa isa = vector_isa(detected_isa());
   std::atomic<float> sink{0};
   double best = 0;
   for (int r = 0; r < reps + 1; ++r) {  // the first pass only warms the TLB and page tables
@@ -146,7 +141,7 @@ double measure_read_bandwidth(thread_pool& pool, size_t bytes, int reps) {
 }
 
 double measure_peak_fma(thread_pool& pool, cpu_isa isa, int reps) {
-  isa = resolve_isa(isa);
+  isa = vector_isa(resolve_isa(isa));
   const int lanes = isa == cpu_isa::avx512 ? 16 : isa == cpu_isa::avx2 ? 8 : 1;
   const int chains = isa == cpu_isa::scalar ? 8 : 12;
   const int64_t iters = isa == cpu_isa::scalar ? (int64_t(1) << 24) : (int64_t(1) << 22);

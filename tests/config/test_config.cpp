@@ -24,6 +24,7 @@ machine_info test_machine() {
   m.mem_available_bytes = 8ull << 30;
   m.numa_node_bytes = {8ull << 30, 8ull << 30};
   m.cpus = 8;
+  m.kernel_paths = {"best", "scalar", "avx2", "avx512"};  // no AMX tiles
   return m;
 }
 
@@ -104,6 +105,9 @@ std::vector<invalid_case> invalid_cases(const std::string& mp) {
       {"limits not a table", "limits = 5\n" + three_nodes(), "limits = 5: expected a table, got an integer"},
       {"threads twice", one_node("[model]\nthreads = 4\n", "threads = 2\n"), "model.threads = 4: conflicts with limits.threads = 2"},
       {"model path type", one_node("[model]\npath = 42\n"), "model.path = 42: expected a string, got an integer"},
+      {"kernels typo", one_node("[model]\nkernels = \"avx51\"\n"), "model.kernels = \"avx51\": not a known value; did you mean 'avx512'?"},
+      {"kernels this machine lacks", one_node("[model]\nkernels = \"amx\"\n"),
+       "model.kernels = \"amx\": this machine cannot run the amx kernels; use one of: best, scalar, avx2, avx512"},
       {"model path empty", one_node("[model]\npath = \"\"\n"), "model.path = \"\": is empty"},
       {"model not gguf", one_node("[model]\npath = \"" + std::string(TANDEM_SOURCE_DIR) + "/README.md\"\n"), "is not a usable Llama GGUF file"},
       // --- [cache]
@@ -239,12 +243,14 @@ TEST_CASE("check: valid configs pass and fill the config") {
   e2e::temp_dir dir;
   std::string model = e2e::write_micro_model(dir.path);
   SUBCASE("one node with every role") {
-    auto c = check_cluster_config(one_node("[model]\nthreads = 3\n[router]\npolicy = \"cache_aware\"\n"), "t.toml", m);
+    auto c = check_cluster_config(
+        one_node("[model]\nthreads = 3\nkernels = \"avx2\"\n[router]\npolicy = \"cache_aware\"\n"), "t.toml", m);
     INFO(joined(c));
     REQUIRE(c.ok());
     REQUIRE(c.cfg.nodes.size() == 1);
     CHECK(c.cfg.nodes[0].all_roles());
     CHECK(c.cfg.lim.threads == 3);
+    CHECK(c.cfg.kernel_isa == "avx2");
     CHECK(c.cfg.lim.kv_cache_mb == 64);
     CHECK(c.cfg.router_policy == "cache_aware");
   }
@@ -303,6 +309,10 @@ TEST_CASE("check: the machine probe reads this host's memory") {
   auto m = machine_info::probe();
   CHECK(m.mem_total_bytes > 0);
   CHECK(m.mem_available_bytes <= m.mem_total_bytes);
+  // Every machine runs the portable kernels and resolves best.
+  REQUIRE(m.kernel_paths.size() >= 2);
+  CHECK(m.kernel_paths[0] == "best");
+  CHECK(m.kernel_paths[1] == "scalar");
 }
 
 namespace {

@@ -430,36 +430,48 @@ TEST_CASE("llama: the r15m fixtures load and decode") {
 }
 
 TEST_CASE("llama: every isa path keeps batch and thread invariance, and paths agree closely") {
-  tiny_model m(ggml_type::q8_0);
-  const std::vector<int32_t> pa = {0, 1, 2}, pb = {3, 4};
-  const std::vector<int32_t> ta(prompt.begin(), prompt.begin() + 9), tb = {1, 2, 3};
-  std::vector<float> first;
-  for (cpu_isa isa : {cpu_isa::scalar, cpu_isa::avx2, cpu_isa::avx512}) {
-    if (!cpu::isa_supported(isa)) {
-      CHECK_THROWS_WITH(make_cpu_llama(m.w, cpu_options{.threads = 1, .isa = isa}),
-                        doctest::Contains("cannot run"));
-      continue;
-    }
-    CAPTURE(cpu::to_string(isa));
-    auto one = make_cpu_llama(m.w, cpu_options{.threads = 1, .isa = isa});
-    auto two = make_cpu_llama(m.w, cpu_options{.threads = 2, .isa = isa});
-    kv_pool p1(one->layout(4), 8), p2(one->layout(4), 8);
-    std::vector<float> l1, l2;
-    const batch_seq a{ta, 0, pa, true};
-    one->forward(std::span(&a, 1), p1, l1);
-    const batch_seq batch[] = {{tb, 0, pb, true}, a};
-    two->forward(batch, p2, l2);
-    REQUIRE(l2.size() == 2 * l1.size());
-    CHECK(std::memcmp(l1.data(), l2.data() + l1.size(), l1.size() * sizeof(float)) == 0);
-    if (first.empty()) {
-      first = l1;
-    } else {
-      double err = 0, norm = 0;
-      for (size_t i = 0; i < l1.size(); ++i) {
-        err += double(l1[i] - first[i]) * (l1[i] - first[i]);
-        norm += double(first[i]) * first[i];
+  // q8_0 and f32-free f16/bf16 models: on the amx path f16 and bf16 matmuls run on tiles
+  // (batch 1 emulated), q8_0 on the avx512 kernels.
+  for (ggml_type t : {ggml_type::q8_0, ggml_type::f16, ggml_type::bf16}) {
+    CAPTURE(to_string(t));
+    tiny_model m(t);
+    const std::vector<int32_t> pa = {0, 1, 2}, pb = {3, 4};
+    const std::vector<int32_t> ta(prompt.begin(), prompt.begin() + 9), tb = {1, 2, 3};
+    std::vector<float> first;
+    for (cpu_isa isa : {cpu_isa::scalar, cpu_isa::avx2, cpu_isa::avx512, cpu_isa::amx}) {
+      if (!cpu::isa_supported(isa)) {
+        CHECK_THROWS_WITH(make_cpu_llama(m.w, cpu_options{.threads = 1, .isa = isa}),
+                          doctest::Contains("cannot run"));
+        continue;
       }
-      CHECK(err / norm < 1e-8);
+      CAPTURE(cpu::to_string(isa));
+      auto one = make_cpu_llama(m.w, cpu_options{.threads = 1, .isa = isa});
+      auto two = make_cpu_llama(m.w, cpu_options{.threads = 2, .isa = isa});
+      kv_pool p1(one->layout(4), 8), p2(one->layout(4), 8), p3(one->layout(4), 8);
+      std::vector<float> l1, l2, l3;
+      const batch_seq a{ta, 0, pa, true};
+      one->forward(std::span(&a, 1), p1, l1);
+      const batch_seq batch[] = {{tb, 0, pb, true}, a};
+      two->forward(batch, p2, l2);
+      REQUIRE(l2.size() == 2 * l1.size());
+      CHECK(std::memcmp(l1.data(), l2.data() + l1.size(), l1.size() * sizeof(float)) == 0);
+      // The same prompt as 8 tokens and then one decode step (every matmul at batch 1).
+      const std::vector<int32_t> head(ta.begin(), ta.end() - 1), last = {ta.back()};
+      const batch_seq s8{head, 0, pa, false}, s1{last, 8, pa, true};
+      two->forward(std::span(&s8, 1), p3, l3);
+      two->forward(std::span(&s1, 1), p3, l3);
+      REQUIRE(l3.size() == l1.size());
+      CHECK(std::memcmp(l1.data(), l3.data(), l1.size() * sizeof(float)) == 0);
+      if (first.empty()) {
+        first = l1;
+      } else {
+        double err = 0, norm = 0;
+        for (size_t i = 0; i < l1.size(); ++i) {
+          err += double(l1[i] - first[i]) * (l1[i] - first[i]);
+          norm += double(first[i]) * first[i];
+        }
+        CHECK(err / norm < 1e-8);
+      }
     }
   }
 }

@@ -412,17 +412,119 @@ namespace {
 
 std::vector<cpu_isa> runnable_isas() {
   std::vector<cpu_isa> out;
-  for (cpu_isa i : {cpu_isa::scalar, cpu_isa::avx2, cpu_isa::avx512})
+  for (cpu_isa i : {cpu_isa::scalar, cpu_isa::avx2, cpu_isa::avx512, cpu_isa::amx})
     if (cpu::isa_supported(i)) out.push_back(i);
   return out;
 }
 
+// One TDPBF16PS step for one output as the Intel SDM defines it: an even-pair and an
+// odd-pair FMA chain from 0 (inputs and results below the normal range taken as 0), then
+// acc + (even + odd).
+float tdp_one(float acc, const uint16_t* a, const uint16_t* b) {
+  auto f = [](uint16_t h) {
+    if ((h & 0x7f80) == 0) h &= 0x8000;  // denormal input -> 0
+    return cpu::bf16_to_fp32(h);
+  };
+  auto ftz = [](float v) { return std::fabs(v) < std::numeric_limits<float>::min() ? 0.0f * v : v; };
+  float even = 0, odd = 0;
+  for (int p = 0; p < 16; ++p) {
+    even = ftz(std::fma(f(a[2 * p]), f(b[2 * p]), even));
+    odd = ftz(std::fma(f(a[2 * p + 1]), f(b[2 * p + 1]), odd));
+  }
+  return ftz(acc + ftz(even + odd));
+}
+
+// y = sum w x as the amx path computes it, one output at a time: per 32-column block, the
+// products of pieces in the order amx.h states.
+float amx_emulated(ggml_type t, const uint16_t* w, const float* x, int64_t k) {
+  float acc = 0;
+  for (int64_t kb = 0; kb < (k + 31) / 32; ++kb) {
+    uint16_t xp[3][32] = {}, wp[2][32] = {};
+    for (int j = 0; j < 32 && kb * 32 + j < k; ++j) {
+      const int64_t c = kb * 32 + j;
+      cpu::amx_split_activation(x[c], xp[0][j], xp[1][j], xp[2][j]);
+      if (t == ggml_type::bf16) {
+        wp[0][j] = w[c];
+      } else {
+        const float v = cpu::fp16_to_fp32(w[c]);
+        uint32_t u;
+        std::memcpy(&u, &v, 4);
+        wp[0][j] = uint16_t(u >> 16);  // truncated: the top 8 significant bits
+        const float lo = v - cpu::bf16_to_fp32(wp[0][j]);
+        std::memcpy(&u, &lo, 4);
+        wp[1][j] = uint16_t(u >> 16);  // exact: at most 3 bits remain
+      }
+    }
+    for (int p = 0; p < 3; ++p) acc = tdp_one(acc, xp[p], wp[0]);
+    if (t == ggml_type::f16)
+      for (int p = 0; p < 2; ++p) acc = tdp_one(acc, xp[p], wp[1]);
+  }
+  return acc;
+}
+
 }  // namespace
+
+TEST_CASE("ops: the amx matmul is bit for bit the documented tile arithmetic, with f32 accuracy") {
+  if (!cpu::isa_supported(cpu_isa::amx)) {
+    MESSAGE("this CPU or OS has no AMX tiles; the amx path is not run here");
+    return;
+  }
+  cpu::thread_pool pool(2);
+  // Splitting is exact: the three pieces add back to x (in this order, without rounding).
+  for (float v : random_floats(1000, 40, 1e3f)) {
+    uint16_t h, m, l;
+    cpu::amx_split_activation(v, h, m, l);
+    CHECK(double(cpu::bf16_to_fp32(h)) + double(cpu::bf16_to_fp32(m)) + double(cpu::bf16_to_fp32(l)) == double(v));
+  }
+  struct shape {
+    int64_t n, k, batch;
+  };
+  // Tails of rows (n % 16), columns (k % 32) and batch (b % 16); several 4-group blocks.
+  for (const shape sh : {shape{37, 70, 5}, shape{128, 96, 33}, shape{16, 32, 1}, shape{200, 768, 17}}) {
+    const auto wf = random_floats(size_t(sh.n * sh.k), 41, 0.5f);
+    const auto x = random_floats(size_t(sh.batch * sh.k), 42, 3.0f);
+    for (ggml_type t : {ggml_type::f16, ggml_type::bf16}) {
+      CAPTURE(to_string(t));
+      CAPTURE(sh.k);
+      const auto bytes = encode(t, wf, sh.n, sh.k);
+      const auto w = view_of(t, bytes, sh.n, sh.k);
+      const cpu::packed_weight pw = cpu::pack_weight(w, cpu_isa::amx, &pool);
+      REQUIRE(pw.amx != nullptr);
+      std::vector<float> y(size_t(sh.batch * sh.n)), scratch;
+      cpu::matmul(pw, x.data(), sh.batch, y.data(), scratch, &pool);
+      double err = 0, ref2 = 0, f32err = 0;
+      for (int64_t b = 0; b < sh.batch; ++b)
+        for (int64_t r = 0; r < sh.n; ++r) {
+          const auto* wr = reinterpret_cast<const uint16_t*>(w.row(r));
+          const float* xb = x.data() + b * sh.k;
+          REQUIRE(y[size_t(b * sh.n + r)] == amx_emulated(t, wr, xb, sh.k));
+          double ref = 0;
+          float f32 = 0;
+          for (int64_t i = 0; i < sh.k; ++i) {
+            const float wv = t == ggml_type::f16 ? cpu::fp16_to_fp32(wr[i]) : cpu::bf16_to_fp32(wr[i]);
+            ref += double(wv) * xb[i];
+            f32 = std::fma(wv, xb[i], f32);
+          }
+          err += std::pow(y[size_t(b * sh.n + r)] - ref, 2);
+          f32err += std::pow(double(f32) - ref, 2);
+          ref2 += ref * ref;
+        }
+      // As accurate as an f32 dot product: no term was rounded to bf16 (a bf16 rounding of
+      // x alone would leave an error near 1e-6 of the result, 1e-12 here).
+      CHECK(err / ref2 < 1e-13);
+      CHECK(err <= 4 * f32err + 1e-30);
+    }
+  }
+}
 
 TEST_CASE("ops: isa names parse, best resolves to a runnable path, a missing one is refused") {
   CHECK(cpu::parse_isa("avx512") == cpu_isa::avx512);
   CHECK(cpu::parse_isa("scalar") == cpu_isa::scalar);
-  CHECK_THROWS_WITH(cpu::parse_isa("sse9"), doctest::Contains("use best, scalar, avx2 or avx512"));
+  CHECK_THROWS_WITH(cpu::parse_isa("sse9"), doctest::Contains("use best, scalar, avx2, avx512 or amx"));
+  CHECK(cpu::parse_isa("amx") == cpu_isa::amx);
+  // amx is avx512 plus tiles; everything but the f16/bf16 matmul runs avx512's kernels.
+  if (cpu::isa_supported(cpu_isa::amx)) CHECK(cpu::isa_supported(cpu_isa::avx512));
+  CHECK(cpu::vector_isa(cpu_isa::amx) == cpu_isa::avx512);
   CHECK(cpu::resolve_isa(cpu_isa::best) == cpu::detected_isa());
   CHECK(cpu::isa_supported(cpu::detected_isa()));
   CHECK(cpu::resolve_isa(cpu_isa::scalar) == cpu_isa::scalar);

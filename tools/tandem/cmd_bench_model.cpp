@@ -243,7 +243,7 @@ int bench_model(args a) {
   flags f;
   f.opt("model", "GGUF model file (required), e.g. from tandem make-model --preset small-110m")
       .opt("threads", "kernel threads", "2")
-      .opt("isa", "kernel path: best | avx512 | avx2 | scalar", "best")
+      .opt("isa", "kernel path: best | amx | avx512 | avx2 | scalar", "best")
       .opt("prompt", "prefill prompt length in tokens", "512")
       .opt("batches", "decode batch sizes", "1,8,32")
       .opt("steps", "timed decode steps per batch size and repetition (3 repetitions, the fastest counts)", "16")
@@ -322,6 +322,13 @@ int bench_model(args a) {
     peak = peak2;
   }
   roofline_step_s = double(cost.step_bytes) / bw;
+  // On the amx path the matmuls run on the tile unit, whose rate the FMA peak does not
+  // bound: its own peak, and the share of it prefill uses, counting the tile products each
+  // f32 multiply-add takes there (kernels/cpu/amx.h: 5 for f16 weights, 3 for bf16).
+  const double peak_amx = m.isa == cpu_isa::amx ? cpu::measure_peak_amx(probe_pool, 3) : 0.0;
+  const int tile_products = cost.weight_type == "f16" ? 5 : cost.weight_type == "bf16" ? 3 : 0;
+  const double prefill_of_amx =
+      peak_amx > 0 && tile_products > 0 ? prefill_flops * tile_products / prefill_s / peak_amx : 0.0;
   for (auto& r : dec) r.roofline = roofline_step_s / (r.ms_per_step / 1e3);
   const decode_result* b1 = nullptr;
   const decode_result* b32 = nullptr;
@@ -341,10 +348,12 @@ int bench_model(args a) {
         "{\"model\":\"%s\",\"weight_type\":\"%s\",\"threads\":%lld,\"isa\":\"%s\",\"step_bytes\":%zu,"
         "\"read_bandwidth_gbs\":%.3f,\"peak_fma_gflops\":%.2f,\"roofline_step_ms\":%.3f,"
         "\"prefill\":{\"tokens\":%lld,\"tokens_per_s\":%.2f,\"seconds\":%.4f,\"peak_fma_fraction\":%.4f},"
-        "\"decode_context\":%lld,\"decode\":[%s],\"batch32_over_batch1\":%.3f}\n",
+        "\"decode_context\":%lld,\"decode\":[%s],\"batch32_over_batch1\":%.3f,\"peak_amx_gflops\":%.2f,"
+        "\"prefill_amx_fraction\":%.4f}\n",
         c.name.c_str(), cost.weight_type.c_str(), (long long)threads, isa_name.c_str(), cost.step_bytes, bw / 1e9,
         peak / 1e9, roofline_step_s * 1e3, (long long)prompt, prefill_tps, prefill_s, prefill_of_peak,
-        (long long)context, d.c_str(), b1 && b32 ? b32->tokens_per_s / b1->tokens_per_s : 0.0);
+        (long long)context, d.c_str(), b1 && b32 ? b32->tokens_per_s / b1->tokens_per_s : 0.0, peak_amx / 1e9,
+        prefill_of_amx);
     return 0;
   }
   std::printf("model %s (%s weights): %d layers, %.1f MB of weights read per forward\n", c.name.c_str(),
@@ -363,6 +372,10 @@ int bench_model(args a) {
   std::printf("; batch 32 >= 10x batch 1: %s",
               b1 && b32 ? fmt::format("{:.2f}x", b32->tokens_per_s / b1->tokens_per_s).c_str() : "n/a");
   std::printf("; prefill >= 0.50 of peak FMA: %.3f\n", prefill_of_peak);
+  if (m.isa == cpu_isa::amx)
+    std::printf("amx tiles: peak %.1f GFLOP/s (bf16 tile products); prefill uses %.3f of it (%d tile products per "
+                "multiply-add of %s weights; other types run the avx512 kernels)\n",
+                peak_amx / 1e9, prefill_of_amx, tile_products, cost.weight_type.c_str());
   return 0;
 }
 

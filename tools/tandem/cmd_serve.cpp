@@ -96,7 +96,8 @@ void configure_from_file(const flags& f, cluster_options& co, front_end_options&
                            "max-queued-requests", "max-body-bytes", "host-ratio", "host-size-gb",
                            "cache-write-policy", "cache-disk-dir", "cache-disk-size-gb", "min-load-back-tokens",
                            "max-queued-tokens", "max-queue-wait-ms", "queue-timeout-ms", "request-timeout-ms",
-                           "rate-limit-rps", "rate-limit-burst", "router-policy", "device-pages", "router-migration"})
+                           "rate-limit-rps", "rate-limit-burst", "router-policy", "device-pages", "router-migration",
+                           "kernels"})
     if (f.has(flag))
       throw tandem::error(fmt::format("flag --{} conflicts with --config: the config file sets it; edit the file instead",
                                       flag));
@@ -121,6 +122,7 @@ void configure_from_file(const flags& f, cluster_options& co, front_end_options&
   co.lim = c.cfg.lim;
   co.cache = c.cfg.cache;
   co.router_policy = c.cfg.router_policy;
+  co.kernel_isa = c.cfg.kernel_isa;
   co.router_balance_abs_tokens = c.cfg.router_balance_abs_tokens;
   co.router_balance_rel = c.cfg.router_balance_rel;
   if (node->page_size) co.lim.page_size = node->page_size;
@@ -223,6 +225,10 @@ int serve(args a) {
       .opt("rate-limit-burst", "per-client bucket size (0 = --rate-limit-rps)", "0")
       .opt("device-pages", "KV pages of the device pool (0 = from --kv-cache-mb)", "0")
       .opt("router-policy", "round_robin, power_of_two or cache_aware", "round_robin")
+      .opt("kernels",
+           "CPU kernel path: best (the widest vector path), scalar, avx2, avx512, or amx (f16/bf16 matmuls on "
+           "AMX tiles: faster prefill and large decode batches, slower batch-1 decode)",
+           "best")
       .opt("router-migration", "on: a stream whose decode node is lost continues on another; off: it ends with an error",
            "on");
   if (!f.parse(a)) {
@@ -263,6 +269,7 @@ int serve(args a) {
     co.lim.rate_limit_burst = non_negative_i32("rate-limit-burst");
     co.lim.device_pages = non_negative_i32("device-pages");
     co.router_policy = f.str("router-policy");
+    co.kernel_isa = f.str("kernels");
     if (f.str("router-migration") != "on" && f.str("router-migration") != "off")
       throw tandem::error("flag --router-migration = '" + f.str("router-migration") + "' is not a switch; use on or off");
     co.lim.router_migration = f.str("router-migration") == "on";
