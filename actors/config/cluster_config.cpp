@@ -378,6 +378,9 @@ std::string host_key(const std::string& h) { return is_local_host(h) ? std::stri
 struct model_kv {
   bool known = false;
   int32_t n_layers = 0, n_kv_heads = 0, head_dim = 0, n_ctx = 0;
+  /// Bytes of the copy `kernels = "amx"` makes of the f16/bf16 matmul weights (padded to
+  /// whole 16 x 32 tiles, as amx_pack does).
+  uint64_t amx_copy_bytes = 0;
   kv_layout layout(int32_t page_size) const {
     kv_layout l;
     l.n_layers = n_layers;
@@ -403,6 +406,14 @@ model_kv read_model_kv(const std::string& path) {
   if (n_head <= 0 || n_embd % n_head != 0)
     throw tandem::error(fmt::format("llama.embedding_length {} is not a multiple of head_count {}", n_embd, n_head));
   m.head_dim = n_embd / n_head;
+  // The matmul weights: every 2-D tensor but the embedding table, which is a matmul only as
+  // the tied output (no output.weight).
+  const bool tied = f.find_tensor("output.weight") == nullptr;
+  for (const auto& t : f.tensors()) {
+    if (t.dims.size() != 2 || (t.type != ggml_type::f16 && t.type != ggml_type::bf16)) continue;
+    if (t.name == "token_embd.weight" && !tied) continue;
+    m.amx_copy_bytes += uint64_t((t.dims[1] + 15) / 16) * uint64_t((t.dims[0] + 31) / 32) * 1024;
+  }
   m.known = true;
   return m;
 }
@@ -837,13 +848,23 @@ config_check check_cluster_config(const std::string& text, const std::string& so
             source_name, cache_pos.line, cache_pos.column, cfg.cache.disk_size_gb, cfg.cache.disk_dir, fmt_gib(capacity)));
     }
   }
+  // kernels = "amx": each worker on this machine holds a copy of the f16/bf16 weights.
+  const bool amx_copies = kv.known && cfg.kernel_isa == "amx" && kv.amx_copy_bytes > 0;
+  if (amx_copies)
+    for (const auto& n : cfg.nodes) {
+      if (!n.has_role("worker") || !is_local_host(n.host)) continue;
+      local_bytes += kv.amx_copy_bytes;
+      local_users.push_back(fmt::format("'{}' amx weight copy {}", n.name, fmt_gib(double(kv.amx_copy_bytes))));
+      if (n.numa_node >= 0) numa_bytes[n.numa_node] += kv.amx_copy_bytes;
+    }
   if (m.mem_total_bytes > 0 && local_bytes > m.mem_total_bytes) {
     std::string list;
     for (const auto& s : local_users) list += (list.empty() ? "" : ", ") + s;
     out.errors.push_back(fmt::format(
         "{}:{}:{}: cache: the KV pools of the nodes on this machine need {} ({}) but it has {} of RAM; lower "
-        "cache.host_size_gb / cache.host_ratio or limits.kv_cache_mb",
-        source_name, cache_pos.line, cache_pos.column, fmt_gib(double(local_bytes)), list, fmt_gib(double(m.mem_total_bytes))));
+        "cache.host_size_gb / cache.host_ratio or limits.kv_cache_mb{}",
+        source_name, cache_pos.line, cache_pos.column, fmt_gib(double(local_bytes)), list, fmt_gib(double(m.mem_total_bytes)),
+        amx_copies ? ", or drop model.kernels = \"amx\" (it copies the weights)" : ""));
   }
   for (auto [id, bytes] : numa_bytes) {
     if (size_t(id) >= m.numa_node_bytes.size() || m.numa_node_bytes[size_t(id)] == 0) continue;

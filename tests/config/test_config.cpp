@@ -305,6 +305,25 @@ TEST_CASE("check: all problems are reported at once, each with its line") {
   CHECK(joined(r).find("t.toml:5:10: router.policy = \"best\"") != std::string::npos);
 }
 
+TEST_CASE("check: kernels = amx counts its copy of the weights against the machine's memory") {
+  e2e::temp_dir dir;
+  const std::string model = e2e::write_micro_model(dir.path);
+  machine_info m = test_machine();
+  m.kernel_paths.push_back("amx");
+  // Room for the 64 MiB KV pool (no host tier) and 1 KiB more: enough for the avx512 path,
+  // not for the amx copy of the micro model's f16 matrices (at least 1 KiB each).
+  m.mem_total_bytes = (64ull << 20) + 1024;
+  const std::string model_table = "[model]\npath = \"" + model + "\"\n";
+  auto fits = check_cluster_config(one_node(model_table), "t.toml", m);
+  INFO(joined(fits));
+  CHECK(fits.ok());
+  auto c = check_cluster_config(one_node(model_table + "kernels = \"amx\"\n"), "t.toml", m);
+  INFO(joined(c));
+  CHECK(!c.ok());
+  CHECK(joined(c).find("'n0' amx weight copy") != std::string::npos);
+  CHECK(joined(c).find("or drop model.kernels = \"amx\" (it copies the weights)") != std::string::npos);
+}
+
 TEST_CASE("check: the machine probe reads this host's memory") {
   auto m = machine_info::probe();
   CHECK(m.mem_total_bytes > 0);

@@ -53,6 +53,17 @@ TEST_CASE("bench cli: model mode reports prefill and every decode batch with the
   std::tie(rc, out) = run("bench model --model " + model + " --batches 0");
   CHECK(rc == 1);
   CHECK(out.find("--batches expects") != std::string::npos);
+  // A second kernel path in the same run: its figures and the ratio of each.
+  std::tie(rc, out) = run("bench model --model " + model +
+                          " --threads 2 --prompt 16 --batches 1,3 --steps 1 --context 4 --bandwidth-mb 16 --compare-isa scalar "
+                          "--json");
+  REQUIRE(rc == 0);
+  CHECK(out.find("\"compare\":{\"isa\":\"scalar\",\"prefill_tokens_per_s\":") != std::string::npos);
+  CHECK(out.find("\"prefill_ratio\":") != std::string::npos);
+  CHECK(out.find("{\"batch\":3,\"tokens_per_s\":") != std::string::npos);
+  std::tie(rc, out) = run("bench model --model " + model + " --compare-isa sse9");
+  CHECK(rc == 1);
+  CHECK(out.find("unknown kernel path 'sse9'") != std::string::npos);
 }
 
 TEST_CASE("bench cli: control-plane mode generates every token and reports CPU per token") {

@@ -244,6 +244,10 @@ int bench_model(args a) {
   f.opt("model", "GGUF model file (required), e.g. from tandem make-model --preset small-110m")
       .opt("threads", "kernel threads", "2")
       .opt("isa", "kernel path: best | amx | avx512 | avx2 | scalar", "best")
+      .opt("compare-isa",
+           "also run prefill and decode on this kernel path in the same run and print each ratio to it "
+           "(e.g. --isa amx --compare-isa avx512)",
+           "")
       .opt("prompt", "prefill prompt length in tokens", "512")
       .opt("batches", "decode batch sizes", "1,8,32")
       .opt("steps", "timed decode steps per batch size and repetition (3 repetitions, the fastest counts)", "16")
@@ -266,6 +270,9 @@ int bench_model(args a) {
     throw tandem::error("--prompt, --steps and --bandwidth-mb must be >= 1, --context >= 0");
   const std::vector<int64_t> batches = parse_list(f.str("batches"), "batches");
   const bool json = f.on("json");
+  // Checked before anything is measured (a misspelt path should not cost a whole run).
+  const bool compare = !f.str("compare-isa").empty();
+  const cpu_isa cmp_isa = compare ? cpu::resolve_isa(cpu::parse_isa(f.str("compare-isa"))) : cpu_isa::scalar;
 
   const bench_model_file m = load_bench_model(path, int32_t(threads), cpu::parse_isa(f.str("isa")));
   const auto& model = m.model;
@@ -290,19 +297,22 @@ int bench_model(args a) {
   std::vector<float> logits;
 
   // Prefill: one sequence of `prompt` tokens (5 runs; the fastest counts, the first also warms).
-  double prefill_s = 1e30;
-  {
-    kv_pool pool(model->layout(ps), int32_t((prompt + ps - 1) / ps));
+  auto run_prefill = [&](llama_model& lm) {
+    double best = 1e30;
+    kv_pool pool(lm.layout(ps), int32_t((prompt + ps - 1) / ps));
     std::vector<int32_t> pages(static_cast<size_t>(pool.n_pages())), toks(static_cast<size_t>(prompt));
     for (size_t i = 0; i < pages.size(); ++i) pages[i] = int32_t(i);
     for (auto& t : toks) t = tok(rng);
     for (int r = 0; r < 5; ++r) {
       const batch_seq s{.tokens = toks, .pos = 0, .pages = pages, .want_logits = true};
       const double t0 = now_s();
-      model->forward(std::span<const batch_seq>(&s, 1), pool, logits);
-      prefill_s = std::min(prefill_s, now_s() - t0);
+      lm.forward(std::span<const batch_seq>(&s, 1), pool, logits);
+      best = std::min(best, now_s() - t0);
     }
-  }
+    return best;
+  };
+  const std::mt19937 rng_start = rng;  // the comparison below replays the same tokens
+  const double prefill_s = run_prefill(*model);
   const double prefill_flops =
       2.0 * cost.layer_params * double(prompt) + 2.0 * cost.output_params + attention_flops(c, 0, prompt);
   const double prefill_tps = double(prompt) / prefill_s;
@@ -310,6 +320,18 @@ int bench_model(args a) {
 
   // Decode: `max_batch` sequences with `context` tokens each; batch b runs the first b.
   std::vector<decode_result> dec = run_decode(*model, batches, steps, context, prompt, decode_ctx, rng);
+  // The same measurements, on the same tokens, on a second kernel path right after (the model
+  // loaded a second time with that path).
+  std::string cmp_name;
+  double cmp_prefill_s = 0;
+  std::vector<decode_result> cmp_dec;
+  if (compare) {
+    cmp_name = cpu::to_string(cmp_isa);
+    bench_model_file other = load_bench_model(path, int32_t(threads), cmp_isa);
+    rng = rng_start;
+    cmp_prefill_s = run_prefill(*other.model);
+    cmp_dec = run_decode(*other.model, batches, steps, context, prompt, decode_ctx, rng);
+  }
   for (auto& r : dec) r.of_peak = (2.0 * (cost.layer_params + cost.output_params) * double(r.batch * steps) + r.attn_flops) /
                                   (r.ms_per_step * double(steps) / 1e3) / peak;
   // Ceilings again after the runs; the higher of the two counts, so load from other
@@ -338,6 +360,16 @@ int bench_model(args a) {
   }
 
   const std::string isa_name(cpu::to_string(m.isa));
+  std::string cmp_json;
+  if (!cmp_name.empty()) {
+    std::string d;
+    for (size_t i = 0; i < cmp_dec.size(); ++i)
+      d += fmt::format("{}{{\"batch\":{},\"tokens_per_s\":{:.2f},\"ratio\":{:.4f}}}", d.empty() ? "" : ",",
+                       cmp_dec[i].batch, cmp_dec[i].tokens_per_s, dec[i].tokens_per_s / cmp_dec[i].tokens_per_s);
+    cmp_json = fmt::format(",\"compare\":{{\"isa\":\"{}\",\"prefill_tokens_per_s\":{:.2f},\"prefill_ratio\":{:.4f},"
+                           "\"decode\":[{}]}}",
+                           cmp_name, double(prompt) / cmp_prefill_s, cmp_prefill_s / prefill_s, d);
+  }
   if (json) {
     std::string d;
     for (const auto& r : dec)
@@ -349,11 +381,11 @@ int bench_model(args a) {
         "\"read_bandwidth_gbs\":%.3f,\"peak_fma_gflops\":%.2f,\"roofline_step_ms\":%.3f,"
         "\"prefill\":{\"tokens\":%lld,\"tokens_per_s\":%.2f,\"seconds\":%.4f,\"peak_fma_fraction\":%.4f},"
         "\"decode_context\":%lld,\"decode\":[%s],\"batch32_over_batch1\":%.3f,\"peak_amx_gflops\":%.2f,"
-        "\"prefill_amx_fraction\":%.4f}\n",
+        "\"prefill_amx_fraction\":%.4f%s}\n",
         c.name.c_str(), cost.weight_type.c_str(), (long long)threads, isa_name.c_str(), cost.step_bytes, bw / 1e9,
         peak / 1e9, roofline_step_s * 1e3, (long long)prompt, prefill_tps, prefill_s, prefill_of_peak,
         (long long)context, d.c_str(), b1 && b32 ? b32->tokens_per_s / b1->tokens_per_s : 0.0, peak_amx / 1e9,
-        prefill_of_amx);
+        prefill_of_amx, cmp_json.c_str());
     return 0;
   }
   std::printf("model %s (%s weights): %d layers, %.1f MB of weights read per forward\n", c.name.c_str(),
@@ -372,6 +404,14 @@ int bench_model(args a) {
   std::printf("; batch 32 >= 10x batch 1: %s",
               b1 && b32 ? fmt::format("{:.2f}x", b32->tokens_per_s / b1->tokens_per_s).c_str() : "n/a");
   std::printf("; prefill >= 0.50 of peak FMA: %.3f\n", prefill_of_peak);
+  if (!cmp_name.empty()) {
+    std::printf("\nthe same run on kernels %s, and %s / %s:\n", cmp_name.c_str(), isa_name.c_str(), cmp_name.c_str());
+    std::printf("%-22s %12.1f %10.2fx\n", fmt::format("prefill {} tokens", prompt).c_str(),
+                double(prompt) / cmp_prefill_s, cmp_prefill_s / prefill_s);
+    for (size_t i = 0; i < cmp_dec.size(); ++i)
+      std::printf("%-22s %12.1f %10.2fx\n", fmt::format("decode batch {} (ctx {})", cmp_dec[i].batch, context).c_str(),
+                  cmp_dec[i].tokens_per_s, dec[i].tokens_per_s / cmp_dec[i].tokens_per_s);
+  }
   if (m.isa == cpu_isa::amx)
     std::printf("amx tiles: peak %.1f GFLOP/s (bf16 tile products); prefill uses %.3f of it (%d tile products per "
                 "multiply-add of %s weights; other types run the avx512 kernels)\n",
