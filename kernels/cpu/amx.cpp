@@ -225,9 +225,11 @@ TANDEM_AMX inline void prefetch_block(const uint16_t* b) {
 }
 
 // NG (1-3) weight groups from gb against activation tile mt, over every column block.
+// With `lead`, the first activation tile of a sweep, it also prefetches the next pass's bf16
+// blocks.
 template <int NG, source S>
-TANDEM_AMX void tile_pass(const amx_matrix& w, const uint16_t* split, const uint16_t* xs, int64_t mt, int64_t gb,
-                          int64_t batch, float* y) {
+TANDEM_AMX void tile_pass(const amx_matrix& w, const uint16_t* split, const uint16_t* xs, int64_t mt, bool lead,
+                          int64_t gb, int64_t batch, float* y) {
   const int64_t kblocks = w.kblocks, n = w.rows;
   // f16_fused: two slots of NG split blocks, so a slot is refilled while the other is read.
   alignas(64) uint16_t fused[S == source::f16_fused ? 2 * NG * 1024 : 1];
@@ -250,7 +252,7 @@ TANDEM_AMX void tile_pass(const amx_matrix& w, const uint16_t* split, const uint
         blk[g] = w.block(gb + g, kb);
         // While the first activation tile streams this pass's weights, the next pass's
         // block of the same column comes into L2 (the later tiles read this pass from L2).
-        if (mt == 0 && gb + NG + g < w.groups) prefetch_block(w.block(gb + NG + g, kb));
+        if (lead && gb + NG + g < w.groups) prefetch_block(w.block(gb + NG + g, kb));
       }
     } else if constexpr (S == source::f16_split) {
       for (int g = 0; g < NG; ++g) blk[g] = split + (g * kblocks + kb) * 1024;
@@ -280,11 +282,11 @@ TANDEM_AMX void tile_pass(const amx_matrix& w, const uint16_t* split, const uint
 
 template <source S>
 TANDEM_AMX void tile_pass_n(int ng, const amx_matrix& w, const uint16_t* split, const uint16_t* xs, int64_t mt,
-                            int64_t gb, int64_t batch, float* y) {
+                            bool lead, int64_t gb, int64_t batch, float* y) {
   switch (ng) {
-    case 3: return tile_pass<3, S>(w, split, xs, mt, gb, batch, y);
-    case 2: return tile_pass<2, S>(w, split, xs, mt, gb, batch, y);
-    default: return tile_pass<1, S>(w, split, xs, mt, gb, batch, y);
+    case 3: return tile_pass<3, S>(w, split, xs, mt, lead, gb, batch, y);
+    case 2: return tile_pass<2, S>(w, split, xs, mt, lead, gb, batch, y);
+    default: return tile_pass<1, S>(w, split, xs, mt, lead, gb, batch, y);
   }
 }
 
@@ -300,20 +302,28 @@ TANDEM_AMX void groups_run(const amx_matrix& w, const uint16_t* xs, int64_t batc
   if (f16 && mtiles > 1) wbuf.resize(size_t(groups_per_pass * kblocks * 1024) + 32);
   // Tile rows must not straddle cache lines (a split line costs each tile load twice).
   uint16_t* split = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(wbuf.data()) + 63) & ~uintptr_t(63));
-  for (int64_t gb = g0; gb < g1; gb += groups_per_pass) {
-    const int ng = int(std::min<int64_t>(groups_per_pass, g1 - gb));
-    if (!f16) {
-      for (int64_t mt = 0; mt < mtiles; ++mt) tile_pass_n<source::bf16>(ng, w, nullptr, xs, mt, gb, batch, y);
-    } else if (mtiles == 1) {
-      tile_pass_n<source::f16_fused>(ng, w, nullptr, xs, 0, gb, batch, y);
-    } else {
-      for (int g = 0; g < ng; ++g)
-        for (int64_t kb = 0; kb < kblocks; ++kb) {
-          uint16_t* dst = split + (g * kblocks + kb) * 1024;
-          f16_block_split(w.block(gb + g, kb), dst, dst + 512);
-        }
-      for (int64_t mt = 0; mt < mtiles; ++mt)
-        tile_pass_n<source::f16_split>(ng, w, split, xs, mt, gb, batch, y);
+  // Activation tiles per sweep over this thread's weight groups: as many as keep their pieces
+  // (3 KiB per column block) within ~1 MiB, so they stay in L2 while the weights stream by
+  // (all 512 rows of a prefill at k = 768 are 2.3 MiB, read again for every pass).
+  const int64_t sweep = std::max<int64_t>(1, (int64_t(1) << 20) / (kblocks * 3072));
+  for (int64_t m0 = 0; m0 < mtiles; m0 += sweep) {
+    const int64_t m1 = std::min(mtiles, m0 + sweep);
+    for (int64_t gb = g0; gb < g1; gb += groups_per_pass) {
+      const int ng = int(std::min<int64_t>(groups_per_pass, g1 - gb));
+      if (!f16) {
+        for (int64_t mt = m0; mt < m1; ++mt)
+          tile_pass_n<source::bf16>(ng, w, nullptr, xs, mt, mt == m0, gb, batch, y);
+      } else if (mtiles == 1) {
+        tile_pass_n<source::f16_fused>(ng, w, nullptr, xs, 0, false, gb, batch, y);
+      } else {
+        for (int g = 0; g < ng; ++g)
+          for (int64_t kb = 0; kb < kblocks; ++kb) {
+            uint16_t* dst = split + (g * kblocks + kb) * 1024;
+            f16_block_split(w.block(gb + g, kb), dst, dst + 512);
+          }
+        for (int64_t mt = m0; mt < m1; ++mt)
+          tile_pass_n<source::f16_split>(ng, w, split, xs, mt, false, gb, batch, y);
+      }
     }
   }
 }
