@@ -51,9 +51,16 @@ struct amx_matrix {
   size_t bytes() const { return size_t(groups * kblocks) * 1024; }
 };
 
-/// Copies an f16 or bf16 matrix into the tile layout (split across `pool`'s threads).
-/// Throws tandem::error for another type.
-amx_matrix amx_pack(const tensor_view& w, thread_pool* pool = nullptr);
+/// Bytes of `w`'s tile layout (whole 16 x 32 tiles: a multiple of 1 KiB).
+size_t amx_packed_bytes(const tensor_view& w);
+/// A 64-byte aligned buffer for tile layouts, on 2 MiB pages when it is that large.
+std::shared_ptr<uint16_t> amx_arena(size_t bytes);
+/// Copies an f16 or bf16 matrix into the tile layout (split across `pool`'s threads): at
+/// `offset` values into `arena` (which must hold amx_packed_bytes(w) more bytes there, and
+/// which the result keeps alive), or into a buffer of its own without an arena. Throws
+/// tandem::error for another type.
+amx_matrix amx_pack(const tensor_view& w, thread_pool* pool = nullptr, std::shared_ptr<uint16_t> arena = {},
+                    size_t offset = 0);
 
 /// y[b][n] = sum_k W[n][k] x[b][k] on tiles, as described above. Requires amx_usable().
 /// `scratch` holds the split activations between calls.

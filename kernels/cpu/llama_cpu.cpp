@@ -71,11 +71,17 @@ class cpu_llama final : public llama_model {
     }
     // Every matmul weight prepared once for the kernel path (on amx: copied into the tile
     // layout, which adds the model's f16/bf16 weight bytes in memory).
-    auto pack = [this](const tensor_view& t) { return cpu::pack_weight(t, isa_, &pool_); };
+    std::vector<tensor_view> views;
     for (const auto& L : w_.layers)
-      packed_.push_back(packed_layer{pack(L.attn_q), pack(L.attn_k), pack(L.attn_v), pack(L.attn_output),
-                                     pack(L.ffn_gate), pack(L.ffn_up), pack(L.ffn_down)});
-    output_ = pack(w_.output);
+      for (const tensor_view* t : {&L.attn_q, &L.attn_k, &L.attn_v, &L.attn_output, &L.ffn_gate, &L.ffn_up, &L.ffn_down})
+        views.push_back(*t);
+    views.push_back(w_.output);
+    std::vector<cpu::packed_weight> p = cpu::pack_weights(views, isa_, &pool_);
+    for (size_t l = 0; l < w_.layers.size(); ++l) {
+      const cpu::packed_weight* b = p.data() + l * 7;
+      packed_.push_back(packed_layer{b[0], b[1], b[2], b[3], b[4], b[5], b[6]});
+    }
+    output_ = p.back();
   }
 
   const model_config& config() const override { return w_.config; }

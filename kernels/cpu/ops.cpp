@@ -718,6 +718,29 @@ packed_weight pack_weight(const tensor_view& w, cpu_isa isa, thread_pool* pool) 
   return p;
 }
 
+std::vector<packed_weight> pack_weights(std::span<const tensor_view> ws, cpu_isa isa, thread_pool* pool) {
+  isa = resolve_isa(isa);
+  std::vector<packed_weight> out;
+  out.reserve(ws.size());
+  size_t total = 0;
+  if (isa == cpu_isa::amx)
+    for (const tensor_view& w : ws)
+      if (amx_handles(w.type)) total += amx_packed_bytes(w);
+  std::shared_ptr<uint16_t> arena = total > 0 ? amx_arena(total) : nullptr;
+  size_t offset = 0;  // in values
+  for (const tensor_view& w : ws) {
+    packed_weight p;
+    p.view = w;
+    p.isa = isa;
+    if (arena && amx_handles(w.type)) {
+      p.amx = std::make_shared<const amx_matrix>(amx_pack(w, pool, arena, offset));
+      offset += amx_packed_bytes(w) / 2;
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
 void matmul(const packed_weight& w, const float* x, int64_t batch, float* y, std::vector<float>& scratch,
             thread_pool* pool) {
   if (w.amx) return amx_matmul(*w.amx, x, batch, y, scratch, pool);

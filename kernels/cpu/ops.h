@@ -59,6 +59,10 @@ struct packed_weight {
 /// Prepares `w` for `isa` (split across `pool`'s threads); throws tandem::error if this CPU
 /// lacks the path.
 packed_weight pack_weight(const tensor_view& w, cpu_isa isa = cpu_isa::best, thread_pool* pool = nullptr);
+/// pack_weight for several matrices at once; on the amx path their tile copies share one
+/// buffer (a model's worth on 2 MiB pages, instead of a page-rounded buffer each).
+std::vector<packed_weight> pack_weights(std::span<const tensor_view> ws, cpu_isa isa = cpu_isa::best,
+                                        thread_pool* pool = nullptr);
 /// matmul of a prepared weight on its path: the same bits as matmul(w.view, ..., w.isa).
 void matmul(const packed_weight& w, const float* x, int64_t batch, float* y, std::vector<float>& scratch,
             thread_pool* pool = nullptr);

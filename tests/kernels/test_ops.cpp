@@ -509,6 +509,15 @@ TEST_CASE("ops: the amx matmul is bit for bit the documented tile arithmetic, wi
           f32err += std::pow(double(f32) - ref, 2);
           ref2 += ref * ref;
         }
+      // Packed together with another matrix into one shared buffer: the same bits.
+      const tensor_view both[] = {w, w};
+      const auto packed = cpu::pack_weights(both, cpu_isa::amx, &pool);
+      REQUIRE(packed.size() == 2);
+      REQUIRE(packed[1].amx != nullptr);
+      CHECK(packed[1].amx->data.get() == packed[0].amx->data.get() + cpu::amx_packed_bytes(w) / 2);
+      std::vector<float> y2(y.size());
+      cpu::matmul(packed[1], x.data(), sh.batch, y2.data(), scratch, &pool);
+      CHECK(std::memcmp(y.data(), y2.data(), y.size() * 4) == 0);
       // As accurate as an f32 dot product: no term was rounded to bf16 (a bf16 rounding of
       // x alone would leave an error near 1e-6 of the result, 1e-12 here).
       CHECK(err / ref2 < 1e-13);
