@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "actors/config/toml.h"
+#include "kernels/cpu/amx.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/gguf/gguf.h"
 #include "kernels/model/kv_pool.h"
@@ -99,7 +100,7 @@ machine_info machine_info::probe() {
   m.mem_total_bytes = meminfo_kb("/proc/meminfo", "MemTotal") * 1024;
   m.mem_available_bytes = meminfo_kb("/proc/meminfo", "MemAvailable") * 1024;
   m.cpus = int32_t(std::thread::hardware_concurrency());
-  for (cpu_isa i : {cpu_isa::best, cpu_isa::scalar, cpu_isa::avx2, cpu_isa::avx512, cpu_isa::amx})
+  for (cpu_isa i : cpu::all_isas)
     if (cpu::isa_supported(i)) m.kernel_paths.emplace_back(cpu::to_string(i));
   // NUMA nodes as the kernel reports them (what libnuma reads too); ids are dense in practice.
   for (int32_t n = 0;; ++n) {
@@ -412,7 +413,7 @@ model_kv read_model_kv(const std::string& path) {
   for (const auto& t : f.tensors()) {
     if (t.dims.size() != 2 || (t.type != ggml_type::f16 && t.type != ggml_type::bf16)) continue;
     if (t.name == "token_embd.weight" && !tied) continue;
-    m.amx_copy_bytes += uint64_t((t.dims[1] + 15) / 16) * uint64_t((t.dims[0] + 31) / 32) * 1024;
+    m.amx_copy_bytes += cpu::amx_packed_bytes(t.view());
   }
   m.known = true;
   return m;
@@ -467,7 +468,8 @@ config_check check_cluster_config(const std::string& text, const std::string& so
     ck.known_keys(*t, "model", {"path", "threads", "kernels"});
     // The kernel path: every name is checked, and one this machine cannot run is refused
     // here rather than when the worker builds the model.
-    const std::vector<std::string> paths = {"best", "scalar", "avx2", "avx512", "amx"};
+    std::vector<std::string> paths;
+    for (cpu_isa i : cpu::all_isas) paths.emplace_back(cpu::to_string(i));
     if (ck.choice(*t, "model", "kernels", paths, cfg.kernel_isa) && !m.kernel_paths.empty() &&
         std::find(m.kernel_paths.begin(), m.kernel_paths.end(), cfg.kernel_isa) == m.kernel_paths.end()) {
       std::string list;

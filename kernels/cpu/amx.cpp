@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "actors/common/error.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -92,12 +93,26 @@ TANDEM_AMX inline __m512i bf16_rne(__m512 x) {
 
 TANDEM_AMX inline __m512 bf16_as_f32(__m512i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(h, 16)); }
 
+// The 16 activations of column block kb, half `half` (0 or 1), of a row of k; zero past k.
+TANDEM_AMX inline __m512 load_half(const float* row, int64_t k, int64_t kb, int half) {
+  const int64_t c = kb * 32 + half * 16;
+  const int64_t left = std::clamp<int64_t>(k - c, 0, 16);
+  return left == 16 ? _mm512_loadu_ps(row + c) : _mm512_maskz_loadu_ps(__mmask16((1u << left) - 1), row + c);
+}
+
+// 16 activations split into their three pieces (bf16 bits in the low half of each lane):
+// hi = x rounded to bf16, mid = the rest rounded, lo = what is left (exact).
+TANDEM_AMX inline void pieces16(__m512 x, __m512i& h, __m512i& m, __m512i& l) {
+  h = bf16_rne(x);
+  const __m512 r = _mm512_sub_ps(x, bf16_as_f32(h));
+  m = bf16_rne(r);
+  l = bf16_rne(_mm512_sub_ps(r, bf16_as_f32(m)));
+}
+
 // 16 activations split into their three pieces, stored as bf16 at hi, mid and lo.
 TANDEM_AMX inline void split16(__m512 x, uint16_t* hi, uint16_t* mid, uint16_t* lo) {
-  const __m512i h = bf16_rne(x);
-  const __m512 r = _mm512_sub_ps(x, bf16_as_f32(h));
-  const __m512i m = bf16_rne(r);
-  const __m512i l = bf16_rne(_mm512_sub_ps(r, bf16_as_f32(m)));
+  __m512i h, m, l;
+  pieces16(x, h, m, l);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi), _mm512_cvtepi32_epi16(h));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(mid), _mm512_cvtepi32_epi16(m));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo), _mm512_cvtepi32_epi16(l));
@@ -119,13 +134,8 @@ TANDEM_AMX void split_rows(const float* x, int64_t batch, int64_t k, int64_t kbl
     const float* row = x + m * k;
     for (int64_t kb = 0; kb < kblocks; ++kb) {
       uint16_t* t = base + kb * 1536;
-      for (int half = 0; half < 2; ++half) {
-        const int64_t c = kb * 32 + half * 16;
-        const int64_t left = std::clamp<int64_t>(k - c, 0, 16);
-        const __m512 v = left == 16 ? _mm512_loadu_ps(row + c)
-                                    : _mm512_maskz_loadu_ps(__mmask16((1u << left) - 1), row + c);
-        split16(v, t + half * 16, t + 512 + half * 16, t + 1024 + half * 16);
-      }
+      for (int half = 0; half < 2; ++half)
+        split16(load_half(row, k, kb, half), t + half * 16, t + 512 + half * 16, t + 1024 + half * 16);
     }
   }
 }
@@ -140,17 +150,12 @@ constexpr int64_t prefetch_blocks = 32;
 TANDEM_AMX void split_activation_f32(const float* x, int64_t k, int64_t kblocks, float* xe) {
   for (int64_t kb = 0; kb < kblocks; ++kb)
     for (int half = 0; half < 2; ++half) {
-      const int64_t c = kb * 32 + half * 16;
-      const int64_t left = std::clamp<int64_t>(k - c, 0, 16);
-      const __m512 v = left == 16 ? _mm512_loadu_ps(x + c) : _mm512_maskz_loadu_ps(__mmask16((1u << left) - 1), x + c);
-      const __m512 h = bf16_as_f32(bf16_rne(v));
-      const __m512 r = _mm512_sub_ps(v, h);
-      const __m512 m = bf16_as_f32(bf16_rne(r));
-      const __m512 l = bf16_as_f32(bf16_rne(_mm512_sub_ps(r, m)));
+      __m512i h, m, l;
+      pieces16(load_half(x, k, kb, half), h, m, l);
       float* d = xe + kb * 96 + half * 16;
-      _mm512_storeu_ps(d, h);
-      _mm512_storeu_ps(d + 32, m);
-      _mm512_storeu_ps(d + 64, l);
+      _mm512_storeu_ps(d, bf16_as_f32(h));
+      _mm512_storeu_ps(d + 32, bf16_as_f32(m));
+      _mm512_storeu_ps(d + 64, bf16_as_f32(l));
     }
 }
 
@@ -481,22 +486,10 @@ bool amx_usable() {
 }
 
 void amx_split_activation(float x, uint16_t& hi, uint16_t& mid, uint16_t& lo) {
-  auto rne = [](float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
-    return uint16_t((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-  };
-  auto f32 = [](uint16_t h) {
-    const uint32_t u = uint32_t(h) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-  };
-  hi = rne(x);
-  const float r = x - f32(hi);
-  mid = rne(r);
-  lo = rne(r - f32(mid));
+  hi = fp32_to_bf16(x);
+  const float r = x - bf16_to_fp32(hi);
+  mid = fp32_to_bf16(r);
+  lo = fp32_to_bf16(r - bf16_to_fp32(mid));
 }
 
 size_t amx_packed_bytes(const tensor_view& w) {
@@ -530,7 +523,7 @@ amx_matrix amx_pack(const tensor_view& w, thread_pool* pool, std::shared_ptr<uin
   m.groups = (m.rows + 15) / 16;
   m.kblocks = (m.cols + 31) / 32;
   if (!arena) {
-    arena = amx_arena(m.bytes());
+    arena = amx_arena(amx_packed_bytes(w));
     offset = 0;
   }
   uint16_t* buf = arena.get() + offset;
@@ -553,18 +546,11 @@ void amx_matmul(const amx_matrix& w, const float* x, int64_t batch, float* y, st
   if (!amx_usable()) throw tandem::error("amx_matmul: this CPU or OS does not run AMX tiles; use the avx512 path");
   if (batch <= 0) return;
   const int64_t k = w.cols, kblocks = w.kblocks, mtiles = (batch + 15) / 16;
-  const size_t xs_values = size_t(mtiles * kblocks) * 1536;
-  if (scratch.size() * 2 < xs_values + 32) scratch.resize(xs_values / 2 + 32);
-  // 64-byte aligned start inside the float buffer (tile rows are then whole cache lines).
-  auto* xs = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t(63));
   const bool threads = pool != nullptr && pool->size() > 1 && w.rows * k * batch >= (int64_t(1) << 16);
   if (batch == 1) {
     // The activation's pieces as f32, [kb][hi, mid, lo][32] (zero past k).
+    if (scratch.size() < size_t(kblocks * 96)) scratch.resize(size_t(kblocks * 96));
     float* xe = scratch.data();
-    if (scratch.size() < size_t(kblocks * 96)) {
-      scratch.resize(size_t(kblocks * 96));
-      xe = scratch.data();
-    }
     split_activation_f32(x, k, kblocks, xe);
     // Chunks of whole 2-group pairs (the bf16 emulation runs two groups side by side).
     const int64_t pairs = (w.groups + 1) / 2;
@@ -575,6 +561,10 @@ void amx_matmul(const amx_matrix& w, const float* x, int64_t batch, float* y, st
       run(0, pairs);
     return;
   }
+  const size_t xs_values = size_t(mtiles * kblocks) * 1536;
+  if (scratch.size() * 2 < xs_values + 32) scratch.resize(xs_values / 2 + 32);
+  // 64-byte aligned start inside the float buffer (tile rows are then whole cache lines).
+  auto* xs = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t(63));
   parallel_for_if(
       threads ? pool : nullptr, mtiles * 16, mtiles * 16 * k,
       [&](int64_t m0, int64_t m1) { split_rows(x, batch, k, kblocks, xs, m0, m1); });

@@ -48,7 +48,6 @@ struct amx_matrix {
   std::shared_ptr<const uint16_t> data;  ///< 64-byte aligned, groups x kblocks x 512 values
 
   const uint16_t* block(int64_t g, int64_t kb) const { return data.get() + (g * kblocks + kb) * 512; }
-  size_t bytes() const { return size_t(groups * kblocks) * 1024; }
 };
 
 /// Bytes of `w`'s tile layout (whole 16 x 32 tiles: a multiple of 1 KiB).

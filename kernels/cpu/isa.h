@@ -17,6 +17,10 @@ enum class cpu_isa : uint8_t {
 
 namespace cpu {
 
+/// Every kernel path by name, `best` first (parse_isa's names, check-config's choices).
+inline constexpr cpu_isa all_isas[] = {cpu_isa::best, cpu_isa::scalar, cpu_isa::avx2, cpu_isa::avx512,
+                                       cpu_isa::amx};
+
 /// The path `best` resolves to on this CPU.
 cpu_isa detected_isa();
 /// Whether this CPU can run `i` (`best` and `scalar` always).

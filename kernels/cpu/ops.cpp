@@ -192,7 +192,7 @@ std::string_view to_string(cpu_isa i) {
 }
 
 cpu_isa parse_isa(std::string_view s) {
-  for (cpu_isa i : {cpu_isa::best, cpu_isa::scalar, cpu_isa::avx2, cpu_isa::avx512, cpu_isa::amx})
+  for (cpu_isa i : all_isas)
     if (s == to_string(i)) return i;
   throw tandem::error(fmt::format("unknown kernel path '{}'; use best, scalar, avx2, avx512 or amx", s));
 }
@@ -710,12 +710,7 @@ void matmul_rows(const tensor_view& w, const float* x, int64_t batch, float* y, 
 }  // namespace
 
 packed_weight pack_weight(const tensor_view& w, cpu_isa isa, thread_pool* pool) {
-  packed_weight p;
-  p.view = w;
-  p.isa = resolve_isa(isa);
-  if (p.isa == cpu_isa::amx && amx_handles(w.type))
-    p.amx = std::make_shared<const amx_matrix>(amx_pack(w, pool));
-  return p;
+  return pack_weights(std::span<const tensor_view>(&w, 1), isa, pool).front();
 }
 
 std::vector<packed_weight> pack_weights(std::span<const tensor_view> ws, cpu_isa isa, thread_pool* pool) {
