@@ -47,6 +47,12 @@ struct KvLayout {
   nKvHeads @1 :Int32;
   headDim @2 :Int32;
   pageSize @3 :Int32;
+  dtype @4 :KvDtype;          # element type of K and V (kv_layout::dtype)
+}
+
+enum KvDtype {
+  f32 @0;
+  f16 @1;
 }
 
 struct PageDescriptor {

@@ -382,12 +382,14 @@ struct model_kv {
   /// Bytes of the copy `kernels = "amx"` makes of the f16/bf16 matmul weights (padded to
   /// whole 16 x 32 tiles, as amx_pack does).
   uint64_t amx_copy_bytes = 0;
+  kv_dtype dtype = kv_dtype::f32;  ///< [model] kv_cache_dtype
   kv_layout layout(int32_t page_size) const {
     kv_layout l;
     l.n_layers = n_layers;
     l.n_kv_heads = n_kv_heads;
     l.head_dim = head_dim;
     l.page_size = page_size;
+    l.dtype = dtype;
     return l;
   }
 };
@@ -465,7 +467,8 @@ config_check check_cluster_config(const std::string& text, const std::string& so
   // --- [model]
   toml::position model_path_pos{1, 1};
   if (const value* t = ck.table(root, "model")) {
-    ck.known_keys(*t, "model", {"path", "threads", "kernels"});
+    ck.known_keys(*t, "model", {"path", "threads", "kernels", "kv_cache_dtype"});
+    ck.choice(*t, "model", "kv_cache_dtype", {"f32", "f16"}, cfg.kv_cache_dtype);
     // The kernel path: every name is checked, and one this machine cannot run is refused
     // here rather than when the worker builds the model.
     std::vector<std::string> paths;
@@ -768,6 +771,7 @@ config_check check_cluster_config(const std::string& text, const std::string& so
   if (!cfg.model_path.empty() && std::filesystem::exists(cfg.model_path)) {
     try {
       kv = read_model_kv(cfg.model_path);
+      parse_kv_dtype(cfg.kv_cache_dtype, kv.dtype);  // checked above: f32 or f16
     } catch (const std::exception& e) {
       out.errors.push_back(fmt::format("{}:{}:{}: model.path = \"{}\": is not a usable Llama GGUF file ({}); point it at a "
                                        "model written by llama.cpp or `tandem make-model`",

@@ -43,6 +43,9 @@ struct cluster_config {
   std::string router_policy = "round_robin";        ///< round_robin | power_of_two | cache_aware
   /// [model] kernels: the CPU kernel path (best | scalar | avx2 | avx512 | amx).
   std::string kernel_isa = "best";
+  /// [model] kv_cache_dtype: element type of the KV cache (f32 | f16; f16 halves the bytes
+  /// per cached token and what a decode step's attention reads).
+  std::string kv_cache_dtype = "f32";
   /// [router] balance_abs_tokens / balance_rel: cache_aware's balance thresholds
   /// (route_policy_options; the defaults are the same).
   int64_t router_balance_abs_tokens = 2048;

@@ -388,6 +388,7 @@ void on_handoff(decode_actor_t* self, schema::KvHandoff::Reader h) {
   d.kv_len = kv.getValidTokens();
   auto l = kv.getLayout();
   kv_layout got{l.getNLayers(), l.getNKvHeads(), l.getHeadDim(), l.getPageSize()};
+  got.dtype = l.getDtype() == schema::KvDtype::F16 ? kv_dtype::f16 : kv_dtype::f32;
   if (h.getTransferId() != 0) {
     start_remote_handoff(self, std::move(d), h.getTransferId(), kv.getNode().cStr(), got);
     return;

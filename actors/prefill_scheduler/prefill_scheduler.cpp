@@ -348,6 +348,7 @@ void finish_prefill(prefill_actor_t* self, pseq& q, int32_t token) {
                l.setNKvHeads(s.opt.layout.n_kv_heads);
                l.setHeadDim(s.opt.layout.head_dim);
                l.setPageSize(s.opt.layout.page_size);
+               l.setDtype(s.opt.layout.dtype == kv_dtype::f16 ? schema::KvDtype::F16 : schema::KvDtype::F32);
                kv.setValidTokens(computed);
                h.setTransferId(tid);
              }));

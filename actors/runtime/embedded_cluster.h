@@ -26,6 +26,7 @@ struct cluster_options {
   std::function<void(actor_cluster_options&)> configure_node;
   std::string router_policy = "round_robin";  ///< round_robin | power_of_two | cache_aware ([router] policy)
   std::string kernel_isa = "best";            ///< CPU kernel path ([model] kernels; cpu::parse_isa names)
+  std::string kv_cache_dtype = "f32";         ///< KV cache element type ([model] kv_cache_dtype: f32 | f16)
   int64_t router_balance_abs_tokens = 2048;   ///< [router] balance_abs_tokens (cache_aware)
   double router_balance_rel = 1.5;            ///< [router] balance_rel (cache_aware)
 };

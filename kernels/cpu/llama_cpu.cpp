@@ -88,7 +88,7 @@ class cpu_llama final : public llama_model {
 
   kv_layout layout(int32_t page_size) const override {
     return kv_layout{.n_layers = w_.config.n_layer, .n_kv_heads = w_.config.n_head_kv,
-                     .head_dim = w_.config.head_dim, .page_size = page_size};
+                     .head_dim = w_.config.head_dim, .page_size = page_size, .dtype = opt_.kv};
   }
 
   void forward(std::span<const batch_seq> batch, kv_pool& pool, std::vector<float>& logits) override;
@@ -184,8 +184,15 @@ void cpu_llama::forward(std::span<const batch_seq> batch, kv_pool& pool, std::ve
           const int64_t p = b.pos + i;
           const int32_t page = b.pages[size_t(p / ps)];
           const size_t slot = size_t(p % ps) * size_t(kd);
-          std::memcpy(pool.k(page, l) + slot, k_.data() + (t0 + i) * kd, size_t(kd) * sizeof(float));
-          std::memcpy(pool.v(page, l) + slot, v_.data() + (t0 + i) * kd, size_t(kd) * sizeof(float));
+          const float* kr = k_.data() + (t0 + i) * kd;
+          const float* vr = v_.data() + (t0 + i) * kd;
+          if (L.dtype == kv_dtype::f16) {
+            cpu::fp32_to_fp16_row(kr, pool.k16(page, l) + slot, kd);
+            cpu::fp32_to_fp16_row(vr, pool.v16(page, l) + slot, kd);
+          } else {
+            std::memcpy(pool.k(page, l) + slot, kr, size_t(kd) * sizeof(float));
+            std::memcpy(pool.v(page, l) + slot, vr, size_t(kd) * sizeof(float));
+          }
         }
       };
       // A prefill chunk's K and V (3 MB per layer for 512 tokens of 768 floats) on both cores.

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "actors/common/error.h"
 
@@ -245,6 +246,23 @@ uint16_t fp32_to_fp16(float f) {
   uint32_t rem = abs & 0x1fff;
   if (rem > 0x1000 || (rem == 0x1000 && (r & 1))) ++r;
   return sign | uint16_t(r);
+}
+
+namespace {
+// Same bits as fp32_to_fp16 for every non-NaN input: VCVTPS2PH rounds to nearest even,
+// overflows to infinity and makes half subnormals (MXCSR's flush-to-zero does not apply).
+__attribute__((target("avx,f16c"))) int64_t fp16_row_f16c(const float* in, uint16_t* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  return i;
+}
+}  // namespace
+
+void fp32_to_fp16_row(const float* in, uint16_t* out, int64_t n) {
+  int64_t i = has_f16c() ? fp16_row_f16c(in, out, n) : 0;
+  for (; i < n; ++i) out[i] = fp32_to_fp16(in[i]);
 }
 
 uint16_t fp32_to_bf16(float f) {
@@ -1071,17 +1089,26 @@ namespace {
 // accumulators over k, then the hsum16 tree (lanes i+8, then i+4, then i+2, then i+1) run
 // as a transpose network over the 16 accumulators instead of 16 separate reductions.
 // n must be a multiple of 16 (dot_avx512's tail is then empty and adds +0.0f).
-TANDEM_AVX512 void dot16_avx512(const float* a, const float* const* rows, int64_t n, float* out) {
+// KV rows are f32 (float) or f16 (uint16_t); an f16 row is widened exactly on load, so every
+// kernel below computes on the f16 cache exactly what it computes on an f32 cache holding the
+// same values.
+TANDEM_AVX512 __attribute__((always_inline)) inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+TANDEM_AVX512 __attribute__((always_inline)) inline __m512 load16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+template <class T>
+TANDEM_AVX512 void dot16_avx512(const float* a, const T* const* rows, int64_t n, float* out) {
   __m512 A[16];
   for (int j = 0; j < 16; ++j) {
-    const float* b = rows[j];
+    const T* b = rows[j];
     __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
     int64_t k = 0;
     for (; k + 32 <= n; k += 32) {
-      s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k), _mm512_loadu_ps(b + k), s0);
-      s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k + 16), _mm512_loadu_ps(b + k + 16), s1);
+      s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k), load16(b + k), s0);
+      s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k + 16), load16(b + k + 16), s1);
     }
-    for (; k + 16 <= n; k += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k), _mm512_loadu_ps(b + k), s0);
+    for (; k + 16 <= n; k += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k), load16(b + k), s0);
     A[j] = _mm512_add_ps(s0, s1);
   }
   alignas(64) float t[16];
@@ -1095,8 +1122,8 @@ TANDEM_AVX512 void dot16_avx512(const float* a, const float* const* rows, int64_
 // were bound by loads). Per (query, row) it is exactly dot_avx512's arithmetic: chunk c of a
 // pair-step goes to s[c % 2] in ascending order, an odd last chunk to s0, then s0 + s1 and
 // the hsum16 network.
-template <int G, int NV>
-TANDEM_AVX512 void dot16_rows_avx512(const float* const* q, const float* const* rows, float* const* out) {
+template <int G, int NV, class T>
+TANDEM_AVX512 void dot16_rows_avx512(const float* const* q, const T* const* rows, float* const* out) {
   __m512 qv[G][NV];
 #pragma GCC unroll 4
   for (int g = 0; g < G; ++g)
@@ -1104,13 +1131,13 @@ TANDEM_AVX512 void dot16_rows_avx512(const float* const* q, const float* const* 
     for (int c = 0; c < NV; ++c) qv[g][c] = _mm512_loadu_ps(q[g] + 16 * c);
   alignas(64) __m512 A[G][16];
   for (int j = 0; j < 16; ++j) {
-    const float* b = rows[j];
+    const T* b = rows[j];
     __m512 s0[G], s1[G];
 #pragma GCC unroll 4
     for (int g = 0; g < G; ++g) s0[g] = s1[g] = _mm512_setzero_ps();
 #pragma GCC unroll 8
     for (int c = 0; c < NV; ++c) {
-      const __m512 bv = _mm512_loadu_ps(b + 16 * c);
+      const __m512 bv = load16(b + 16 * c);
 #pragma GCC unroll 4
       for (int g = 0; g < G; ++g) {
         // Pairs of chunks alternate s0, s1; an odd last chunk (NV odd) goes to s0.
@@ -1129,8 +1156,8 @@ TANDEM_AVX512 void dot16_rows_avx512(const float* const* q, const float* const* 
 }
 
 // dot16_rows_avx512 for the group size and head size at run time; false if n is not 16 to 64.
-template <int G>
-TANDEM_AVX512 bool dot16_rows(const float* const* q, const float* const* rows, int64_t n, float* const* out) {
+template <int G, class T>
+TANDEM_AVX512 bool dot16_rows(const float* const* q, const T* const* rows, int64_t n, float* const* out) {
   switch (n) {
     case 16: dot16_rows_avx512<G, 1>(q, rows, out); return true;
     case 32: dot16_rows_avx512<G, 2>(q, rows, out); return true;
@@ -1145,8 +1172,8 @@ TANDEM_AVX512 bool dot16_rows(const float* const* q, const float* const* rows, i
 // then each row runs on alone over its own further positions. Per element this is the FMA
 // chain of repeated axpy_avx512 calls (p ascending, from zero), so the bits do not depend
 // on the group.
-template <int G, int V>
-TANDEM_AVX512 void weighted_sum_group_cols(const float* const* att, const float* const* rows, int64_t common,
+template <int G, int V, class T>
+TANDEM_AVX512 void weighted_sum_group_cols(const float* const* att, const T* const* rows, int64_t common,
                                            const int64_t* len, int64_t c, float* const* out) {
   __m512 y[G][V];
 #pragma GCC unroll 8
@@ -1154,10 +1181,10 @@ TANDEM_AVX512 void weighted_sum_group_cols(const float* const* att, const float*
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) y[g][v] = _mm512_setzero_ps();
   for (int64_t p = 0; p < common; ++p) {
-    const float* vp = rows[p] + c;
+    const T* vp = rows[p] + c;
     __m512 vv[V];
 #pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) vv[v] = _mm512_loadu_ps(vp + 16 * v);
+    for (int v = 0; v < V; ++v) vv[v] = load16(vp + 16 * v);
 #pragma GCC unroll 8
     for (int g = 0; g < G; ++g) {
       const __m512 a = _mm512_set1_ps(att[g][p]);
@@ -1170,15 +1197,15 @@ TANDEM_AVX512 void weighted_sum_group_cols(const float* const* att, const float*
     for (int64_t p = common; p < len[g]; ++p) {
       const __m512 a = _mm512_set1_ps(att[g][p]);
 #pragma GCC unroll 4
-      for (int v = 0; v < V; ++v) y[g][v] = _mm512_fmadd_ps(a, _mm512_loadu_ps(rows[p] + c + 16 * v), y[g][v]);
+      for (int v = 0; v < V; ++v) y[g][v] = _mm512_fmadd_ps(a, load16(rows[p] + c + 16 * v), y[g][v]);
     }
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) _mm512_storeu_ps(out[g] + c + 16 * v, y[g][v]);
   }
 }
 
-template <int G>
-TANDEM_AVX512 void weighted_sum_group(const float* const* att, const float* const* rows, int64_t common,
+template <int G, class T>
+TANDEM_AVX512 void weighted_sum_group(const float* const* att, const T* const* rows, int64_t common,
                                       const int64_t* len, int64_t n, float* const* out) {
   int64_t c = 0;
   for (; c + 64 <= n; c += 64) weighted_sum_group_cols<G, 4>(att, rows, common, len, c, out);
@@ -1188,13 +1215,20 @@ TANDEM_AVX512 void weighted_sum_group(const float* const* att, const float* cons
 // rows[p] = K row of KV head `kvh` at position p for p < len, page by page instead of a
 // division by the page size per position (attention's own share of a batch-16 decode at
 // context 256 fell from 6.8% to 5.8% of the samples).
+template <class T>
+const T* k_base(const kv_pool& pool, int32_t page, int32_t layer) {
+  if constexpr (std::is_same_v<T, float>) return pool.k(page, layer);
+  else return pool.k16(page, layer);
+}
+
+template <class T>
 void k_rows(const kv_pool& pool, int32_t layer, std::span<const int32_t> pages, int kvh, int64_t len,
-            std::vector<const float*>& rows) {
+            std::vector<const T*>& rows) {
   const kv_layout& L = pool.layout();
   const size_t stride = size_t(L.n_kv_heads) * L.head_dim;
   rows.resize(size_t(len));
   for (int64_t p0 = 0, pg = 0; p0 < len; p0 += L.page_size, ++pg) {
-    const float* base = pool.k(pages[size_t(pg)], layer) + size_t(kvh) * L.head_dim;
+    const T* base = k_base<T>(pool, pages[size_t(pg)], layer) + size_t(kvh) * L.head_dim;
     const int64_t end = std::min<int64_t>(L.page_size, len - p0);
     for (int64_t j = 0; j < end; ++j) rows[size_t(p0 + j)] = base + size_t(j) * stride;
   }
@@ -1204,10 +1238,11 @@ void k_rows(const kv_pool& pool, int32_t layer, std::span<const int32_t> pages, 
 // each computed as dot() + softmax() + axpy() of the avx512 path compute it alone (same
 // bits): the scores (16 positions at a time) and softmax per row, then one weighted sum for
 // the group that reads each V row once.
+template <class T>
 TANDEM_AVX512 void attention_group_avx512(const float* const* qh, int g_count, int64_t len0, int kvh,
                                           const kv_pool& pool, int32_t layer, std::span<const int32_t> pages,
                                           float* const* oh, float* att, int64_t att_stride,
-                                          std::vector<const float*>& rows) {
+                                          std::vector<const T*>& rows) {
   const kv_layout& L = pool.layout();
   const int hd = L.head_dim;
   const float scale = 1.0f / std::sqrt(float(hd));
@@ -1222,7 +1257,7 @@ TANDEM_AVX512 void attention_group_avx512(const float* const* qh, int g_count, i
     float* outs[4];
     for (; common16 + 16 <= len0; common16 += 16) {
       for (int g = 0; g < g_count; ++g) outs[g] = att + g * att_stride + common16;
-      const float* const* kr = rows.data() + common16;
+      const T* const* kr = rows.data() + common16;
       const bool done = g_count == 4   ? dot16_rows<4>(qh, kr, hd, outs)
                         : g_count == 3 ? dot16_rows<3>(qh, kr, hd, outs)
                                        : dot16_rows<2>(qh, kr, hd, outs);
@@ -1238,7 +1273,7 @@ TANDEM_AVX512 void attention_group_avx512(const float* const* qh, int g_count, i
     if (p < len) {
       // The last len % 16 positions as one more 16-row call, padded with position 0 (each
       // output is its own dot_avx512, so the padding changes nothing and is dropped).
-      const float* tail_rows[16];
+      const T* tail_rows[16];
       for (int j = 0; j < 16; ++j) tail_rows[j] = rows[size_t(p + j < len ? p + j : 0)];
       alignas(64) float t[16];
       dot16_avx512(qh[g], tail_rows, hd, t);
@@ -1251,7 +1286,7 @@ TANDEM_AVX512 void attention_group_avx512(const float* const* qh, int g_count, i
     atts[g] = a;
     lens[g] = len;
   }
-  for (int64_t p = 0; p < max_len; ++p) rows[size_t(p)] += L.layer_floats();  // V sits right after K
+  for (int64_t p = 0; p < max_len; ++p) rows[size_t(p)] += L.layer_elems();  // V sits right after K
   switch (g_count) {
     case 4: return weighted_sum_group<4>(atts, rows.data(), len0, lens, hd, oh);
     case 3: return weighted_sum_group<3>(atts, rows.data(), len0, lens, hd, oh);
@@ -1260,24 +1295,180 @@ TANDEM_AVX512 void attention_group_avx512(const float* const* qh, int g_count, i
   }
 }
 
+// Query heads [h0, h1) of one decode token (attending to positions [0, len)), page by page:
+// a page's K (then V) rows of every KV head are one contiguous block of memory, read once
+// for all the heads, instead of once per head as a 256-byte piece every few KiB (one head at
+// a time, a batch-32 decode's attention took as long on an f16 cache as on an f32 one: bound
+// by scattered pieces, not bytes). Within a page, heads go HB at a time with their queries
+// (scores) or output accumulators (weighted sum) in registers. Per head this is exactly what
+// attention_group_avx512 computes for one token: chunk c of a dot product goes to s[c % 2],
+// then s0 + s1 and the hsum16 network (dot_avx512's bits); the same scaling and softmax; the
+// FMA chain over positions (p ascending, from zero) for the weighted sum.
+template <int NV, class T>
+TANDEM_AVX512 void attention_heads_avx512(const float* q, int64_t len, int h0, int h1, int group, const kv_pool& pool,
+                                          int32_t layer, std::span<const int32_t> pages, float* out, float* att,
+                                          int64_t att_stride, std::vector<float>& acc) {
+  constexpr int HB = NV >= 24 ? 1 : 24 / NV;  // heads whose 16-float chunks fill 24 registers
+  constexpr int hd = NV * 16;
+  const kv_layout& L = pool.layout();
+  const int ps = L.page_size, nh = h1 - h0;
+  const size_t stride = size_t(L.n_kv_heads) * hd;
+  const float scale = 1.0f / std::sqrt(float(hd));
+  alignas(64) __m512 A[HB][16];
+  alignas(64) float t[16];
+  // The row `ahead` positions after position j of the page at p0 (the K pass's last
+  // positions request V's first), the part these heads read, requested before its use: with
+  // only the hardware prefetchers a core waited on the rows (batch 32, context 80, f16 cache,
+  // 12 layers: 11.1-11.5 ms for a step's attention on one thread without, 8.1-8.4 with; on
+  // two threads 5.7 and 4.1; an f32 cache reads at the memory's speed either way).
+  constexpr int64_t ahead = 2;
+  const size_t lo = size_t(h0 / group) * hd * sizeof(T), hi = size_t((h1 - 1) / group + 1) * hd * sizeof(T);
+  const T* const v_first = k_base<T>(pool, pages[0], layer) + L.layer_elems();
+  auto prefetch = [&](const T* page, int64_t p0, int64_t pg, int64_t j, bool v) TANDEM_AVX512 {
+    int64_t at = j + ahead;
+    const T* r;
+    if (p0 + at < std::min<int64_t>(len, p0 + ps)) {
+      r = page + size_t(at) * stride;
+    } else if (p0 + ps < len) {
+      at -= ps;
+      if (p0 + ps + at >= len) return;
+      r = k_base<T>(pool, pages[size_t(pg + 1)], layer) + (v ? L.layer_elems() : 0) + size_t(at) * stride;
+    } else {
+      if (v) return;
+      at = p0 + at - len;
+      if (at >= std::min<int64_t>(len, ps)) return;
+      r = v_first + size_t(at) * stride;
+    }
+    const char* c = reinterpret_cast<const char*>(r);
+    for (size_t b = lo; b < hi; b += 64) _mm_prefetch(c + b, _MM_HINT_T0);
+  };
+  for (int64_t p0 = 0, pg = 0; p0 < len; p0 += ps, ++pg) {
+    const T* page = k_base<T>(pool, pages[size_t(pg)], layer);
+    const int64_t end = std::min<int64_t>(ps, len - p0);
+    for (int hb0 = 0; hb0 < nh; hb0 += HB) {
+      const int n = std::min(HB, nh - hb0);
+      __m512 qv[HB][NV];
+      for (int i = 0; i < n; ++i)
+#pragma GCC unroll 8
+        for (int c = 0; c < NV; ++c) qv[i][c] = _mm512_loadu_ps(q + size_t(h0 + hb0 + i) * hd + 16 * c);
+      // Blocks of 16 positions (a page may hold more or fewer).
+      for (int64_t j0 = 0; j0 < end; j0 += 16) {
+        const int m = int(std::min<int64_t>(16, end - j0));
+        for (int j = 0; j < m; ++j) {
+          const T* row = page + size_t(j0 + j) * stride;
+          if (hb0 == 0) prefetch(page, p0, pg, j0 + j, false);
+          for (int i = 0; i < n; ++i) {
+            const T* k = row + size_t((h0 + hb0 + i) / group) * hd;
+            __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+#pragma GCC unroll 8
+            for (int c = 0; c < NV; ++c) {
+              if (c % 2 == 0) s0 = _mm512_fmadd_ps(qv[i][c], load16(k + 16 * c), s0);
+              else s1 = _mm512_fmadd_ps(qv[i][c], load16(k + 16 * c), s1);
+            }
+            A[i][j] = _mm512_add_ps(s0, s1);
+          }
+        }
+        for (int i = 0; i < n; ++i) {
+          for (int j = m; j < 16; ++j) A[i][j] = _mm512_setzero_ps();  // dropped below
+          hsum16_x16(A[i], t);
+          float* a = att + (hb0 + i) * att_stride + p0 + j0;
+          for (int j = 0; j < m; ++j) a[j] = t[j] + 0.0f;
+        }
+      }
+    }
+  }
+  const __m512 sv = _mm512_set1_ps(scale);
+  for (int h = 0; h < nh; ++h) {
+    float* a = att + h * att_stride;
+    int64_t p = 0;
+    for (; p + 16 <= len; p += 16) _mm512_storeu_ps(a + p, _mm512_mul_ps(_mm512_loadu_ps(a + p), sv));
+    for (; p < len; ++p) a[p] *= scale;
+    softmax(a, size_t(len), cpu_isa::avx512);
+  }
+  // Weighted sum of V: each page's rows once, HB heads' accumulators in registers between
+  // trips to memory (acc, in L1) once per page.
+  acc.assign(size_t(nh) * hd, 0.0f);
+  for (int64_t p0 = 0, pg = 0; p0 < len; p0 += ps, ++pg) {
+    const T* page = k_base<T>(pool, pages[size_t(pg)], layer) + L.layer_elems();  // V sits right after K
+    const int64_t end = std::min<int64_t>(ps, len - p0);
+    for (int hb0 = 0; hb0 < nh; hb0 += HB) {
+      const int n = std::min(HB, nh - hb0);
+      __m512 y[HB][NV];
+      for (int i = 0; i < n; ++i)
+#pragma GCC unroll 8
+        for (int c = 0; c < NV; ++c) y[i][c] = _mm512_loadu_ps(acc.data() + size_t(hb0 + i) * hd + 16 * c);
+      for (int64_t j = 0; j < end; ++j) {
+        const T* row = page + size_t(j) * stride;
+        if (hb0 == 0) prefetch(page, p0, pg, j, true);
+        for (int i = 0; i < n; ++i) {
+          const __m512 w = _mm512_set1_ps(att[(hb0 + i) * att_stride + p0 + j]);
+          const T* v = row + size_t((h0 + hb0 + i) / group) * hd;
+#pragma GCC unroll 8
+          for (int c = 0; c < NV; ++c) y[i][c] = _mm512_fmadd_ps(w, load16(v + 16 * c), y[i][c]);
+        }
+      }
+      for (int i = 0; i < n; ++i)
+#pragma GCC unroll 8
+        for (int c = 0; c < NV; ++c) _mm512_storeu_ps(acc.data() + size_t(hb0 + i) * hd + 16 * c, y[i][c]);
+    }
+  }
+  std::memcpy(out + size_t(h0) * hd, acc.data(), size_t(nh) * hd * sizeof(float));
+}
+
+// attention_heads_avx512 for the head size at run time: 16 to 128 (multiples of 16); false
+// for others (they take the per-head path).
+template <class T>
+TANDEM_AVX512 bool attention_heads(int hd, const float* q, int64_t len, int h0, int h1, int group,
+                                   const kv_pool& pool, int32_t layer, std::span<const int32_t> pages, float* out,
+                                   float* att, int64_t att_stride, std::vector<float>& acc) {
+  switch (hd) {
+#define TANDEM_HEADS(nv) \
+  case 16 * nv: attention_heads_avx512<nv, T>(q, len, h0, h1, group, pool, layer, pages, out, att, att_stride, acc); return true;
+    TANDEM_HEADS(1)
+    TANDEM_HEADS(2)
+    TANDEM_HEADS(3)
+    TANDEM_HEADS(4)
+    TANDEM_HEADS(5)
+    TANDEM_HEADS(6)
+    TANDEM_HEADS(7)
+    TANDEM_HEADS(8)
+#undef TANDEM_HEADS
+    default: return false;
+  }
+}
+
 // One (token, head) row of attention on the scalar and avx2 paths: scores over positions
 // [0, len), softmax, weighted sum of V. Its arithmetic depends only on its own inputs, so
 // any split of rows gives the same bits.
+// An f16 cache's rows are widened (exactly) into `wide` first, so the f16 cache gives what an
+// f32 cache holding the same values gives.
+template <class T>
 void attention_row(const float* qh, int64_t len, int kvh, const kv_pool& pool, int32_t layer,
                    std::span<const int32_t> pages, float* oh, float* att, cpu_isa isa,
-                   std::vector<const float*>& rows) {
+                   std::vector<const T*>& rows, std::vector<float>& wide) {
   const int hd = pool.layout().head_dim;
   const float scale = 1.0f / std::sqrt(float(hd));
+  auto row = [&](const T* r) -> const float* {
+    if constexpr (std::is_same_v<T, float>) {
+      return r;
+    } else {
+      wide.resize(size_t(hd));
+      dequantize_row(ggml_type::f16, r, wide.data(), hd);
+      return wide.data();
+    }
+  };
   k_rows(pool, layer, pages, kvh, len, rows);
-  for (int64_t p = 0; p < len; ++p) att[p] = dot(qh, rows[size_t(p)], hd, isa) * scale;
+  for (int64_t p = 0; p < len; ++p) att[p] = dot(qh, row(rows[size_t(p)]), hd, isa) * scale;
   softmax(att, size_t(len), isa);
   std::fill(oh, oh + hd, 0.0f);
-  const size_t v_offset = pool.layout().layer_floats();  // V sits right after K
-  for (int64_t p = 0; p < len; ++p) axpy(att[p], rows[size_t(p)] + v_offset, oh, hd, isa);
+  const size_t v_offset = pool.layout().layer_elems();  // V sits right after K
+  for (int64_t p = 0; p < len; ++p) axpy(att[p], row(rows[size_t(p)] + v_offset), oh, hd, isa);
 }
 
 void check_attention(const attention_seq& s, int n_heads, const kv_pool& pool) {
   const kv_layout& L = pool.layout();
+  if (!L.is_standard())
+    throw tandem::error(fmt::format("attention: the KV pool ({}) is not a standard K/V layout", L.describe()));
   if (L.n_kv_heads <= 0 || n_heads % L.n_kv_heads != 0)
     throw tandem::error(
         fmt::format("attention: {} query heads do not group over {} KV heads", n_heads, L.n_kv_heads));
@@ -1298,13 +1489,22 @@ void paged_attention_batch(std::span<const attention_seq> seqs, int n_heads, con
   // one at a time); the others one token at a time.
   const bool grouped = isa == cpu_isa::avx512 && hd % 16 == 0;
   const int64_t gsz = grouped ? 4 : 1;
+  const bool by_heads = grouped && hd <= 128;  // attention_heads' sizes
+  // A decode token (one new token) on the avx512 path is a unit of `hb` heads read position
+  // by position (attention_heads_avx512); heads are split into enough blocks that the
+  // threads share even a batch of one.
+  int64_t decode_seqs = 0;
+  for (const attention_seq& s : seqs) decode_seqs += by_heads && s.n_tokens == 1 ? 1 : 0;
+  const int64_t threads = tp == nullptr ? 1 : tp->size();
+  const int64_t blocks = decode_seqs == 0 ? 1 : std::clamp<int64_t>((4 * threads + decode_seqs - 1) / decode_seqs, 1, n_heads);
+  const int hb = int((n_heads + blocks - 1) / blocks);
   int64_t units = 0, max_ctx = 0, work = 0;
-  std::vector<int64_t> first;  // first unit (token group of one head) of each sequence
+  std::vector<int64_t> first;  // first unit (token group of one head, or head block) of each sequence
   first.reserve(seqs.size() + 1);
   for (const attention_seq& s : seqs) {
     check_attention(s, n_heads, pool);
     first.push_back(units);
-    units += (s.n_tokens + gsz - 1) / gsz * n_heads;
+    units += by_heads && s.n_tokens == 1 ? (n_heads + hb - 1) / hb : (s.n_tokens + gsz - 1) / gsz * n_heads;
     max_ctx = std::max(max_ctx, int64_t(s.pos0) + s.n_tokens);
     work += s.n_tokens * (int64_t(s.pos0) + s.n_tokens) * n_heads;
   }
@@ -1313,13 +1513,19 @@ void paged_attention_batch(std::span<const attention_seq> seqs, int n_heads, con
   const int group = n_heads / L.n_kv_heads;
   // Index i runs unit i/2 from the front (even i) or from the back (odd i): causal rows grow
   // in length, so contiguous chunks of indices get about the same work.
-  auto run = [&](int64_t i0, int64_t i1) {
-    std::vector<float> att(static_cast<size_t>(max_ctx * gsz));
-    std::vector<const float*> kv_rows;
+  auto run_typed = [&]<class T>(T*, int64_t i0, int64_t i1) {
+    std::vector<float> att(static_cast<size_t>(max_ctx * std::max<int64_t>(gsz, hb))), wide;
+    std::vector<const T*> kv_rows;
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t u = i % 2 == 0 ? i / 2 : units - 1 - i / 2;
       const size_t s = size_t(std::upper_bound(first.begin(), first.end(), u) - first.begin()) - 1;
       const attention_seq& q = seqs[s];
+      if (by_heads && q.n_tokens == 1) {
+        const int h0 = int(u - first[s]) * hb;
+        attention_heads<T>(hd, q.q, int64_t(q.pos0) + 1, h0, std::min(n_heads, h0 + hb), group, pool, layer, q.pages,
+                           q.out, att.data(), max_ctx, wide);
+        continue;
+      }
       // Head-major within a sequence: consecutive units share one head's K/V, which then
       // stays in L2 across a prefill chunk's queries instead of cycling through all heads.
       const int64_t per_head = (q.n_tokens + gsz - 1) / gsz;
@@ -1337,9 +1543,14 @@ void paged_attention_batch(std::span<const attention_seq> seqs, int n_heads, con
                                att.data(), max_ctx, kv_rows);
       } else {
         attention_row(q.q + (t0 * n_heads + h) * hd, int64_t(q.pos0) + t0 + 1, h / group, pool, layer, q.pages,
-                      q.out + (t0 * n_heads + h) * hd, att.data(), isa, kv_rows);
+                      q.out + (t0 * n_heads + h) * hd, att.data(), isa, kv_rows, wide);
       }
     }
+  };
+  const bool f16 = L.dtype == kv_dtype::f16;
+  auto run = [&](int64_t i0, int64_t i1) {
+    if (f16) run_typed(static_cast<uint16_t*>(nullptr), i0, i1);
+    else run_typed(static_cast<float*>(nullptr), i0, i1);
   };
   // A handful of short rows is cheaper than waking the workers.
   if (tp == nullptr || tp->size() == 1 || work * hd < (int64_t(1) << 15)) return run(0, units);

@@ -21,6 +21,8 @@ class thread_pool;
 float fp16_to_fp32(uint16_t h);
 /// float -> IEEE half bits, round to nearest even (overflow to inf, NaN kept).
 uint16_t fp32_to_fp16(float f);
+/// fp32_to_fp16 over a row (F16C where the CPU has it; the same bits for every non-NaN value).
+void fp32_to_fp16_row(const float* in, uint16_t* out, int64_t n);
 /// bfloat16 bits -> float (exact).
 inline float bf16_to_fp32(uint16_t h) {
   uint32_t u = uint32_t(h) << 16;

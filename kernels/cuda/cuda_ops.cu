@@ -196,7 +196,12 @@ void run_batched(const W* w, const float* x, int batch, float* y, int n, int k, 
 
 constexpr int k_attn_warps = 4;
 
-__global__ void paged_attention_decode_kernel(const float* __restrict__ q, int n_heads, const float* __restrict__ pool,
+__device__ __forceinline__ float kv_load(const float* p) { return *p; }
+__device__ __forceinline__ float kv_load(const __half* p) { return __half2float(*p); }
+
+// T: float or __half (an f16 cache is widened on load; the arithmetic is the f32 cache's).
+template <class T>
+__global__ void paged_attention_decode_kernel(const float* __restrict__ q, int n_heads, const T* __restrict__ pool,
                                               int n_layers, int n_kv, int hd, int ps, int layer,
                                               const int32_t* __restrict__ table, int max_pages,
                                               const int32_t* __restrict__ lens, float* __restrict__ out) {
@@ -205,7 +210,7 @@ __global__ void paged_attention_decode_kernel(const float* __restrict__ q, int n
   const int per_lane = hd / 32;  // <= 8
   const int kvh = h / (n_heads / n_kv);
   const int len = lens[seq];
-  const size_t layer_floats = size_t(ps) * n_kv * hd;
+  const size_t layer_elems = size_t(ps) * n_kv * hd;
   const float scale = rsqrtf(float(hd));
   const float* qh = q + (size_t(seq) * n_heads + h) * hd;
   float qv[8], acc[8];
@@ -218,19 +223,19 @@ __global__ void paged_attention_decode_kernel(const float* __restrict__ q, int n
   float m = -INFINITY, l = 0.f;
   for (int p = warp; p < len; p += k_attn_warps) {
     const int page = table[size_t(seq) * max_pages + p / ps];
-    const float* base = pool + (size_t(page) * n_layers + layer) * 2 * layer_floats + (size_t(p % ps) * n_kv + kvh) * hd;
+    const T* base = pool + (size_t(page) * n_layers + layer) * 2 * layer_elems + (size_t(p % ps) * n_kv + kvh) * hd;
     float sc = 0.f;
 #pragma unroll
     for (int j = 0; j < 8; ++j)
-      if (j < per_lane) sc += qv[j] * base[lane + 32 * j];
+      if (j < per_lane) sc += qv[j] * kv_load(base + lane + 32 * j);
     sc = warp_sum(sc);
     const float m_new = fmaxf(m, sc);
     const float corr = __expf(m - m_new), e = __expf(sc - m_new);
     l = l * corr + e;
-    const float* vb = base + layer_floats;
+    const T* vb = base + layer_elems;
 #pragma unroll
     for (int j = 0; j < 8; ++j)
-      if (j < per_lane) acc[j] = acc[j] * corr + e * vb[lane + 32 * j];
+      if (j < per_lane) acc[j] = acc[j] * corr + e * kv_load(vb + lane + 32 * j);
     m = m_new;
   }
   __shared__ float sm[k_attn_warps], sl[k_attn_warps], sacc[k_attn_warps][256];
@@ -315,9 +320,14 @@ cudaError_t paged_attention_decode(const float* q, int n_seqs, int n_heads, cons
     return cudaErrorInvalidValue;
   if (n_seqs == 0) return cudaSuccess;
   dim3 grid(n_heads, n_seqs);
-  paged_attention_decode_kernel<<<grid, 32 * k_attn_warps, 0, s>>>(q, n_heads, kv.pool, kv.n_layers, kv.n_kv_heads,
-                                                                   kv.head_dim, kv.page_size, layer, page_table,
-                                                                   max_pages, seq_lens, out);
+  if (kv.f16)
+    paged_attention_decode_kernel<__half><<<grid, 32 * k_attn_warps, 0, s>>>(
+        q, n_heads, static_cast<const __half*>(kv.pool), kv.n_layers, kv.n_kv_heads, kv.head_dim, kv.page_size, layer,
+        page_table, max_pages, seq_lens, out);
+  else
+    paged_attention_decode_kernel<float><<<grid, 32 * k_attn_warps, 0, s>>>(
+        q, n_heads, static_cast<const float*>(kv.pool), kv.n_layers, kv.n_kv_heads, kv.head_dim, kv.page_size, layer,
+        page_table, max_pages, seq_lens, out);
   return cudaGetLastError();
 }
 

@@ -40,14 +40,16 @@ cudaError_t matmul_f16(const uint16_t* w, const float* x, int batch, float* y, i
 cudaError_t matmul_q8_0(const void* w, const float* x, int batch, float* y, int n, int k, cudaStream_t s);
 
 /// Decode attention over the paged KV pool (the layout of tandem::kv_pool: page p, layer l:
-/// K at pool + (p * n_layers + l) * 2 * page_size * n_kv_heads * head_dim floats, V after it;
+/// K at pool + (p * n_layers + l) * 2 * page_size * n_kv_heads * head_dim elements (f32, or
+/// IEEE halves with f16 = true: kv_dtype::f16), V after it;
 /// slot s, KV head h at (s * n_kv_heads + h) * head_dim). One query token per sequence:
 /// q is [n_seqs][n_heads][head_dim]; sequence i attends positions [0, seq_lens[i]) through
 /// page_table[i * max_pages ...]. out is [n_seqs][n_heads][head_dim]. Scale 1/sqrt(head_dim);
 /// query head h reads KV head h / (n_heads / n_kv_heads). head_dim a multiple of 32, <= 256.
 struct paged_kv {
-  const float* pool = nullptr;
+  const void* pool = nullptr;
   int n_layers = 0, n_kv_heads = 0, head_dim = 0, page_size = 0;
+  bool f16 = false;  ///< elements are IEEE halves (kv_dtype::f16), else f32
 };
 cudaError_t paged_attention_decode(const float* q, int n_seqs, int n_heads, const paged_kv& kv, int layer,
                                  const int32_t* page_table, int max_pages, const int32_t* seq_lens, float* out,

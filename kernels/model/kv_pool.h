@@ -4,6 +4,7 @@
 /// free is the cache tier's business (actors/cache_tier/page_allocator.h), not the pool's.
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,17 @@ struct kv_component {
   bool operator==(const kv_component&) const = default;
 };
 
+/// Element type of the standard K/V cache. f16 halves the bytes a decode step reads per
+/// cached position (at batch 32 attention reads as many bytes as the weights) and the memory
+/// per token, at ~3 significant decimal digits per cached value (what llama.cpp keeps by
+/// default).
+enum class kv_dtype : int32_t { f32 = 0, f16 = 1 };
+
+/// "f32" / "f16".
+const char* to_string(kv_dtype t);
+/// Parses "f32" / "f16"; false for anything else.
+bool parse_kv_dtype(const std::string& s, kv_dtype& out);
+
 /// Shape of one page; two sides exchanging pages must agree on every field.
 struct kv_layout {
   int32_t n_layers = 0;
@@ -31,10 +43,14 @@ struct kv_layout {
   /// What each layer caches per position, in storage order. Empty = standard attention:
   /// {"k", n_kv_heads, head_dim, f32}, {"v", n_kv_heads, head_dim, f32}.
   std::vector<kv_component> components = {};
+  /// Element type of the standard K/V components (components list their own elem_bytes).
+  kv_dtype dtype = kv_dtype::f32;
 
-  /// floats of K (or V) for one layer of one page: [page_size][n_kv_heads][head_dim]
+  /// Elements of K (or V) for one layer of one page: [page_size][n_kv_heads][head_dim]
   /// (standard attention layouts only).
-  size_t layer_floats() const { return size_t(page_size) * n_kv_heads * head_dim; }
+  size_t layer_elems() const { return size_t(page_size) * n_kv_heads * head_dim; }
+  /// Bytes of one K or V element of a standard layout (4 for f32, 2 for f16).
+  size_t elem_bytes() const { return dtype == kv_dtype::f16 ? 2 : 4; }
   /// The components actually stored (the default K/V pair when `components` is empty).
   std::vector<kv_component> effective_components() const;
   /// True for the default K/V layout that k()/v() address.
@@ -52,13 +68,13 @@ struct kv_layout {
   /// True if every field is positive and the page is non-empty.
   bool valid() const;
   bool operator==(const kv_layout&) const = default;
-  /// "layers=22 kv_heads=4 head_dim=64 page_size=16" (+ " components=latent:1x576x4,...")
+  /// "layers=22 kv_heads=4 head_dim=64 page_size=16" (+ " kv=f16", " components=latent:1x576x4,...")
   std::string describe() const;
 };
 
 /// Contiguous storage for `n_pages` pages. Page p, layer l starts at
 ///   base + (p * n_layers + l) * layer_bytes; its components follow in order
-/// (standard layouts: K then V, each layer_floats floats).
+/// (standard layouts: K then V, each layer_elems elements of the layout's dtype).
 class kv_pool {
  public:
   kv_pool(const kv_layout& layout, int32_t n_pages);
@@ -74,10 +90,16 @@ class kv_pool {
   kv_pool& operator=(const kv_pool&) = delete;
   const kv_layout& layout() const { return layout_; }
   int32_t n_pages() const { return n_pages_; }
+  /// K and V of a page's layer in an f32 layout.
   float* k(int32_t page, int32_t layer) { return base(page, layer); }
-  float* v(int32_t page, int32_t layer) { return base(page, layer) + layout_.layer_floats(); }
+  float* v(int32_t page, int32_t layer) { return base(page, layer) + layout_.layer_elems(); }
   const float* k(int32_t page, int32_t layer) const { return const_cast<kv_pool*>(this)->k(page, layer); }
   const float* v(int32_t page, int32_t layer) const { return const_cast<kv_pool*>(this)->v(page, layer); }
+  /// K and V of a page's layer in an f16 layout (IEEE half bits).
+  uint16_t* k16(int32_t page, int32_t layer) { return reinterpret_cast<uint16_t*>(base(page, layer)); }
+  uint16_t* v16(int32_t page, int32_t layer) { return k16(page, layer) + layout_.layer_elems(); }
+  const uint16_t* k16(int32_t page, int32_t layer) const { return const_cast<kv_pool*>(this)->k16(page, layer); }
+  const uint16_t* v16(int32_t page, int32_t layer) const { return const_cast<kv_pool*>(this)->v16(page, layer); }
   /// Component `c` (index into layout().effective_components()) of a page's layer, as bytes.
   uint8_t* component(int32_t page, int32_t layer, int32_t c) {
     return reinterpret_cast<uint8_t*>(base(page, layer)) + component_offset_[size_t(c)];
@@ -101,7 +123,10 @@ class kv_pool {
   size_t page_bytes_ = 0;
   size_t layer_stride_floats_ = 0;  ///< layer_bytes rounded up to whole floats
   std::vector<size_t> component_offset_;
-  std::vector<float> storage_;  ///< empty when the caller provides the memory
+  struct free_storage {
+    void operator()(float* p) const;
+  };
+  std::unique_ptr<float, free_storage> storage_;  ///< null when the caller provides the memory
   float* data_ = nullptr;
   size_t floats_ = 0;
 };

@@ -43,6 +43,7 @@ struct batch_seq {
 struct cpu_options {
   int32_t threads = 1;
   cpu_isa isa = cpu_isa::best;  ///< kernel path; an unsupported one is rejected at construction
+  kv_dtype kv = kv_dtype::f32;   ///< element type of the K/V cache the model writes and reads
 };
 
 class llama_model {

@@ -170,7 +170,7 @@ TEST_CASE("page_file: CRC32C check value, round trip, corruption and mismatches 
 TEST_CASE("kv_layout: standard K/V unchanged, MLA latent and indexer caches are just components") {
   kv_layout std_l{2, 4, 8, 16};
   CHECK(std_l.is_standard());
-  CHECK(std_l.page_bytes() == 2 * 2 * std_l.layer_floats() * sizeof(float));
+  CHECK(std_l.page_bytes() == 2 * 2 * std_l.layer_elems() * sizeof(float));
   kv_pool p(std_l, 3);
   CHECK(p.page_bytes() == std_l.page_bytes());
   CHECK(reinterpret_cast<uint8_t*>(p.v(1, 1)) == p.component(1, 1, 1));
@@ -186,6 +186,34 @@ TEST_CASE("kv_layout: standard K/V unchanged, MLA latent and indexer caches are 
   CHECK(mp.component(1, 0, 1) - mp.component(1, 0, 0) == 16 * 576 * 2);
   kv_layout bad{2, 0, 0, 16, {{"latent", 0, 576, 2}}};
   CHECK_FALSE(bad.valid());
+}
+
+TEST_CASE("kv_layout: an f16 K/V cache is half the bytes, has its own identity and its own accessors") {
+  kv_layout f32_l{2, 4, 8, 16};
+  kv_layout f16_l{.n_layers = 2, .n_kv_heads = 4, .head_dim = 8, .page_size = 16, .dtype = kv_dtype::f16};
+  CHECK(f16_l.valid());
+  CHECK(f16_l.is_standard());
+  CHECK(f16_l.page_bytes() * 2 == f32_l.page_bytes());
+  CHECK(f16_l.layer_elems() == f32_l.layer_elems());
+  CHECK(f16_l.elem_bytes() == 2);
+  // Disk-tier files and transfers tell the two apart; an f32 layout keeps its old identity.
+  CHECK(f16_l.fingerprint() != f32_l.fingerprint());
+  CHECK_FALSE(f16_l == f32_l);
+  CHECK(f16_l.describe() == "layers=2 kv_heads=4 head_dim=8 page_size=16 kv=f16");
+  CHECK(f32_l.describe() == "layers=2 kv_heads=4 head_dim=8 page_size=16");
+  kv_pool p(f16_l, 3);
+  CHECK(p.page_bytes() == f16_l.page_bytes());
+  CHECK(reinterpret_cast<const uint8_t*>(p.k16(2, 1)) == p.component(2, 1, 0));
+  CHECK(reinterpret_cast<const uint8_t*>(p.v16(2, 1)) == p.component(2, 1, 1));
+  CHECK(p.v16(0, 0) - p.k16(0, 0) == int64_t(f16_l.layer_elems()));
+  // A component list carries its own element sizes: a dtype beside it is ambiguous.
+  kv_layout mixed{.n_layers = 2, .page_size = 16, .components = {{"latent", 1, 576, 2}}, .dtype = kv_dtype::f16};
+  CHECK_FALSE(mixed.valid());
+  kv_dtype t = kv_dtype::f32;
+  CHECK(parse_kv_dtype("f16", t));
+  CHECK(t == kv_dtype::f16);
+  CHECK_FALSE(parse_kv_dtype("fp16", t));
+  CHECK(std::string(to_string(kv_dtype::f32)) == "f32");
 }
 
 TEST_CASE("cache_config: policies parse, validation names key, value, why and fix") {

@@ -142,6 +142,30 @@ TEST_CASE("embedded_cluster(micro): prefix cache on vs off gives identical outpu
   for (auto x : cached_off) CHECK(x == 0);
 }
 
+TEST_CASE("embedded_cluster(micro): an f16 KV cache serves batched, prefix-cached requests like one at a time") {
+  // Pages hold halves: the prefix cache shares them and the decode reads them in batches;
+  // every request still gives what it gives alone, and no page is lost.
+  auto o = micro_opts(true);
+  o.kv_cache_dtype = "f16";
+  auto c = embedded_cluster::start(o);
+  auto reqs = prompts(c->tok(), 0.0f);
+  auto alone = run(*c, reqs, true);
+  auto together = run(*c, reqs, false);
+  CHECK(alone == together);
+  CHECK(c->stats().kv_pages_total == 96);
+  // The device pool is 96 pages of halves (micro: 2 layers, 2 KV heads of 16).
+  const kv_layout half{.n_layers = 2, .n_kv_heads = 2, .head_dim = 16, .page_size = 16, .dtype = kv_dtype::f16};
+  bool seen = false;
+  for (const auto& p : c->inspect().pools)
+    if (p.name == "device") {
+      seen = true;
+      CHECK(p.bytes == int64_t(96 * half.page_bytes()));
+    }
+  CHECK(seen);
+  o.kv_cache_dtype = "fp16";
+  CHECK_THROWS_WITH(embedded_cluster::start(o), doctest::Contains("'fp16' is not a KV cache type; use f32 or f16"));
+}
+
 TEST_CASE("embedded_cluster: bad limits and a missing model fail with a message") {
   auto o = micro_opts(true);
   o.lim.page_size = 0;

@@ -108,6 +108,8 @@ std::vector<invalid_case> invalid_cases(const std::string& mp) {
       {"kernels typo", one_node("[model]\nkernels = \"avx51\"\n"), "model.kernels = \"avx51\": not a known value; did you mean 'avx512'?"},
       {"kernels this machine lacks", one_node("[model]\nkernels = \"amx\"\n"),
        "model.kernels = \"amx\": this machine cannot run the amx kernels; use one of: best, scalar, avx2, avx512"},
+      {"kv cache dtype typo", one_node("[model]\nkv_cache_dtype = \"fp16\"\n"),
+       "model.kv_cache_dtype = \"fp16\": not a known value; did you mean 'f16'?"},
       {"model path empty", one_node("[model]\npath = \"\"\n"), "model.path = \"\": is empty"},
       {"model not gguf", one_node("[model]\npath = \"" + std::string(TANDEM_SOURCE_DIR) + "/README.md\"\n"), "is not a usable Llama GGUF file"},
       // --- [cache]
@@ -251,6 +253,7 @@ TEST_CASE("check: valid configs pass and fill the config") {
     CHECK(c.cfg.nodes[0].all_roles());
     CHECK(c.cfg.lim.threads == 3);
     CHECK(c.cfg.kernel_isa == "avx2");
+    CHECK(c.cfg.kv_cache_dtype == "f32");
     CHECK(c.cfg.lim.kv_cache_mb == 64);
     CHECK(c.cfg.router_policy == "cache_aware");
   }
@@ -273,6 +276,20 @@ TEST_CASE("check: valid configs pass and fill the config") {
     INFO(joined(c));
     CHECK(c.ok());
     CHECK(c.notes.empty());
+  }
+  SUBCASE("with the model: an f16 KV cache halves the bytes of a page") {
+    // The micro model caches 512 bytes per position in f32: a 4096-position page is 2 MiB,
+    // which 1 MiB cannot hold; in f16 it is 1 MiB.
+    const std::string limits = "page_size = 4096\nkv_cache_mb = 1\n";
+    auto f32 = check_cluster_config(one_node("[model]\npath = \"" + model + "\"\n", limits), "t.toml", m);
+    CHECK(joined(f32).find("limits.kv_cache_mb = 1: holds no page of node 'n0' (2097152 bytes per page") !=
+          std::string::npos);
+    auto f16 = check_cluster_config(
+        one_node("[model]\npath = \"" + model + "\"\nkv_cache_dtype = \"f16\"\n", limits), "t.toml", m);
+    INFO(joined(f16));
+    CHECK(joined(f16).find("holds no page") == std::string::npos);
+    CHECK(f16.ok());
+    CHECK(f16.cfg.kv_cache_dtype == "f16");
   }
   SUBCASE("a model path on another machine is a note, not an error") {
     auto c = check_cluster_config(one_node("[model]\npath = \"/nonexistent/model.gguf\"\n"), "t.toml", m);

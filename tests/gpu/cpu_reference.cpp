@@ -54,16 +54,34 @@ void matmul(bool q8, const void* w, size_t nbytes, int n, int k, const float* x,
   cpu::matmul(v, x, batch, y, scratch);
 }
 
-void attention_decode(const std::vector<float>& pool, int n_pages, int n_layers, int n_kv, int head_dim,
-                      int page_size, int layer, const float* q, int n_heads,
-                      const std::vector<std::vector<int32_t>>& tables, const std::vector<int32_t>& lens, float* out) {
-  const kv_layout L{.n_layers = n_layers, .n_kv_heads = n_kv, .head_dim = head_dim, .page_size = page_size};
+namespace {
+void attention_decode_bytes(const void* pool, size_t pool_bytes, kv_dtype t, int n_pages, int n_layers, int n_kv,
+                            int head_dim, int page_size, int layer, const float* q, int n_heads,
+                            const std::vector<std::vector<int32_t>>& tables, const std::vector<int32_t>& lens,
+                            float* out) {
+  const kv_layout L{.n_layers = n_layers, .n_kv_heads = n_kv, .head_dim = head_dim, .page_size = page_size, .dtype = t};
   kv_pool kv(L, n_pages);
-  std::memcpy(kv.page_data(0), pool.data(), std::min(kv.bytes(), pool.size() * sizeof(float)));
+  std::memcpy(kv.page_data(0), pool, std::min(kv.bytes(), pool_bytes));
   std::vector<float> scratch;
   const size_t row = size_t(n_heads) * size_t(head_dim);
   for (size_t s = 0; s < lens.size(); ++s)
     cpu::paged_attention(q + s * row, 1, lens[s] - 1, n_heads, kv, layer, tables[s], out + s * row, scratch);
+}
+}  // namespace
+
+void attention_decode_f16(const std::vector<uint16_t>& pool, int n_pages, int n_layers, int n_kv, int head_dim,
+                          int page_size, int layer, const float* q, int n_heads,
+                          const std::vector<std::vector<int32_t>>& tables, const std::vector<int32_t>& lens,
+                          float* out) {
+  attention_decode_bytes(pool.data(), pool.size() * 2, kv_dtype::f16, n_pages, n_layers, n_kv, head_dim, page_size,
+                         layer, q, n_heads, tables, lens, out);
+}
+
+void attention_decode(const std::vector<float>& pool, int n_pages, int n_layers, int n_kv, int head_dim,
+                      int page_size, int layer, const float* q, int n_heads,
+                      const std::vector<std::vector<int32_t>>& tables, const std::vector<int32_t>& lens, float* out) {
+  attention_decode_bytes(pool.data(), pool.size() * 4, kv_dtype::f32, n_pages, n_layers, n_kv, head_dim, page_size,
+                         layer, q, n_heads, tables, lens, out);
 }
 
 }  // namespace tandem::gpu_test

@@ -20,5 +20,10 @@ void matmul(bool q8, const void* w, size_t nbytes, int n, int k, const float* x,
 void attention_decode(const std::vector<float>& pool, int n_pages, int n_layers, int n_kv, int head_dim,
                       int page_size, int layer, const float* q, int n_heads,
                       const std::vector<std::vector<int32_t>>& tables, const std::vector<int32_t>& lens, float* out);
+/// The same over an f16 cache (`pool` holds IEEE halves in the kv_pool byte layout).
+void attention_decode_f16(const std::vector<uint16_t>& pool, int n_pages, int n_layers, int n_kv, int head_dim,
+                          int page_size, int layer, const float* q, int n_heads,
+                          const std::vector<std::vector<int32_t>>& tables, const std::vector<int32_t>& lens,
+                          float* out);
 
 }  // namespace tandem::gpu_test

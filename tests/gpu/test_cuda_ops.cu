@@ -221,7 +221,15 @@ static void check_attention() {
   expect_true("attention rejects head_dim 48",
               gpu::paged_attention_decode(dq, 1, n_heads, gpu::paged_kv{dpool, n_layers, n_kv, 48, ps}, layer, dtab,
                                           max_pages, dlens, dout, nullptr) == cudaErrorInvalidValue);
-  cudaFree(dpool), cudaFree(dq), cudaFree(dout), cudaFree(dtab), cudaFree(dlens);
+  // The same cache in f16 (kv_cache_dtype = "f16"): against the CPU kernels on the same halves.
+  const std::vector<uint16_t> pool16 = ref::to_f16(pool);
+  uint16_t* dpool16 = to_device(pool16);
+  CHECK(gpu::paged_attention_decode(dq, int(lens.size()), n_heads, gpu::paged_kv{dpool16, n_layers, n_kv, hd, ps, true},
+                                    layer, dtab, max_pages, dlens, dout, nullptr));
+  ref::attention_decode_f16(pool16, n_pages, n_layers, n_kv, hd, ps, layer, q.data(), n_heads, tables, lens,
+                            want.data());
+  expect_close("paged_attention_decode f16 cache", to_host(dout, q.size()), want, 1e-4f);
+  cudaFree(dpool), cudaFree(dpool16), cudaFree(dq), cudaFree(dout), cudaFree(dtab), cudaFree(dlens);
 
   // Bandwidth: 32 sequences x 4096 positions, 8 KV heads x 128, 32 query heads, 1 layer
   // (1 GiB of K and V, each byte read once from memory; the 4 query heads of a group share it via L2).
@@ -239,6 +247,11 @@ static void check_attention() {
   bandwidth("paged_attention_decode 32x4096", double(bpage_floats) * bs * bpages * 4, 10, [&] {
     CHECK(gpu::paged_attention_decode(bq, bs, bheads, gpu::paged_kv{bpool, 1, bkv, bhd, ps}, 0, dbtab, bpages, dblens,
                                       bout, nullptr));
+  });
+  // The same positions in an f16 cache: half the bytes (the first half of the zeroed buffer).
+  bandwidth("paged_attention_decode 32x4096 f16 cache", double(bpage_floats) * bs * bpages * 2, 10, [&] {
+    CHECK(gpu::paged_attention_decode(bq, bs, bheads, gpu::paged_kv{bpool, 1, bkv, bhd, ps, true}, 0, dbtab, bpages,
+                                      dblens, bout, nullptr));
   });
   cudaFree(bpool), cudaFree(bq), cudaFree(bout), cudaFree(dbtab), cudaFree(dblens);
 }

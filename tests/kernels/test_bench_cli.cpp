@@ -58,12 +58,24 @@ TEST_CASE("bench cli: model mode reports prefill and every decode batch with the
                           " --threads 2 --prompt 16 --batches 1,3 --steps 1 --context 4 --bandwidth-mb 16 --compare-isa scalar "
                           "--json");
   REQUIRE(rc == 0);
-  CHECK(out.find("\"compare\":{\"isa\":\"scalar\",\"prefill_tokens_per_s\":") != std::string::npos);
+  CHECK(out.find("\"compare\":{\"isa\":\"scalar\",\"kv_cache_dtype\":\"f32\",\"prefill_tokens_per_s\":") !=
+        std::string::npos);
   CHECK(out.find("\"prefill_ratio\":") != std::string::npos);
   CHECK(out.find("{\"batch\":3,\"tokens_per_s\":") != std::string::npos);
   std::tie(rc, out) = run("bench model --model " + model + " --compare-isa sse9");
   CHECK(rc == 1);
   CHECK(out.find("unknown kernel path 'sse9'") != std::string::npos);
+  // The KV cache type, and a second one in the same run.
+  std::tie(rc, out) = run("bench model --model " + model +
+                          " --threads 2 --prompt 16 --batches 1,3 --steps 1 --context 4 --bandwidth-mb 16 "
+                          "--kv-cache-dtype f16 --compare-kv-cache-dtype f32 --json");
+  REQUIRE(rc == 0);
+  CHECK(out.find("\"kv_cache_dtype\":\"f16\"") != std::string::npos);
+  CHECK(out.find("\"compare\":{\"isa\":") != std::string::npos);
+  CHECK(out.find("\"kv_cache_dtype\":\"f32\",\"prefill_tokens_per_s\":") != std::string::npos);
+  std::tie(rc, out) = run("bench model --model " + model + " --kv-cache-dtype f8");
+  CHECK(rc == 1);
+  CHECK(out.find("--kv-cache-dtype f8 is not a KV cache type; use f32 or f16") != std::string::npos);
 }
 
 TEST_CASE("bench cli: control-plane mode generates every token and reports CPU per token") {

@@ -205,6 +205,40 @@ TEST_CASE("llama: forward matches a naive contiguous-KV reference (prefill then 
   }
 }
 
+TEST_CASE("llama: an f16 KV cache stays close to the double-precision reference and writes f16 pages") {
+  tiny_model m(ggml_type::f16);
+  auto model = make_cpu_llama(m.w, cpu_options{.threads = 2, .kv = kv_dtype::f16});
+  kv_pool pool(model->layout(4), 8);
+  REQUIRE(pool.layout().dtype == kv_dtype::f16);
+  kv_pool wrong(make_cpu_llama(m.w)->layout(4), 8);  // an f32 pool for an f16 model
+  const std::vector<int32_t> pages = {6, 1, 3, 0};
+  std::vector<float> logits;
+  batch_seq s{std::span(prompt).first(8), 0, pages, true};
+  CHECK_THROWS_WITH(model->forward(std::span(&s, 1), wrong, logits), doctest::Contains("kv=f16"));
+  const auto ref = reference_logits(m, prompt);
+  double worst = 0;
+  auto check_row = [&](const std::vector<double>& want) {
+    REQUIRE(logits.size() == want.size());
+    double err = 0, norm = 0;
+    for (size_t i = 0; i < want.size(); ++i) err += (logits[i] - want[i]) * (logits[i] - want[i]), norm += want[i] * want[i];
+    worst = std::max(worst, err / norm);
+  };
+  model->forward(std::span(&s, 1), pool, logits);
+  check_row(ref[7]);
+  for (int32_t p = 8; p < int32_t(prompt.size()); ++p) {
+    batch_seq d{std::span(prompt).subspan(size_t(p), 1), p, pages, true};
+    model->forward(std::span(&d, 1), pool, logits);
+    check_row(ref[size_t(p)]);
+  }
+  MESSAGE("f16 KV cache: worst logit nmse vs the f64 reference = " << worst);
+  CHECK(worst < 1e-5);
+  // The cache holds halves: position 0 of layer 0's K, KV head 0, read back as f16, is what
+  // the model computed (non-zero, finite).
+  const float k0 = cpu::fp16_to_fp32(pool.k16(pages[0], 0)[0]);
+  CHECK(std::isfinite(k0));
+  CHECK(k0 != 0.0f);
+}
+
 TEST_CASE("llama: a sequence alone and inside a mixed batch gives bit-identical logits") {
   tiny_model m(ggml_type::f16);
   auto model = make_cpu_llama(m.w);
@@ -230,7 +264,7 @@ TEST_CASE("llama: a sequence alone and inside a mixed batch gives bit-identical 
   CHECK(std::memcmp(la.data(), lt.data(), la.size() * sizeof(float)) == 0);
   CHECK_THROWS_WITH(make_cpu_llama(m.w, cpu_options{.threads = 0}), doctest::Contains("threads 0"));
   // The KV written for a is the same bits too.
-  CHECK(std::memcmp(alone.k(2, 1), mixed.k(2, 1), alone.layout().layer_floats() * sizeof(float)) == 0);
+  CHECK(std::memcmp(alone.k(2, 1), mixed.k(2, 1), alone.layout().layer_elems() * sizeof(float)) == 0);
 }
 
 TEST_CASE("llama: prefill in one chunk or two gives the same logits") {
@@ -431,9 +465,11 @@ TEST_CASE("llama: the r15m fixtures load and decode") {
 
 TEST_CASE("llama: every isa path keeps batch and thread invariance, and paths agree closely") {
   // q8_0 and f32-free f16/bf16 models: on the amx path f16 and bf16 matmuls run on tiles
-  // (batch 1 emulated), q8_0 on the avx512 kernels.
-  for (ggml_type t : {ggml_type::q8_0, ggml_type::f16, ggml_type::bf16}) {
+  // (batch 1 emulated), q8_0 on the avx512 kernels. Each with an f32 and an f16 KV cache.
+  for (ggml_type t : {ggml_type::q8_0, ggml_type::f16, ggml_type::bf16})
+  for (kv_dtype kv : {kv_dtype::f32, kv_dtype::f16}) {
     CAPTURE(to_string(t));
+    CAPTURE(to_string(kv));
     tiny_model m(t);
     const std::vector<int32_t> pa = {0, 1, 2}, pb = {3, 4};
     const std::vector<int32_t> ta(prompt.begin(), prompt.begin() + 9), tb = {1, 2, 3};
@@ -445,8 +481,9 @@ TEST_CASE("llama: every isa path keeps batch and thread invariance, and paths ag
         continue;
       }
       CAPTURE(cpu::to_string(isa));
-      auto one = make_cpu_llama(m.w, cpu_options{.threads = 1, .isa = isa});
-      auto two = make_cpu_llama(m.w, cpu_options{.threads = 2, .isa = isa});
+      auto one = make_cpu_llama(m.w, cpu_options{.threads = 1, .isa = isa, .kv = kv});
+      auto two = make_cpu_llama(m.w, cpu_options{.threads = 2, .isa = isa, .kv = kv});
+      REQUIRE(one->layout(4).dtype == kv);
       kv_pool p1(one->layout(4), 8), p2(one->layout(4), 8), p3(one->layout(4), 8);
       std::vector<float> l1, l2, l3;
       const batch_seq a{ta, 0, pa, true};

@@ -480,7 +480,8 @@ TEST_CASE("ops: the amx matmul is bit for bit the documented tile arithmetic, wi
     int64_t n, k, batch;
   };
   // Tails of rows (n % 16), columns (k % 32) and batch (b % 16); several 4-group blocks.
-  for (const shape sh : {shape{37, 70, 5}, shape{128, 96, 33}, shape{16, 32, 1}, shape{200, 768, 17}}) {
+  // Batches of 2+ tiles with k over 8 blocks run passes in pieces (groups_run), the last one short.
+  for (const shape sh : {shape{37, 70, 5}, shape{128, 96, 33}, shape{16, 32, 1}, shape{200, 768, 17}, shape{50, 300, 40}}) {
     const auto wf = random_floats(size_t(sh.n * sh.k), 41, 0.5f);
     const auto x = random_floats(size_t(sh.batch * sh.k), 42, 3.0f);
     for (ggml_type t : {ggml_type::f16, ggml_type::bf16}) {
@@ -767,6 +768,130 @@ TEST_CASE("ops: attention rows on every isa path equal dot + softmax + axpy of t
           REQUIRE(std::memcmp(o.data(), out.data() + h * hd, size_t(hd) * 4) == 0);
         }
       }
+    }
+  }
+}
+
+namespace {
+
+/// The same random K/V values (each rounded to f16) in an f32 pool and an f16 pool.
+void fill_same(kv_pool& f32_pool, kv_pool& f16_pool, uint64_t seed) {
+  const size_t n = f32_pool.bytes() / 4;
+  REQUIRE(f16_pool.bytes() / 2 == n);
+  const auto v = random_floats(n, seed);
+  auto* a = reinterpret_cast<float*>(f32_pool.data());
+  auto* h = reinterpret_cast<uint16_t*>(f16_pool.data());
+  for (size_t i = 0; i < n; ++i) {
+    h[i] = cpu::fp32_to_fp16(v[i]);
+    a[i] = cpu::fp16_to_fp32(h[i]);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("ops: fp32_to_fp16_row gives fp32_to_fp16's bits for every non-NaN value") {
+  std::vector<float> x;
+  std::mt19937 rng(5);
+  for (int i = 0; i < 200000; ++i) {
+    uint32_t u = rng();
+    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x7fffff) != 0) continue;  // NaN
+    float f;
+    std::memcpy(&f, &u, 4);
+    x.push_back(f);
+  }
+  // Ties, the overflow edge, half subnormals and their rounding, signed zeros, infinities.
+  for (float f : {65504.0f, 65519.99f, 65520.0f, 1e9f, 5.9604645e-08f, 2.9802322e-08f, 2.9802326e-08f,
+                  6.1035156e-05f, 6.1035152e-05f, 1.0009765625f, 1.00048828125f, 1.00146484375f, 0.0f, -0.0f,
+                  std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                  std::numeric_limits<float>::denorm_min(), -1.5e-40f})
+    x.push_back(f), x.push_back(-f);
+  std::vector<uint16_t> y(x.size());
+  cpu::fp32_to_fp16_row(x.data(), y.data(), int64_t(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) {
+    CAPTURE(x[i]);
+    REQUIRE(y[i] == cpu::fp32_to_fp16(x[i]));
+  }
+}
+
+TEST_CASE("ops: attention over an f16 cache equals attention over an f32 cache of the same values, bit for bit") {
+  // Every path widens f16 rows exactly, so only the rounding when K and V are stored
+  // differs between the two caches. Prefill chunks (the grouped path), decode tokens (the
+  // head-block path), GQA, head sizes that take each path (40: not a multiple of 16; 128:
+  // the largest head block), pages of 4 and 16 positions, one thread and two.
+  for (int hd : {64, 40, 16, 128}) {
+    for (int ps : {4, 16}) {
+      kv_layout L{.n_layers = 2, .n_kv_heads = 2, .head_dim = hd, .page_size = ps};
+      kv_layout H = L;
+      H.dtype = kv_dtype::f16;
+      kv_pool a(L, 24), h(H, 24);
+      fill_same(a, h, 90 + uint64_t(hd + ps));
+      const int n_heads = 6;  // 3 query heads per KV head
+      std::vector<int32_t> pa, pb;
+      for (int i = 0; i < 12; ++i) pa.push_back(23 - 2 * i), pb.push_back(2 * i);
+      struct seq_in {
+        const std::vector<int32_t>* pages;
+        int64_t n;
+        int32_t pos0;
+      };
+      const std::vector<seq_in> in = {{&pa, 9, 3}, {&pb, 1, 0}, {&pb, 1, 37}, {&pa, 1, 12 * ps - 1}};
+      cpu::thread_pool tp(2);
+      for (cpu_isa isa : runnable_isas())
+        for (cpu::thread_pool* pool : {static_cast<cpu::thread_pool*>(nullptr), &tp}) {
+          CAPTURE(hd);
+          CAPTURE(ps);
+          CAPTURE(cpu::to_string(isa));
+          std::vector<std::vector<float>> qs, out_a, out_h;
+          std::vector<cpu::attention_seq> sa, sh;
+          for (size_t i = 0; i < in.size(); ++i) {
+            const int64_t pos_end = int64_t(in[i].pos0) + in[i].n;
+            REQUIRE(pos_end <= int64_t(in[i].pages->size()) * ps);
+            qs.push_back(random_floats(size_t(in[i].n * n_heads * hd), 100 + i));
+            out_a.emplace_back(qs.back().size(), 0.0f);
+            out_h.emplace_back(qs.back().size(), 1.0f);
+          }
+          for (size_t i = 0; i < in.size(); ++i) {
+            sa.push_back({qs[i].data(), in[i].n, in[i].pos0, *in[i].pages, out_a[i].data()});
+            sh.push_back({qs[i].data(), in[i].n, in[i].pos0, *in[i].pages, out_h[i].data()});
+          }
+          cpu::paged_attention_batch(sa, n_heads, a, 1, pool, isa);
+          cpu::paged_attention_batch(sh, n_heads, h, 1, pool, isa);
+          for (size_t i = 0; i < in.size(); ++i) REQUIRE(std::memcmp(out_a[i].data(), out_h[i].data(), out_a[i].size() * 4) == 0);
+        }
+    }
+  }
+}
+
+TEST_CASE("ops: a decode token's heads give the same bits alone, in any head block and beside other sequences") {
+  // The avx512 path splits a decode token's heads into blocks sized by the batch and thread
+  // count; each head must not depend on its block. One sequence alone (the most blocks) vs
+  // 9 sequences (whole tokens), with one thread and two, on both cache types.
+  for (kv_dtype t : {kv_dtype::f32, kv_dtype::f16}) {
+    kv_layout L{.n_layers = 1, .n_kv_heads = 4, .head_dim = 64, .page_size = 16, .dtype = t};
+    kv_layout F = L;
+    F.dtype = t == kv_dtype::f32 ? kv_dtype::f16 : kv_dtype::f32;
+    kv_pool pool(L, 20), other(F, 20);
+    if (t == kv_dtype::f32) fill_same(pool, other, 7);
+    else fill_same(other, pool, 7);
+    const int n_heads = 8;
+    std::vector<int32_t> pages;
+    for (int i = 0; i < 20; ++i) pages.push_back((i * 7) % 20);
+    std::vector<std::vector<float>> qs, alone, together;
+    for (int s = 0; s < 9; ++s) {
+      qs.push_back(random_floats(size_t(n_heads * 64), 200 + uint64_t(s)));
+      alone.emplace_back(qs.back().size(), 0.0f);
+      together.emplace_back(qs.back().size(), 0.0f);
+    }
+    cpu::thread_pool tp(2);
+    for (cpu::thread_pool* p : {static_cast<cpu::thread_pool*>(nullptr), &tp}) {
+      std::vector<cpu::attention_seq> all;
+      for (int s = 0; s < 9; ++s) {
+        const cpu::attention_seq one{qs[size_t(s)].data(), 1, int32_t(30 * s + 5), pages, alone[size_t(s)].data()};
+        cpu::paged_attention_batch(std::span<const cpu::attention_seq>(&one, 1), n_heads, pool, 0, p);
+        all.push_back({qs[size_t(s)].data(), 1, int32_t(30 * s + 5), pages, together[size_t(s)].data()});
+      }
+      cpu::paged_attention_batch(all, n_heads, pool, 0, p);
+      for (int s = 0; s < 9; ++s)
+        REQUIRE(std::memcmp(alone[size_t(s)].data(), together[size_t(s)].data(), alone[size_t(s)].size() * 4) == 0);
     }
   }
 }

@@ -62,3 +62,19 @@ TEST_CASE("kv descriptors: exact sizes, and page ids checked against the pool") 
   CHECK_THROWS_WITH(decode_descriptors(b.data(), b.size()), "malformed KV descriptor message");
   CHECK_THROWS_WITH(decode_descriptors(b.data(), 11), "short KV descriptor message");
 }
+
+TEST_CASE("kv handshake: the page element type travels, and an f16 node refuses an f32 peer by name") {
+  auto f16 = hello();
+  f16.id.layout.dtype = tandem::kv_dtype::f16;
+  f16.id.dtype = "f16";
+  auto b = encode_hello(f16);
+  auto h = decode_hello(b.data(), b.size());
+  CHECK(h.id.dtype == "f16");
+  CHECK(h.id.layout.dtype == tandem::kv_dtype::f16);
+  CHECK(h.id.layout == f16.id.layout);
+  CHECK(check_compatible(f16.id, h.id).empty());
+  const auto f32 = hello();
+  const std::string why = check_compatible(f16.id, f32.id);
+  CHECK(why.find("dtype: here f16 vs peer f32") != std::string::npos);
+  CHECK(why.find("kv=f16") != std::string::npos);  // the layout, as each side describes it
+}

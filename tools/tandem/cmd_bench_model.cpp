@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
+#include <optional>
 #include <cstdio>
 #include <random>
 #include <sstream>
@@ -90,70 +92,106 @@ struct decode_result {
   double attn_flops = 0;  ///< attention FLOP of the fastest repetition
 };
 
-/// Batched decode: `max(batches)` sequences with `context` random tokens cached, then for each
-/// batch size b, `steps` greedy steps of the first b (after 2 warm-up steps; 3 repetitions,
-/// the fastest counts). Shared by bench model and bench serve --compare-model.
-std::vector<decode_result> run_decode(llama_model& model, const std::vector<int64_t>& batches, int64_t steps,
-                                      int64_t context, int64_t prompt, int64_t decode_ctx, std::mt19937& rng) {
-  const model_config& c = model.config();
-  const int32_t ps = 16;
-  const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
-  std::uniform_int_distribution<int32_t> tok(1, c.n_vocab - 1);
-  std::vector<float> logits;
-  const int64_t pages_per_seq = (decode_ctx + ps - 1) / ps;
-  kv_pool pool(model.layout(ps), int32_t(pages_per_seq * max_batch));
-  std::vector<seq_state> seqs(static_cast<size_t>(max_batch));
-  for (int64_t s = 0; s < max_batch; ++s) {
-    for (int64_t p = 0; p < pages_per_seq; ++p) seqs[size_t(s)].pages.push_back(int32_t(s * pages_per_seq + p));
-    seqs[size_t(s)].next = {tok(rng)};
-  }
-  if (context > 0) {
-    std::vector<std::vector<int32_t>> ctx_toks(static_cast<size_t>(max_batch));
-    std::vector<batch_seq> b;
+/// Batched decode on one model: `max_batch` sequences with `context` random tokens cached;
+/// each repetition times `steps` greedy steps of the first b sequences. Positions keep growing
+/// from one repetition (and batch size) to the next, as in a serving run.
+class decode_runner {
+ public:
+  decode_runner(llama_model& model, int64_t max_batch, int64_t context, int64_t prompt, int64_t decode_ctx,
+                std::mt19937 rng)
+      : model_(model),
+        pool_(model.layout(ps), int32_t((decode_ctx + ps - 1) / ps * max_batch)),
+        seqs_(static_cast<size_t>(max_batch)) {
+    const model_config& c = model.config();
+    std::uniform_int_distribution<int32_t> tok(1, c.n_vocab - 1);
+    const int64_t pages_per_seq = (decode_ctx + ps - 1) / ps;
     for (int64_t s = 0; s < max_batch; ++s) {
-      for (int64_t i = 0; i < context; ++i) ctx_toks[size_t(s)].push_back(tok(rng));
-      b.push_back(batch_seq{.tokens = ctx_toks[size_t(s)], .pos = 0, .pages = seqs[size_t(s)].pages,
-                            .want_logits = false});
+      for (int64_t p = 0; p < pages_per_seq; ++p) seqs_[size_t(s)].pages.push_back(int32_t(s * pages_per_seq + p));
+      seqs_[size_t(s)].next = {tok(rng)};
     }
-    // In prompt-sized chunks of sequences, as a scheduler would.
-    const size_t per = size_t(std::max<int64_t>(1, prompt / std::max<int64_t>(1, context)));
-    for (size_t i = 0; i < b.size(); i += per)
-      model.forward(std::span<const batch_seq>(b.data() + i, std::min(per, b.size() - i)), pool, logits);
-    for (auto& s : seqs) s.pos = int32_t(context);
-  }
-  std::vector<decode_result> dec;
-  const int64_t warm = 2, reps = 3;  // reps: timed repetitions per batch size; the fastest counts
-  for (int64_t bsz : batches) {
-    double best = 1e30, attn = 0;
-    for (int64_t rep = 0; rep < reps; ++rep) {
-      double t0 = 0, rep_attn = 0;
-      for (int64_t step = rep == 0 ? -warm : 0; step < steps; ++step) {
-        if (step == 0) t0 = now_s();
-        std::vector<batch_seq> b;
-        for (int64_t s = 0; s < bsz; ++s) {
-          seq_state& q = seqs[size_t(s)];
-          b.push_back(batch_seq{.tokens = q.next, .pos = q.pos, .pages = q.pages, .want_logits = true});
-          if (step >= 0) rep_attn += attention_flops(c, q.pos, 1);
-        }
-        model.forward(b, pool, logits);
-        for (int64_t s = 0; s < bsz; ++s) {
-          seq_state& q = seqs[size_t(s)];
-          ++q.pos;
-          // Greedy next token, so the inputs look like a real decode.
-          const float* l = logits.data() + size_t(s) * size_t(c.n_vocab);
-          q.next = {int32_t(std::max_element(l, l + c.n_vocab) - l)};
-        }
+    if (context > 0) {
+      std::vector<std::vector<int32_t>> ctx_toks(static_cast<size_t>(max_batch));
+      std::vector<batch_seq> b;
+      for (int64_t s = 0; s < max_batch; ++s) {
+        for (int64_t i = 0; i < context; ++i) ctx_toks[size_t(s)].push_back(tok(rng));
+        b.push_back(batch_seq{.tokens = ctx_toks[size_t(s)], .pos = 0, .pages = seqs_[size_t(s)].pages,
+                              .want_logits = false});
       }
-      const double sec = now_s() - t0;
-      if (sec < best) best = sec, attn = rep_attn;
+      // In prompt-sized chunks of sequences, as a scheduler would.
+      const size_t per = size_t(std::max<int64_t>(1, prompt / std::max<int64_t>(1, context)));
+      for (size_t i = 0; i < b.size(); i += per)
+        model.forward(std::span<const batch_seq>(b.data() + i, std::min(per, b.size() - i)), pool_, logits_);
+      for (auto& s : seqs_) s.pos = int32_t(context);
     }
-    const double sec = best;
-    decode_result r;
-    r.batch = bsz;
-    r.ms_per_step = sec / double(steps) * 1e3;
-    r.tokens_per_s = double(bsz * steps) / sec;
-    r.attn_flops = attn;
-    dec.push_back(r);
+  }
+
+  /// `warm` untimed steps, then `steps` timed ones at batch `bsz`: seconds of the timed ones;
+  /// `attn` gets their attention FLOP.
+  double rep(int64_t bsz, int64_t steps, int64_t warm, double& attn) {
+    const model_config& c = model_.config();
+    double t0 = 0;
+    attn = 0;
+    for (int64_t step = -warm; step < steps; ++step) {
+      if (step == 0) t0 = now_s();
+      std::vector<batch_seq> b;
+      for (int64_t s = 0; s < bsz; ++s) {
+        seq_state& q = seqs_[size_t(s)];
+        b.push_back(batch_seq{.tokens = q.next, .pos = q.pos, .pages = q.pages, .want_logits = true});
+        if (step >= 0) attn += attention_flops(c, q.pos, 1);
+      }
+      model_.forward(b, pool_, logits_);
+      for (int64_t s = 0; s < bsz; ++s) {
+        seq_state& q = seqs_[size_t(s)];
+        ++q.pos;
+        // Greedy next token, so the inputs look like a real decode.
+        const float* l = logits_.data() + size_t(s) * size_t(c.n_vocab);
+        q.next = {int32_t(std::max_element(l, l + c.n_vocab) - l)};
+      }
+    }
+    return now_s() - t0;
+  }
+
+ private:
+  static constexpr int32_t ps = 16;
+  llama_model& model_;
+  kv_pool pool_;
+  std::vector<seq_state> seqs_;
+  std::vector<float> logits_;
+};
+
+constexpr int64_t decode_warm = 2, decode_reps = 3;  // reps: timed repetitions per batch size; the fastest counts
+
+decode_result to_result(int64_t bsz, int64_t steps, double sec, double attn) {
+  decode_result r;
+  r.batch = bsz;
+  r.ms_per_step = sec / double(steps) * 1e3;
+  r.tokens_per_s = double(bsz * steps) / sec;
+  r.attn_flops = attn;
+  return r;
+}
+
+/// Decode tokens/s for each batch size (after 2 warm-up steps; 3 repetitions, the fastest
+/// counts). With `other`, the same on a second model, repetition by repetition in turn with
+/// the first (same tokens to start), so both see the same machine: on a shared machine the
+/// speed drifts over seconds, and ratios of runs minutes apart carried that drift.
+std::vector<decode_result> run_decode(llama_model& model, const std::vector<int64_t>& batches, int64_t steps,
+                                      int64_t context, int64_t prompt, int64_t decode_ctx, std::mt19937& rng,
+                                      llama_model* other = nullptr, std::vector<decode_result>* other_out = nullptr) {
+  const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
+  decode_runner a(model, max_batch, context, prompt, decode_ctx, rng);
+  std::unique_ptr<decode_runner> b;
+  if (other) b = std::make_unique<decode_runner>(*other, max_batch, context, prompt, decode_ctx, rng);
+  std::vector<decode_result> dec;
+  for (int64_t bsz : batches) {
+    double best[2] = {1e30, 1e30}, attn[2] = {0, 0};
+    for (int64_t rep = 0; rep < decode_reps; ++rep)
+      for (int m = 0; m < (b ? 2 : 1); ++m) {
+        double at = 0;
+        const double sec = (m == 0 ? a : *b).rep(bsz, steps, rep == 0 ? decode_warm : 0, at);
+        if (sec < best[m]) best[m] = sec, attn[m] = at;
+      }
+    dec.push_back(to_result(bsz, steps, best[0], attn[0]));
+    if (b) other_out->push_back(to_result(bsz, steps, best[1], attn[1]));
   }
   return dec;
 }
@@ -165,11 +203,13 @@ struct bench_model_file {
   cpu_isa isa = cpu_isa::best;  ///< the kernel path it runs (resolved)
 };
 
-bench_model_file load_bench_model(const std::string& path, int32_t threads, cpu_isa isa) {
+bench_model_file load_bench_model(const std::string& path, int32_t threads, cpu_isa isa,
+                                  kv_dtype kv = kv_dtype::f32) {
   bench_model_file m{gguf::file::open(path), nullptr, cpu::resolve_isa(isa)};
   cpu_options co;
   co.threads = threads;
   co.isa = m.isa;
+  co.kv = kv;
   m.model = llama_model::load(m.file, co);
   return m;
 }
@@ -179,7 +219,7 @@ bench_model_file load_bench_model(const std::string& path, int32_t threads, cpu_
 double bench_model_decode_tokens_per_s(const std::string& path, int32_t threads, int64_t batch, int64_t context) {
   const bench_model_file m = load_bench_model(path, threads, cpu_isa::best);
   const auto& model = m.model;
-  const int64_t steps = 16, decode_ctx = context + 2 + 3 * steps + 1;
+  const int64_t steps = 16, decode_ctx = context + decode_warm + decode_reps * steps + 1;
   if (model->config().n_ctx > 0 && decode_ctx > model->config().n_ctx)
     throw tandem::error(fmt::format("decode context {} exceeds the model's context {}; use shorter prompts or outputs",
                                     decode_ctx, model->config().n_ctx));
@@ -248,6 +288,11 @@ int bench_model(args a) {
            "also run prefill and decode on this kernel path in the same run and print each ratio to it "
            "(e.g. --isa amx --compare-isa avx512)",
            "")
+      .opt("kv-cache-dtype", "element type of the KV cache: f32 | f16", "f32")
+      .opt("compare-kv-cache-dtype",
+           "also run prefill and decode with this KV cache type in the same run and print each ratio to it "
+           "(e.g. --kv-cache-dtype f16 --compare-kv-cache-dtype f32; with --compare-isa, both change)",
+           "")
       .opt("prompt", "prefill prompt length in tokens", "512")
       .opt("batches", "decode batch sizes", "1,8,32")
       .opt("steps", "timed decode steps per batch size and repetition (3 repetitions, the fastest counts)", "16")
@@ -271,17 +316,24 @@ int bench_model(args a) {
   const std::vector<int64_t> batches = parse_list(f.str("batches"), "batches");
   const bool json = f.on("json");
   // Checked before anything is measured (a misspelt path should not cost a whole run).
-  const bool compare = !f.str("compare-isa").empty();
-  const cpu_isa cmp_isa = compare ? cpu::resolve_isa(cpu::parse_isa(f.str("compare-isa"))) : cpu_isa::scalar;
+  kv_dtype kv = kv_dtype::f32, cmp_kv = kv_dtype::f32;
+  auto kv_flag = [](const std::string& name, const std::string& v, kv_dtype& out) {
+    if (!parse_kv_dtype(v, out))
+      throw tandem::error(fmt::format("--{} {} is not a KV cache type; use f32 or f16", name, v));
+  };
+  kv_flag("kv-cache-dtype", f.str("kv-cache-dtype"), kv);
+  const bool compare = !f.str("compare-isa").empty() || !f.str("compare-kv-cache-dtype").empty();
+  const bench_model_file m = load_bench_model(path, int32_t(threads), cpu::parse_isa(f.str("isa")), kv);
+  const cpu_isa cmp_isa =
+      !f.str("compare-isa").empty() ? cpu::resolve_isa(cpu::parse_isa(f.str("compare-isa"))) : m.isa;
+  cmp_kv = kv;
+  if (!f.str("compare-kv-cache-dtype").empty()) kv_flag("compare-kv-cache-dtype", f.str("compare-kv-cache-dtype"), cmp_kv);
 
-  const bench_model_file m = load_bench_model(path, int32_t(threads), cpu::parse_isa(f.str("isa")));
   const auto& model = m.model;
   const model_config& c = model->config();
   const model_cost cost = cost_of(m.file, c);
   const int32_t ps = 16;
-  const int64_t warm = 2;
-  const int64_t reps = 3;  // timed repetitions per batch size; the fastest counts (shared machines)
-  const int64_t decode_ctx = context + int64_t(batches.size()) * (warm + reps * steps) + 1;
+  const int64_t decode_ctx = context + int64_t(batches.size()) * (decode_warm + decode_reps * steps) + 1;
   if (c.n_ctx > 0 && (prompt > c.n_ctx || decode_ctx > c.n_ctx))
     throw tandem::error(fmt::format("--prompt {} or --context + steps ({}) exceed the model's context {}", prompt,
                                     decode_ctx, c.n_ctx));
@@ -297,41 +349,46 @@ int bench_model(args a) {
   std::vector<float> logits;
 
   // Prefill: one sequence of `prompt` tokens (5 runs; the fastest counts, the first also warms).
-  auto run_prefill = [&](llama_model& lm) {
-    double best = 1e30;
-    kv_pool pool(lm.layout(ps), int32_t((prompt + ps - 1) / ps));
-    std::vector<int32_t> pages(static_cast<size_t>(pool.n_pages())), toks(static_cast<size_t>(prompt));
-    for (size_t i = 0; i < pages.size(); ++i) pages[i] = int32_t(i);
+  // With a comparison, its model's runs alternate with the first's (see run_decode).
+  auto run_prefill = [&](llama_model& lm, llama_model* other, double* other_s) {
+    double best[2] = {1e30, 1e30};
+    std::vector<int32_t> toks(static_cast<size_t>(prompt));
     for (auto& t : toks) t = tok(rng);
-    for (int r = 0; r < 5; ++r) {
-      const batch_seq s{.tokens = toks, .pos = 0, .pages = pages, .want_logits = true};
-      const double t0 = now_s();
-      lm.forward(std::span<const batch_seq>(&s, 1), pool, logits);
-      best = std::min(best, now_s() - t0);
-    }
-    return best;
+    kv_pool pool_a(lm.layout(ps), int32_t((prompt + ps - 1) / ps));
+    std::unique_ptr<kv_pool> pool_b;
+    if (other) pool_b = std::make_unique<kv_pool>(other->layout(ps), pool_a.n_pages());
+    std::vector<int32_t> pages(static_cast<size_t>(pool_a.n_pages()));
+    for (size_t i = 0; i < pages.size(); ++i) pages[i] = int32_t(i);
+    for (int r = 0; r < 5; ++r)
+      for (int m = 0; m < (other ? 2 : 1); ++m) {
+        const batch_seq s{.tokens = toks, .pos = 0, .pages = pages, .want_logits = true};
+        const double t0 = now_s();
+        (m == 0 ? lm : *other).forward(std::span<const batch_seq>(&s, 1), m == 0 ? pool_a : *pool_b, logits);
+        best[m] = std::min(best[m], now_s() - t0);
+      }
+    if (other_s) *other_s = best[1];
+    return best[0];
   };
-  const std::mt19937 rng_start = rng;  // the comparison below replays the same tokens
-  const double prefill_s = run_prefill(*model);
+  // The comparison's model, loaded now so that its runs alternate with the first's.
+  std::string cmp_name;
+  double cmp_prefill_s = 0;
+  std::vector<decode_result> cmp_dec;
+  std::optional<bench_model_file> other;
+  if (compare) {
+    cmp_name = cpu::to_string(cmp_isa);
+    if (cmp_kv != kv) cmp_name += fmt::format(" kv {}", to_string(cmp_kv));
+    other.emplace(load_bench_model(path, int32_t(threads), cmp_isa, cmp_kv));
+  }
+  llama_model* other_model = other ? other->model.get() : nullptr;
+  const double prefill_s = run_prefill(*model, other_model, &cmp_prefill_s);
   const double prefill_flops =
       2.0 * cost.layer_params * double(prompt) + 2.0 * cost.output_params + attention_flops(c, 0, prompt);
   const double prefill_tps = double(prompt) / prefill_s;
   double prefill_of_peak = prefill_flops / prefill_s / peak;
 
   // Decode: `max_batch` sequences with `context` tokens each; batch b runs the first b.
-  std::vector<decode_result> dec = run_decode(*model, batches, steps, context, prompt, decode_ctx, rng);
-  // The same measurements, on the same tokens, on a second kernel path right after (the model
-  // loaded a second time with that path).
-  std::string cmp_name;
-  double cmp_prefill_s = 0;
-  std::vector<decode_result> cmp_dec;
-  if (compare) {
-    cmp_name = cpu::to_string(cmp_isa);
-    bench_model_file other = load_bench_model(path, int32_t(threads), cmp_isa);
-    rng = rng_start;
-    cmp_prefill_s = run_prefill(*other.model);
-    cmp_dec = run_decode(*other.model, batches, steps, context, prompt, decode_ctx, rng);
-  }
+  std::vector<decode_result> dec =
+      run_decode(*model, batches, steps, context, prompt, decode_ctx, rng, other_model, &cmp_dec);
   for (auto& r : dec) r.of_peak = (2.0 * (cost.layer_params + cost.output_params) * double(r.batch * steps) + r.attn_flops) /
                                   (r.ms_per_step * double(steps) / 1e3) / peak;
   // Ceilings again after the runs; the higher of the two counts, so load from other
@@ -366,9 +423,10 @@ int bench_model(args a) {
     for (size_t i = 0; i < cmp_dec.size(); ++i)
       d += fmt::format("{}{{\"batch\":{},\"tokens_per_s\":{:.2f},\"ratio\":{:.4f}}}", d.empty() ? "" : ",",
                        cmp_dec[i].batch, cmp_dec[i].tokens_per_s, dec[i].tokens_per_s / cmp_dec[i].tokens_per_s);
-    cmp_json = fmt::format(",\"compare\":{{\"isa\":\"{}\",\"prefill_tokens_per_s\":{:.2f},\"prefill_ratio\":{:.4f},"
-                           "\"decode\":[{}]}}",
-                           cmp_name, double(prompt) / cmp_prefill_s, cmp_prefill_s / prefill_s, d);
+    cmp_json = fmt::format(",\"compare\":{{\"isa\":\"{}\",\"kv_cache_dtype\":\"{}\",\"prefill_tokens_per_s\":{:.2f},"
+                           "\"prefill_ratio\":{:.4f},\"decode\":[{}]}}",
+                           cpu::to_string(cmp_isa), to_string(cmp_kv), double(prompt) / cmp_prefill_s,
+                           cmp_prefill_s / prefill_s, d);
   }
   if (json) {
     std::string d;
@@ -377,12 +435,14 @@ int bench_model(args a) {
                        "\"peak_fma_fraction\":{:.4f}}}",
                        d.empty() ? "" : ",", r.batch, r.tokens_per_s, r.ms_per_step, r.roofline, r.of_peak);
     std::printf(
-        "{\"model\":\"%s\",\"weight_type\":\"%s\",\"threads\":%lld,\"isa\":\"%s\",\"step_bytes\":%zu,"
+        "{\"model\":\"%s\",\"weight_type\":\"%s\",\"threads\":%lld,\"isa\":\"%s\",\"kv_cache_dtype\":\"%s\","
+        "\"step_bytes\":%zu,"
         "\"read_bandwidth_gbs\":%.3f,\"peak_fma_gflops\":%.2f,\"roofline_step_ms\":%.3f,"
         "\"prefill\":{\"tokens\":%lld,\"tokens_per_s\":%.2f,\"seconds\":%.4f,\"peak_fma_fraction\":%.4f},"
         "\"decode_context\":%lld,\"decode\":[%s],\"batch32_over_batch1\":%.3f,\"peak_amx_gflops\":%.2f,"
         "\"prefill_amx_fraction\":%.4f%s}\n",
-        c.name.c_str(), cost.weight_type.c_str(), (long long)threads, isa_name.c_str(), cost.step_bytes, bw / 1e9,
+        c.name.c_str(), cost.weight_type.c_str(), (long long)threads, isa_name.c_str(), to_string(kv), cost.step_bytes,
+        bw / 1e9,
         peak / 1e9, roofline_step_s * 1e3, (long long)prompt, prefill_tps, prefill_s, prefill_of_peak,
         (long long)context, d.c_str(), b1 && b32 ? b32->tokens_per_s / b1->tokens_per_s : 0.0, peak_amx / 1e9,
         prefill_of_amx, cmp_json.c_str());
@@ -390,8 +450,9 @@ int bench_model(args a) {
   }
   std::printf("model %s (%s weights): %d layers, %.1f MB of weights read per forward\n", c.name.c_str(),
               cost.weight_type.c_str(), c.n_layer, double(cost.step_bytes) / 1e6);
-  std::printf("threads %lld, kernels %s; measured in this run (higher of before/after): read bandwidth %.2f GB/s, peak FMA %.1f GFLOP/s\n",
-              (long long)threads, isa_name.c_str(), bw / 1e9, peak / 1e9);
+  std::printf("threads %lld, kernels %s, kv cache %s; measured in this run (higher of before/after): read bandwidth "
+              "%.2f GB/s, peak FMA %.1f GFLOP/s\n",
+              (long long)threads, isa_name.c_str(), to_string(kv), bw / 1e9, peak / 1e9);
   std::printf("roofline of one decode step (weight bytes / bandwidth): %.2f ms\n\n", roofline_step_s * 1e3);
   std::printf("%-22s %12s %10s %12s %12s\n", "", "tokens/s", "ms/step", "of roofline", "of peak FMA");
   std::printf("%-22s %12.1f %10.2f %12s %12.3f\n", fmt::format("prefill {} tokens", prompt).c_str(), prefill_tps,

@@ -97,7 +97,7 @@ void configure_from_file(const flags& f, cluster_options& co, front_end_options&
                            "cache-write-policy", "cache-disk-dir", "cache-disk-size-gb", "min-load-back-tokens",
                            "max-queued-tokens", "max-queue-wait-ms", "queue-timeout-ms", "request-timeout-ms",
                            "rate-limit-rps", "rate-limit-burst", "router-policy", "device-pages", "router-migration",
-                           "kernels"})
+                           "kernels", "kv-cache-dtype"})
     if (f.has(flag))
       throw tandem::error(fmt::format("flag --{} conflicts with --config: the config file sets it; edit the file instead",
                                       flag));
@@ -123,6 +123,7 @@ void configure_from_file(const flags& f, cluster_options& co, front_end_options&
   co.cache = c.cfg.cache;
   co.router_policy = c.cfg.router_policy;
   co.kernel_isa = c.cfg.kernel_isa;
+  co.kv_cache_dtype = c.cfg.kv_cache_dtype;
   co.router_balance_abs_tokens = c.cfg.router_balance_abs_tokens;
   co.router_balance_rel = c.cfg.router_balance_rel;
   if (node->page_size) co.lim.page_size = node->page_size;
@@ -229,6 +230,10 @@ int serve(args a) {
            "CPU kernel path: best (the widest vector path), scalar, avx2, avx512, or amx (f16/bf16 matmuls on "
            "AMX tiles: faster prefill and large decode batches, slower batch-1 decode)",
            "best")
+      .opt("kv-cache-dtype",
+           "KV cache element type: f32, or f16 (half the memory per cached token and half the bytes a decode "
+           "step's attention reads; values rounded to 11 significant bits)",
+           "f32")
       .opt("router-migration", "on: a stream whose decode node is lost continues on another; off: it ends with an error",
            "on");
   if (!f.parse(a)) {
@@ -270,6 +275,7 @@ int serve(args a) {
     co.lim.device_pages = non_negative_i32("device-pages");
     co.router_policy = f.str("router-policy");
     co.kernel_isa = f.str("kernels");
+    co.kv_cache_dtype = f.str("kv-cache-dtype");
     if (f.str("router-migration") != "on" && f.str("router-migration") != "off")
       throw tandem::error("flag --router-migration = '" + f.str("router-migration") + "' is not a switch; use on or off");
     co.lim.router_migration = f.str("router-migration") == "on";

@@ -78,6 +78,7 @@ kv_engine::kv_engine(const cluster_clock& clock, int32_t n_pages, kv_identity id
 }
 
 void kv_engine::init(int32_t alloc_pages) {
+  identity_.dtype = to_string(identity_.layout.dtype);  // what the hello carries is the layout's
   // The listener's port can be reused right after a restart (TIME_WAIT otherwise blocks it).
   // UCX 1.13 reads the connection manager's settings only from the environment
   // (ucp_config_modify rejects TCP_CM_REUSEADDR), so set it there unless the user did; create
@@ -555,7 +556,7 @@ void kv_engine::do_put(peer_id peer, transfer_id id, std::vector<int32_t> src, s
       i = j;
     }
   } else {
-    const size_t layer_bytes = 2 * pool_->layout().layer_floats() * sizeof(float);
+    const size_t layer_bytes = pool_->layout().layer_bytes();
     for (int32_t l = 0; l < pool_->layout().n_layers && ok; ++l)
       for (size_t i = 0; i < src.size() && ok; ++i)
         ok = put(pool_->page_data(src[i]) + l * layer_bytes,

@@ -93,6 +93,9 @@ kv_hello decode_hello(const uint8_t* data, size_t size) {
   h.id.layout.n_kv_heads = r.pod<int32_t>();
   h.id.layout.head_dim = r.pod<int32_t>();
   h.id.layout.page_size = r.pod<int32_t>();
+  // The page element type travels as the identity's dtype ("f32", "f16"); an unknown one
+  // stays in the identity, where check_compatible reports it against this node's.
+  parse_kv_dtype(h.id.dtype, h.id.layout.dtype);
   h.pool_base = r.pod<uint64_t>();
   h.n_pages = r.pod<int32_t>();
   if (h.n_pages <= 0)

@@ -13,7 +13,7 @@ namespace tandem::ucx {
 struct kv_identity {
   std::string node;          ///< node name, for messages and peer lookup
   std::string model;         ///< model name (e.g. the GGUF general.name)
-  std::string dtype = "f32"; ///< element type of the pages (kv_pool stores f32)
+  std::string dtype = "f32"; ///< element type of the pages: to_string(layout.dtype)
   kv_layout layout;
   /// "model=r15m dtype=f32 layers=... page_size=16"
   std::string describe() const;

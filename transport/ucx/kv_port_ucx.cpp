@@ -20,6 +20,7 @@ class ucx_kv_port final : public kv_port {
     id.node = opt_.node;
     id.model = opt_.model;
     id.layout = layout;
+    id.dtype = to_string(layout.dtype);
     engine_ = std::make_unique<kv_engine>(
         clock_, n_pages, id, opt_.engine,
         [this](transfer_id tid, transfer_role, const std::vector<int32_t>& pages, bool delivered) {
