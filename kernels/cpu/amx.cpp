@@ -541,24 +541,60 @@ amx_matrix amx_pack(const tensor_view& w, thread_pool* pool, std::shared_ptr<uin
   return m;
 }
 
+namespace {
+
+// Runs f(i, lo, hi) for each matrix i whose units [off_i, off_i + n_i) meet [u0, u1), with
+// lo/hi relative to that matrix (units of several matrices numbered one after another).
+template <class F>
+void for_units(const std::vector<int64_t>& off, int64_t u0, int64_t u1, F&& f) {
+  for (size_t i = 0; i + 1 < off.size(); ++i) {
+    const int64_t lo = std::max(u0, off[i]), hi = std::min(u1, off[i + 1]);
+    if (lo < hi) f(i, lo - off[i], hi - off[i]);
+  }
+}
+
+}  // namespace
+
 void amx_matmul(const amx_matrix& w, const float* x, int64_t batch, float* y, std::vector<float>& scratch,
                 thread_pool* pool) {
+  const amx_matrix* ws[] = {&w};
+  float* ys[] = {y};
+  amx_matmul_many(ws, x, batch, ys, scratch, pool);
+}
+
+void amx_matmul_many(std::span<const amx_matrix* const> ws, const float* x, int64_t batch, std::span<float* const> ys,
+                     std::vector<float>& scratch, thread_pool* pool) {
   if (!amx_usable()) throw tandem::error("amx_matmul: this CPU or OS does not run AMX tiles; use the avx512 path");
-  if (batch <= 0) return;
-  const int64_t k = w.cols, kblocks = w.kblocks, mtiles = (batch + 15) / 16;
-  const bool threads = pool != nullptr && pool->size() > 1 && w.rows * k * batch >= (int64_t(1) << 16);
+  if (ws.size() != ys.size()) throw tandem::error("amx_matmul_many: one output per matrix");
+  if (batch <= 0 || ws.empty()) return;
+  const int64_t k = ws[0]->cols, kblocks = ws[0]->kblocks, mtiles = (batch + 15) / 16;
+  int64_t rows = 0;
+  for (const amx_matrix* w : ws) {
+    if (w->cols != k)
+      throw tandem::error(fmt::format("amx_matmul_many: matrices of {} and {} columns cannot share one input", k,
+                                      w->cols));
+    rows += w->rows;
+  }
+  const bool threads = pool != nullptr && pool->size() > 1 && rows * k * batch >= (int64_t(1) << 16);
+  // Work units of every matrix numbered one after another, so one fork-join (and, with
+  // tiles, one split of the input) serves all of them: Q, K and V, or gate and up.
+  std::vector<int64_t> off(1, 0);
   if (batch == 1) {
     // The activation's pieces as f32, [kb][hi, mid, lo][32] (zero past k).
     if (scratch.size() < size_t(kblocks * 96)) scratch.resize(size_t(kblocks * 96));
     float* xe = scratch.data();
     split_activation_f32(x, k, kblocks, xe);
-    // Chunks of whole 2-group pairs (the bf16 emulation runs two groups side by side).
-    const int64_t pairs = (w.groups + 1) / 2;
-    auto run = [&](int64_t p0, int64_t p1) { emulate_groups(w, xe, y, p0 * 2, std::min(w.groups, p1 * 2)); };
+    // Units of whole 2-group pairs (the bf16 emulation runs two groups side by side).
+    for (const amx_matrix* w : ws) off.push_back(off.back() + (w->groups + 1) / 2);
+    auto run = [&](int64_t u0, int64_t u1) {
+      for_units(off, u0, u1, [&](size_t i, int64_t p0, int64_t p1) {
+        emulate_groups(*ws[i], xe, ys[i], p0 * 2, std::min(ws[i]->groups, p1 * 2));
+      });
+    };
     if (threads)
-      pool->parallel_for_dynamic(pairs, 4, run);
+      pool->parallel_for_dynamic(off.back(), 4, run);
     else
-      run(0, pairs);
+      run(0, off.back());
     return;
   }
   const size_t xs_values = size_t(mtiles * kblocks) * 1536;
@@ -568,15 +604,18 @@ void amx_matmul(const amx_matrix& w, const float* x, int64_t batch, float* y, st
   parallel_for_if(
       threads ? pool : nullptr, mtiles * 16, mtiles * 16 * k,
       [&](int64_t m0, int64_t m1) { split_rows(x, batch, k, kblocks, xs, m0, m1); });
-  if (!threads) {
-    groups_run(w, xs, batch, y, 0, w.groups, split_buffer());
-    return;
-  }
-  // Chunks of whole 3-group passes, taken as threads free up (see matmul in ops.cpp).
-  const int64_t passes = (w.groups + groups_per_pass - 1) / groups_per_pass;
-  pool->parallel_for_dynamic(passes, 4, [&](int64_t p0, int64_t p1) {
-    groups_run(w, xs, batch, y, p0 * groups_per_pass, std::min(w.groups, p1 * groups_per_pass), split_buffer());
-  });
+  // Units of whole 3-group passes, taken as threads free up (see matmul in ops.cpp).
+  for (const amx_matrix* w : ws) off.push_back(off.back() + (w->groups + groups_per_pass - 1) / groups_per_pass);
+  auto run = [&](int64_t u0, int64_t u1) {
+    for_units(off, u0, u1, [&](size_t i, int64_t p0, int64_t p1) {
+      groups_run(*ws[i], xs, batch, ys[i], p0 * groups_per_pass, std::min(ws[i]->groups, p1 * groups_per_pass),
+                 split_buffer());
+    });
+  };
+  if (threads)
+    pool->parallel_for_dynamic(off.back(), 4, run);
+  else
+    run(0, off.back());
 }
 
 double measure_peak_amx(thread_pool& pool, int reps) {

@@ -21,6 +21,7 @@
 /// (docs/architecture.md, "AMX tiles").
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "kernels/tensor.h"
@@ -65,6 +66,12 @@ amx_matrix amx_pack(const tensor_view& w, thread_pool* pool = nullptr, std::shar
 /// `scratch` holds the split activations between calls.
 void amx_matmul(const amx_matrix& w, const float* x, int64_t batch, float* y, std::vector<float>& scratch,
                 thread_pool* pool = nullptr);
+
+/// amx_matmul of several matrices with the same number of columns on one input x (each
+/// output y_i is [batch][rows_i]): the input is split once and all their work shares one
+/// fork-join. Each output has the bits amx_matmul gives it alone.
+void amx_matmul_many(std::span<const amx_matrix* const> ws, const float* x, int64_t batch, std::span<float* const> ys,
+                     std::vector<float>& scratch, thread_pool* pool = nullptr);
 
 /// The exact bf16 split of one activation (hi + mid + lo == x for every finite x whose
 /// pieces are not subnormal), as amx_matmul makes it; for the tests' emulation.

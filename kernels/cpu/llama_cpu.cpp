@@ -170,9 +170,10 @@ void cpu_llama::forward(std::span<const batch_seq> batch, kv_pool& pool, std::ve
   for (int32_t l = 0; l < c.n_layer; ++l) {
     const packed_layer& W = packed_[size_t(l)];
     cpu::rms_norm(x_.data(), attn_norm_[size_t(l)].data(), xn_.data(), T, e, c.rms_eps, &pool_);
-    cpu::matmul(W.attn_q, xn_.data(), T, q_.data(), mm_scratch_, &pool_);
-    cpu::matmul(W.attn_k, xn_.data(), T, k_.data(), mm_scratch_, &pool_);
-    cpu::matmul(W.attn_v, xn_.data(), T, v_.data(), mm_scratch_, &pool_);
+    // Q, K and V (and below gate and up) read the same input: one fork-join for all three.
+    const cpu::packed_weight* qkv_w[] = {&W.attn_q, &W.attn_k, &W.attn_v};
+    float* const qkv_y[] = {q_.data(), k_.data(), v_.data()};
+    cpu::matmul_many(qkv_w, xn_.data(), T, qkv_y, mm_scratch_, &pool_);
     cpu::rope(q_.data(), rope_, c.n_head, &pool_);
     cpu::rope(k_.data(), rope_, c.n_head_kv, &pool_);
     int64_t t0 = 0;
@@ -208,8 +209,9 @@ void cpu_llama::forward(std::span<const batch_seq> batch, kv_pool& pool, std::ve
     cpu::add_inplace(x_.data(), tmp_.data(), T * e, &pool_);
 
     cpu::rms_norm(x_.data(), ffn_norm_[size_t(l)].data(), xn_.data(), T, e, c.rms_eps, &pool_);
-    cpu::matmul(W.ffn_gate, xn_.data(), T, gate_.data(), mm_scratch_, &pool_);
-    cpu::matmul(W.ffn_up, xn_.data(), T, up_.data(), mm_scratch_, &pool_);
+    const cpu::packed_weight* gate_up_w[] = {&W.ffn_gate, &W.ffn_up};
+    float* const gate_up_y[] = {gate_.data(), up_.data()};
+    cpu::matmul_many(gate_up_w, xn_.data(), T, gate_up_y, mm_scratch_, &pool_);
     cpu::swiglu(gate_.data(), up_.data(), gate_.data(), size_t(T * c.n_ff), &pool_, isa_);
     cpu::matmul(W.ffn_down, gate_.data(), T, tmp_.data(), mm_scratch_, &pool_);
     cpu::add_inplace(x_.data(), tmp_.data(), T * e, &pool_);

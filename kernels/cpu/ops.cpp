@@ -760,6 +760,55 @@ void matmul(const packed_weight& w, const float* x, int64_t batch, float* y, std
   matmul(w.view, x, batch, y, scratch, pool, w.isa);
 }
 
+void matmul_many(std::span<const packed_weight* const> ws, const float* x, int64_t batch, std::span<float* const> ys,
+                 std::vector<float>& scratch, thread_pool* pool) {
+  if (ws.size() != ys.size()) throw tandem::error("matmul_many: one output per weight");
+  if (ws.empty()) return;
+  const int64_t k = ws[0]->view.cols();
+  bool all_amx = true, same_path = true;
+  int64_t work = 0;
+  for (const packed_weight* w : ws) {
+    if (w->view.cols() != k)
+      throw tandem::error(fmt::format("matmul_many: weights of {} and {} columns cannot share one input", k,
+                                      w->view.cols()));
+    all_amx = all_amx && w->amx != nullptr;
+    same_path = same_path && w->amx == nullptr && w->isa == ws[0]->isa;
+    work += w->view.rows() * k * batch;
+  }
+  if (all_amx) {
+    std::vector<const amx_matrix*> ms;
+    for (const packed_weight* w : ws) ms.push_back(w->amx.get());
+    return amx_matmul_many(ms, x, batch, ys, scratch, pool);
+  }
+  // One fork-join over the 24-row groups of every weight (see matmul below), unless the
+  // weights take different paths or the work is too small to wake the workers.
+  if (!same_path || batch <= 0 || pool == nullptr || pool->size() == 1 || work < (int64_t(1) << 16)) {
+    for (size_t i = 0; i < ws.size(); ++i) matmul(*ws[i], x, batch, ys[i], scratch, pool);
+    return;
+  }
+  const cpu_isa isa = vector_isa(resolve_isa(ws[0]->isa));
+  constexpr int64_t rows_per_group = 24;
+  std::vector<int64_t> off(1, 0);
+  for (const packed_weight* w : ws) {
+    const tensor_view& v = w->view;
+    if (!is_supported(v.type))
+      throw tandem::error(fmt::format("matmul: weight type {} is not supported; use f32, f16, bf16 or q8_0",
+                                      to_string(v.type)));
+    if (v.type == ggml_type::q8_0 && k % q8_0_block != 0)
+      throw tandem::error(fmt::format("matmul: q8_0 weight with {} columns is not a multiple of {}", k, q8_0_block));
+    off.push_back(off.back() + (v.rows() + rows_per_group - 1) / rows_per_group);
+  }
+  pool->parallel_for_dynamic(off.back(), 4, [&](int64_t g0, int64_t g1) {
+    std::vector<float> buf;  // per chunk: the decoded weight rows of the generic path
+    for (size_t i = 0; i + 1 < off.size(); ++i) {
+      const int64_t lo = std::max(g0, off[i]) - off[i], hi = std::min(g1, off[i + 1]) - off[i];
+      if (lo >= hi) continue;
+      const int64_t n = ws[i]->view.rows();
+      matmul_rows(ws[i]->view, x, batch, ys[i], buf, lo * rows_per_group, std::min(n, hi * rows_per_group), isa);
+    }
+  });
+}
+
 void matmul(const tensor_view& w, const float* x, int64_t batch, float* y, std::vector<float>& scratch,
             thread_pool* pool, cpu_isa isa) {
   const int64_t k = w.cols(), n = w.rows();

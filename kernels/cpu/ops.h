@@ -69,6 +69,12 @@ std::vector<packed_weight> pack_weights(std::span<const tensor_view> ws, cpu_isa
 void matmul(const packed_weight& w, const float* x, int64_t batch, float* y, std::vector<float>& scratch,
             thread_pool* pool = nullptr);
 
+/// matmul of several prepared weights with the same number of columns on one input x (each
+/// output ys[i] is [batch][rows_i]), in one fork-join; on the amx path the input is also split
+/// once. Each output has the bits matmul gives it alone.
+void matmul_many(std::span<const packed_weight* const> ws, const float* x, int64_t batch, std::span<float* const> ys,
+                 std::vector<float>& scratch, thread_pool* pool = nullptr);
+
 /// Dot product of n floats with a fixed accumulation order (8 lanes; 16 on the avx512 path).
 float dot(const float* a, const float* b, int64_t n);
 float dot(const float* a, const float* b, int64_t n, cpu_isa isa);

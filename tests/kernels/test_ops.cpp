@@ -895,3 +895,55 @@ TEST_CASE("ops: a decode token's heads give the same bits alone, in any head blo
     }
   }
 }
+
+TEST_CASE("ops: matmul_many gives each weight the bits matmul gives it alone, on every path") {
+  // Q, K and V shapes (GQA: K and V smaller), one thread and two, batch 1 (the amx batch-1
+  // emulation), a tile tail and several tiles; a q8_0 matrix beside f16 ones on the vector
+  // paths (on amx it runs the avx512 kernel, so the three go one at a time).
+  const int64_t k = 96;
+  const std::vector<int64_t> rows = {96, 48, 48};
+  cpu::thread_pool tp(2);
+  for (ggml_type t : {ggml_type::f16, ggml_type::bf16, ggml_type::q8_0})
+    for (bool mixed : {false, true}) {
+      std::vector<std::vector<uint8_t>> bytes;
+      std::vector<tensor_view> views;
+      for (size_t i = 0; i < rows.size(); ++i) {
+        const ggml_type ti = mixed && i == 1 ? ggml_type::q8_0 : t;
+        bytes.push_back(encode(ti, random_floats(size_t(rows[i] * k), 300 + i), rows[i], k));
+        views.push_back(view_of(ti, bytes.back(), rows[i], k));
+      }
+      for (cpu_isa isa : runnable_isas())
+        for (cpu::thread_pool* pool : {static_cast<cpu::thread_pool*>(nullptr), &tp})
+          for (int64_t batch : {int64_t(1), int64_t(5), int64_t(40)}) {
+            CAPTURE(to_string(t));
+            CAPTURE(mixed);
+            CAPTURE(cpu::to_string(isa));
+            CAPTURE(batch);
+            const auto packed = cpu::pack_weights(views, isa, &tp);
+            const auto x = random_floats(size_t(batch * k), 310, 2.0f);
+            std::vector<std::vector<float>> alone, together;
+            std::vector<const cpu::packed_weight*> ws;
+            std::vector<float*> ys;
+            std::vector<float> scratch;
+            for (size_t i = 0; i < rows.size(); ++i) {
+              alone.emplace_back(size_t(batch * rows[i]));
+              together.emplace_back(size_t(batch * rows[i]), -1.0f);
+              cpu::matmul(packed[i], x.data(), batch, alone[i].data(), scratch, pool);
+              ws.push_back(&packed[i]);
+            }
+            for (auto& y : together) ys.push_back(y.data());
+            cpu::matmul_many(ws, x.data(), batch, ys, scratch, pool);
+            for (size_t i = 0; i < rows.size(); ++i)
+              REQUIRE(std::memcmp(alone[i].data(), together[i].data(), alone[i].size() * 4) == 0);
+          }
+    }
+  // Weights that cannot share one input are refused.
+  std::vector<uint8_t> a = encode(ggml_type::f16, random_floats(32 * 64, 1), 32, 64),
+                       b = encode(ggml_type::f16, random_floats(32 * 96, 2), 32, 96);
+  const cpu::packed_weight pa = cpu::pack_weight(view_of(ggml_type::f16, a, 32, 64)),
+                           pb = cpu::pack_weight(view_of(ggml_type::f16, b, 32, 96));
+  const cpu::packed_weight* both[] = {&pa, &pb};
+  std::vector<float> y1(32), y2(32), x(96), scratch;
+  float* const ys[] = {y1.data(), y2.data()};
+  CHECK_THROWS_WITH(cpu::matmul_many(both, x.data(), 1, ys, scratch), doctest::Contains("cannot share one input"));
+}

@@ -94,7 +94,7 @@ struct decode_result {
 
 /// Batched decode on one model: `max_batch` sequences with `context` random tokens cached;
 /// each repetition times `steps` greedy steps of the first b sequences. Positions keep growing
-/// from one repetition (and batch size) to the next, as in a serving run.
+/// from one repetition to the next, as in a serving run.
 class decode_runner {
  public:
   decode_runner(llama_model& model, int64_t max_batch, int64_t context, int64_t prompt, int64_t decode_ctx,
@@ -171,27 +171,30 @@ decode_result to_result(int64_t bsz, int64_t steps, double sec, double attn) {
 }
 
 /// Decode tokens/s for each batch size (after 2 warm-up steps; 3 repetitions, the fastest
-/// counts). With `other`, the same on a second model, repetition by repetition in turn with
-/// the first (same tokens to start), so both see the same machine: on a shared machine the
-/// speed drifts over seconds, and ratios of runs minutes apart carried that drift.
+/// counts). Each batch size decodes its own sequences, all starting at `context`, so every
+/// batch size sees the same contexts; the repetitions go round the batch sizes in turn (and,
+/// with `other`, round the two models, which start from the same tokens), so that all of them
+/// see the same machine: on a shared machine the speed drifts over seconds, and ratios of
+/// runs seconds apart carried that drift.
 std::vector<decode_result> run_decode(llama_model& model, const std::vector<int64_t>& batches, int64_t steps,
                                       int64_t context, int64_t prompt, int64_t decode_ctx, std::mt19937& rng,
                                       llama_model* other = nullptr, std::vector<decode_result>* other_out = nullptr) {
-  const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
-  decode_runner a(model, max_batch, context, prompt, decode_ctx, rng);
-  std::unique_ptr<decode_runner> b;
-  if (other) b = std::make_unique<decode_runner>(*other, max_batch, context, prompt, decode_ctx, rng);
+  const int models = other ? 2 : 1;
+  std::vector<std::unique_ptr<decode_runner>> runners;  // [batch index][model]
+  for (int64_t bsz : batches)
+    for (int m = 0; m < models; ++m)
+      runners.push_back(std::make_unique<decode_runner>(m == 0 ? model : *other, bsz, context, prompt, decode_ctx, rng));
+  std::vector<double> best(runners.size(), 1e30), attn(runners.size(), 0.0);
+  for (int64_t rep = 0; rep < decode_reps; ++rep)
+    for (size_t r = 0; r < runners.size(); ++r) {
+      double at = 0;
+      const double sec = runners[r]->rep(batches[r / size_t(models)], steps, rep == 0 ? decode_warm : 0, at);
+      if (sec < best[r]) best[r] = sec, attn[r] = at;
+    }
   std::vector<decode_result> dec;
-  for (int64_t bsz : batches) {
-    double best[2] = {1e30, 1e30}, attn[2] = {0, 0};
-    for (int64_t rep = 0; rep < decode_reps; ++rep)
-      for (int m = 0; m < (b ? 2 : 1); ++m) {
-        double at = 0;
-        const double sec = (m == 0 ? a : *b).rep(bsz, steps, rep == 0 ? decode_warm : 0, at);
-        if (sec < best[m]) best[m] = sec, attn[m] = at;
-      }
-    dec.push_back(to_result(bsz, steps, best[0], attn[0]));
-    if (b) other_out->push_back(to_result(bsz, steps, best[1], attn[1]));
+  for (size_t i = 0; i < batches.size(); ++i) {
+    dec.push_back(to_result(batches[i], steps, best[i * size_t(models)], attn[i * size_t(models)]));
+    if (other) other_out->push_back(to_result(batches[i], steps, best[i * 2 + 1], attn[i * 2 + 1]));
   }
   return dec;
 }
@@ -333,7 +336,7 @@ int bench_model(args a) {
   const model_config& c = model->config();
   const model_cost cost = cost_of(m.file, c);
   const int32_t ps = 16;
-  const int64_t decode_ctx = context + int64_t(batches.size()) * (decode_warm + decode_reps * steps) + 1;
+  const int64_t decode_ctx = context + decode_warm + decode_reps * steps + 1;
   if (c.n_ctx > 0 && (prompt > c.n_ctx || decode_ctx > c.n_ctx))
     throw tandem::error(fmt::format("--prompt {} or --context + steps ({}) exceed the model's context {}", prompt,
                                     decode_ctx, c.n_ctx));
