@@ -416,10 +416,11 @@ TEST_CASE("cli: serve --config runs the embedded cluster with the config's limit
   e2e::temp_dir dir;
   std::string model = e2e::write_micro_model(dir.path);
   std::string cfg = "[limits]\nmax_body_bytes = 64\nkv_cache_mb = 16\n[model]\npath = \"" + model +
-                    "\"\n[[node]]\nname = \"solo\"\n" + all_roles + "\nhttp_port = 0\nrpc_port = 0\nadmin_port = 0\n";
+                    "\"\nkv_cache_dtype = \"f16\"\n[[node]]\nname = \"solo\"\n" + all_roles +
+                    "\nhttp_port = 0\nrpc_port = 0\nadmin_port = 0\n";
   write_file(dir.path / "solo.toml", cfg);
   std::string log = (dir.path / "serve.log").string();
-  e2e::child p({TANDEM_BINARY, "serve", "--config", (dir.path / "solo.toml").string(), "--node", "solo", "--log-level", "warn"},
+  e2e::child p({TANDEM_BINARY, "serve", "--config", (dir.path / "solo.toml").string(), "--node", "solo", "--log-level", "info"},
                {}, log);
   uint16_t http = 0;
   std::regex re(R"(^tandem: (http|rpc) listening on 127\.0\.0\.1:(\d+)$)");
@@ -435,6 +436,11 @@ TEST_CASE("cli: serve --config runs the embedded cluster with the config's limit
   auto r = test::post(http, "/v1/completions", std::string(200, ' '));
   CHECK(r.status == 413);
   CHECK(r.body.find("the limit is 64 bytes") != std::string::npos);
+  // model.kv_cache_dtype = "f16" from the file: the pool's pages hold halves.
+  std::ifstream in(log);
+  std::stringstream text;
+  text << in.rdbuf();
+  CHECK(text.str().find("page_size=16 kv=f16") != std::string::npos);
 }
 
 TEST_CASE("check: the example config in deploy/ is valid") {

@@ -140,8 +140,10 @@ TEST_CASE("bench serve: a burst against --max-queued-requests 1 gets 503s, count
 TEST_CASE("bench serve --embedded --compare-model: decode, same-work and decode-only comparisons") {
   bench_fixture fx;
   const std::string json_path = (fx.dir.path / "compare.json").string();
+  // On an f16 KV cache, which the served cluster and the in-process comparison both use.
   child c({TANDEM_BINARY, "bench", "serve", "--embedded", "--model", fx.model, "--compare-model", "--concurrency", "2",
-           "--requests", "4", "--prompt-tokens", "8:24", "--max-tokens", "4", "--json", json_path},
+           "--requests", "4", "--prompt-tokens", "8:24", "--max-tokens", "4", "--kv-cache-dtype", "f16", "--json",
+           json_path},
           {}, (fx.dir.path / "compare.log").string());
   const std::string out = c.read_all(std::chrono::seconds(120));
   INFO(out);

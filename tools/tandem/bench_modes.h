@@ -20,12 +20,19 @@ int bench_transfer(args a);       ///< KV page transfer over UCX (bench_transfer
 int bench_serve(args a);          ///< HTTP load generator: TTFT/ITL/goodput (cmd_bench_serve.cpp)
 int bench_burst(args a);          ///< the overload incident: unbounded vs bounded under a 3x burst (cmd_bench_burst.cpp)
 int bench_soak(args a);           ///< sustained overload: bounded RSS, mailboxes and answers (cmd_bench_soak.cpp)
+/// The model settings a benchmark runs with: [model] kernels and kv_cache_dtype names.
+struct bench_model_setup {
+  int32_t threads = 1;
+  std::string kernels = "best";
+  std::string kv_cache_dtype = "f32";
+};
 /// Batched decode tokens/s of `model` at `batch` with `context` tokens cached (bench model's loop).
-double bench_model_decode_tokens_per_s(const std::string& model, int32_t threads, int64_t batch, int64_t context);
+double bench_model_decode_tokens_per_s(const std::string& model, const bench_model_setup& setup, int64_t batch,
+                                       int64_t context);
 /// Seconds to prefill `seqs` prompts of `prompt` tokens in forward passes of at most
 /// `chunk_tokens` tokens, packed and split across passes as the prefill scheduler does
 /// (the fastest of 3 runs).
-double bench_model_prefill_s(const std::string& model, int32_t threads, int64_t seqs, int64_t prompt,
+double bench_model_prefill_s(const std::string& model, const bench_model_setup& setup, int64_t seqs, int64_t prompt,
                              int64_t chunk_tokens);
 
 /// The `p`-th percentile (0..100) of `v`, interpolated between the two nearest ranks; 0 if

@@ -219,8 +219,17 @@ bench_model_file load_bench_model(const std::string& path, int32_t threads, cpu_
 
 }  // namespace
 
-double bench_model_decode_tokens_per_s(const std::string& path, int32_t threads, int64_t batch, int64_t context) {
-  const bench_model_file m = load_bench_model(path, threads, cpu_isa::best);
+/// The setup's kernel path and KV cache type, or an error naming the choices.
+bench_model_file load_bench_model(const std::string& path, const bench_model_setup& setup) {
+  kv_dtype kv;
+  if (!parse_kv_dtype(setup.kv_cache_dtype, kv))
+    throw tandem::error(fmt::format("kv cache dtype '{}' is not a KV cache type; use f32 or f16", setup.kv_cache_dtype));
+  return load_bench_model(path, setup.threads, cpu::parse_isa(setup.kernels), kv);
+}
+
+double bench_model_decode_tokens_per_s(const std::string& path, const bench_model_setup& setup, int64_t batch,
+                                       int64_t context) {
+  const bench_model_file m = load_bench_model(path, setup);
   const auto& model = m.model;
   const int64_t steps = 16, decode_ctx = context + decode_warm + decode_reps * steps + 1;
   if (model->config().n_ctx > 0 && decode_ctx > model->config().n_ctx)
@@ -230,11 +239,11 @@ double bench_model_decode_tokens_per_s(const std::string& path, int32_t threads,
   return run_decode(*model, {batch}, steps, context, 512, decode_ctx, rng).front().tokens_per_s;
 }
 
-double bench_model_prefill_s(const std::string& path, int32_t threads, int64_t seqs, int64_t prompt,
+double bench_model_prefill_s(const std::string& path, const bench_model_setup& setup, int64_t seqs, int64_t prompt,
                              int64_t chunk_tokens) {
   if (seqs < 1 || prompt < 1 || chunk_tokens < 1)
     throw tandem::error("prefill benchmark needs at least one sequence, one prompt token and one token per pass");
-  const bench_model_file m = load_bench_model(path, threads, cpu_isa::best);
+  const bench_model_file m = load_bench_model(path, setup);
   const auto& model = m.model;
   const model_config& c = model->config();
   if (c.n_ctx > 0 && prompt > c.n_ctx)

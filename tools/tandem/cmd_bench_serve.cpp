@@ -116,6 +116,8 @@ int bench_serve(args a) {
       .opt("max-running-seqs", "with --embedded: decode batch size", "32")
       .opt("max-queued-requests", "with --embedded: prefill queue bound", "256")
       .opt("kv-cache-mb", "with --embedded: KV cache size in MiB", "256")
+      .opt("kernels", "with --embedded (and --compare-model): CPU kernel path ([model] kernels)", "best")
+      .opt("kv-cache-dtype", "with --embedded (and --compare-model): f32 or f16 ([model] kv_cache_dtype)", "f32")
       .opt("rate", "open loop: Poisson arrivals at this many requests/s")
       .opt("burst", "open loop: N requests at once every --burst-every seconds")
       .opt("burst-every", "seconds between bursts", "1")
@@ -188,6 +190,7 @@ int bench_serve(args a) {
     throw tandem::error("--compare-model compares against decode at batch --concurrency N; give --concurrency");
   const int64_t threads = f.num("threads");
   if (threads < 1 || threads > 1024) throw tandem::error("--threads must be in [1, 1024]");
+  const bench_model_setup setup{int32_t(threads), f.str("kernels"), f.str("kv-cache-dtype")};
   std::signal(SIGPIPE, SIG_IGN);
 
   // The embedded server: cluster + HTTP front end on its own thread, on a free port.
@@ -204,6 +207,8 @@ int bench_serve(args a) {
     co.lim.max_running_seqs = int32_t(f.num("max-running-seqs"));
     co.lim.max_queued_requests = int32_t(f.num("max-queued-requests"));
     co.lim.kv_cache_mb = int32_t(f.num("kv-cache-mb"));
+    co.kernel_isa = setup.kernels;
+    co.kv_cache_dtype = setup.kv_cache_dtype;
     if (auto msg = co.lim.validate(); !msg.empty()) throw tandem::error(msg);
     cluster = embedded_cluster::start(co);
     front_end_options fo;
@@ -286,13 +291,13 @@ int bench_serve(args a) {
     fe.reset();
     cluster.reset();
     model_ctx = (o.prompt_min + o.prompt_max) / 2 + o.max_tokens / 2;
-    model_tps = bench_model_decode_tokens_per_s(model_path, int32_t(threads), o.concurrency, model_ctx);
+    model_tps = bench_model_decode_tokens_per_s(model_path, setup, o.concurrency, model_ctx);
     // The same work in one process: N prompts of the served length, prefilled in the
     // scheduler's chunks, then max_tokens decode steps at batch N. Served tokens/s over this
     // is the runtime's overhead alone; the line above also charges it for the prefill.
     prompt_tokens = s.prompt_reported > 0 ? std::llround(double(s.prompt_tokens) / double(s.prompt_reported)) : 0;
     if (prompt_tokens > 0 && model_tps > 0) {
-      prefill_s = bench_model_prefill_s(model_path, int32_t(threads), o.concurrency, prompt_tokens,
+      prefill_s = bench_model_prefill_s(model_path, setup, o.concurrency, prompt_tokens,
                                         limits{}.prefill_chunk_tokens);
       const double out = double(o.concurrency * o.max_tokens);
       same_work_tps = out / (prefill_s + out / model_tps);
