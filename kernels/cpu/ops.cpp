@@ -330,6 +330,45 @@ float dot(const float* a, const float* b, int64_t n, cpu_isa isa) {
   }
 }
 
+namespace {
+
+// The largest value, NaNs skipped (vmaxps returns its second operand when either is a NaN,
+// so a NaN lane in x is replaced by the running maximum m); -inf when every value is NaN.
+TANDEM_AVX512 float max_skip_nan_avx512(const float* x, int64_t n) {
+  __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) m = _mm512_max_ps(_mm512_loadu_ps(x + i), m);
+  float r = _mm512_reduce_max_ps(m);
+  for (; i < n; ++i)
+    if (x[i] > r) r = x[i];
+  return r;
+}
+
+// The first i with x[i] == v (v is one of the values), 16 at a time.
+TANDEM_AVX512 int64_t find_first_avx512(const float* x, int64_t n, float v) {
+  const __m512 vv = _mm512_set1_ps(v);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    if (const __mmask16 k = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), vv, _CMP_EQ_OQ); k != 0)
+      return i + __builtin_ctz(unsigned(k));
+  for (; i < n; ++i)
+    if (x[i] == v) return i;
+  return 0;
+}
+
+}  // namespace
+
+int64_t argmax(const float* x, int64_t n) {
+  if (n <= 0) return -1;
+  // std::max_element's answer: it keeps x[0] and moves only to a strictly larger value, so
+  // it returns the first position of the largest non-NaN value, or 0 when x[0] is a NaN
+  // (nothing compares larger than it). Here: that value by a vector max, then its first
+  // position (-0 and +0 compare equal, as they do there).
+  if (std::isnan(x[0])) return 0;
+  if (!has_avx512()) return std::max_element(x, x + n) - x;
+  return find_first_avx512(x, n, max_skip_nan_avx512(x, n));
+}
+
 void axpy(float a, const float* x, float* y, int64_t n, cpu_isa isa) {
   switch (vector_isa(resolve_isa(isa))) {
     case cpu_isa::avx512: return axpy_avx512(a, x, y, n);

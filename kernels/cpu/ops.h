@@ -75,6 +75,10 @@ void matmul(const packed_weight& w, const float* x, int64_t batch, float* y, std
 void matmul_many(std::span<const packed_weight* const> ws, const float* x, int64_t batch, std::span<float* const> ys,
                  std::vector<float>& scratch, thread_pool* pool = nullptr);
 
+/// The index std::max_element(x, x + n) returns (first position of the largest value; NaNs
+/// never win unless x[0] is one), with a vector max where the CPU has AVX-512; -1 if n is 0.
+int64_t argmax(const float* x, int64_t n);
+
 /// Dot product of n floats with a fixed accumulation order (8 lanes; 16 on the avx512 path).
 float dot(const float* a, const float* b, int64_t n);
 float dot(const float* a, const float* b, int64_t n, cpu_isa isa);

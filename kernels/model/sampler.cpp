@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "actors/common/error.h"
+#include "kernels/cpu/ops.h"
 
 namespace tandem {
 
@@ -33,14 +34,14 @@ uint64_t sampler::next_u64() {
 int32_t sampler::sample(std::span<const float> logits) {
   if (logits.empty()) throw tandem::error("sampler: empty logits row; the model returned no vocabulary");
   if (p_.temperature == 0.0f || p_.top_k == 1) {
-    // max_element returns the first maximum: ties go to the lowest id.
-    return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    // The first maximum (std::max_element's): ties go to the lowest id.
+    return int32_t(cpu::argmax(logits.data(), int64_t(logits.size())));
   }
   const int32_t n = int32_t(logits.size());
   if (p_.top_p >= 1.0f && (p_.top_k <= 0 || p_.top_k >= n)) {
     // The whole distribution: no order is needed, walk the ids in order.
     const float inv_t = 1.0f / p_.temperature;
-    const float mx = *std::max_element(logits.begin(), logits.end()) * inv_t;
+    const float mx = logits[size_t(cpu::argmax(logits.data(), int64_t(logits.size())))] * inv_t;
     probs_.resize(size_t(n));
     double sum = 0.0;
     for (int32_t i = 0; i < n; ++i) {

@@ -947,3 +947,30 @@ TEST_CASE("ops: matmul_many gives each weight the bits matmul gives it alone, on
   float* const ys[] = {y1.data(), y2.data()};
   CHECK_THROWS_WITH(cpu::matmul_many(both, x.data(), 1, ys, scratch), doctest::Contains("cannot share one input"));
 }
+
+TEST_CASE("ops: argmax is std::max_element's index: first maximum, NaNs skipped unless first, signed zeros equal") {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  auto same = [](std::vector<float> v) {
+    CAPTURE(v.size());
+    REQUIRE(cpu::argmax(v.data(), int64_t(v.size())) == std::max_element(v.begin(), v.end()) - v.begin());
+  };
+  for (size_t n : {size_t(1), size_t(15), size_t(16), size_t(17), size_t(1000), size_t(32000)}) {
+    auto v = random_floats(n, 500 + n);
+    same(v);
+    v[n / 2] = 7.0f;  // ties: the first of several maxima
+    v[n - 1] = 7.0f;
+    same(v);
+    if (n > 3) v[1] = nan, v[n - 2] = nan;  // NaNs later never win
+    same(v);
+    v[0] = nan;  // a NaN first wins (nothing compares larger)
+    same(v);
+    std::fill(v.begin(), v.end(), -inf);
+    same(v);
+    std::fill(v.begin(), v.end(), 0.0f);
+    v[0] = -0.0f;  // -0 and +0 compare equal: the first stays
+    same(v);
+    v[n - 1] = inf;
+    same(v);
+  }
+  CHECK(cpu::argmax(nullptr, 0) == -1);
+}

@@ -145,7 +145,7 @@ class decode_runner {
         ++q.pos;
         // Greedy next token, so the inputs look like a real decode.
         const float* l = logits_.data() + size_t(s) * size_t(c.n_vocab);
-        q.next = {int32_t(std::max_element(l, l + c.n_vocab) - l)};
+        q.next = {int32_t(cpu::argmax(l, c.n_vocab))};
       }
     }
     return now_s() - t0;
