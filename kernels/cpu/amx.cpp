@@ -1,7 +1,7 @@
 #include "kernels/cpu/amx.h"
+#include "kernels/cpu/huge_pages.h"
 
 #include <fmt/format.h>
-#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -454,10 +454,6 @@ std::vector<uint16_t>& split_buffer() {
   return buf;
 }
 
-struct aligned_free {
-  void operator()(const uint16_t* p) const { std::free(const_cast<uint16_t*>(p)); }
-};
-
 TANDEM_AMX double amx_rate_one(int64_t iters) {
   const tile_scope tiles;
   alignas(64) static const uint16_t zeros[512] = {};
@@ -501,14 +497,10 @@ std::shared_ptr<uint16_t> amx_arena(size_t bytes) {
   // on 4 KiB pages the hardware prefetcher stops at each page boundary (prefill of 128
   // tokens ran 5-14% slower with the attention matrices on small pages). One arena for a
   // whole model wastes at most one page; a buffer under 2 MiB stays on small pages.
-  constexpr size_t huge = size_t(2) << 20;
-  const bool huge_pages = bytes >= huge;
-  const size_t align = huge_pages ? huge : 64;
-  const size_t alloc = (std::max<size_t>(bytes, 64) + align - 1) / align * align;
-  auto* buf = static_cast<uint16_t*>(std::aligned_alloc(align, alloc));
+  size_t alloc = 0;
+  auto* buf = static_cast<uint16_t*>(huge_alloc(bytes, alloc));
   if (buf == nullptr) throw tandem::error(fmt::format("amx: cannot allocate {} bytes for the tile copy of the weights", alloc));
-  if (huge_pages) madvise(buf, alloc, MADV_HUGEPAGE);  // advice only: 4 KiB pages if refused
-  return std::shared_ptr<uint16_t>(buf, aligned_free{});
+  return std::shared_ptr<uint16_t>(buf, huge_free{});
 }
 
 amx_matrix amx_pack(const tensor_view& w, thread_pool* pool, std::shared_ptr<uint16_t> arena, size_t offset) {
@@ -541,20 +533,6 @@ amx_matrix amx_pack(const tensor_view& w, thread_pool* pool, std::shared_ptr<uin
   return m;
 }
 
-namespace {
-
-// Runs f(i, lo, hi) for each matrix i whose units [off_i, off_i + n_i) meet [u0, u1), with
-// lo/hi relative to that matrix (units of several matrices numbered one after another).
-template <class F>
-void for_units(const std::vector<int64_t>& off, int64_t u0, int64_t u1, F&& f) {
-  for (size_t i = 0; i + 1 < off.size(); ++i) {
-    const int64_t lo = std::max(u0, off[i]), hi = std::min(u1, off[i + 1]);
-    if (lo < hi) f(i, lo - off[i], hi - off[i]);
-  }
-}
-
-}  // namespace
-
 void amx_matmul(const amx_matrix& w, const float* x, int64_t batch, float* y, std::vector<float>& scratch,
                 thread_pool* pool) {
   const amx_matrix* ws[] = {&w};
@@ -575,7 +553,7 @@ void amx_matmul_many(std::span<const amx_matrix* const> ws, const float* x, int6
                                       w->cols));
     rows += w->rows;
   }
-  const bool threads = pool != nullptr && pool->size() > 1 && rows * k * batch >= (int64_t(1) << 16);
+  const bool threads = pool != nullptr && pool->size() > 1 && rows * k * batch >= matmul_min_parallel_work;
   // Work units of every matrix numbered one after another, so one fork-join (and, with
   // tiles, one split of the input) serves all of them: Q, K and V, or gate and up.
   std::vector<int64_t> off(1, 0);
@@ -587,7 +565,7 @@ void amx_matmul_many(std::span<const amx_matrix* const> ws, const float* x, int6
     // Units of whole 2-group pairs (the bf16 emulation runs two groups side by side).
     for (const amx_matrix* w : ws) off.push_back(off.back() + (w->groups + 1) / 2);
     auto run = [&](int64_t u0, int64_t u1) {
-      for_units(off, u0, u1, [&](size_t i, int64_t p0, int64_t p1) {
+      for_parts(off, u0, u1, [&](size_t i, int64_t p0, int64_t p1) {
         emulate_groups(*ws[i], xe, ys[i], p0 * 2, std::min(ws[i]->groups, p1 * 2));
       });
     };
@@ -607,7 +585,7 @@ void amx_matmul_many(std::span<const amx_matrix* const> ws, const float* x, int6
   // Units of whole 3-group passes, taken as threads free up (see matmul in ops.cpp).
   for (const amx_matrix* w : ws) off.push_back(off.back() + (w->groups + groups_per_pass - 1) / groups_per_pass);
   auto run = [&](int64_t u0, int64_t u1) {
-    for_units(off, u0, u1, [&](size_t i, int64_t p0, int64_t p1) {
+    for_parts(off, u0, u1, [&](size_t i, int64_t p0, int64_t p1) {
       groups_run(*ws[i], xs, batch, ys[i], p0 * groups_per_pass, std::min(ws[i]->groups, p1 * groups_per_pass),
                  split_buffer());
     });

@@ -799,6 +799,24 @@ void matmul(const packed_weight& w, const float* x, int64_t batch, float* y, std
   matmul(w.view, x, batch, y, scratch, pool, w.isa);
 }
 
+namespace {
+
+// Threaded matmuls run chunks of whole 24-row groups so every chunk runs whole tiles (8, 4, 6
+// or 3 rows; the bits do not depend on the split either way).
+constexpr int64_t matmul_group_rows = 24;
+
+// The weight types and shapes the vector kernels take (tandem::error otherwise).
+void check_matmul_weight(const tensor_view& w) {
+  if (!is_supported(w.type))
+    throw tandem::error(fmt::format("matmul: weight type {} is not supported; use f32, f16, bf16 or q8_0",
+                                    to_string(w.type)));
+  if (w.type == ggml_type::q8_0 && w.cols() % q8_0_block != 0)
+    throw tandem::error(
+        fmt::format("matmul: q8_0 weight with {} columns is not a multiple of {}", w.cols(), q8_0_block));
+}
+
+}  // namespace
+
 void matmul_many(std::span<const packed_weight* const> ws, const float* x, int64_t batch, std::span<float* const> ys,
                  std::vector<float>& scratch, thread_pool* pool) {
   if (ws.size() != ys.size()) throw tandem::error("matmul_many: one output per weight");
@@ -821,30 +839,22 @@ void matmul_many(std::span<const packed_weight* const> ws, const float* x, int64
   }
   // One fork-join over the 24-row groups of every weight (see matmul below), unless the
   // weights take different paths or the work is too small to wake the workers.
-  if (!same_path || batch <= 0 || pool == nullptr || pool->size() == 1 || work < (int64_t(1) << 16)) {
+  if (!same_path || batch <= 0 || pool == nullptr || pool->size() == 1 || work < matmul_min_parallel_work) {
     for (size_t i = 0; i < ws.size(); ++i) matmul(*ws[i], x, batch, ys[i], scratch, pool);
     return;
   }
   const cpu_isa isa = vector_isa(resolve_isa(ws[0]->isa));
-  constexpr int64_t rows_per_group = 24;
   std::vector<int64_t> off(1, 0);
   for (const packed_weight* w : ws) {
-    const tensor_view& v = w->view;
-    if (!is_supported(v.type))
-      throw tandem::error(fmt::format("matmul: weight type {} is not supported; use f32, f16, bf16 or q8_0",
-                                      to_string(v.type)));
-    if (v.type == ggml_type::q8_0 && k % q8_0_block != 0)
-      throw tandem::error(fmt::format("matmul: q8_0 weight with {} columns is not a multiple of {}", k, q8_0_block));
-    off.push_back(off.back() + (v.rows() + rows_per_group - 1) / rows_per_group);
+    check_matmul_weight(w->view);
+    off.push_back(off.back() + (w->view.rows() + matmul_group_rows - 1) / matmul_group_rows);
   }
   pool->parallel_for_dynamic(off.back(), 4, [&](int64_t g0, int64_t g1) {
     std::vector<float> buf;  // per chunk: the decoded weight rows of the generic path
-    for (size_t i = 0; i + 1 < off.size(); ++i) {
-      const int64_t lo = std::max(g0, off[i]) - off[i], hi = std::min(g1, off[i + 1]) - off[i];
-      if (lo >= hi) continue;
-      const int64_t n = ws[i]->view.rows();
-      matmul_rows(ws[i]->view, x, batch, ys[i], buf, lo * rows_per_group, std::min(n, hi * rows_per_group), isa);
-    }
+    for_parts(off, g0, g1, [&](size_t i, int64_t lo, int64_t hi) {
+      matmul_rows(ws[i]->view, x, batch, ys[i], buf, lo * matmul_group_rows,
+                  std::min(ws[i]->view.rows(), hi * matmul_group_rows), isa);
+    });
   });
 }
 
@@ -858,28 +868,20 @@ void matmul(const tensor_view& w, const float* x, int64_t batch, float* y, std::
     return;
   }
   isa = vector_isa(isa);
-  if (!is_supported(w.type))
-    throw tandem::error(fmt::format("matmul: weight type {} is not supported; use f32, f16, bf16 or q8_0",
-                                    to_string(w.type)));
-  if (w.type == ggml_type::q8_0 && k % q8_0_block != 0)
-    throw tandem::error(fmt::format("matmul: q8_0 weight with {} columns is not a multiple of {}", k, q8_0_block));
+  check_matmul_weight(w);
   if (batch <= 0) return;
-  // Small products are not worth waking the workers.
-  if (pool == nullptr || pool->size() == 1 || n * k * batch < (int64_t(1) << 16)) {
+  if (pool == nullptr || pool->size() == 1 || n * k * batch < matmul_min_parallel_work) {
     matmul_rows(w, x, batch, y, scratch, 0, n, isa);
     return;
   }
-  // Chunks of whole 24-row groups so every chunk runs whole tiles (8, 4, 6 or 3 rows; the
-  // bits do not depend on the split either way).
-  constexpr int64_t rows_per_group = 24;
-  const int64_t groups = (n + rows_per_group - 1) / rows_per_group;
+  const int64_t groups = (n + matmul_group_rows - 1) / matmul_group_rows;
   // 4 chunks per thread taken as threads free up: on a shared machine one core often runs
   // slower for a while, and a fixed half each made the other wait (measured: prefill 0.29
   // of peak FMA with fixed halves, 0.36 with 4 chunks per thread, in a noisy period; the
   // same within noise in a quiet one). Each chunk re-reads the activations once, so not more.
   pool->parallel_for_dynamic(groups, 4, [&](int64_t g0, int64_t g1) {
     std::vector<float> buf;  // per chunk: the decoded weight rows of the generic path
-    matmul_rows(w, x, batch, y, buf, g0 * rows_per_group, std::min(n, g1 * rows_per_group), isa);
+    matmul_rows(w, x, batch, y, buf, g0 * matmul_group_rows, std::min(n, g1 * matmul_group_rows), isa);
   });
 }
 

@@ -50,6 +50,10 @@ void get_rows(const tensor_view& table, std::span<const int32_t> ids, float* out
 void matmul(const tensor_view& w, const float* x, int64_t batch, float* y, std::vector<float>& scratch,
             thread_pool* pool = nullptr, cpu_isa isa = cpu_isa::best);
 
+/// Matmuls of less work than this (rows x columns x batch) run on the calling thread: too
+/// little to be worth waking the workers. Every kernel path uses the same bound.
+constexpr int64_t matmul_min_parallel_work = int64_t(1) << 16;
+
 /// A weight matrix prepared once for the kernel path `isa` (resolved): on the amx path an
 /// f16 or bf16 matrix is also copied into the tile layout (`amx`); otherwise only the view
 /// is kept. The view's memory must outlive it.

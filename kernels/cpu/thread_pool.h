@@ -66,4 +66,15 @@ constexpr int64_t min_parallel_work = int64_t(1) << 15;
 void parallel_for_if(thread_pool* pool, int64_t n, int64_t work, const std::function<void(int64_t, int64_t)>& fn,
                      int64_t min_work = min_parallel_work);
 
+/// Work units of several parts numbered one after another (part i has units [off[i],
+/// off[i + 1])), so that one fork-join covers them all: runs fn(i, lo, hi) for each part that
+/// meets [u0, u1), with lo and hi counted within that part.
+template <class F>
+void for_parts(const std::vector<int64_t>& off, int64_t u0, int64_t u1, F&& fn) {
+  for (size_t i = 0; i + 1 < off.size(); ++i) {
+    const int64_t lo = off[i] > u0 ? off[i] : u0, hi = off[i + 1] < u1 ? off[i + 1] : u1;
+    if (lo < hi) fn(i, lo - off[i], hi - off[i]);
+  }
+}
+
 }  // namespace tandem::cpu

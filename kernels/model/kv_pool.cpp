@@ -1,10 +1,7 @@
 #include "kernels/model/kv_pool.h"
 
 #include <fmt/format.h>
-#include <sys/mman.h>
 
-#include <algorithm>
-#include <cstdlib>
 #include <cstring>
 
 #include "actors/common/error.h"
@@ -75,8 +72,6 @@ std::string kv_layout::describe() const {
   return s;
 }
 
-void kv_pool::free_storage::operator()(float* p) const { std::free(p); }
-
 void kv_pool::init_shape() {
   if (n_pages_ <= 0 || !layout_.valid())
     throw tandem::error(fmt::format("invalid KV pool: {} pages of {}", n_pages_, layout_.describe()));
@@ -95,17 +90,12 @@ kv_pool::kv_pool(const kv_layout& layout, int32_t n_pages) : layout_(layout), n_
   // On 2 MiB pages where the kernel gives them: decode attention reads a few KiB of every
   // sequence's pages all over the pool, and on 4 KiB pages nearly every row is a TLB miss
   // (a batch-32 decode's attention at context 80 read its 189 MB at ~20 GB/s).
-  constexpr size_t huge = size_t(2) << 20;
-  const size_t bytes = std::max<size_t>(floats_ * sizeof(float), 64);
-  const bool huge_pages = bytes >= huge;
-  const size_t align = huge_pages ? huge : 64;
-  const size_t alloc = (bytes + align - 1) / align * align;
-  auto* mem = static_cast<float*>(std::aligned_alloc(align, alloc));
+  size_t alloc = 0;
+  auto* mem = static_cast<float*>(cpu::huge_alloc(floats_ * sizeof(float), alloc));
   if (mem == nullptr)
     throw tandem::error(error_kind::overloaded,
                         fmt::format("cannot allocate {} bytes for a KV pool of {} pages of {}; use fewer pages",
                                     alloc, n_pages, layout.describe()));
-  if (huge_pages) madvise(mem, alloc, MADV_HUGEPAGE);  // advice only: 4 KiB pages if refused
   std::memset(mem, 0, alloc);
   storage_.reset(mem);
   data_ = mem;

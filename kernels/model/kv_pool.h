@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/huge_pages.h"
+
 namespace tandem {
 
 /// One tensor a layer caches per token position: `n_heads` x `head_dim` elements of
@@ -123,10 +125,7 @@ class kv_pool {
   size_t page_bytes_ = 0;
   size_t layer_stride_floats_ = 0;  ///< layer_bytes rounded up to whole floats
   std::vector<size_t> component_offset_;
-  struct free_storage {
-    void operator()(float* p) const;
-  };
-  std::unique_ptr<float, free_storage> storage_;  ///< null when the caller provides the memory
+  std::unique_ptr<float, cpu::huge_free> storage_;  ///< null when the caller provides the memory
   float* data_ = nullptr;
   size_t floats_ = 0;
 };

@@ -178,6 +178,21 @@ std::vector<std::vector<double>> reference_logits(const tiny_model& m, const std
 
 const std::vector<int32_t> prompt = {3, 17, 42, 0, 49, 8, 8, 21, 5, 33, 11};
 
+/// Prefills the first 8 tokens of `prompt` in `pages`, then decodes the rest one at a time;
+/// after each forward, check(p, logits) with p the position whose logits came back.
+template <class F>
+void prefill_then_decode(llama_model& model, kv_pool& pool, const std::vector<int32_t>& pages, F&& check) {
+  std::vector<float> logits;
+  batch_seq s{std::span(prompt).first(8), 0, pages, true};
+  model.forward(std::span(&s, 1), pool, logits);
+  check(size_t(7), logits);
+  for (int32_t p = 8; p < int32_t(prompt.size()); ++p) {
+    batch_seq d{std::span(prompt).subspan(size_t(p), 1), p, pages, true};
+    model.forward(std::span(&d, 1), pool, logits);
+    check(size_t(p), logits);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("llama: forward matches a naive contiguous-KV reference (prefill then decode)") {
@@ -188,20 +203,12 @@ TEST_CASE("llama: forward matches a naive contiguous-KV reference (prefill then 
     kv_pool pool(model->layout(4), 8);
     const std::vector<int32_t> pages = {6, 1, 3, 0};  // scattered, 16 positions
     const auto ref = reference_logits(m, prompt);
-    std::vector<float> logits;
-    auto check_row = [&](const std::vector<double>& want) {
+    // Prefill 8 tokens, then decode the remaining 3 one at a time.
+    prefill_then_decode(*model, pool, pages, [&](size_t p, const std::vector<float>& logits) {
+      const std::vector<double>& want = ref[p];
       REQUIRE(logits.size() == want.size());
       for (size_t i = 0; i < want.size(); ++i) REQUIRE(logits[i] == doctest::Approx(want[i]).epsilon(1e-4).scale(1.0));
-    };
-    // Prefill 8 tokens, then decode the remaining 3 one at a time.
-    batch_seq s{std::span(prompt).first(8), 0, pages, true};
-    model->forward(std::span(&s, 1), pool, logits);
-    check_row(ref[7]);
-    for (int32_t p = 8; p < int32_t(prompt.size()); ++p) {
-      batch_seq d{std::span(prompt).subspan(size_t(p), 1), p, pages, true};
-      model->forward(std::span(&d, 1), pool, logits);
-      check_row(ref[size_t(p)]);
-    }
+    });
   }
 }
 
@@ -217,19 +224,13 @@ TEST_CASE("llama: an f16 KV cache stays close to the double-precision reference 
   CHECK_THROWS_WITH(model->forward(std::span(&s, 1), wrong, logits), doctest::Contains("kv=f16"));
   const auto ref = reference_logits(m, prompt);
   double worst = 0;
-  auto check_row = [&](const std::vector<double>& want) {
+  prefill_then_decode(*model, pool, pages, [&](size_t p, const std::vector<float>& logits) {
+    const std::vector<double>& want = ref[p];
     REQUIRE(logits.size() == want.size());
     double err = 0, norm = 0;
     for (size_t i = 0; i < want.size(); ++i) err += (logits[i] - want[i]) * (logits[i] - want[i]), norm += want[i] * want[i];
     worst = std::max(worst, err / norm);
-  };
-  model->forward(std::span(&s, 1), pool, logits);
-  check_row(ref[7]);
-  for (int32_t p = 8; p < int32_t(prompt.size()); ++p) {
-    batch_seq d{std::span(prompt).subspan(size_t(p), 1), p, pages, true};
-    model->forward(std::span(&d, 1), pool, logits);
-    check_row(ref[size_t(p)]);
-  }
+  });
   MESSAGE("f16 KV cache: worst logit nmse vs the f64 reference = " << worst);
   CHECK(worst < 1e-5);
   // The cache holds halves: position 0 of layer 0's K, KV head 0, read back as f16, is what

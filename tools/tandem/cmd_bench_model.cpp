@@ -92,27 +92,27 @@ struct decode_result {
   double attn_flops = 0;  ///< attention FLOP of the fastest repetition
 };
 
-/// Batched decode on one model: `max_batch` sequences with `context` random tokens cached;
-/// each repetition times `steps` greedy steps of the first b sequences. Positions keep growing
-/// from one repetition to the next, as in a serving run.
+/// Batched decode on one model: `batch` sequences with `context` random tokens cached; each
+/// repetition times `steps` greedy steps of all of them. Positions keep growing from one
+/// repetition to the next, as in a serving run.
 class decode_runner {
  public:
-  decode_runner(llama_model& model, int64_t max_batch, int64_t context, int64_t prompt, int64_t decode_ctx,
+  decode_runner(llama_model& model, int64_t batch, int64_t context, int64_t prompt, int64_t decode_ctx,
                 std::mt19937 rng)
       : model_(model),
-        pool_(model.layout(ps), int32_t((decode_ctx + ps - 1) / ps * max_batch)),
-        seqs_(static_cast<size_t>(max_batch)) {
+        pool_(model.layout(ps), int32_t((decode_ctx + ps - 1) / ps * batch)),
+        seqs_(static_cast<size_t>(batch)) {
     const model_config& c = model.config();
     std::uniform_int_distribution<int32_t> tok(1, c.n_vocab - 1);
     const int64_t pages_per_seq = (decode_ctx + ps - 1) / ps;
-    for (int64_t s = 0; s < max_batch; ++s) {
+    for (int64_t s = 0; s < batch; ++s) {
       for (int64_t p = 0; p < pages_per_seq; ++p) seqs_[size_t(s)].pages.push_back(int32_t(s * pages_per_seq + p));
       seqs_[size_t(s)].next = {tok(rng)};
     }
     if (context > 0) {
-      std::vector<std::vector<int32_t>> ctx_toks(static_cast<size_t>(max_batch));
+      std::vector<std::vector<int32_t>> ctx_toks(static_cast<size_t>(batch));
       std::vector<batch_seq> b;
-      for (int64_t s = 0; s < max_batch; ++s) {
+      for (int64_t s = 0; s < batch; ++s) {
         for (int64_t i = 0; i < context; ++i) ctx_toks[size_t(s)].push_back(tok(rng));
         b.push_back(batch_seq{.tokens = ctx_toks[size_t(s)], .pos = 0, .pages = seqs_[size_t(s)].pages,
                               .want_logits = false});
@@ -125,23 +125,22 @@ class decode_runner {
     }
   }
 
-  /// `warm` untimed steps, then `steps` timed ones at batch `bsz`: seconds of the timed ones;
-  /// `attn` gets their attention FLOP.
-  double rep(int64_t bsz, int64_t steps, int64_t warm, double& attn) {
+  /// `warm` untimed steps, then `steps` timed ones: seconds of the timed ones; `attn` gets
+  /// their attention FLOP.
+  double rep(int64_t steps, int64_t warm, double& attn) {
     const model_config& c = model_.config();
     double t0 = 0;
     attn = 0;
     for (int64_t step = -warm; step < steps; ++step) {
       if (step == 0) t0 = now_s();
       std::vector<batch_seq> b;
-      for (int64_t s = 0; s < bsz; ++s) {
-        seq_state& q = seqs_[size_t(s)];
+      for (seq_state& q : seqs_) {
         b.push_back(batch_seq{.tokens = q.next, .pos = q.pos, .pages = q.pages, .want_logits = true});
         if (step >= 0) attn += attention_flops(c, q.pos, 1);
       }
       model_.forward(b, pool_, logits_);
-      for (int64_t s = 0; s < bsz; ++s) {
-        seq_state& q = seqs_[size_t(s)];
+      for (size_t s = 0; s < seqs_.size(); ++s) {
+        seq_state& q = seqs_[s];
         ++q.pos;
         // Greedy next token, so the inputs look like a real decode.
         const float* l = logits_.data() + size_t(s) * size_t(c.n_vocab);
@@ -188,7 +187,7 @@ std::vector<decode_result> run_decode(llama_model& model, const std::vector<int6
   for (int64_t rep = 0; rep < decode_reps; ++rep)
     for (size_t r = 0; r < runners.size(); ++r) {
       double at = 0;
-      const double sec = runners[r]->rep(batches[r / size_t(models)], steps, rep == 0 ? decode_warm : 0, at);
+      const double sec = runners[r]->rep(steps, rep == 0 ? decode_warm : 0, at);
       if (sec < best[r]) best[r] = sec, attn[r] = at;
     }
   std::vector<decode_result> dec;
@@ -217,8 +216,6 @@ bench_model_file load_bench_model(const std::string& path, int32_t threads, cpu_
   return m;
 }
 
-}  // namespace
-
 /// The setup's kernel path and KV cache type, or an error naming the choices.
 bench_model_file load_bench_model(const std::string& path, const bench_model_setup& setup) {
   kv_dtype kv;
@@ -226,6 +223,8 @@ bench_model_file load_bench_model(const std::string& path, const bench_model_set
     throw tandem::error(fmt::format("kv cache dtype '{}' is not a KV cache type; use f32 or f16", setup.kv_cache_dtype));
   return load_bench_model(path, setup.threads, cpu::parse_isa(setup.kernels), kv);
 }
+
+}  // namespace
 
 double bench_model_decode_tokens_per_s(const std::string& path, const bench_model_setup& setup, int64_t batch,
                                        int64_t context) {
@@ -398,7 +397,7 @@ int bench_model(args a) {
   const double prefill_tps = double(prompt) / prefill_s;
   double prefill_of_peak = prefill_flops / prefill_s / peak;
 
-  // Decode: `max_batch` sequences with `context` tokens each; batch b runs the first b.
+  // Decode: each batch size b runs b sequences of its own, from `context` tokens each.
   std::vector<decode_result> dec =
       run_decode(*model, batches, steps, context, prompt, decode_ctx, rng, other_model, &cmp_dec);
   for (auto& r : dec) r.of_peak = (2.0 * (cost.layer_params + cost.output_params) * double(r.batch * steps) + r.attn_flops) /
