@@ -1385,6 +1385,89 @@ TANDEM_AVX512 void attention_group_avx512(const float* const* qh, int g_count, i
   }
 }
 
+// Heads of one head block of attention_heads_avx512: at most 24 of their 16-float chunks (the
+// queries, or the accumulators, in registers) and at most 8 heads.
+constexpr int heads_per_block(int nv) { return std::min(8, std::max(1, 24 / nv)); }
+
+// Calls f(std::integral_constant<int, N>) for the run-time head count n in [1, max]: the
+// head loops below must have a count known at compile time, or the compiler keeps the
+// queries and accumulators in memory (a store and a load per FMA, chained through the
+// store forwarding) and divides by the group size per head and position. Measured (batch 32,
+// context 80, 12 layers, 2 threads, interleaved): a step's attention 5.98-6.35 -> 4.93-5.35 ms
+// on an f32 cache, 4.57-4.85 -> 3.86-4.17 ms on f16.
+template <int Max, int N = 1, class F>
+TANDEM_AVX512 inline void with_head_count(int n, F&& f) {
+  if constexpr (N < Max) {
+    if (n != N) return with_head_count<Max, N + 1>(n, std::forward<F>(f));
+  }
+  f(std::integral_constant<int, N>{});
+}
+
+// Scores of N heads for positions [j0, j0 + m) of one page (m <= 16) into A[i][j - j0]:
+// chunk c of each dot product goes to s[c % 2], then s0 + s1 (dot_avx512's order before its
+// hsum16). Head i is query head h + i, of KV head (h + i) / group; `prefetch(j)` is called
+// before row j.
+template <int NV, int N, class T, class Prefetch>
+TANDEM_AVX512 __attribute__((always_inline)) inline void head_scores(const float* q, const T* page, size_t stride,
+                                                                     int h, int group, int64_t j0, int m,
+                                                                     const Prefetch& prefetch, __m512 (*A)[16]) {
+  __m512 qv[N][NV];
+#pragma GCC unroll 8
+  for (int i = 0; i < N; ++i)
+#pragma GCC unroll 8
+    for (int c = 0; c < NV; ++c) qv[i][c] = _mm512_loadu_ps(q + size_t(i) * NV * 16 + 16 * c);
+  size_t off[N];
+#pragma GCC unroll 8
+  for (int i = 0; i < N; ++i) off[i] = size_t((h + i) / group) * NV * 16;
+  for (int j = 0; j < m; ++j) {
+    const T* row = page + size_t(j0 + j) * stride;
+    prefetch(j0 + j);
+#pragma GCC unroll 8
+    for (int i = 0; i < N; ++i) {
+      const T* k = row + off[i];
+      __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+#pragma GCC unroll 8
+      for (int c = 0; c < NV; ++c) {
+        if (c % 2 == 0) s0 = _mm512_fmadd_ps(qv[i][c], load16(k + 16 * c), s0);
+        else s1 = _mm512_fmadd_ps(qv[i][c], load16(k + 16 * c), s1);
+      }
+      A[i][j] = _mm512_add_ps(s0, s1);
+    }
+  }
+}
+
+// The weighted sum of V rows [0, end) of one page for N heads, accumulated into acc (head i
+// at acc + i * hd; query head h + i) in position order: w[i][j] is head i's weight of row j,
+// at w + i * w_stride.
+template <int NV, int N, class T, class Prefetch>
+TANDEM_AVX512 __attribute__((always_inline)) inline void head_values(const float* w, int64_t w_stride, const T* page,
+                                                                     size_t stride, int h, int group, int64_t end,
+                                                                     const Prefetch& prefetch, float* acc) {
+  __m512 y[N][NV];
+#pragma GCC unroll 8
+  for (int i = 0; i < N; ++i)
+#pragma GCC unroll 8
+    for (int c = 0; c < NV; ++c) y[i][c] = _mm512_loadu_ps(acc + size_t(i) * NV * 16 + 16 * c);
+  size_t off[N];
+#pragma GCC unroll 8
+  for (int i = 0; i < N; ++i) off[i] = size_t((h + i) / group) * NV * 16;
+  for (int64_t j = 0; j < end; ++j) {
+    const T* row = page + size_t(j) * stride;
+    prefetch(j);
+#pragma GCC unroll 8
+    for (int i = 0; i < N; ++i) {
+      const __m512 wv = _mm512_set1_ps(w[i * w_stride + j]);
+      const T* v = row + off[i];
+#pragma GCC unroll 8
+      for (int c = 0; c < NV; ++c) y[i][c] = _mm512_fmadd_ps(wv, load16(v + 16 * c), y[i][c]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < N; ++i)
+#pragma GCC unroll 8
+    for (int c = 0; c < NV; ++c) _mm512_storeu_ps(acc + size_t(i) * NV * 16 + 16 * c, y[i][c]);
+}
+
 // Query heads [h0, h1) of one decode token (attending to positions [0, len)), page by page:
 // a page's K (then V) rows of every KV head are one contiguous block of memory, read once
 // for all the heads, instead of once per head as a 256-byte piece every few KiB (one head at
@@ -1398,7 +1481,7 @@ template <int NV, class T>
 TANDEM_AVX512 void attention_heads_avx512(const float* q, int64_t len, int h0, int h1, int group, const kv_pool& pool,
                                           int32_t layer, std::span<const int32_t> pages, float* out, float* att,
                                           int64_t att_stride, std::vector<float>& acc) {
-  constexpr int HB = NV >= 24 ? 1 : 24 / NV;  // heads whose 16-float chunks fill 24 registers
+  constexpr int HB = heads_per_block(NV);
   constexpr int hd = NV * 16;
   const kv_layout& L = pool.layout();
   const int ps = L.page_size, nh = h1 - h0;
@@ -1407,10 +1490,10 @@ TANDEM_AVX512 void attention_heads_avx512(const float* q, int64_t len, int h0, i
   alignas(64) __m512 A[HB][16];
   alignas(64) float t[16];
   // The row `ahead` positions after position j of the page at p0 (the K pass's last
-  // positions request V's first), the part these heads read, requested before its use: with
-  // only the hardware prefetchers a core waited on the rows (batch 32, context 80, f16 cache,
-  // 12 layers: 11.1-11.5 ms for a step's attention on one thread without, 8.1-8.4 with; on
-  // two threads 5.7 and 4.1; an f32 cache reads at the memory's speed either way).
+  // positions request V's first), the part these heads read, requested before its use. It
+  // mattered while the head loops ran from memory (batch 32, context 80, f16 cache, 12 layers:
+  // 11.1-11.5 ms for a step's attention on one thread without, 8.1-8.4 with); with the queries
+  // and accumulators in registers it is worth ~3% on two threads and nothing on one.
   constexpr int64_t ahead = 2;
   const size_t lo = size_t(h0 / group) * hd * sizeof(T), hi = size_t((h1 - 1) / group + 1) * hd * sizeof(T);
   const T* const v_first = k_base<T>(pool, pages[0], layer) + L.layer_elems();
@@ -1432,32 +1515,21 @@ TANDEM_AVX512 void attention_heads_avx512(const float* q, int64_t len, int h0, i
     const char* c = reinterpret_cast<const char*>(r);
     for (size_t b = lo; b < hi; b += 64) _mm_prefetch(c + b, _MM_HINT_T0);
   };
+  auto no_prefetch = [](int64_t) {};
   for (int64_t p0 = 0, pg = 0; p0 < len; p0 += ps, ++pg) {
     const T* page = k_base<T>(pool, pages[size_t(pg)], layer);
     const int64_t end = std::min<int64_t>(ps, len - p0);
+    auto fetch = [&](int64_t j) TANDEM_AVX512 { prefetch(page, p0, pg, j, false); };
     for (int hb0 = 0; hb0 < nh; hb0 += HB) {
       const int n = std::min(HB, nh - hb0);
-      __m512 qv[HB][NV];
-      for (int i = 0; i < n; ++i)
-#pragma GCC unroll 8
-        for (int c = 0; c < NV; ++c) qv[i][c] = _mm512_loadu_ps(q + size_t(h0 + hb0 + i) * hd + 16 * c);
+      const float* qb = q + size_t(h0 + hb0) * hd;
       // Blocks of 16 positions (a page may hold more or fewer).
       for (int64_t j0 = 0; j0 < end; j0 += 16) {
         const int m = int(std::min<int64_t>(16, end - j0));
-        for (int j = 0; j < m; ++j) {
-          const T* row = page + size_t(j0 + j) * stride;
-          if (hb0 == 0) prefetch(page, p0, pg, j0 + j, false);
-          for (int i = 0; i < n; ++i) {
-            const T* k = row + size_t((h0 + hb0 + i) / group) * hd;
-            __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-#pragma GCC unroll 8
-            for (int c = 0; c < NV; ++c) {
-              if (c % 2 == 0) s0 = _mm512_fmadd_ps(qv[i][c], load16(k + 16 * c), s0);
-              else s1 = _mm512_fmadd_ps(qv[i][c], load16(k + 16 * c), s1);
-            }
-            A[i][j] = _mm512_add_ps(s0, s1);
-          }
-        }
+        with_head_count<HB>(n, [&](auto count) TANDEM_AVX512 {
+          if (hb0 == 0) head_scores<NV, count.value>(qb, page, stride, h0 + hb0, group, j0, m, fetch, A);
+          else head_scores<NV, count.value>(qb, page, stride, h0 + hb0, group, j0, m, no_prefetch, A);
+        });
         for (int i = 0; i < n; ++i) {
           for (int j = m; j < 16; ++j) A[i][j] = _mm512_setzero_ps();  // dropped below
           hsum16_x16(A[i], t);
@@ -1481,25 +1553,15 @@ TANDEM_AVX512 void attention_heads_avx512(const float* q, int64_t len, int h0, i
   for (int64_t p0 = 0, pg = 0; p0 < len; p0 += ps, ++pg) {
     const T* page = k_base<T>(pool, pages[size_t(pg)], layer) + L.layer_elems();  // V sits right after K
     const int64_t end = std::min<int64_t>(ps, len - p0);
+    auto fetch = [&](int64_t j) TANDEM_AVX512 { prefetch(page, p0, pg, j, true); };
     for (int hb0 = 0; hb0 < nh; hb0 += HB) {
       const int n = std::min(HB, nh - hb0);
-      __m512 y[HB][NV];
-      for (int i = 0; i < n; ++i)
-#pragma GCC unroll 8
-        for (int c = 0; c < NV; ++c) y[i][c] = _mm512_loadu_ps(acc.data() + size_t(hb0 + i) * hd + 16 * c);
-      for (int64_t j = 0; j < end; ++j) {
-        const T* row = page + size_t(j) * stride;
-        if (hb0 == 0) prefetch(page, p0, pg, j, true);
-        for (int i = 0; i < n; ++i) {
-          const __m512 w = _mm512_set1_ps(att[(hb0 + i) * att_stride + p0 + j]);
-          const T* v = row + size_t((h0 + hb0 + i) / group) * hd;
-#pragma GCC unroll 8
-          for (int c = 0; c < NV; ++c) y[i][c] = _mm512_fmadd_ps(w, load16(v + 16 * c), y[i][c]);
-        }
-      }
-      for (int i = 0; i < n; ++i)
-#pragma GCC unroll 8
-        for (int c = 0; c < NV; ++c) _mm512_storeu_ps(acc.data() + size_t(hb0 + i) * hd + 16 * c, y[i][c]);
+      const float* w = att + hb0 * att_stride + p0;
+      float* y = acc.data() + size_t(hb0) * hd;
+      with_head_count<HB>(n, [&](auto count) TANDEM_AVX512 {
+        if (hb0 == 0) head_values<NV, count.value>(w, att_stride, page, stride, h0 + hb0, group, end, fetch, y);
+        else head_values<NV, count.value>(w, att_stride, page, stride, h0 + hb0, group, end, no_prefetch, y);
+      });
     }
   }
   std::memcpy(out + size_t(h0) * hd, acc.data(), size_t(nh) * hd * sizeof(float));
