@@ -109,13 +109,30 @@ TANDEM_AMX inline void pieces16(__m512 x, __m512i& h, __m512i& m, __m512i& l) {
   l = bf16_rne(_mm512_sub_ps(r, bf16_as_f32(m)));
 }
 
-// 16 activations split into their three pieces, stored as bf16 at hi, mid and lo.
-TANDEM_AMX inline void split16(__m512 x, uint16_t* hi, uint16_t* mid, uint16_t* lo) {
-  __m512i h, m, l;
-  pieces16(x, h, m, l);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi), _mm512_cvtepi32_epi16(h));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(mid), _mm512_cvtepi32_epi16(m));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo), _mm512_cvtepi32_epi16(l));
+// bf16 bits (32 lanes: a's 16, then b's) widened back to f32.
+TANDEM_AMX inline void widen_bf16x32(__m512i p, __m512& a, __m512& b) {
+  a = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(p)), 16));
+  b = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(p, 1)), 16));
+}
+
+// The 32 activations of a column block (a: the first 16, b: the rest) split into their three
+// pieces, stored as 32 bf16 each at hi, mid and lo: one instruction rounds 32 values
+// (VCVTNE2PS2BF16: round to nearest even, NaN quieted, as bf16_rne) where bf16_rne takes
+// seven per 16. It reads a denormal as zero where pieces16 keeps it; the tile unit reads every
+// denormal piece as zero (denormals-are-zero), so the products are pieces16's either way (the
+// batch-1 emulation, which uses pieces16 with the same mode, agrees bit for bit).
+TANDEM_AMX inline void split32(__m512 a, __m512 b, uint16_t* hi, uint16_t* mid, uint16_t* lo) {
+  const __m512i h = __m512i(_mm512_cvtne2ps_pbh(b, a));
+  __m512 ha, hb;
+  widen_bf16x32(h, ha, hb);
+  const __m512 ra = _mm512_sub_ps(a, ha), rb = _mm512_sub_ps(b, hb);
+  const __m512i m = __m512i(_mm512_cvtne2ps_pbh(rb, ra));
+  __m512 ma, mb;
+  widen_bf16x32(m, ma, mb);
+  const __m512i l = __m512i(_mm512_cvtne2ps_pbh(_mm512_sub_ps(rb, mb), _mm512_sub_ps(ra, ma)));
+  _mm512_storeu_si512(hi, h);
+  _mm512_storeu_si512(mid, m);
+  _mm512_storeu_si512(lo, l);
 }
 
 // Activation rows [m0, m1) of the batch into the A-tile layout: for each 16-row tile mt and
@@ -134,8 +151,7 @@ TANDEM_AMX void split_rows(const float* x, int64_t batch, int64_t k, int64_t kbl
     const float* row = x + m * k;
     for (int64_t kb = 0; kb < kblocks; ++kb) {
       uint16_t* t = base + kb * 1536;
-      for (int half = 0; half < 2; ++half)
-        split16(load_half(row, k, kb, half), t + half * 16, t + 512 + half * 16, t + 1024 + half * 16);
+      split32(load_half(row, k, kb, 0), load_half(row, k, kb, 1), t, t + 512, t + 1024);
     }
   }
 }
@@ -146,7 +162,7 @@ TANDEM_AMX void split_rows(const float* x, int64_t batch, int64_t k, int64_t kbl
 constexpr int64_t prefetch_blocks = 32;
 
 // The activation of a batch-1 product as its pieces in f32 for the emulation below:
-// xe[kb][hi, mid, lo][32], zero past k; the same pieces as split16.
+// xe[kb][hi, mid, lo][32], zero past k; the pieces of split32 (see there for denormals).
 TANDEM_AMX void split_activation_f32(const float* x, int64_t k, int64_t kblocks, float* xe) {
   for (int64_t kb = 0; kb < kblocks; ++kb)
     for (int half = 0; half < 2; ++half) {

@@ -527,6 +527,52 @@ TEST_CASE("ops: the amx matmul is bit for bit the documented tile arithmetic, wi
   }
 }
 
+TEST_CASE("ops: amx activations at the ends of the float range give the emulated tile bits at every batch") {
+  if (!cpu::isa_supported(cpu_isa::amx)) {
+    MESSAGE("this CPU or OS has no AMX tiles; the amx path is not run here");
+    return;
+  }
+  cpu::thread_pool pool(2);
+  // Rows of three kinds, so that no value swamps the others of its row: ordinary values with
+  // denormals, signed zeros and values near the smallest normal among them; values a few
+  // hundred times the smallest normal (their second or third piece is denormal: the tile split
+  // makes those zero where the scalar split keeps them, and the tile unit reads them as zero
+  // either way); values near the top of the range.
+  const int64_t n = 40, k = 96, batch = 21;
+  const float tiny = std::numeric_limits<float>::min(), denorm = std::numeric_limits<float>::denorm_min();
+  const float odd[] = {tiny, -tiny, denorm, -denorm * 77, tiny * 3.3f, 0.0f, -0.0f, tiny / 3, tiny * 1.7f};
+  std::vector<float> x(size_t(batch * k));
+  const auto r = random_floats(x.size(), 43, 1.0f);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t c = 0; c < k; ++c) {
+      const size_t i = size_t(b * k + c);
+      switch (b % 3) {
+        case 0: x[i] = c % 3 == 0 ? odd[size_t(c) % std::size(odd)] : r[i]; break;
+        case 1: x[i] = r[i] * tiny * 300.0f; break;
+        default: x[i] = r[i] * 3e36f; break;
+      }
+    }
+  const auto wf = random_floats(size_t(n * k), 44, 0.5f);
+  for (ggml_type t : {ggml_type::f16, ggml_type::bf16}) {
+    CAPTURE(to_string(t));
+    const auto bytes = encode(t, wf, n, k);
+    const auto w = view_of(t, bytes, n, k);
+    const cpu::packed_weight pw = cpu::pack_weight(w, cpu_isa::amx, &pool);
+    REQUIRE(pw.amx != nullptr);
+    std::vector<float> y(size_t(batch * n)), one(static_cast<size_t>(n)), scratch;
+    cpu::matmul(pw, x.data(), batch, y.data(), scratch, &pool);  // two activation tiles
+    for (int64_t b = 0; b < batch; ++b) {
+      CAPTURE(b);
+      cpu::matmul(pw, x.data() + b * k, 1, one.data(), scratch, &pool);  // the batch-1 emulation
+      for (int64_t j = 0; j < n; ++j) {
+        const float e = amx_emulated(t, reinterpret_cast<const uint16_t*>(w.row(j)), x.data() + b * k, k);
+        REQUIRE(std::memcmp(&y[size_t(b * n + j)], &e, 4) == 0);
+        REQUIRE(std::memcmp(&one[size_t(j)], &e, 4) == 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("ops: isa names parse, best resolves to a runnable path, a missing one is refused") {
   CHECK(cpu::parse_isa("avx512") == cpu_isa::avx512);
   CHECK(cpu::parse_isa("scalar") == cpu_isa::scalar);
