@@ -249,20 +249,27 @@ uint16_t fp32_to_fp16(float f) {
 }
 
 namespace {
-// Same bits as fp32_to_fp16 for every non-NaN input: VCVTPS2PH rounds to nearest even,
-// overflows to infinity and makes half subnormals (MXCSR's flush-to-zero does not apply).
+// fp32_to_fp16_row's bits: VCVTPS2PH rounds to nearest even and makes half subnormals as
+// fp32_to_fp16 does (MXCSR's flush-to-zero does not apply); finite values beyond the half
+// range are clamped to +-65504 first (max(-c, x) and min(c, .) return x when it is NaN).
 __attribute__((target("avx,f16c"))) int64_t fp16_row_f16c(const float* in, uint16_t* out, int64_t n) {
+  const __m256 c = _mm256_set1_ps(65504.0f), inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(in + i);
+    const __m256 clamped = _mm256_min_ps(c, _mm256_max_ps(_mm256_sub_ps(_mm256_setzero_ps(), c), x));
+    const __m256 is_inf = _mm256_cmp_ps(_mm256_and_ps(x, abs_mask), inf, _CMP_EQ_OQ);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
-                     _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+                     _mm256_cvtps_ph(_mm256_blendv_ps(clamped, x, is_inf), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
   return i;
 }
 }  // namespace
 
 void fp32_to_fp16_row(const float* in, uint16_t* out, int64_t n) {
   int64_t i = has_f16c() ? fp16_row_f16c(in, out, n) : 0;
-  for (; i < n; ++i) out[i] = fp32_to_fp16(in[i]);
+  for (; i < n; ++i) out[i] = fp32_to_fp16(std::isfinite(in[i]) ? std::clamp(in[i], -65504.0f, 65504.0f) : in[i]);
 }
 
 uint16_t fp32_to_bf16(float f) {

@@ -21,7 +21,10 @@ class thread_pool;
 float fp16_to_fp32(uint16_t h);
 /// float -> IEEE half bits, round to nearest even (overflow to inf, NaN kept).
 uint16_t fp32_to_fp16(float f);
-/// fp32_to_fp16 over a row (F16C where the CPU has it; the same bits for every non-NaN value).
+/// fp32_to_fp16 over a row (F16C where the CPU has it; the same bits for every non-NaN value),
+/// except that finite values beyond the half range become +-65504 instead of infinity: this
+/// is the f16 KV cache's store, where one infinite K turns a whole sequence's attention into
+/// NaN (0 * inf in a score, inf - inf in the softmax). Infinities and NaNs stay as they are.
 void fp32_to_fp16_row(const float* in, uint16_t* out, int64_t n);
 /// bfloat16 bits -> float (exact).
 inline float bf16_to_fp32(uint16_t h) {
