@@ -36,8 +36,7 @@ std::unique_ptr<embedded_cluster> embedded_cluster::start(const cluster_options&
   cpu_options co;
   co.threads = opt.lim.threads;
   co.isa = cpu::parse_isa(opt.kernel_isa);
-  if (!parse_kv_dtype(opt.kv_cache_dtype, co.kv))
-    throw tandem::error(error_kind::failed, "kv cache dtype '" + opt.kv_cache_dtype + "' is not a KV cache type; use f32 or f16");
+  co.kv = require_kv_dtype(opt.kv_cache_dtype, "kv cache dtype '" + opt.kv_cache_dtype + "'");
   std::shared_ptr<llama_model> model = llama_model::load(p->file, co);
   p->model_id = model->config().name.empty() ? std::filesystem::path(opt.model_path).stem().string()
                                              : model->config().name;

@@ -35,6 +35,9 @@ enum class kv_dtype : int32_t { f32 = 0, f16 = 1 };
 const char* to_string(kv_dtype t);
 /// Parses "f32" / "f16"; false for anything else.
 bool parse_kv_dtype(const std::string& s, kv_dtype& out);
+/// parse_kv_dtype, or an error (failed) "<subject> is not a KV cache type; use f32 or f16",
+/// where subject names the value as the user gave it (a flag, a key).
+kv_dtype require_kv_dtype(const std::string& s, const std::string& subject);
 
 /// Shape of one page; two sides exchanging pages must agree on every field.
 struct kv_layout {

@@ -76,6 +76,10 @@ TEST_CASE("bench cli: model mode reports prefill and every decode batch with the
   std::tie(rc, out) = run("bench model --model " + model + " --kv-cache-dtype f8");
   CHECK(rc == 1);
   CHECK(out.find("--kv-cache-dtype f8 is not a KV cache type; use f32 or f16") != std::string::npos);
+  // The compared type is checked before the model loads (a missing file is not reached).
+  std::tie(rc, out) = run("bench model --model /nonexistent.gguf --compare-kv-cache-dtype q4");
+  CHECK(rc == 1);
+  CHECK(out.find("--compare-kv-cache-dtype q4 is not a KV cache type; use f32 or f16") != std::string::npos);
 }
 
 TEST_CASE("bench cli: control-plane mode generates every token and reports CPU per token") {

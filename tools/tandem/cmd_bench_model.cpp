@@ -218,9 +218,7 @@ bench_model_file load_bench_model(const std::string& path, int32_t threads, cpu_
 
 /// The setup's kernel path and KV cache type, or an error naming the choices.
 bench_model_file load_bench_model(const std::string& path, const bench_model_setup& setup) {
-  kv_dtype kv;
-  if (!parse_kv_dtype(setup.kv_cache_dtype, kv))
-    throw tandem::error(fmt::format("kv cache dtype '{}' is not a KV cache type; use f32 or f16", setup.kv_cache_dtype));
+  const kv_dtype kv = require_kv_dtype(setup.kv_cache_dtype, "kv cache dtype '" + setup.kv_cache_dtype + "'");
   return load_bench_model(path, setup.threads, cpu::parse_isa(setup.kernels), kv);
 }
 
@@ -327,18 +325,16 @@ int bench_model(args a) {
   const std::vector<int64_t> batches = parse_list(f.str("batches"), "batches");
   const bool json = f.on("json");
   // Checked before anything is measured (a misspelt path should not cost a whole run).
-  kv_dtype kv = kv_dtype::f32, cmp_kv = kv_dtype::f32;
-  auto kv_flag = [](const std::string& name, const std::string& v, kv_dtype& out) {
-    if (!parse_kv_dtype(v, out))
-      throw tandem::error(fmt::format("--{} {} is not a KV cache type; use f32 or f16", name, v));
+  auto kv_flag = [&](const std::string& name) {
+    const std::string v = f.str(name);
+    return require_kv_dtype(v, "--" + name + " " + v);
   };
-  kv_flag("kv-cache-dtype", f.str("kv-cache-dtype"), kv);
+  const kv_dtype kv = kv_flag("kv-cache-dtype");
+  const kv_dtype cmp_kv = f.str("compare-kv-cache-dtype").empty() ? kv : kv_flag("compare-kv-cache-dtype");
   const bool compare = !f.str("compare-isa").empty() || !f.str("compare-kv-cache-dtype").empty();
   const bench_model_file m = load_bench_model(path, int32_t(threads), cpu::parse_isa(f.str("isa")), kv);
   const cpu_isa cmp_isa =
       !f.str("compare-isa").empty() ? cpu::resolve_isa(cpu::parse_isa(f.str("compare-isa"))) : m.isa;
-  cmp_kv = kv;
-  if (!f.str("compare-kv-cache-dtype").empty()) kv_flag("compare-kv-cache-dtype", f.str("compare-kv-cache-dtype"), cmp_kv);
 
   const auto& model = m.model;
   const model_config& c = model->config();
