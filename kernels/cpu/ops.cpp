@@ -260,8 +260,9 @@ __attribute__((target("avx,f16c"))) int64_t fp16_row_f16c(const float* in, uint1
     const __m256 x = _mm256_loadu_ps(in + i);
     const __m256 clamped = _mm256_min_ps(c, _mm256_max_ps(_mm256_sub_ps(_mm256_setzero_ps(), c), x));
     const __m256 is_inf = _mm256_cmp_ps(_mm256_and_ps(x, abs_mask), inf, _CMP_EQ_OQ);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
-                     _mm256_cvtps_ph(_mm256_blendv_ps(clamped, x, is_inf), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    const __m256 v = _mm256_blendv_ps(clamped, x, is_inf);
+    const __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
   }
   return i;
 }
@@ -269,7 +270,8 @@ __attribute__((target("avx,f16c"))) int64_t fp16_row_f16c(const float* in, uint1
 
 void fp32_to_fp16_row(const float* in, uint16_t* out, int64_t n) {
   int64_t i = has_f16c() ? fp16_row_f16c(in, out, n) : 0;
-  for (; i < n; ++i) out[i] = fp32_to_fp16(std::isfinite(in[i]) ? std::clamp(in[i], -65504.0f, 65504.0f) : in[i]);
+  for (; i < n; ++i)
+    out[i] = fp32_to_fp16(std::isfinite(in[i]) ? std::clamp(in[i], -65504.0f, 65504.0f) : in[i]);
 }
 
 uint16_t fp32_to_bf16(float f) {
@@ -1415,9 +1417,11 @@ TANDEM_AVX512 inline void with_head_count(int n, F&& f) {
 // hsum16). Head i is query head h + i, of KV head (h + i) / group; `prefetch(j)` is called
 // before row j.
 template <int NV, int N, class T, class Prefetch>
-TANDEM_AVX512 __attribute__((always_inline)) inline void head_scores(const float* q, const T* page, size_t stride,
-                                                                     int h, int group, int64_t j0, int m,
-                                                                     const Prefetch& prefetch, __m512 (*A)[16]) {
+TANDEM_AVX512 __attribute__((always_inline)) inline void head_scores(const float* q, const T* page,
+                                                                     size_t stride, int h, int group,
+                                                                     int64_t j0, int m,
+                                                                     const Prefetch& prefetch,
+                                                                     __m512 (*A)[16]) {
   __m512 qv[N][NV];
 #pragma GCC unroll 8
   for (int i = 0; i < N; ++i)
@@ -1447,8 +1451,9 @@ TANDEM_AVX512 __attribute__((always_inline)) inline void head_scores(const float
 // at acc + i * hd; query head h + i) in position order: w[i][j] is head i's weight of row j,
 // at w + i * w_stride.
 template <int NV, int N, class T, class Prefetch>
-TANDEM_AVX512 __attribute__((always_inline)) inline void head_values(const float* w, int64_t w_stride, const T* page,
-                                                                     size_t stride, int h, int group, int64_t end,
+TANDEM_AVX512 __attribute__((always_inline)) inline void head_values(const float* w, int64_t w_stride,
+                                                                     const T* page, size_t stride, int h,
+                                                                     int group, int64_t end,
                                                                      const Prefetch& prefetch, float* acc) {
   __m512 y[N][NV];
 #pragma GCC unroll 8
@@ -1534,8 +1539,9 @@ TANDEM_AVX512 void attention_heads_avx512(const float* q, int64_t len, int h0, i
       for (int64_t j0 = 0; j0 < end; j0 += 16) {
         const int m = int(std::min<int64_t>(16, end - j0));
         with_head_count<HB>(n, [&](auto count) TANDEM_AVX512 {
-          if (hb0 == 0) head_scores<NV, count.value>(qb, page, stride, h0 + hb0, group, j0, m, fetch, A);
-          else head_scores<NV, count.value>(qb, page, stride, h0 + hb0, group, j0, m, no_prefetch, A);
+          constexpr int N = decltype(count)::value;
+          if (hb0 == 0) head_scores<NV, N>(qb, page, stride, h0 + hb0, group, j0, m, fetch, A);
+          else head_scores<NV, N>(qb, page, stride, h0 + hb0, group, j0, m, no_prefetch, A);
         });
         for (int i = 0; i < n; ++i) {
           for (int j = m; j < 16; ++j) A[i][j] = _mm512_setzero_ps();  // dropped below
@@ -1566,8 +1572,9 @@ TANDEM_AVX512 void attention_heads_avx512(const float* q, int64_t len, int h0, i
       const float* w = att + hb0 * att_stride + p0;
       float* y = acc.data() + size_t(hb0) * hd;
       with_head_count<HB>(n, [&](auto count) TANDEM_AVX512 {
-        if (hb0 == 0) head_values<NV, count.value>(w, att_stride, page, stride, h0 + hb0, group, end, fetch, y);
-        else head_values<NV, count.value>(w, att_stride, page, stride, h0 + hb0, group, end, no_prefetch, y);
+        constexpr int N = decltype(count)::value;
+        if (hb0 == 0) head_values<NV, N>(w, att_stride, page, stride, h0 + hb0, group, end, fetch, y);
+        else head_values<NV, N>(w, att_stride, page, stride, h0 + hb0, group, end, no_prefetch, y);
       });
     }
   }

@@ -20,7 +20,8 @@ bool parse_kv_dtype(const std::string& s, kv_dtype& out) {
 kv_dtype require_kv_dtype(const std::string& s, const std::string& subject) {
   kv_dtype t = kv_dtype::f32;
   if (!parse_kv_dtype(s, t))
-    throw tandem::error(error_kind::failed, fmt::format("{} is not a KV cache type; use f32 or f16", subject));
+    throw tandem::error(error_kind::failed,
+                        fmt::format("{} is not a KV cache type; use f32 or f16", subject));
   return t;
 }
 
