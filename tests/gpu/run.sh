@@ -10,7 +10,10 @@
 # build/gpu-deps along).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-args=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc -DCMAKE_BUILD_TYPE=Release)
+nvcc=/usr/local/cuda/bin/nvcc
+[[ -x $nvcc ]] || nvcc=$(command -v nvcc || true)
+[[ -n $nvcc ]] || { echo "tests/gpu/run.sh: no nvcc (looked at /usr/local/cuda/bin and PATH)" >&2; exit 1; }
+args=(-DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_BUILD_TYPE=Release)
 command -v ninja >/dev/null && args+=(-G Ninja)
 [[ -d build/gpu-deps ]] && args+=(-DTANDEM_GPU_DEPS="$PWD/build/gpu-deps")
 cmake -S tests/gpu -B build/gpu "${args[@]}" >/dev/null
