@@ -55,12 +55,16 @@ __global__ void swiglu_kernel(const float* g, const float* u, float* o, size_t n
   }
 }
 
+// Page `first + blockIdx.y` of the list (a grid has at most 65535 rows of blocks, so longer
+// lists take several launches). 16-byte vector copies where every page is 16-byte aligned
+// (`vec`), else bytes.
 __global__ void copy_pages_kernel(const uint8_t* src, const int32_t* src_ids, uint8_t* dst, const int32_t* dst_ids,
-                                  size_t page_bytes) {
+                                  size_t page_bytes, int first, bool vec) {
   // A null id list means "page i" (a contiguous staging area).
-  const uint8_t* s = src + size_t(src_ids ? src_ids[blockIdx.y] : int32_t(blockIdx.y)) * page_bytes;
-  uint8_t* d = dst + size_t(dst_ids ? dst_ids[blockIdx.y] : int32_t(blockIdx.y)) * page_bytes;
-  const size_t n16 = page_bytes / 16;
+  const int i = first + int(blockIdx.y);
+  const uint8_t* s = src + size_t(src_ids ? src_ids[i] : i) * page_bytes;
+  uint8_t* d = dst + size_t(dst_ids ? dst_ids[i] : i) * page_bytes;
+  const size_t n16 = vec ? page_bytes / 16 : 0;
   const uint4* s4 = reinterpret_cast<const uint4*>(s);
   uint4* d4 = reinterpret_cast<uint4*>(d);
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n16; i += size_t(gridDim.x) * blockDim.x)
@@ -277,11 +281,16 @@ void swiglu(const float* gate, const float* up, float* out, size_t n, cudaStream
 
 void copy_pages(const uint8_t* src, const int32_t* src_ids, uint8_t* dst, const int32_t* dst_ids, int n,
                 size_t page_bytes, cudaStream_t s) {
-  if (n <= 0) return;
-  // Page pointers must be 16-byte aligned for the vector path (pool pages are).
-  const int per_page = int((page_bytes / 16 + 255) / 256 < 64 ? (page_bytes / 16 + 255) / 256 : 64);
-  dim3 grid(per_page > 0 ? per_page : 1, n);
-  copy_pages_kernel<<<grid, 256, 0, s>>>(src, src_ids, dst, dst_ids, page_bytes);
+  if (n <= 0 || page_bytes == 0) return;
+  const uintptr_t bases = reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst);
+  const bool vec = page_bytes % 16 == 0 && bases % 16 == 0;
+  const size_t units = vec ? page_bytes / 16 : page_bytes;
+  const int per_page = int((units + 255) / 256 < 64 ? (units + 255) / 256 : 64);
+  constexpr int max_rows = 65535;  // gridDim.y
+  for (int first = 0; first < n; first += max_rows) {
+    dim3 grid(per_page, n - first < max_rows ? n - first : max_rows);
+    copy_pages_kernel<<<grid, 256, 0, s>>>(src, src_ids, dst, dst_ids, page_bytes, first, vec);
+  }
 }
 
 cudaError_t gather_pages(const uint8_t* pool, const int32_t* ids, int n, size_t page_bytes, uint8_t* staging,

@@ -17,8 +17,9 @@ void rms_norm(const float* x, const float* w, float* y, int rows, int n, float e
 void rope(float* x, const int32_t* pos, int rows, int n_heads, int head_dim, float freq_base, cudaStream_t s);
 /// out[i] = silu(gate[i]) * up[i]
 void swiglu(const float* gate, const float* up, float* out, size_t n, cudaStream_t s);
-/// Copies `n` pages of `page_bytes` each: dst page dst_ids[i] <- src page src_ids[i].
-/// Either side may be mapped pinned host memory.
+/// Copies `n` pages of `page_bytes` each: dst page dst_ids[i] <- src page src_ids[i] (a null
+/// id list: page i). Either side may be mapped pinned host memory. Any n and page size: 16-byte
+/// copies where both areas and the page size allow them, bytes otherwise.
 void copy_pages(const uint8_t* src, const int32_t* src_ids, uint8_t* dst, const int32_t* dst_ids, int n,
                 size_t page_bytes, cudaStream_t s);
 

@@ -294,6 +294,22 @@ static void check_pages() {
   expect_true("scatter leaves other pages", same);
   expect_true("gather rejects page_bytes % 16",
               gpu::gather_pages(pool, dids, 1, 100, host_dev, nullptr) == cudaErrorInvalidValue);
+  // More pages than one grid holds (65535 rows of blocks), reversed; and pages of 100 bytes
+  // (no 16-byte copies).
+  for (size_t pb : {size_t(16), size_t(100)}) {
+    const int many = pb == 16 ? 70000 : 3000;
+    std::vector<int32_t> rev(many);
+    for (int i = 0; i < many; ++i) rev[i] = many - 1 - i;
+    int32_t* drev = to_device(rev);
+    CHECK(cudaMemset(pool2, 0, pb * many));
+    gpu::copy_pages(pool, nullptr, pool2, drev, many, pb, nullptr);
+    auto got = to_host(pool2, pb * many);
+    same = true;
+    for (int i = 0; i < many && same; ++i)
+      same = std::memcmp(got.data() + size_t(many - 1 - i) * pb, content.data() + size_t(i) * pb, pb) == 0;
+    expect_true(pb == 16 ? "copy_pages of 70000 pages" : "copy_pages of 100-byte pages", same);
+    cudaFree(drev);
+  }
 
   // Bandwidth: device pool -> device pool (read + write), device -> pinned host by the
   // gather kernel, and cudaMemcpyAsync of the same bytes to pinned host, side by side.
