@@ -200,67 +200,172 @@ void run_batched(const W* w, const float* x, int batch, float* y, int n, int k, 
 
 constexpr int k_attn_warps = 4;
 
-__device__ __forceinline__ float kv_load(const float* p) { return *p; }
-__device__ __forceinline__ float kv_load(const __half* p) { return __half2float(*p); }
+// How a warp reads K and V rows of HD elements of T with 16-byte loads: `vec` elements per
+// load, `tpr` threads per row (a power of two, so a row's partial dot products reduce by xor
+// shuffles within the group), `ch` loads per thread per row, `rpw` rows per warp at a time,
+// `unroll` positions per group per loop step (K and V of all of them requested before any is
+// used: a step's loads are in flight together instead of one row's round trip at a time).
+template <class T, int HD>
+struct attn_shape {
+  static constexpr int vec = 16 / int(sizeof(T));
+  static constexpr int units = HD / vec;  // 16-byte pieces per row
+  static constexpr int tpr = (units & -units) < 32 ? (units & -units) : 32;
+  static constexpr int ch = units / tpr;
+  static constexpr int rpw = 32 / tpr;
+  static constexpr int unroll = ch >= 4 ? 1 : 4 / ch;
+  static_assert(HD % 32 == 0 && units % tpr == 0 && tpr >= 4, "head_dim a multiple of 32");
+};
 
+// 16 bytes of K or V widened to f32.
+__device__ __forceinline__ void widen(const uint4& raw, float* out, const float*) {
+  const float4 f = *reinterpret_cast<const float4*>(&raw);
+  out[0] = f.x, out[1] = f.y, out[2] = f.z, out[3] = f.w;
+}
+__device__ __forceinline__ void widen(const uint4& raw, float* out, const __half*) {
+  const __half2* h = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 f = __half22float2(h[j]);
+    out[2 * j] = f.x, out[2 * j + 1] = f.y;
+  }
+}
+
+// One block per (query head, sequence), k_attn_warps warps. Each group of `tpr` threads owns
+// the positions p = group + i * groups (groups = warps * rpw) and keeps its own online-softmax
+// state (max m, sum l, and its slice of the weighted V sum); the groups are merged at the end.
 // T: float or __half (an f16 cache is widened on load; the arithmetic is the f32 cache's).
-template <class T>
-__global__ void paged_attention_decode_kernel(const float* __restrict__ q, int n_heads, const T* __restrict__ pool,
-                                              int n_layers, int n_kv, int hd, int ps, int layer,
-                                              const int32_t* __restrict__ table, int max_pages,
-                                              const int32_t* __restrict__ lens, float* __restrict__ out) {
+template <class T, int HD>
+__global__ void __launch_bounds__(32 * k_attn_warps)
+    paged_attention_decode_kernel(const float* __restrict__ q, int n_heads, const T* __restrict__ pool, int n_layers,
+                                  int n_kv, int ps, int layer, const int32_t* __restrict__ table, int max_pages,
+                                  const int32_t* __restrict__ lens, float* __restrict__ out) {
+  using S = attn_shape<T, HD>;
+  constexpr int groups = k_attn_warps * S::rpw;
   const int h = blockIdx.x, seq = blockIdx.y;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int per_lane = hd / 32;  // <= 8
+  const int grp = warp * S::rpw + lane / S::tpr, t = lane % S::tpr;
   const int kvh = h / (n_heads / n_kv);
   const int len = lens[seq];
-  const size_t layer_elems = size_t(ps) * n_kv * hd;
-  const float scale = rsqrtf(float(hd));
-  const float* qh = q + (size_t(seq) * n_heads + h) * hd;
-  float qv[8], acc[8];
+  const size_t layer_elems = size_t(ps) * n_kv * HD;
+  const int32_t* pages = table + size_t(seq) * max_pages;
+  // This thread's elements of a row: piece c covers [(c * tpr + t) * vec, + vec).
+  float qv[S::ch][S::vec], acc[S::ch][S::vec];
+  const float scale = rsqrtf(float(HD));
+  const float* qh = q + (size_t(seq) * n_heads + h) * HD;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    qv[j] = j < per_lane ? qh[lane + 32 * j] * scale : 0.f;
-    acc[j] = 0.f;
-  }
-  // Online softmax per warp over positions warp, warp + 4, ...
+  for (int c = 0; c < S::ch; ++c)
+#pragma unroll
+    for (int e = 0; e < S::vec; ++e) {
+      qv[c][e] = qh[(c * S::tpr + t) * S::vec + e] * scale;
+      acc[c][e] = 0.f;
+    }
   float m = -INFINITY, l = 0.f;
-  for (int p = warp; p < len; p += k_attn_warps) {
-    const int page = table[size_t(seq) * max_pages + p / ps];
-    const T* base = pool + (size_t(page) * n_layers + layer) * 2 * layer_elems + (size_t(p % ps) * n_kv + kvh) * hd;
-    float sc = 0.f;
+  // Warp-uniform trip count (every lane reaches every shuffle); positions past len are masked.
+  for (int base = warp * S::rpw; base < len; base += groups * S::unroll) {
+    uint4 kraw[S::unroll][S::ch], vraw[S::unroll][S::ch];
+    bool valid[S::unroll];
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
-      if (j < per_lane) sc += qv[j] * kv_load(base + lane + 32 * j);
-    sc = warp_sum(sc);
-    const float m_new = fmaxf(m, sc);
-    const float corr = __expf(m - m_new), e = __expf(sc - m_new);
-    l = l * corr + e;
-    const T* vb = base + layer_elems;
+    for (int u = 0; u < S::unroll; ++u) {
+      const int p = base + lane / S::tpr + u * groups;
+      valid[u] = p < len;
+      if (valid[u]) {
+        const T* row = pool + (size_t(pages[p / ps]) * n_layers + layer) * 2 * layer_elems +
+                       (size_t(p % ps) * n_kv + kvh) * HD;
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
-      if (j < per_lane) acc[j] = acc[j] * corr + e * kv_load(vb + lane + 32 * j);
-    m = m_new;
+        for (int c = 0; c < S::ch; ++c) {
+          kraw[u][c] = __ldg(reinterpret_cast<const uint4*>(row + (c * S::tpr + t) * S::vec));
+          vraw[u][c] = __ldg(reinterpret_cast<const uint4*>(row + layer_elems + (c * S::tpr + t) * S::vec));
+        }
+      }
+    }
+    float sc[S::unroll];
+    float mx = m;
+#pragma unroll
+    for (int u = 0; u < S::unroll; ++u) {
+      float d = 0.f;
+      if (valid[u]) {
+#pragma unroll
+        for (int c = 0; c < S::ch; ++c) {
+          float k[S::vec];
+          widen(kraw[u][c], k, static_cast<const T*>(nullptr));
+#pragma unroll
+          for (int e = 0; e < S::vec; ++e) d += qv[c][e] * k[e];
+        }
+      }
+#pragma unroll
+      for (int o = S::tpr / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+      sc[u] = d;
+      if (valid[u]) mx = fmaxf(mx, d);
+    }
+    if (mx == -INFINITY) continue;  // no position of this group in this step (uniform per group)
+    const float corr = __expf(m - mx);
+    l *= corr;
+#pragma unroll
+    for (int c = 0; c < S::ch; ++c)
+#pragma unroll
+      for (int e = 0; e < S::vec; ++e) acc[c][e] *= corr;
+#pragma unroll
+    for (int u = 0; u < S::unroll; ++u) {
+      if (!valid[u]) continue;
+      const float w = __expf(sc[u] - mx);
+      l += w;
+#pragma unroll
+      for (int c = 0; c < S::ch; ++c) {
+        float v[S::vec];
+        widen(vraw[u][c], v, static_cast<const T*>(nullptr));
+#pragma unroll
+        for (int e = 0; e < S::vec; ++e) acc[c][e] += w * v[e];
+      }
+    }
+    m = mx;
   }
-  __shared__ float sm[k_attn_warps], sl[k_attn_warps], sacc[k_attn_warps][256];
-  if (lane == 0) {
-    sm[warp] = m;
-    sl[warp] = l;
+  __shared__ float sm[groups], sl[groups], sacc[groups][HD];
+  if (t == 0) {
+    sm[grp] = m;
+    sl[grp] = l;
   }
 #pragma unroll
-  for (int j = 0; j < 8; ++j)
-    if (j < per_lane) sacc[warp][lane + 32 * j] = acc[j];
+  for (int c = 0; c < S::ch; ++c)
+#pragma unroll
+    for (int e = 0; e < S::vec; ++e) sacc[grp][(c * S::tpr + t) * S::vec + e] = acc[c][e];
   __syncthreads();
   float M = -INFINITY;
-  for (int w = 0; w < k_attn_warps; ++w) M = fmaxf(M, sm[w]);
+  for (int g = 0; g < groups; ++g) M = fmaxf(M, sm[g]);
   float L = 0.f;
-  for (int w = 0; w < k_attn_warps; ++w) L += sm[w] == -INFINITY ? 0.f : sl[w] * __expf(sm[w] - M);
-  float* oh = out + (size_t(seq) * n_heads + h) * hd;
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+  for (int g = 0; g < groups; ++g) L += sm[g] == -INFINITY ? 0.f : sl[g] * __expf(sm[g] - M);
+  float* oh = out + (size_t(seq) * n_heads + h) * HD;
+  for (int d = threadIdx.x; d < HD; d += blockDim.x) {
     float o = 0.f;
-    for (int w = 0; w < k_attn_warps; ++w)
-      if (sm[w] != -INFINITY) o += sacc[w][d] * __expf(sm[w] - M);
+    for (int g = 0; g < groups; ++g)
+      if (sm[g] != -INFINITY) o += sacc[g][d] * __expf(sm[g] - M);
     oh[d] = L > 0.f ? o / L : 0.f;
+  }
+}
+
+template <class T, int HD>
+void launch_attention(const float* q, int n_seqs, int n_heads, const paged_kv& kv, int layer, const int32_t* table,
+                      int max_pages, const int32_t* lens, float* out, cudaStream_t s) {
+  paged_attention_decode_kernel<T, HD><<<dim3(n_heads, n_seqs), 32 * k_attn_warps, 0, s>>>(
+      q, n_heads, static_cast<const T*>(kv.pool), kv.n_layers, kv.n_kv_heads, kv.page_size, layer, table, max_pages,
+      lens, out);
+}
+
+template <class T>
+void launch_attention_hd(const float* q, int n_seqs, int n_heads, const paged_kv& kv, int layer, const int32_t* table,
+                         int max_pages, const int32_t* lens, float* out, cudaStream_t s) {
+  switch (kv.head_dim) {
+#define TANDEM_ATTN_HD(hd) \
+  case hd: return launch_attention<T, hd>(q, n_seqs, n_heads, kv, layer, table, max_pages, lens, out, s);
+    TANDEM_ATTN_HD(32)
+    TANDEM_ATTN_HD(64)
+    TANDEM_ATTN_HD(96)
+    TANDEM_ATTN_HD(128)
+    TANDEM_ATTN_HD(160)
+    TANDEM_ATTN_HD(192)
+    TANDEM_ATTN_HD(224)
+    TANDEM_ATTN_HD(256)
+#undef TANDEM_ATTN_HD
+    default: return;  // checked by the caller
   }
 }
 
@@ -328,15 +433,10 @@ cudaError_t paged_attention_decode(const float* q, int n_seqs, int n_heads, cons
       kv.head_dim > 256 || kv.page_size <= 0 || layer < 0 || layer >= kv.n_layers || max_pages <= 0)
     return cudaErrorInvalidValue;
   if (n_seqs == 0) return cudaSuccess;
-  dim3 grid(n_heads, n_seqs);
   if (kv.f16)
-    paged_attention_decode_kernel<__half><<<grid, 32 * k_attn_warps, 0, s>>>(
-        q, n_heads, static_cast<const __half*>(kv.pool), kv.n_layers, kv.n_kv_heads, kv.head_dim, kv.page_size, layer,
-        page_table, max_pages, seq_lens, out);
+    launch_attention_hd<__half>(q, n_seqs, n_heads, kv, layer, page_table, max_pages, seq_lens, out, s);
   else
-    paged_attention_decode_kernel<float><<<grid, 32 * k_attn_warps, 0, s>>>(
-        q, n_heads, static_cast<const float*>(kv.pool), kv.n_layers, kv.n_kv_heads, kv.head_dim, kv.page_size, layer,
-        page_table, max_pages, seq_lens, out);
+    launch_attention_hd<float>(q, n_seqs, n_heads, kv, layer, page_table, max_pages, seq_lens, out, s);
   return cudaGetLastError();
 }
 

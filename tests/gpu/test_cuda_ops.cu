@@ -190,8 +190,10 @@ static void check_matmul() {
 }
 
 static void check_attention() {
-  // GQA 8 query heads over 4 KV heads, head_dim 64, pages of 16, 2 layers, scattered pages.
-  const int n_layers = 2, n_kv = 4, hd = 64, ps = 16, n_heads = 8, layer = 1;
+  // GQA 8 query heads over 4 KV heads, pages of 16, 2 layers, scattered pages; every head size
+  // class of the kernel's thread layout (a row's 16-byte pieces split over 4 to 32 threads,
+  // 1 to 7 pieces per thread), on an f32 and an f16 cache.
+  const int n_layers = 2, n_kv = 4, ps = 16, n_heads = 8, layer = 1;
   const std::vector<int32_t> lens = {1, 17, 100, 255, 513};
   int max_pages = 0, total = 0;
   for (int l : lens) max_pages = std::max(max_pages, (l + ps - 1) / ps), total += (l + ps - 1) / ps;
@@ -208,28 +210,35 @@ static void check_attention() {
     std::copy(t.begin(), t.end(), flat.begin() + s * max_pages);
     tables.push_back(t);
   }
-  const size_t page_floats = size_t(2) * n_layers * ps * n_kv * hd;
-  const auto pool = randn(page_floats * n_pages, 10);
-  const auto q = randn(lens.size() * n_heads * hd, 11);
-  float *dpool = to_device(pool), *dq = to_device(q), *dout = to_device(std::vector<float>(q.size(), NAN));
   int32_t *dtab = to_device(flat), *dlens = to_device(lens);
-  const gpu::paged_kv kv{dpool, n_layers, n_kv, hd, ps};
-  CHECK(gpu::paged_attention_decode(dq, int(lens.size()), n_heads, kv, layer, dtab, max_pages, dlens, dout, nullptr));
-  std::vector<float> want(q.size());
-  ref::attention_decode(pool, n_pages, n_layers, n_kv, hd, ps, layer, q.data(), n_heads, tables, lens, want.data());
-  expect_close("paged_attention_decode", to_host(dout, q.size()), want, 1e-4f);
-  expect_true("attention rejects head_dim 48",
-              gpu::paged_attention_decode(dq, 1, n_heads, gpu::paged_kv{dpool, n_layers, n_kv, 48, ps}, layer, dtab,
-                                          max_pages, dlens, dout, nullptr) == cudaErrorInvalidValue);
-  // The same cache in f16 (kv_cache_dtype = "f16"): against the CPU kernels on the same halves.
-  const std::vector<uint16_t> pool16 = ref::to_f16(pool);
-  uint16_t* dpool16 = to_device(pool16);
-  CHECK(gpu::paged_attention_decode(dq, int(lens.size()), n_heads, gpu::paged_kv{dpool16, n_layers, n_kv, hd, ps, true},
-                                    layer, dtab, max_pages, dlens, dout, nullptr));
-  ref::attention_decode_f16(pool16, n_pages, n_layers, n_kv, hd, ps, layer, q.data(), n_heads, tables, lens,
-                            want.data());
-  expect_close("paged_attention_decode f16 cache", to_host(dout, q.size()), want, 1e-4f);
-  cudaFree(dpool), cudaFree(dpool16), cudaFree(dq), cudaFree(dout), cudaFree(dtab), cudaFree(dlens);
+  for (int hd : {64, 32, 96, 128, 224, 256}) {
+    const size_t page_floats = size_t(2) * n_layers * ps * n_kv * hd;
+    const auto pool = randn(page_floats * n_pages, 10);
+    const auto q = randn(lens.size() * n_heads * hd, 11);
+    float *dpool = to_device(pool), *dq = to_device(q), *dout = to_device(std::vector<float>(q.size(), NAN));
+    const gpu::paged_kv kv{dpool, n_layers, n_kv, hd, ps};
+    CHECK(gpu::paged_attention_decode(dq, int(lens.size()), n_heads, kv, layer, dtab, max_pages, dlens, dout, nullptr));
+    std::vector<float> want(q.size());
+    ref::attention_decode(pool, n_pages, n_layers, n_kv, hd, ps, layer, q.data(), n_heads, tables, lens, want.data());
+    char name[64];
+    std::snprintf(name, sizeof name, "paged_attention_decode hd %d", hd);
+    expect_close(name, to_host(dout, q.size()), want, 1e-4f);
+    // The same cache in f16 (kv_cache_dtype = "f16"): against the CPU kernels on the same halves.
+    const std::vector<uint16_t> pool16 = ref::to_f16(pool);
+    uint16_t* dpool16 = to_device(pool16);
+    CHECK(gpu::paged_attention_decode(dq, int(lens.size()), n_heads, gpu::paged_kv{dpool16, n_layers, n_kv, hd, ps, true},
+                                      layer, dtab, max_pages, dlens, dout, nullptr));
+    ref::attention_decode_f16(pool16, n_pages, n_layers, n_kv, hd, ps, layer, q.data(), n_heads, tables, lens,
+                              want.data());
+    std::snprintf(name, sizeof name, "paged_attention_decode hd %d f16", hd);
+    expect_close(name, to_host(dout, q.size()), want, 1e-4f);
+    if (hd == 64)
+      expect_true("attention rejects head_dim 48",
+                  gpu::paged_attention_decode(dq, 1, n_heads, gpu::paged_kv{dpool, n_layers, n_kv, 48, ps}, layer, dtab,
+                                              max_pages, dlens, dout, nullptr) == cudaErrorInvalidValue);
+    cudaFree(dpool), cudaFree(dpool16), cudaFree(dq), cudaFree(dout);
+  }
+  cudaFree(dtab), cudaFree(dlens);
 
   // Bandwidth: 32 sequences x 4096 positions, 8 KV heads x 128, 32 query heads, 1 layer
   // (1 GiB of K and V, each byte read once from memory; the 4 query heads of a group share it via L2).
