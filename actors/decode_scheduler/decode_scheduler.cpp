@@ -67,6 +67,9 @@ struct decode_state {
   int64_t page_stalls = 0;
   uint64_t credit_seq = 0;
   int64_t last_credit_key[3] = {-2, -2, -2};
+  /// Some sequence here holds pages it will give back: running, waiting for a slot, or whose
+  /// KV is arriving (a handoff that got pages joins the batch when its transfer lands).
+  bool pages_will_free() const { return !running.empty() || !waiting.empty() || !receiving.empty(); }
   int64_t credits_sent = 0;
   int64_t waiting_high_water = 0;      ///< most sequences ever waiting for a batch slot (seen at a credit)
   uint64_t local_handoffs = 0;         ///< handoffs taken from this node's prefill (no transfer)
@@ -281,8 +284,9 @@ void request_handoff_pages(decode_actor_t* self, dseq d) {
               return;
             }
             // A full pool while sequences here will end and free pages: wait for them instead
-            // of failing (a preempted sequence's recompute lands here while its batch is busy).
-            const bool can_free = !st.running.empty() || !st.waiting.empty();
+            // of failing (a preempted sequence's recompute lands here while its batch is busy,
+            // or while the pages are held by handoffs whose KV is still arriving).
+            const bool can_free = st.pages_will_free();
             if (!why.empty() && exhausted && can_free &&
                 (retry || static_cast<int32_t>(st.page_waiting.size()) < st.opt.lim.max_running_seqs)) {
               if (!q.parked) {
@@ -342,12 +346,12 @@ void on_kv_done(decode_actor_t* self, const wire& w) {
   dseq d = std::move(it->second);
   s.receiving.erase(it);
   d.pages = to_vector(k.getPages());
-  if (d.aborted) {
-    s.free_pages(d.req.id, d.pages);
-    return;
-  }
-  if (!k.getDelivered()) {
-    transfer_failed(self, std::move(d), k.getError().cStr());
+  if (d.aborted || !k.getDelivered()) {
+    // Its pages come back: a parked handoff may fit now (it waited for them).
+    if (d.aborted) s.free_pages(d.req.id, d.pages);
+    else transfer_failed(self, std::move(d), k.getError().cStr());
+    s.page_retry_due = true;
+    pump(self);
     return;
   }
   s.transfers_done += 1;
@@ -647,8 +651,7 @@ void pump_once(decode_actor_t* self) {
   }
   // A parked handoff asks again once a sequence has ended (not on preemptions: pages freed to
   // make room for the batch are not for newcomers), or when nothing is left that could free any.
-  if (!s.page_waiting.empty() && !s.page_retry_in_flight &&
-      (s.page_retry_due || (s.running.empty() && s.waiting.empty()))) {
+  if (!s.page_waiting.empty() && !s.page_retry_in_flight && (s.page_retry_due || !s.pages_will_free())) {
     s.page_retry_due = false;
     s.page_retry_in_flight = true;
     dseq q = std::move(s.page_waiting.front());
