@@ -1412,10 +1412,22 @@ TANDEM_AVX512 inline void with_head_count(int n, F&& f) {
   f(std::integral_constant<int, N>{});
 }
 
+// N heads' 16-float chunks from src (head i at src + i * hd) into registers, and each head's
+// offset in a K or V row: query head h + i reads KV head (h + i) / group.
+template <int NV, int N>
+TANDEM_AVX512 __attribute__((always_inline)) inline void load_heads(const float* src, __m512 (&r)[N][NV],
+                                                                    int h, int group, size_t (&off)[N]) {
+#pragma GCC unroll 8
+  for (int i = 0; i < N; ++i) {
+    off[i] = size_t((h + i) / group) * NV * 16;
+#pragma GCC unroll 8
+    for (int c = 0; c < NV; ++c) r[i][c] = _mm512_loadu_ps(src + size_t(i) * NV * 16 + 16 * c);
+  }
+}
+
 // Scores of N heads for positions [j0, j0 + m) of one page (m <= 16) into A[i][j - j0]:
 // chunk c of each dot product goes to s[c % 2], then s0 + s1 (dot_avx512's order before its
-// hsum16). Head i is query head h + i, of KV head (h + i) / group; `prefetch(j)` is called
-// before row j.
+// hsum16). Head i is query head h + i (see load_heads); `prefetch(j)` is called before row j.
 template <int NV, int N, class T, class Prefetch>
 TANDEM_AVX512 __attribute__((always_inline)) inline void head_scores(const float* q, const T* page,
                                                                      size_t stride, int h, int group,
@@ -1423,13 +1435,8 @@ TANDEM_AVX512 __attribute__((always_inline)) inline void head_scores(const float
                                                                      const Prefetch& prefetch,
                                                                      __m512 (*A)[16]) {
   __m512 qv[N][NV];
-#pragma GCC unroll 8
-  for (int i = 0; i < N; ++i)
-#pragma GCC unroll 8
-    for (int c = 0; c < NV; ++c) qv[i][c] = _mm512_loadu_ps(q + size_t(i) * NV * 16 + 16 * c);
   size_t off[N];
-#pragma GCC unroll 8
-  for (int i = 0; i < N; ++i) off[i] = size_t((h + i) / group) * NV * 16;
+  load_heads<NV, N>(q, qv, h, group, off);
   for (int j = 0; j < m; ++j) {
     const T* row = page + size_t(j0 + j) * stride;
     prefetch(j0 + j);
@@ -1456,13 +1463,8 @@ TANDEM_AVX512 __attribute__((always_inline)) inline void head_values(const float
                                                                      int group, int64_t end,
                                                                      const Prefetch& prefetch, float* acc) {
   __m512 y[N][NV];
-#pragma GCC unroll 8
-  for (int i = 0; i < N; ++i)
-#pragma GCC unroll 8
-    for (int c = 0; c < NV; ++c) y[i][c] = _mm512_loadu_ps(acc + size_t(i) * NV * 16 + 16 * c);
   size_t off[N];
-#pragma GCC unroll 8
-  for (int i = 0; i < N; ++i) off[i] = size_t((h + i) / group) * NV * 16;
+  load_heads<NV, N>(acc, y, h, group, off);
   for (int64_t j = 0; j < end; ++j) {
     const T* row = page + size_t(j) * stride;
     prefetch(j);
@@ -1527,21 +1529,19 @@ TANDEM_AVX512 void attention_heads_avx512(const float* q, int64_t len, int h0, i
     const char* c = reinterpret_cast<const char*>(r);
     for (size_t b = lo; b < hi; b += 64) _mm_prefetch(c + b, _MM_HINT_T0);
   };
-  auto no_prefetch = [](int64_t) {};
   for (int64_t p0 = 0, pg = 0; p0 < len; p0 += ps, ++pg) {
     const T* page = k_base<T>(pool, pages[size_t(pg)], layer);
     const int64_t end = std::min<int64_t>(ps, len - p0);
-    auto fetch = [&](int64_t j) TANDEM_AVX512 { prefetch(page, p0, pg, j, false); };
     for (int hb0 = 0; hb0 < nh; hb0 += HB) {
       const int n = std::min(HB, nh - hb0);
       const float* qb = q + size_t(h0 + hb0) * hd;
+      // The first head block requests the rows for all of them.
+      auto fetch = [&](int64_t j) TANDEM_AVX512 { if (hb0 == 0) prefetch(page, p0, pg, j, false); };
       // Blocks of 16 positions (a page may hold more or fewer).
       for (int64_t j0 = 0; j0 < end; j0 += 16) {
         const int m = int(std::min<int64_t>(16, end - j0));
         with_head_count<HB>(n, [&](auto count) TANDEM_AVX512 {
-          constexpr int N = decltype(count)::value;
-          if (hb0 == 0) head_scores<NV, N>(qb, page, stride, h0 + hb0, group, j0, m, fetch, A);
-          else head_scores<NV, N>(qb, page, stride, h0 + hb0, group, j0, m, no_prefetch, A);
+          head_scores<NV, decltype(count)::value>(qb, page, stride, h0 + hb0, group, j0, m, fetch, A);
         });
         for (int i = 0; i < n; ++i) {
           for (int j = m; j < 16; ++j) A[i][j] = _mm512_setzero_ps();  // dropped below
@@ -1566,15 +1566,13 @@ TANDEM_AVX512 void attention_heads_avx512(const float* q, int64_t len, int h0, i
   for (int64_t p0 = 0, pg = 0; p0 < len; p0 += ps, ++pg) {
     const T* page = k_base<T>(pool, pages[size_t(pg)], layer) + L.layer_elems();  // V sits right after K
     const int64_t end = std::min<int64_t>(ps, len - p0);
-    auto fetch = [&](int64_t j) TANDEM_AVX512 { prefetch(page, p0, pg, j, true); };
     for (int hb0 = 0; hb0 < nh; hb0 += HB) {
       const int n = std::min(HB, nh - hb0);
       const float* w = att + hb0 * att_stride + p0;
       float* y = acc.data() + size_t(hb0) * hd;
+      auto fetch = [&](int64_t j) TANDEM_AVX512 { if (hb0 == 0) prefetch(page, p0, pg, j, true); };
       with_head_count<HB>(n, [&](auto count) TANDEM_AVX512 {
-        constexpr int N = decltype(count)::value;
-        if (hb0 == 0) head_values<NV, N>(w, att_stride, page, stride, h0 + hb0, group, end, fetch, y);
-        else head_values<NV, N>(w, att_stride, page, stride, h0 + hb0, group, end, no_prefetch, y);
+        head_values<NV, decltype(count)::value>(w, att_stride, page, stride, h0 + hb0, group, end, fetch, y);
       });
     }
   }
