@@ -371,9 +371,23 @@ TEST_CASE("cluster(fake): page exhaustion preempts the youngest and keeps output
   l.prefix_cache = false;
   std::vector<completion_request> reqs;
   for (int i = 0; i < 3; ++i) reqs.push_back(make_req("e" + std::to_string(i), prompt_of(6, i), 12));
-  actor_cluster c(std::make_shared<fake_model>(), opts(l));
-  auto out = run_all(c, reqs);  // each needs 5 pages at the end; together 15 > 8
-  for (size_t i = 0; i < reqs.size(); ++i) CHECK(out[i] == expected_greedy(reqs[i].prompt, 12));
+  // The first forward waits until all three are accepted, so they run together however slow
+  // the machine is (an ASan build on a busy CI runner once finished e0 before e2 came in).
+  auto gate = std::make_shared<forward_gate>();
+  gate->pause_at = 0;
+  actor_cluster c(std::make_shared<fake_model>(gate), opts(l));
+  collector first;
+  for (const auto& r : reqs) c.submit(r, first.cb());
+  REQUIRE(gate->wait_paused());
+  REQUIRE(wait_stats(c, [](const stats_info& s) { return s.requests_total == 3; }));
+  gate->release();
+  REQUIRE(first.wait_finished(3));  // each needs 5 pages at the end; together 15 > 8
+  CHECK(first.duplicate_finishes == 0);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    auto last = first.last(reqs[i].request_id);
+    if (last.err) FAIL_CHECK(last.err->what());
+    CHECK(first.tokens(reqs[i].request_id) == expected_greedy(reqs[i].prompt, 12));
+  }
   double preemptions = 0;
   for (auto& s : c.snapshots()) preemptions += s.value("decode_preemptions_total");
   CHECK(preemptions >= 1);

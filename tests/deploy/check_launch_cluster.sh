@@ -34,11 +34,21 @@ leftovers() {
 
 # Six free loopback ports per node (two nodes, one spare per test step).
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# claim_port P: an exclusive flock on the file the e2e tests' free_tcp_port (tests/e2e/ports.h)
+# locks, so a test running beside this script never picks the same port; held until exit.
+claim_port() {
+  local dir=${TMPDIR:-/tmp}/tandem-test-ports fd
+  mkdir -p "$dir" 2>/dev/null || return 0
+  exec {fd}>>"$dir/$1" || return 0
+  flock -n "$fd" && return 0
+  exec {fd}>&-
+  return 1
+}
 base=0
 for _ in $(seq 1 50); do
   b=$((20000 + (RANDOM % 1200) * 10))  # below the ephemeral range (32768+) that clients take ports from
   ok=1
-  for p in $(seq "$b" $((b + 9))); do port_free "$p" || { ok=0; break; }; done
+  for p in $(seq "$b" $((b + 9))); do port_free "$p" && claim_port "$p" || { ok=0; break; }; done
   ((ok)) && { base=$b; break; }
 done
 ((base)) || fail "no 10 free consecutive loopback ports found"

@@ -91,6 +91,7 @@ struct pd_cluster {
     for (auto& n : nodes) spawn(n);
     for (auto& n : nodes) wait_listening(n);
     for (auto& n : nodes) wait_links_up(n);
+    wait_targets_healthy(router());
   }
   node_proc& router() { return nodes[0]; }
   node_proc& prefill() { return nodes[1]; }
@@ -134,6 +135,26 @@ struct pd_cluster {
     };
     const std::string left = down(poll_metrics(n.http, [&](const std::string& m) { return down(m).empty(); }));
     if (!left.empty()) throw std::runtime_error("node " + n.name + " did not reach its peers:\n" + left + file_text(n.log));
+  }
+  /// Waits until the router counts every prefill and decode target healthy. A link lost and
+  /// redialled at start-up is up again before the target's fresh credit reaches the router,
+  /// and until then the router refuses requests with "no healthy prefill target" (seen once on
+  /// a busy machine, 16 ms after the redial).
+  void wait_targets_healthy(node_proc& n) {
+    auto unhealthy = [](const std::string& m) {
+      std::istringstream in(m);
+      std::string line, out;
+      int seen = 0;
+      while (std::getline(in, line)) {
+        if (line.rfind("tandem_router_target_healthy{", 0) != 0) continue;
+        ++seen;
+        if (line.substr(line.rfind(' ') + 1) != "1") out += line + "\n";
+      }
+      return seen < 2 ? "fewer than 2 targets listed\n" + out : out;
+    };
+    const std::string left = unhealthy(poll_metrics(n.http, [&](const std::string& m) { return unhealthy(m).empty(); }));
+    if (!left.empty())
+      throw std::runtime_error("router " + n.name + " did not count its targets healthy:\n" + left + file_text(n.log));
   }
   void wait_listening(node_proc& n) {
     int seen = 0;
