@@ -611,7 +611,7 @@ TANDEM_AVX512 __attribute__((always_inline)) inline void fma_step16(__m512 (&acc
   }
 }
 
-template <ggml_type T, int R, int B>
+template <ggml_type T, int R, int B, bool Fetch = true>
 TANDEM_AVX512 void tile_avx512(const uint8_t* const* rows, int64_t k, const float* x, float* y, int64_t n,
                                int64_t r0, int64_t b0) {
   const int64_t k16 = k & ~int64_t(15);
@@ -646,12 +646,14 @@ TANDEM_AVX512 void tile_avx512(const uint8_t* const* rows, int64_t k, const floa
         fma_step16<R, B>(acc, wv, xs, i + j);
       }
     }
-  } else if constexpr (R > 1 && (B == 1 || R <= 4)) {
-    // The tile's rows are consecutive and the next tile (batch 1: from memory; a larger
-    // batch: from L2) takes the next R rows, which start `R * row bytes` further on; fetch
-    // them one tile ahead, one 64-byte line per row per step (a 16-wide step reads at most
-    // 64 bytes of a row). Measured single-threaded on f16: 4 x 6 tiles gain a few percent
-    // from it, 6 x 4 tiles (k > 1280) lose 10-20% (12 streams in flight instead of 6).
+  } else if constexpr (R > 1 && Fetch && (B == 1 || R <= 4)) {
+    // The tile's rows are consecutive and the next tile takes the next R rows, which start
+    // `R * row bytes` further on; fetch them one tile ahead, one 64-byte line per row per
+    // step (a 16-wide step reads at most 64 bytes of a row). Only where they come from
+    // memory: at batch 1, and in the first activation tile of each gemm_blocks block (the
+    // later ones find the block in L2). Measured on f16, side by side: at batch 32 (6 tiles
+    // a block) dropping it cost 14%; at batch 480 fetching in every tile cost 2-5% at k = 768
+    // (10% at k = 2048 with activations not cache-line aligned).
     const int64_t ahead = (rows[1] - rows[0]) * R;
     constexpr int64_t elem = T == ggml_type::f32 ? 4 : 2;
     for (int64_t i = 0; i < k16; i += 16) {
@@ -707,12 +709,12 @@ TANDEM_AVX512 void tile_avx512(const uint8_t* const* rows, int64_t k, const floa
 }
 
 // Weight rows x `count` (< C) activation rows.
-template <ggml_type T, int R, int C>
+template <ggml_type T, int R, int C, bool Fetch>
 TANDEM_AVX512 void tile_avx512_rest(const uint8_t* const* rows, int64_t k, const float* x, float* y, int64_t n,
                                     int64_t r0, int64_t b0, int64_t count) {
   if constexpr (C > 1) {
-    if (count == C - 1) return tile_avx512<T, R, C - 1>(rows, k, x, y, n, r0, b0);
-    return tile_avx512_rest<T, R, C - 1>(rows, k, x, y, n, r0, b0, count);
+    if (count == C - 1) return tile_avx512<T, R, C - 1, Fetch>(rows, k, x, y, n, r0, b0);
+    return tile_avx512_rest<T, R, C - 1, Fetch>(rows, k, x, y, n, r0, b0, count);
   }
 }
 
@@ -736,10 +738,15 @@ void rows_avx512(const tensor_view& w, const float* x, int64_t batch, float* y, 
     }
   } else {
     auto tile = [&](const uint8_t* const* rows, int64_t rr, int64_t b, int64_t cnt) {
-      if (cnt == 6)
-        tile_avx512<T, 4, 6>(rows, k, x, y, n, rr, b);
+      // b == 0: the block's first activation tile, which reads the weights from memory.
+      if (cnt == 6 && b == 0)
+        tile_avx512<T, 4, 6, true>(rows, k, x, y, n, rr, b);
+      else if (cnt == 6)
+        tile_avx512<T, 4, 6, false>(rows, k, x, y, n, rr, b);
+      else if (b == 0)
+        tile_avx512_rest<T, 4, 6, true>(rows, k, x, y, n, rr, b, cnt);
       else
-        tile_avx512_rest<T, 4, 6>(rows, k, x, y, n, rr, b, cnt);
+        tile_avx512_rest<T, 4, 6, false>(rows, k, x, y, n, rr, b, cnt);
     };
     r = gemm_blocks<4, 6>(w, batch, r0, r1, 512 << 10, tile);
   }
