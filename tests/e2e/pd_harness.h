@@ -125,36 +125,30 @@ struct pd_cluster {
   /// Waits until `n` reaches every peer. Nodes that dial each other at the same moment can
   /// lose the link both opened (the node redials it within redial_first_ms); a test that
   /// starts in that window sees its first requests refused as "not reachable".
-  void wait_links_up(node_proc& n) {
-    auto down = [](const std::string& m) {
-      std::istringstream in(m);
-      std::string line, out;
-      while (std::getline(in, line))
-        if (line.rfind("tandem_remote_node_up{", 0) == 0 && line.substr(line.rfind(' ') + 1) != "1") out += line + "\n";
-      return out;
-    };
-    const std::string left = down(poll_metrics(n.http, [&](const std::string& m) { return down(m).empty(); }));
-    if (!left.empty()) throw std::runtime_error("node " + n.name + " did not reach its peers:\n" + left + file_text(n.log));
-  }
+  void wait_links_up(node_proc& n) { wait_all_one(n, "tandem_remote_node_up{", 2, "did not reach its peers"); }
   /// Waits until the router counts every prefill and decode target healthy. A link lost and
   /// redialled at start-up is up again before the target's fresh credit reaches the router,
   /// and until then the router refuses requests with "no healthy prefill target" (seen once on
   /// a busy machine, 16 ms after the redial).
   void wait_targets_healthy(node_proc& n) {
-    auto unhealthy = [](const std::string& m) {
+    wait_all_one(n, "tandem_router_target_healthy{", 2, "did not count its targets healthy");
+  }
+  /// Polls n's /metrics until at least `min_series` series start with `prefix` and each is 1;
+  /// throws with the ones that are not and n's log when the poll's deadline passes.
+  static void wait_all_one(node_proc& n, const std::string& prefix, int min_series, const std::string& what) {
+    auto not_one = [&](const std::string& m) {
       std::istringstream in(m);
       std::string line, out;
       int seen = 0;
       while (std::getline(in, line)) {
-        if (line.rfind("tandem_router_target_healthy{", 0) != 0) continue;
+        if (line.rfind(prefix, 0) != 0) continue;
         ++seen;
         if (line.substr(line.rfind(' ') + 1) != "1") out += line + "\n";
       }
-      return seen < 2 ? "fewer than 2 targets listed\n" + out : out;
+      return seen < min_series ? "fewer than " + std::to_string(min_series) + " series " + prefix + "...}\n" + out : out;
     };
-    const std::string left = unhealthy(poll_metrics(n.http, [&](const std::string& m) { return unhealthy(m).empty(); }));
-    if (!left.empty())
-      throw std::runtime_error("router " + n.name + " did not count its targets healthy:\n" + left + file_text(n.log));
+    const std::string left = not_one(poll_metrics(n.http, [&](const std::string& m) { return not_one(m).empty(); }));
+    if (!left.empty()) throw std::runtime_error("node " + n.name + " " + what + ":\n" + left + file_text(n.log));
   }
   void wait_listening(node_proc& n) {
     int seen = 0;

@@ -42,9 +42,10 @@ inline bool claim_port(uint16_t port) {
 }
 
 /// A TCP port that was free a moment ago (the config needs fixed ports; ports of one test
-/// are distinct, and no other test process that uses this header gets it). Chosen below the kernel's
-/// ephemeral range: a port bind(0) hands out there can be taken, before the node listens on it, as the source
-/// port of some outgoing connection (the parallel suite opens thousands), and the node then fails to start.
+/// are distinct, and no other test process that uses this header gets it: claim_port).
+/// Chosen below the kernel's ephemeral range: a port bind(0) hands out there can be taken,
+/// before the node listens on it, as the source port of some outgoing connection (the
+/// parallel suite opens thousands), and the node then fails to start.
 inline uint16_t free_tcp_port(std::set<uint16_t>& taken) {
   int lo = 32768, hi = 60999;
   if (std::ifstream r("/proc/sys/net/ipv4/ip_local_port_range"); r) r >> lo >> hi;
