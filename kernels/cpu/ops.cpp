@@ -534,7 +534,7 @@ int64_t gemm_blocks(const tensor_view& w, int64_t batch, int64_t r0, int64_t r1,
     // them in L1, so the pass that streams the block from memory does twice the arithmetic
     // per byte (alone, a first tile took twice as long as each later one: bound by memory
     // while the rest are not). Measured at batch 8 (f16, k = 768: 24 KiB of activations),
-    // +10-15%; at batch 32 (36 KiB) and in prefill it was slower.
+    // +3-12%; at batch 32 (36 KiB) it was slower.
     const bool pair = tiles >= 2 && (count_of(0) + count_of(1)) * w.cols() * int64_t(sizeof(float)) <= (24 << 10);
     const int64_t first = pair ? 2 : 1;
     for (int64_t r = rb0; r < rb1; r += R) {
