@@ -111,8 +111,8 @@ TANDEM_AMX inline void pieces16(__m512 x, __m512i& h, __m512i& m, __m512i& l) {
 
 // bf16 bits (32 lanes: a's 16, then b's) widened back to f32.
 TANDEM_AMX inline void widen_bf16x32(__m512i p, __m512& a, __m512& b) {
-  a = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(p)), 16));
-  b = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(p, 1)), 16));
+  a = bf16_as_f32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(p)));
+  b = bf16_as_f32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(p, 1)));
 }
 
 // The 32 activations of a column block (a: the first 16, b: the rest) split into their three

@@ -249,16 +249,18 @@ uint16_t fp32_to_fp16(float f) {
 }
 
 namespace {
+constexpr float fp16_max = 65504.0f;  // the largest finite half
+
 // fp32_to_fp16_row's bits: VCVTPS2PH rounds to nearest even and makes half subnormals as
 // fp32_to_fp16 does (MXCSR's flush-to-zero does not apply); finite values beyond the half
 // range are clamped to +-65504 first (max(-c, x) and min(c, .) return x when it is NaN).
 __attribute__((target("avx,f16c"))) int64_t fp16_row_f16c(const float* in, uint16_t* out, int64_t n) {
-  const __m256 c = _mm256_set1_ps(65504.0f), inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
+  const __m256 c = _mm256_set1_ps(fp16_max), inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 x = _mm256_loadu_ps(in + i);
-    const __m256 clamped = _mm256_min_ps(c, _mm256_max_ps(_mm256_sub_ps(_mm256_setzero_ps(), c), x));
+    const __m256 clamped = _mm256_min_ps(c, _mm256_max_ps(_mm256_set1_ps(-fp16_max), x));
     const __m256 is_inf = _mm256_cmp_ps(_mm256_and_ps(x, abs_mask), inf, _CMP_EQ_OQ);
     const __m256 v = _mm256_blendv_ps(clamped, x, is_inf);
     const __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -271,7 +273,7 @@ __attribute__((target("avx,f16c"))) int64_t fp16_row_f16c(const float* in, uint1
 void fp32_to_fp16_row(const float* in, uint16_t* out, int64_t n) {
   int64_t i = has_f16c() ? fp16_row_f16c(in, out, n) : 0;
   for (; i < n; ++i)
-    out[i] = fp32_to_fp16(std::isfinite(in[i]) ? std::clamp(in[i], -65504.0f, 65504.0f) : in[i]);
+    out[i] = fp32_to_fp16(std::isfinite(in[i]) ? std::clamp(in[i], -fp16_max, fp16_max) : in[i]);
 }
 
 uint16_t fp32_to_bf16(float f) {
@@ -526,33 +528,26 @@ int64_t gemm_blocks(const tensor_view& w, int64_t batch, int64_t r0, int64_t r1,
   // Tiles of nearly equal width (8 = 4 + 4, 32 = 6 + 6 + 5 + 5 + 5 + 5): a narrow
   // remainder tile would reload its weight rows for only a few FMAs.
   const int64_t tiles = (batch + B - 1) / B, width = batch / tiles, extra = batch % tiles;
-  auto count_of = [&](int64_t t) { return width + (t < extra ? 1 : 0); };  // the first `extra` are one wider
+  auto start_of = [&](int64_t t) { return t * width + std::min(t, extra); };  // the first `extra` are one wider
+  auto run = [&](int64_t r, int64_t t) {
+    const uint8_t* rows[R];
+    for (int i = 0; i < R; ++i) rows[i] = w.row(r + i);
+    tile(rows, r, start_of(t), start_of(t + 1) - start_of(t));
+  };
+  // Where both fit in L1 with room to spare, the first two activation tiles meet each row
+  // group back to back: the first reads the group's weights from memory, the second finds
+  // them in L1, so the pass that streams the block from memory does twice the arithmetic
+  // per byte (alone, a first tile took twice as long as each later one: bound by memory
+  // while the rest are not). Measured at batch 8 (f16, k = 768: 24 KiB of activations),
+  // +3-12%; at batch 32 (36 KiB) it was slower.
+  const bool pair = tiles >= 2 && start_of(2) * w.cols() * int64_t(sizeof(float)) <= (24 << 10);
+  const int64_t first = pair ? 2 : 1;
   for (int64_t rb0 = r0; rb0 < rR; rb0 += block) {
     const int64_t rb1 = std::min(rR, rb0 + block);
-    // Where both fit in L1 with room to spare, the first two activation tiles meet each row
-    // group back to back: the first reads the group's weights from memory, the second finds
-    // them in L1, so the pass that streams the block from memory does twice the arithmetic
-    // per byte (alone, a first tile took twice as long as each later one: bound by memory
-    // while the rest are not). Measured at batch 8 (f16, k = 768: 24 KiB of activations),
-    // +3-12%; at batch 32 (36 KiB) it was slower.
-    const bool pair = tiles >= 2 && (count_of(0) + count_of(1)) * w.cols() * int64_t(sizeof(float)) <= (24 << 10);
-    const int64_t first = pair ? 2 : 1;
-    for (int64_t r = rb0; r < rb1; r += R) {
-      const uint8_t* rows[R];
-      for (int i = 0; i < R; ++i) rows[i] = w.row(r + i);
-      for (int64_t t = 0, b = 0; t < first; b += count_of(t), ++t) tile(rows, r, b, count_of(t));
-    }
-    int64_t b = 0;
-    for (int64_t t = 0; t < first; ++t) b += count_of(t);
-    for (int64_t t = first; t < tiles; ++t) {
-      const int64_t count = count_of(t);
-      for (int64_t r = rb0; r < rb1; r += R) {
-        const uint8_t* rows[R];
-        for (int i = 0; i < R; ++i) rows[i] = w.row(r + i);
-        tile(rows, r, b, count);
-      }
-      b += count;
-    }
+    for (int64_t r = rb0; r < rb1; r += R)
+      for (int64_t t = 0; t < first; ++t) run(r, t);
+    for (int64_t t = first; t < tiles; ++t)
+      for (int64_t r = rb0; r < rb1; r += R) run(r, t);
   }
   return rR;
 }
