@@ -17,6 +17,12 @@ jobs=$(nproc)
 if [[ -f tests/e2e/openai/package-lock.json && ! -d tests/e2e/openai/node_modules ]]; then
   (cd tests/e2e/openai && npm ci --no-audit --no-fund --loglevel=error)
 fi
+# llama.cpp as the reference implementation (tests/reference): node-llama-cpp's prebuilt CPU
+# binary only (--omit=optional leaves out the GPU packages; its postinstall is skipped, so
+# nothing is downloaded or compiled). About 85 MB, 10-20 s.
+if [[ -f tests/reference/llama_cpp/package-lock.json && ! -d tests/reference/llama_cpp/node_modules ]]; then
+  (cd tests/reference/llama_cpp && npm ci --omit=optional --no-audit --no-fund --loglevel=error)
+fi
 
 cmake --preset dev >/dev/null
 cmake --build --preset dev -j "$jobs"

@@ -6,7 +6,7 @@
 #include <span>
 #include <vector>
 
-#include "actors/common/error.h"
+#include "kernels/base/error.h"
 
 namespace tandem {
 

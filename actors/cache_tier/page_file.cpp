@@ -10,7 +10,7 @@
 #include <fstream>
 #include <system_error>
 
-#include "actors/common/error.h"
+#include "kernels/base/error.h"
 
 namespace tandem {
 

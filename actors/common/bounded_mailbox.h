@@ -14,7 +14,7 @@
 #include <memory>
 #include <string>
 
-#include "actors/common/error.h"
+#include "kernels/base/error.h"
 
 namespace tandem {
 

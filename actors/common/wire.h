@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/common/error.h"
+#include "kernels/base/error.h"
 #include "schemas/internal.capnp.h"
 
 namespace tandem {

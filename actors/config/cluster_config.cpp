@@ -21,6 +21,7 @@
 #include "kernels/cpu/amx.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/gguf/gguf.h"
+#include "kernels/model/arch/registry.h"
 #include "kernels/model/kv_pool.h"
 
 namespace tandem {
@@ -378,37 +379,22 @@ std::string host_key(const std::string& h) { return is_local_host(h) ? std::stri
 
 struct model_kv {
   bool known = false;
-  int32_t n_layers = 0, n_kv_heads = 0, head_dim = 0, n_ctx = 0;
+  model_config config;  ///< what the architecture module read (shapes the KV layout)
+  int32_t n_ctx = 0;
   /// Bytes of the copy `kernels = "amx"` makes of the f16/bf16 matmul weights (padded to
   /// whole 16 x 32 tiles, as amx_pack does).
   uint64_t amx_copy_bytes = 0;
   kv_dtype dtype = kv_dtype::f32;  ///< [model] kv_cache_dtype
-  kv_layout layout(int32_t page_size) const {
-    kv_layout l;
-    l.n_layers = n_layers;
-    l.n_kv_heads = n_kv_heads;
-    l.head_dim = head_dim;
-    l.page_size = page_size;
-    l.dtype = dtype;
-    return l;
-  }
+  kv_layout layout(int32_t page_size) const { return model_kv_layout(config, page_size, dtype); }
 };
 
-/// The KV shape from GGUF metadata alone (the same keys llama_model::load reads), without
-/// touching the weights.
+/// The KV shape from GGUF metadata alone, read by the same architecture module the loader
+/// uses (kernels/model/arch), without touching the weights.
 model_kv read_model_kv(const std::string& path) {
   auto f = gguf::file::open(path);
   model_kv m;
-  if (const auto* arch = f.find("general.architecture"); arch && arch->as_string() != "llama")
-    throw tandem::error(fmt::format("architecture '{}' is not supported; only 'llama' is", arch->as_string()));
-  int32_t n_embd = int32_t(f.get_u32("llama.embedding_length"));
-  int32_t n_head = int32_t(f.get_u32("llama.attention.head_count"));
-  m.n_layers = int32_t(f.get_u32("llama.block_count"));
-  m.n_kv_heads = int32_t(f.get_u64_or("llama.attention.head_count_kv", uint64_t(n_head)));
-  m.n_ctx = int32_t(f.get_u32("llama.context_length"));
-  if (n_head <= 0 || n_embd % n_head != 0)
-    throw tandem::error(fmt::format("llama.embedding_length {} is not a multiple of head_count {}", n_embd, n_head));
-  m.head_dim = n_embd / n_head;
+  m.config = arch::read_config(f);
+  m.n_ctx = m.config.n_ctx;
   // The matmul weights: every 2-D tensor but the embedding table, which is a matmul only as
   // the tied output (no output.weight).
   const bool tied = f.find_tensor("output.weight") == nullptr;
@@ -772,8 +758,10 @@ config_check check_cluster_config(const std::string& text, const std::string& so
     try {
       kv = read_model_kv(cfg.model_path);
       parse_kv_dtype(cfg.kv_cache_dtype, kv.dtype);  // checked above: f32 or f16
+      (void)kv.layout(16);  // a cache type the architecture cannot hold (f16 for MLA) fails here
     } catch (const std::exception& e) {
-      out.errors.push_back(fmt::format("{}:{}:{}: model.path = \"{}\": is not a usable Llama GGUF file ({}); point it at a "
+      kv = model_kv{};
+      out.errors.push_back(fmt::format("{}:{}:{}: model.path = \"{}\": is not a usable GGUF model ({}); point it at a "
                                        "model written by llama.cpp or `tandem make-model`",
                                        source_name, model_path_pos.line, model_path_pos.column, cfg.model_path, e.what()));
     }

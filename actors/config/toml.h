@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "actors/common/error.h"
+#include "kernels/base/error.h"
 
 namespace tandem::toml {
 

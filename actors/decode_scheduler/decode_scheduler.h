@@ -13,7 +13,7 @@
 #include <memory>
 
 #include "actors/common/bounded_mailbox.h"
-#include "actors/common/clock.h"
+#include "kernels/base/clock.h"
 #include "actors/prefill_scheduler/prefill_scheduler.h"
 
 namespace tandem {

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "actors/common/bounded_mailbox.h"
-#include "actors/common/clock.h"
+#include "kernels/base/clock.h"
 #include "actors/common/limits.h"
 #include "actors/common/request.h"
 #include "kernels/model/kv_pool.h"

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "actors/common/bounded_mailbox.h"
-#include "actors/common/clock.h"
+#include "kernels/base/clock.h"
 #include "actors/common/limits.h"
 #include "actors/common/request.h"
 #include "actors/router/router_policy.h"

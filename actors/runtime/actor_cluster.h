@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "actors/common/cache_config.h"
-#include "actors/common/clock.h"
+#include "kernels/base/clock.h"
 #include "actors/common/limits.h"
 #include "actors/common/metrics.h"
 #include "actors/runtime/remote_link.h"

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "actors/common/bounded_mailbox.h"
-#include "actors/common/error.h"
+#include "kernels/base/error.h"
 #include "actors/common/wire.h"
 
 namespace tandem {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/common/error.h"
+#include "kernels/base/error.h"
 #include "kernels/model/sampler.h"
 
 namespace tandem {

@@ -14,7 +14,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "actors/common/clock.h"
+#include "kernels/base/clock.h"
 
 namespace tandem {
 

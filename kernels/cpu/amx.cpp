@@ -12,7 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "actors/common/error.h"
+#include "kernels/base/error.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/cpu/thread_pool.h"

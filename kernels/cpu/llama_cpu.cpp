@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "actors/common/error.h"
+#include "kernels/base/error.h"
 #include "kernels/cpu/aligned_vector.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/thread_pool.h"
@@ -17,13 +17,14 @@ namespace {
 void check_shape(const tensor_view& t, const std::string& name, int64_t cols, int64_t rows) {
   if (t.data == nullptr) throw tandem::error(fmt::format("model tensor {} is missing", name));
   if (!is_supported(t.type))
-    throw tandem::error(fmt::format("model tensor {} has type {}; supported are f32, f16, bf16, q8_0", name,
-                                    to_string(t.type)));
+    throw tandem::error(fmt::format("model tensor {} has type {}; supported are {}", name, to_string(t.type),
+                                    supported_types_list));
   if (t.cols() != cols || t.rows() != rows)
     throw tandem::error(fmt::format("model tensor {} is {}x{} (cols x rows), expected {}x{}", name, t.cols(),
                                     t.rows(), cols, rows));
-  if (t.type == ggml_type::q8_0 && cols % q8_0_block != 0)
-    throw tandem::error(fmt::format("model tensor {} is q8_0 with {} columns, not a multiple of 32", name, cols));
+  if (cols % block_elems(t.type) != 0)
+    throw tandem::error(fmt::format("model tensor {} is {} with {} columns, not a multiple of its block of {}", name,
+                                    to_string(t.type), cols, block_elems(t.type)));
   if (t.nbytes != 0 && t.nbytes < row_bytes(t.type, cols) * size_t(rows))
     throw tandem::error(fmt::format("model tensor {} holds {} bytes, needs {}", name, t.nbytes,
                                     row_bytes(t.type, cols) * size_t(rows)));
@@ -33,6 +34,22 @@ std::vector<float> to_f32(const tensor_view& t) {
   std::vector<float> out(size_t(t.cols()));
   cpu::dequantize_row(t.type, t.row(0), out.data(), t.cols());
   return out;
+}
+
+/// A vector weight the architecture may leave out (bias, per-head norm, rope factors): its
+/// values as f32, or empty when absent; a present one must have `n` elements.
+std::vector<float> optional_vector(const tensor_view& t, const std::string& name, int64_t n) {
+  if (t.data == nullptr) return {};
+  check_shape(t, name, n, 1);
+  return to_f32(t);
+}
+
+/// y[r][i] += b[i] for rows of n (no-op when b is empty). Elementwise, so any batch gives the
+/// same bits.
+void add_bias(float* y, const std::vector<float>& b, int64_t rows, int64_t n) {
+  if (b.empty()) return;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < n; ++i) y[r * n + i] += b[size_t(i)];
 }
 
 class cpu_llama final : public llama_model {
@@ -47,6 +64,13 @@ class cpu_llama final : public llama_model {
       throw tandem::error(fmt::format(
           "invalid model config: n_embd={} n_layer={} n_head={} n_head_kv={} n_ff={} n_vocab={} head_dim={}",
           c.n_embd, c.n_layer, c.n_head, c.n_head_kv, c.n_ff, c.n_vocab, c.head_dim));
+    if (c.sliding_window < 0 || c.swa_pattern < 0 || !(c.attn_softcap >= 0.0f) || !(c.final_softcap >= 0.0f) ||
+        !(c.attn_scale >= 0.0f) || !std::isfinite(c.attn_softcap + c.final_softcap + c.attn_scale))
+      throw tandem::error(fmt::format("invalid model config: sliding_window={} swa_pattern={} attn_softcap={} "
+                                      "final_softcap={} attn_scale={}",
+                                      c.sliding_window, c.swa_pattern, c.attn_softcap, c.final_softcap, c.attn_scale));
+    if (c.kv_lora_rank > 0 || c.n_expert > 0)
+      throw tandem::error("the dense forward pass has no latent attention or experts; this config needs an MLA/MoE model");
     if (int32_t(w_.layers.size()) != c.n_layer)
       throw tandem::error(fmt::format("model has {} layers of weights but n_layer={}", w_.layers.size(), c.n_layer));
     const int64_t e = c.n_embd, qd = int64_t(c.n_head) * c.head_dim, kd = int64_t(c.n_head_kv) * c.head_dim;
@@ -69,6 +93,25 @@ class cpu_llama final : public llama_model {
       check_shape(L.ffn_down, n("ffn_down"), c.n_ff, e);
       attn_norm_.push_back(to_f32(L.attn_norm));
       ffn_norm_.push_back(to_f32(L.ffn_norm));
+      extras_.push_back(layer_extras{
+          .q_bias = optional_vector(L.attn_q_bias, fmt::format("blk.{}.attn_q.bias", l), qd),
+          .k_bias = optional_vector(L.attn_k_bias, fmt::format("blk.{}.attn_k.bias", l), kd),
+          .v_bias = optional_vector(L.attn_v_bias, fmt::format("blk.{}.attn_v.bias", l), kd),
+          .q_norm = optional_vector(L.attn_q_norm, n("attn_q_norm"), c.head_dim),
+          .k_norm = optional_vector(L.attn_k_norm, n("attn_k_norm"), c.head_dim),
+          .attn_post_norm = optional_vector(L.attn_post_norm, n("post_attention_norm"), e),
+          .ffn_post_norm = optional_vector(L.ffn_post_norm, n("post_ffw_norm"), e)});
+      // A half-present pair would silently run a different model.
+      if (extras_.back().q_norm.empty() != extras_.back().k_norm.empty())
+        throw tandem::error(fmt::format("model layer {} has only one of attn_q_norm / attn_k_norm; both or neither",
+                                        l));
+    }
+    rope_freqs_ = optional_vector(w_.rope_freqs, "rope_freqs.weight", c.head_dim / 2);
+    if (!(c.rope_freq_scale > 0.0f && std::isfinite(c.rope_freq_scale)))
+      throw tandem::error(fmt::format("invalid rope frequency scale {}", c.rope_freq_scale));
+    if (c.rope_freq_scale != 1.0f) {  // linear scaling folded into the per-pair divisors
+      rope_freqs_.resize(size_t(c.head_dim / 2), 1.0f);
+      for (float& f : rope_freqs_) f /= c.rope_freq_scale;
     }
     // Every matmul weight prepared once for the kernel path (on amx: copied into the tile
     // layout, which adds the model's f16/bf16 weight bytes in memory).
@@ -87,10 +130,7 @@ class cpu_llama final : public llama_model {
 
   const model_config& config() const override { return w_.config; }
 
-  kv_layout layout(int32_t page_size) const override {
-    return kv_layout{.n_layers = w_.config.n_layer, .n_kv_heads = w_.config.n_head_kv,
-                     .head_dim = w_.config.head_dim, .page_size = page_size, .dtype = opt_.kv};
-  }
+  kv_layout layout(int32_t page_size) const override { return model_kv_layout(w_.config, page_size, opt_.kv); }
 
   void forward(std::span<const batch_seq> batch, kv_pool& pool, std::vector<float>& logits) override;
 
@@ -101,6 +141,12 @@ class cpu_llama final : public llama_model {
   cpu::thread_pool pool_;
   std::vector<float> output_norm_;
   std::vector<std::vector<float>> attn_norm_, ffn_norm_;
+  struct layer_extras {
+    std::vector<float> q_bias, k_bias, v_bias, q_norm, k_norm;  ///< empty when absent
+    std::vector<float> attn_post_norm, ffn_post_norm;          ///< empty when absent
+  };
+  std::vector<layer_extras> extras_;
+  std::vector<float> rope_freqs_;  ///< empty: no frequency factors
   // Scratch reused across calls (one model serves one executor thread).
   // Activations start on a cache line: the matmuls read their rows 64 bytes at a time.
   cpu::aligned_vector<float> x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_;
@@ -168,7 +214,13 @@ void cpu_llama::forward(std::span<const batch_seq> batch, kv_pool& pool, std::ve
   gate_.resize(size_t(T * c.n_ff));
   up_.resize(size_t(T * c.n_ff));
   cpu::get_rows(w_.token_embd, tok_, x_.data());
-  rope_.build(pos_.data(), T, int(hd), c.rope_freq_base);  // the same angles for every layer
+  if (c.scale_embeddings) {
+    const float s = std::sqrt(float(e));
+    for (float& v : x_) v *= s;
+  }
+  // The same angles for every layer.
+  rope_.build(pos_.data(), T, int(hd), c.rope_freq_base, c.rope == rope_kind::neox,
+              rope_freqs_.empty() ? nullptr : rope_freqs_.data());
 
   for (int32_t l = 0; l < c.n_layer; ++l) {
     const packed_layer& W = packed_[size_t(l)];
@@ -177,8 +229,20 @@ void cpu_llama::forward(std::span<const batch_seq> batch, kv_pool& pool, std::ve
     const cpu::packed_weight* qkv_w[] = {&W.attn_q, &W.attn_k, &W.attn_v};
     float* const qkv_y[] = {q_.data(), k_.data(), v_.data()};
     cpu::matmul_many(qkv_w, xn_.data(), T, qkv_y, mm_scratch_, &pool_);
+    const layer_extras& X = extras_[size_t(l)];
+    add_bias(q_.data(), X.q_bias, T, qd);
+    add_bias(k_.data(), X.k_bias, T, kd);
+    add_bias(v_.data(), X.v_bias, T, kd);
+    if (!X.q_norm.empty()) {  // per-head RMSNorm: rows of head_dim
+      cpu::rms_norm(q_.data(), X.q_norm.data(), q_.data(), T * c.n_head, hd, c.rms_eps, &pool_);
+      cpu::rms_norm(k_.data(), X.k_norm.data(), k_.data(), T * c.n_head_kv, hd, c.rms_eps, &pool_);
+    }
     cpu::rope(q_.data(), rope_, c.n_head, &pool_);
     cpu::rope(k_.data(), rope_, c.n_head_kv, &pool_);
+    // Gemma 2 scales q itself (as llama.cpp does: with soft-capping the rounding of q * scale
+    // versus (q.k) * scale shows); the kernel then multiplies by 1.
+    if (c.attn_scale > 0.0f)
+      for (int64_t i = 0; i < T * qd; ++i) q_[size_t(i)] *= c.attn_scale;
     int64_t t0 = 0;
     attn_.clear();
     for (const batch_seq& b : batch) {
@@ -207,16 +271,26 @@ void cpu_llama::forward(std::span<const batch_seq> batch, kv_pool& pool, std::ve
       t0 += n;
     }
     // Every sequence's attention in one fork-join (decode batches are many short rows).
-    cpu::paged_attention_batch(attn_, c.n_head, pool, l, &pool_, isa_);
+    const cpu::attention_params ap{.scale = c.attn_scale > 0.0f ? 1.0f : 0.0f,
+                                   .softcap = c.attn_softcap,
+                                   .window = c.is_swa_layer(l) ? c.sliding_window : 0};
+    cpu::paged_attention_batch(attn_, c.n_head, pool, l, &pool_, isa_, ap);
     cpu::matmul(W.attn_output, att_.data(), T, tmp_.data(), mm_scratch_, &pool_);
+    if (!X.attn_post_norm.empty())
+      cpu::rms_norm(tmp_.data(), X.attn_post_norm.data(), tmp_.data(), T, e, c.rms_eps, &pool_);
     cpu::add_inplace(x_.data(), tmp_.data(), T * e, &pool_);
 
     cpu::rms_norm(x_.data(), ffn_norm_[size_t(l)].data(), xn_.data(), T, e, c.rms_eps, &pool_);
     const cpu::packed_weight* gate_up_w[] = {&W.ffn_gate, &W.ffn_up};
     float* const gate_up_y[] = {gate_.data(), up_.data()};
     cpu::matmul_many(gate_up_w, xn_.data(), T, gate_up_y, mm_scratch_, &pool_);
-    cpu::swiglu(gate_.data(), up_.data(), gate_.data(), size_t(T * c.n_ff), &pool_, isa_);
+    if (c.ffn == ffn_kind::gelu)
+      cpu::geglu(gate_.data(), up_.data(), gate_.data(), size_t(T * c.n_ff), &pool_);
+    else
+      cpu::swiglu(gate_.data(), up_.data(), gate_.data(), size_t(T * c.n_ff), &pool_, isa_);
     cpu::matmul(W.ffn_down, gate_.data(), T, tmp_.data(), mm_scratch_, &pool_);
+    if (!X.ffn_post_norm.empty())
+      cpu::rms_norm(tmp_.data(), X.ffn_post_norm.data(), tmp_.data(), T, e, c.rms_eps, &pool_);
     cpu::add_inplace(x_.data(), tmp_.data(), T * e, &pool_);
   }
 
@@ -232,6 +306,7 @@ void cpu_llama::forward(std::span<const batch_seq> batch, kv_pool& pool, std::ve
   }
   cpu::rms_norm(xn_.data(), output_norm_.data(), xn_.data(), r, e, c.rms_eps);
   cpu::matmul(output_, xn_.data(), r, logits.data(), mm_scratch_, &pool_);
+  if (c.final_softcap > 0.0f) cpu::softcap(logits.data(), logits.size(), c.final_softcap);
 }
 
 }  // namespace

@@ -14,11 +14,21 @@ struct llama_weights {
   struct layer {
     tensor_view attn_norm, attn_q, attn_k, attn_v, attn_output;
     tensor_view ffn_norm, ffn_gate, ffn_up, ffn_down;
+    /// Optional (data == nullptr when the architecture has none): Q/K/V biases (Qwen2),
+    /// per-head RMSNorm weights of q and k applied before RoPE (Qwen3), each [head_dim].
+    tensor_view attn_q_bias, attn_k_bias, attn_v_bias;
+    tensor_view attn_q_norm, attn_k_norm;
+    /// Optional [n_embd] RMSNorm weights applied to the attention and FFN outputs before
+    /// their residual adds (Gemma 2's post_attention_norm / post_ffw_norm).
+    tensor_view attn_post_norm, ffn_post_norm;
   };
   model_config config;
   tensor_view token_embd;   ///< [n_vocab][n_embd]
   tensor_view output_norm;  ///< [n_embd]
   tensor_view output;       ///< [n_vocab][n_embd]; data == nullptr means tied to token_embd
+  /// Optional [head_dim / 2] RoPE frequency divisors (`rope_freqs.weight`, Llama 3.1+ rope
+  /// scaling): pair i turns at pos * base^(-2i/head_dim) / rope_freqs[i].
+  tensor_view rope_freqs;
   std::vector<layer> layers;
 };
 

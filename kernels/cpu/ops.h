@@ -36,7 +36,7 @@ inline float bf16_to_fp32(uint16_t h) {
 /// float -> bfloat16 bits, round to nearest even (NaN kept quiet).
 uint16_t fp32_to_bf16(float f);
 
-/// Converts `n` elements of one row of type `t` (n a multiple of 32 for q8_0) to f32.
+/// Converts `n` elements of one row of type `t` (n a multiple of the type's block) to f32.
 /// Throws tandem::error for an unsupported type.
 void dequantize_row(ggml_type t, const void* row, float* out, int64_t n);
 
@@ -49,7 +49,8 @@ void get_rows(const tensor_view& table, std::span<const int32_t> ids, float* out
 /// from L2 by every tile of activation rows) and decoded in registers.
 /// `scratch` is reused between calls to avoid allocations. With `pool`, output rows are split
 /// across its threads; the result is the same bits for any thread count. `isa` picks the
-/// instruction-set path (throws tandem::error if this CPU lacks it).
+/// instruction-set path (throws tandem::error if this CPU lacks it). Low-bit weights (q4_0,
+/// q4_K, q5_K, q6_K) run quant_matmul (kernels/cpu/quant_matmul.h): the same bits on every path.
 void matmul(const tensor_view& w, const float* x, int64_t batch, float* y, std::vector<float>& scratch,
             thread_pool* pool = nullptr, cpu_isa isa = cpu_isa::best);
 
@@ -109,8 +110,14 @@ void rope(float* x, const int32_t* pos, int64_t rows, int n_heads, int head_dim,
 struct rope_table {
   int64_t rows = 0;
   int head_dim = 0;
+  /// false: pair i is (x[2i], x[2i+1]) (llama.cpp's "normal" RoPE); true: (x[i], x[i + head_dim/2])
+  /// ("neox": Qwen, Gemma).
+  bool neox = false;
   std::vector<float> cos_sin;  ///< [rows][head_dim / 2][cos, sin]
-  void build(const int32_t* pos, int64_t n_rows, int head_dim, float freq_base);
+  /// `freq_factors` (head_dim / 2 values, or null): pair i's angle is divided by
+  /// freq_factors[i] (Llama 3.1+ rope scaling, the `rope_freqs.weight` tensor).
+  void build(const int32_t* pos, int64_t n_rows, int head_dim, float freq_base, bool neox = false,
+             const float* freq_factors = nullptr);
 };
 /// rope() with the angles of `t` (x is [t.rows][n_heads][t.head_dim]); rows split across
 /// `pool`'s threads if given (the same bits).
@@ -121,6 +128,15 @@ void rope(float* x, const rope_table& t, int n_heads, thread_pool* pool = nullpt
 /// bits).
 void swiglu(const float* gate, const float* up, float* out, size_t n, thread_pool* pool = nullptr,
             cpu_isa isa = cpu_isa::best);
+
+/// out[i] = gelu(gate[i]) * up[i] with the tanh form of GELU (0.5 x (1 + tanh(sqrt(2/pi) (x +
+/// 0.044715 x^3))), Gemma's gelu_pytorch_tanh); out may equal gate. Elementwise, so any split
+/// across `pool`'s threads gives the same bits.
+void geglu(const float* gate, const float* up, float* out, size_t n, thread_pool* pool = nullptr);
+
+/// x[i] = cap * tanh(x[i] / cap) for i < n (Gemma 2's logit soft-capping; the division as
+/// llama.cpp does it, a multiplication by 1/cap).
+void softcap(float* x, size_t n, float cap);
 
 /// In place numerically stable softmax of n floats: exp(x - max) by a fixed polynomial
 /// (within 4 ulp after normalising; 0 below e^-87), summed in double in a fixed order, so every `isa` path
@@ -146,9 +162,19 @@ struct attention_seq {
   float* out = nullptr;
 };
 
+/// What an architecture changes in attention (Gemma 2). The defaults are standard attention.
+struct attention_params {
+  float scale = 0.0f;     ///< multiplies q.k; 0 = 1/sqrt(head_dim)
+  float softcap = 0.0f;   ///< > 0: scores become softcap * tanh(score / softcap) before the softmax
+  int32_t window = 0;     ///< > 0: a token at position p sees only positions (p - window, p]
+  bool is_default() const { return scale == 0.0f && softcap == 0.0f && window == 0; }
+};
+
 /// paged_attention for every sequence of a batch in one fork-join: all (sequence, token,
 /// head) rows are split across `tp`'s threads, each computed exactly as paged_attention does.
+/// Non-default `params` run every row on the row-at-a-time path (a token's arithmetic still
+/// depends only on its own inputs).
 void paged_attention_batch(std::span<const attention_seq> seqs, int n_heads, const kv_pool& pool, int32_t layer,
-                           thread_pool* tp, cpu_isa isa = cpu_isa::best);
+                           thread_pool* tp, cpu_isa isa = cpu_isa::best, const attention_params& params = {});
 
 }  // namespace tandem::cpu

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <memory>
 
-#include "actors/common/error.h"
+#include "kernels/base/error.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/cpu/thread_pool.h"
 

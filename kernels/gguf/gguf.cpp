@@ -117,8 +117,8 @@ tensor_view tensor_info::view() const {
   if (!is_supported(type)) {
     throw tandem::error(error_kind::unimplemented,
                         "tensor '" + name + "' has type " + std::string(type_name(uint32_t(type))) +
-                            ", which Tandem cannot compute with (supported: f32, f16, bf16, q8_0): "
-                            "re-quantize the model to one of those");
+                            ", which Tandem cannot compute with (supported: " + std::string(supported_types_list) +
+                            "): re-quantize the model to one of those");
   }
   tensor_view tv;
   tv.type = type;
@@ -225,20 +225,24 @@ class parser {
       }
       const uint32_t type = u32("the type of " + what);
       const type_traits tt = traits(type);
+      std::string shape = "[";  // for messages: "[256, 32]", innermost first as in ggml
+      for (size_t d = 0; d < ti.dims.size(); ++d) shape += (d > 0 ? ", " : "") + std::to_string(ti.dims[d]);
+      shape += "]";
       if (tt.block_size == 0)
-        fail(pos_ - 4, "has unknown tensor type " + std::to_string(type) + " for " + what,
+        fail(pos_ - 4, "has unknown tensor type " + std::to_string(type) + " for " + what + " of shape " + shape,
              "the file is corrupt or uses a newer ggml type; re-convert the model");
       ti.type = ggml_type(type);
       const int64_t ne0 = ti.dims.empty() ? 1 : ti.dims[0];
       if (ne0 % tt.block_size != 0)
-        fail(pos_ - 4, "has " + what + " of type " + std::string(tt.name) + " whose row length " +
-                           std::to_string(ne0) + " is not a multiple of the block size " +
+        fail(pos_ - 4, "has " + what + " of type " + std::string(tt.name) + " and shape " + shape +
+                           " whose row length " + std::to_string(ne0) + " is not a multiple of the block size " +
                            std::to_string(tt.block_size), "re-convert the model");
       // rows * row_bytes cannot overflow: n_elems fits int64 and type_size <= block_size * 9.
       const uint64_t row = uint64_t(ne0 / tt.block_size) * tt.type_size;
       const unsigned __int128 total = (unsigned __int128)row * uint64_t(n_elems / ne0);
       if (total > b_.size())
-        fail(at, "has " + what + " of " + std::to_string(uint64_t(total)) + " bytes, larger than the file",
+        fail(at, "has " + what + " of type " + std::string(tt.name) + " and shape " + shape + ": " +
+                     std::to_string(uint64_t(total)) + " bytes, larger than the file",
              "the file is truncated or corrupt; re-download or re-convert the model");
       ti.nbytes = size_t(total);
       ti.offset = u64("the offset of " + what);
@@ -257,7 +261,11 @@ class parser {
     for (auto& ti : f.tensors_) {
       if (ti.offset > data_size || ti.nbytes > data_size - ti.offset) {
         const uint64_t end = data_start + ti.offset + ti.nbytes;  // cannot overflow: both <= file size
-        truncated(b_.size(), "for tensor '" + ti.name + "'", end - b_.size());
+        std::string shape;
+        for (int64_t d : ti.dims) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+        truncated(b_.size(), "for tensor '" + ti.name + "' of type " + std::string(type_name(uint32_t(ti.type))) +
+                                 " and shape [" + shape + "]",
+                  end - b_.size());
       }
       ti.data = b_.data() + data_start + ti.offset;
     }

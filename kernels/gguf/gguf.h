@@ -10,7 +10,7 @@
 #include <variant>
 #include <vector>
 
-#include "actors/common/error.h"
+#include "kernels/base/error.h"
 #include "kernels/tensor.h"
 
 namespace tandem::gguf {

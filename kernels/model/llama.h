@@ -1,5 +1,5 @@
 #pragma once
-/// Llama-architecture forward pass on the CPU over paged KV.
+/// Dense decoder forward pass (Llama and the architectures shaped like it: Qwen2, Qwen3) over paged KV.
 /// One call serves a batch of sequences, each contributing any number of new tokens
 /// (prefill chunks and decode steps mixed). A sequence's results do not depend on what
 /// else is in the batch: per-row arithmetic is the same for batch 1 and batch N.
@@ -16,8 +16,18 @@
 
 namespace tandem {
 
-/// Hyper-parameters read from `llama.*` metadata.
+/// How RoPE pairs the elements of a head: `normal` rotates adjacent pairs (x[2i], x[2i+1])
+/// (Llama, DeepSeek), `neox` rotates the halves (x[i], x[i + head_dim/2]) (Qwen2/3, Gemma,
+/// GPT-NeoX); llama.cpp's LLAMA_ROPE_TYPE_NORM / _NEOX.
+enum class rope_kind : int32_t { normal = 0, neox = 2 };
+
+/// The FFN's gate activation: SiLU (SwiGLU: Llama, Qwen) or tanh-GELU (GeGLU: Gemma).
+enum class ffn_kind : int32_t { silu = 0, gelu = 1 };
+
+/// Hyper-parameters of a dense decoder, read from `<architecture>.*` metadata by the
+/// architecture's module (kernels/model/arch/).
 struct model_config {
+  std::string arch = "llama";  ///< general.architecture
   std::string name;  ///< general.name or the file name
   int32_t n_vocab = 0;
   int32_t n_embd = 0;
@@ -26,10 +36,42 @@ struct model_config {
   int32_t n_head_kv = 0;
   int32_t n_ff = 0;
   int32_t n_ctx = 0;  ///< llama.context_length
-  int32_t head_dim = 0;
+  int32_t head_dim = 0;  ///< <arch>.attention.key_length, else n_embd / n_head
   float rope_freq_base = 10000.0f;
+  rope_kind rope = rope_kind::normal;
+  /// Linear RoPE scaling (`<arch>.rope.scaling.type = linear`): positions are multiplied by
+  /// this (1 / rope.scaling.factor).
+  float rope_freq_scale = 1.0f;
   float rms_eps = 1e-5f;
+  ffn_kind ffn = ffn_kind::silu;
+  // Gemma 2 (all off by default):
+  bool scale_embeddings = false;  ///< embeddings multiplied by sqrt(n_embd)
+  float attn_scale = 0.0f;        ///< > 0: q multiplied by it before q.k (else 1/sqrt(head_dim))
+  float attn_softcap = 0.0f;      ///< > 0: attention scores soft-capped at it
+  float final_softcap = 0.0f;     ///< > 0: logits soft-capped at it
+  int32_t sliding_window = 0;     ///< > 0: window of the sliding-window layers
+  /// Layer l uses the window when l % swa_pattern < swa_pattern - 1 (llama.cpp's pattern: 2 =
+  /// every even layer); 0 = no layer does.
+  int32_t swa_pattern = 0;
+  // DeepSeek-V2/V3 (0 when the architecture has none): multi-head latent attention caches
+  // kv_lora_rank + rope_dims floats per token and layer; head_dim is then the query/key head
+  // size (nope + rope dims) and v_head_dim the value head size. MoE layers follow
+  // n_dense_lead dense ones.
+  int32_t q_lora_rank = 0, kv_lora_rank = 0, rope_dims = 0, v_head_dim = 0;
+  int32_t n_expert = 0, n_expert_used = 0, n_expert_shared = 0, n_ff_exp = 0, n_dense_lead = 0;
+  int32_t expert_gating = 1;  ///< 1 softmax, 2 sigmoid (llama.cpp's expert_gating_func)
+  bool expert_weights_norm = false;
+  float expert_weights_scale = 1.0f;
+  /// True when layer l attends within the sliding window.
+  bool is_swa_layer(int32_t l) const {
+    return sliding_window > 0 && swa_pattern > 0 && l % swa_pattern < swa_pattern - 1;
+  }
 };
+
+/// The KV layout a model of config `c` caches: one latent component per position for MLA
+/// (kv_lora_rank > 0, f32 only), else K and V of n_head_kv x head_dim in `dtype`. The model and
+/// check-config both size pools with it. Throws tandem::error for an f16 cache on MLA.
+kv_layout model_kv_layout(const model_config& c, int32_t page_size, kv_dtype dtype);
 
 /// One sequence's part of a batch.
 struct batch_seq {
@@ -48,8 +90,9 @@ struct cpu_options {
 
 class llama_model {
  public:
-  /// Builds the model from a GGUF file (the file must outlive the model: weights stay mmapped).
-  /// Throws tandem::error naming the missing tensor/key or unsupported type.
+  /// Builds the model from a GGUF file with the module of its `general.architecture`
+  /// (kernels/model/arch/registry.h); the file must outlive the model: weights stay mmapped.
+  /// Throws tandem::error naming the missing tensor/key, unsupported type or architecture.
   static std::unique_ptr<llama_model> load(const gguf::file& f, const cpu_options& opt = {});
   virtual ~llama_model() = default;
 

@@ -9,10 +9,12 @@
 #include <map>
 #include <unordered_map>
 
-#include "actors/common/error.h"
+#include "kernels/base/error.h"
 #include "kernels/gguf/gguf.h"
 #include "kernels/gguf/half.h"
+#include "kernels/cpu/quant_ref.h"
 #include "kernels/model/make_model_corpus.h"
+#include "kernels/model/quant_mix.h"
 
 namespace tandem {
 
@@ -27,6 +29,8 @@ constexpr preset k_presets[] = {
     {"tiny-15m", 288, 6, 6, 6, 768, 2048, 8000},
     {"small-110m", 768, 12, 12, 12, 2048, 2048, 8000},
     {"micro", 64, 2, 4, 2, 128, 512, 1000},
+    // Llama-3.2-1B's shapes (with this vocabulary): for benchmarks, e.g. against llama.cpp.
+    {"llama-1b", 2048, 16, 32, 8, 8192, 2048, 8000},
 };
 
 const std::string k_space = "\xE2\x96\x81";  // U+2581
@@ -253,18 +257,31 @@ std::vector<uint8_t> encode(const std::vector<float>& x, ggml_type t) {
       }
       break;
     }
-    default: break;
+    default: out = cpu::quantize_rows(t, x.data(), 1, int64_t(x.size())); break;  // q4_0, k-quants
   }
   return out;
 }
 
-uint32_t file_type(ggml_type t) {
-  switch (t) {
-    case ggml_type::f16: return 1;   // LLAMA_FTYPE_MOSTLY_F16
-    case ggml_type::q8_0: return 7;  // LLAMA_FTYPE_MOSTLY_Q8_0
-    case ggml_type::bf16: return 32; // LLAMA_FTYPE_MOSTLY_BF16
-    default: return 0;               // LLAMA_FTYPE_ALL_F32
+/// Llama 3.1's per-pair RoPE divisors (scale factor 8, low/high frequency factors 1 and 4,
+/// original context 8192): long wavelengths are stretched by the factor, short ones kept, the
+/// band between blended smoothly.
+std::vector<float> llama3_rope_factors(int head_dim, double base) {
+  const double factor = 8.0, low = 1.0, high = 4.0, old_ctx = 8192.0;
+  const double low_wavelen = old_ctx / low, high_wavelen = old_ctx / high;
+  std::vector<float> out;
+  for (int i = 0; i < head_dim; i += 2) {
+    const double freq = 1.0 / std::pow(base, double(i) / head_dim);
+    const double wavelen = 2.0 * 3.141592653589793 / freq;
+    double f = 1.0;
+    if (wavelen > low_wavelen) {
+      f = factor;
+    } else if (wavelen >= high_wavelen) {
+      const double smooth = (old_ctx / wavelen - low) / (high - low);
+      f = 1.0 / ((1.0 - smooth) / factor + smooth);
+    }
+    out.push_back(float(f));
   }
+  return out;
 }
 
 }  // namespace
@@ -275,35 +292,53 @@ void write_random_llama(const make_model_options& opt, const std::string& path) 
     if (opt.preset == x.name) p = &x;
   if (p == nullptr)
     throw tandem::error(error_kind::failed,
-                        "unknown model preset '" + opt.preset + "': use tiny-15m, small-110m or micro");
-  if (opt.dtype != ggml_type::f32 && opt.dtype != ggml_type::f16 && opt.dtype != ggml_type::bf16 &&
-      opt.dtype != ggml_type::q8_0)
+                        "unknown model preset '" + opt.preset + "': use tiny-15m, small-110m, micro or llama-1b");
+  if (!is_supported(opt.dtype))
     throw tandem::error(error_kind::failed, "unsupported weight type '" + std::string(to_string(opt.dtype)) +
-                                                "' for make-model: use f32, f16, bf16 or q8_0");
+                                                "' for make-model: use " + std::string(supported_types_list));
+
+  const std::string& arch = opt.arch;
+  if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "gemma2")
+    throw tandem::error(error_kind::failed,
+                        "unknown architecture '" + arch + "' for make-model: use llama, qwen2, qwen3 or gemma2");
+  if (arch == "gemma2" && opt.sliding_window < 1)
+    throw tandem::error(error_kind::failed, "the sliding window must be at least 1 token");
 
   const vocab_out voc = learn_vocab(p->n_vocab_target);
   const int32_t n_vocab = int32_t(voc.tokens.size());
-  const int32_t head_dim = p->n_embd / p->n_head;
+  // Qwen3 decouples the head size from the width (Qwen3-0.6B: 1024 wide, 16 heads of 128):
+  // twice the usual size, so a reader that derives it from the width instead of
+  // attention.key_length fails.
+  const int32_t head_dim = (arch == "qwen3" ? 2 : 1) * p->n_embd / p->n_head;
 
   gguf::writer w;
-  w.set_string("general.architecture", "llama");
+  w.set_string("general.architecture", arch);
   w.set_string("general.name", "tandem-random-" + opt.preset);
   w.set_u32("general.alignment", 32);
-  w.set_u32("general.file_type", file_type(opt.dtype));
-  w.set_u32("llama.context_length", uint32_t(p->n_ctx));
-  w.set_u32("llama.embedding_length", uint32_t(p->n_embd));
-  w.set_u32("llama.block_count", uint32_t(p->n_layer));
-  w.set_u32("llama.feed_forward_length", uint32_t(p->n_ff));
-  w.set_u32("llama.attention.head_count", uint32_t(p->n_head));
-  w.set_u32("llama.attention.head_count_kv", uint32_t(p->n_head_kv));
-  w.set_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
-  w.set_f32("llama.rope.freq_base", 10000.0f);
-  w.set_u32("llama.rope.dimension_count", uint32_t(head_dim));
-  w.set_u32("llama.vocab_size", uint32_t(n_vocab));
+  w.set_u32("general.file_type", llama_file_type(opt.dtype, opt.q4_k_m));
+  w.set_u32(arch + ".context_length", uint32_t(p->n_ctx));
+  w.set_u32(arch + ".embedding_length", uint32_t(p->n_embd));
+  w.set_u32(arch + ".block_count", uint32_t(p->n_layer));
+  w.set_u32(arch + ".feed_forward_length", uint32_t(p->n_ff));
+  w.set_u32(arch + ".attention.head_count", uint32_t(p->n_head));
+  w.set_u32(arch + ".attention.head_count_kv", uint32_t(p->n_head_kv));
+  w.set_f32(arch + ".attention.layer_norm_rms_epsilon", 1e-5f);
+  w.set_f32(arch + ".rope.freq_base", 10000.0f);
+  w.set_u32(arch + ".rope.dimension_count", uint32_t(head_dim));
+  w.set_u32(arch + ".vocab_size", uint32_t(n_vocab));
   w.set_string("tokenizer.ggml.model", "llama");
   w.set_array_string("tokenizer.ggml.tokens", voc.tokens);
   w.set_array_f32("tokenizer.ggml.scores", voc.scores);
   w.set_array_i32("tokenizer.ggml.token_type", voc.types);
+  if (arch == "qwen3" || arch == "gemma2") {
+    w.set_u32(arch + ".attention.key_length", uint32_t(head_dim));
+    w.set_u32(arch + ".attention.value_length", uint32_t(head_dim));
+  }
+  if (arch == "gemma2") {  // Gemma 2's values, but a small window
+    w.set_u32("gemma2.attention.sliding_window", uint32_t(opt.sliding_window));
+    w.set_f32("gemma2.attn_logit_softcapping", 50.0f);
+    w.set_f32("gemma2.final_logit_softcapping", 30.0f);
+  }
   w.set_u32("tokenizer.ggml.bos_token_id", 1);
   w.set_u32("tokenizer.ggml.eos_token_id", 2);
   w.set_u32("tokenizer.ggml.unknown_token_id", 0);
@@ -313,24 +348,51 @@ void write_random_llama(const make_model_options& opt, const std::string& path) 
   const float std_dev = 0.02f;
   auto matrix = [&](const std::string& name, int64_t ne0, int64_t ne1) {
     const auto x = normal(size_t(ne0 * ne1), std_dev, hash_name(name, opt.seed));
-    w.add_tensor(name, opt.dtype, {ne0, ne1}, encode(x, opt.dtype));
+    const ggml_type t = weight_type(opt.dtype, opt.q4_k_m, name, ne0, p->n_layer, !opt.tied_output);
+    w.add_tensor(name, t, {ne0, ne1}, encode(x, t));
   };
   auto norm = [&](const std::string& name, int64_t n) {
     w.add_tensor(name, ggml_type::f32, {n}, encode(std::vector<float>(size_t(n), 1.0f), ggml_type::f32));
   };
-  const int64_t e = p->n_embd, kv = int64_t(head_dim) * p->n_head_kv, ff = p->n_ff;
+  auto vector = [&](const std::string& name, int64_t n) {
+    const auto x = normal(size_t(n), 0.5f, hash_name(name, opt.seed));
+    w.add_tensor(name, ggml_type::f32, {n}, encode(x, ggml_type::f32));
+  };
+  auto scale = [&](const std::string& name, int64_t n) {
+    auto x = normal(size_t(n), 0.2f, hash_name(name, opt.seed));
+    for (float& v : x) v += 1.0f;
+    w.add_tensor(name, ggml_type::f32, {n}, encode(x, ggml_type::f32));
+  };
+  const int64_t e = p->n_embd, qd = int64_t(head_dim) * p->n_head, kv = int64_t(head_dim) * p->n_head_kv,
+                ff = p->n_ff;
   matrix("token_embd.weight", e, n_vocab);
   for (int32_t l = 0; l < p->n_layer; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     norm(b + "attn_norm.weight", e);
-    matrix(b + "attn_q.weight", e, e);
+    matrix(b + "attn_q.weight", e, qd);
     matrix(b + "attn_k.weight", e, kv);
     matrix(b + "attn_v.weight", e, kv);
-    matrix(b + "attn_output.weight", e, e);
+    if (arch == "qwen2") {  // small random biases, so a loader that drops them shows
+      vector(b + "attn_q.bias", qd);
+      vector(b + "attn_k.bias", kv);
+      vector(b + "attn_v.bias", kv);
+    }
+    if (arch == "qwen3") {  // norm weights around 1, different per element
+      scale(b + "attn_q_norm.weight", head_dim);
+      scale(b + "attn_k_norm.weight", head_dim);
+    }
+    matrix(b + "attn_output.weight", qd, e);
+    if (arch == "gemma2") scale(b + "post_attention_norm.weight", e);
     norm(b + "ffn_norm.weight", e);
     matrix(b + "ffn_gate.weight", e, ff);
     matrix(b + "ffn_up.weight", e, ff);
     matrix(b + "ffn_down.weight", ff, e);
+    if (arch == "gemma2") scale(b + "post_ffw_norm.weight", e);
+  }
+  if (opt.llama3_rope) {
+    if (arch != "llama") throw tandem::error(error_kind::failed, "Llama 3 rope scaling is for --arch llama only");
+    w.add_tensor("rope_freqs.weight", ggml_type::f32, {head_dim / 2},
+                 encode(llama3_rope_factors(head_dim, 10000.0), ggml_type::f32));
   }
   norm("output_norm.weight", e);
   if (!opt.tied_output) matrix("output.weight", e, n_vocab);

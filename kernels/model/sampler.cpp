@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "actors/common/error.h"
+#include "kernels/base/error.h"
 #include "kernels/cpu/ops.h"
 
 namespace tandem {

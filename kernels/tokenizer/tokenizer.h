@@ -1,6 +1,7 @@
 #pragma once
 /// Tokenizers built from GGUF metadata: `llama` (SentencePiece BPE with byte fallback)
-/// and `gpt2` (byte-level BPE with merges).
+/// and `gpt2` (byte-level BPE with merges, pre-split by the regexes `tokenizer.ggml.pre`
+/// names, as llama.cpp).
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -21,11 +22,19 @@ class tokenizer {
   /// Throws tandem::error naming the missing key or unsupported model.
   static std::unique_ptr<tokenizer> from_gguf(const gguf::file& f);
 
-  /// Text to ids. `add_bos` prepends BOS when the vocabulary has one.
-  virtual std::vector<int32_t> encode(std::string_view text, bool add_bos) const = 0;
+  /// Text to ids. `add_bos` prepends BOS when the vocabulary has one and wants it
+  /// (`tokenizer.ggml.add_bos_token`; absent: SentencePiece vocabularies do, byte-level BPE
+  /// ones do not, as llama.cpp reads it), so Qwen-style files get none. User-defined tokens
+  /// in the text (e.g. MPT's runs of spaces) are always taken whole, as llama.cpp and Hugging
+  /// Face do; control tokens (`<|im_start|>`, `<s>`) only with `parse_special` (chat templates),
+  /// otherwise their text is tokenized like any other.
+  virtual std::vector<int32_t> encode(std::string_view text, bool add_bos, bool parse_special = false) const = 0;
   /// The raw bytes a token stands for (byte tokens give their byte, control tokens "").
   /// May be an incomplete UTF-8 sequence: use stream_decoder for display.
   virtual std::string token_bytes(int32_t id) const = 0;
+  /// A token as llama-server shows it: its bytes, or for control tokens their text
+  /// ("<|im_start|>"), which token_bytes leaves empty.
+  virtual std::string token_text(int32_t id) const { return token_bytes(id); }
   /// Whole sequence to valid UTF-8 text (drops the leading space SentencePiece adds after
   /// BOS; invalid byte sequences become U+FFFD).
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
@@ -37,6 +46,15 @@ class tokenizer {
   virtual int32_t bos_id() const = 0;  ///< -1 if none
   virtual int32_t eos_id() const = 0;  ///< -1 if none
   virtual std::string_view model_name() const = 0;  ///< "llama" or "gpt2"
+  /// The pre-tokenizer in use ("llama3", "default", ...); "" for SentencePiece.
+  virtual std::string_view pre_name() const { return {}; }
+
+  /// Problems found while loading that did not stop it (an unknown `tokenizer.ggml.pre` and
+  /// the fallback used): for `serve` and the CLI to log.
+  const std::vector<std::string>& warnings() const { return warnings_; }
+
+ protected:
+  std::vector<std::string> warnings_;
 };
 
 /// Turns a stream of token ids into valid UTF-8 text chunks: bytes of a character split

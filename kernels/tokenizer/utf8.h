@@ -96,33 +96,4 @@ inline size_t sanitize(std::string_view in, std::string& out, bool final) {
   return i;
 }
 
-enum class char_class { letter, digit, space, other };
-
-/// Approximates \p{L}, \p{N} and \s for the GPT-2 pre-tokenizer without Unicode tables:
-/// ASCII exactly; Latin-1, general/CJK punctuation, symbols and emoji as `other`; the rest
-/// of the non-ASCII range (scripts) as letters.
-inline char_class classify(uint32_t c) {
-  if (c < 0x80) {
-    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) return char_class::letter;
-    if (c >= '0' && c <= '9') return char_class::digit;
-    if (c == ' ' || (c >= 0x09 && c <= 0x0D)) return char_class::space;
-    return char_class::other;
-  }
-  if (c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 ||
-      c == 0x202F || c == 0x205F || c == 0x3000)
-    return char_class::space;
-  if (c == 0xB2 || c == 0xB3 || c == 0xB9 || (c >= 0xBC && c <= 0xBE) || (c >= 0xFF10 && c <= 0xFF19) ||
-      (c >= 0x0660 && c <= 0x0669) || (c >= 0x2070 && c <= 0x2079) || (c >= 0x2080 && c <= 0x2089) ||
-      (c >= 0x2150 && c <= 0x218B) || (c >= 0x2460 && c <= 0x249B))
-    return char_class::digit;
-  if (c == 0xAA || c == 0xB5 || c == 0xBA) return char_class::letter;
-  if (c < 0xC0 || c == 0xD7 || c == 0xF7) return char_class::other;
-  if ((c >= 0x2000 && c <= 0x2BFF) || (c >= 0x3000 && c <= 0x303F) || (c >= 0xFE30 && c <= 0xFE4F) ||
-      (c >= 0xFF00 && c <= 0xFF0F) || (c >= 0xFF1A && c <= 0xFF20) || (c >= 0xFFF0 && c <= 0xFFFF) ||
-      (c >= 0x1F000 && c <= 0x1FAFF) || (c >= 0xE000 && c <= 0xF8FF) || (c >= 0xFE00 && c <= 0xFE0F) ||
-      c == 0x200D)
-    return char_class::other;
-  return char_class::letter;
-}
-
 }  // namespace tandem::utf8

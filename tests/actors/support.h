@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "actors/common/error.h"
+#include "kernels/base/error.h"
 #include "actors/runtime/actor_cluster.h"
 #include "kernels/model/llama.h"
 

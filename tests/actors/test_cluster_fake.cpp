@@ -3,7 +3,7 @@
 
 #include <set>
 
-#include "actors/common/clock.h"
+#include "kernels/base/clock.h"
 #include "tests/actors/support.h"
 
 using namespace tandem;

@@ -111,7 +111,7 @@ std::vector<invalid_case> invalid_cases(const std::string& mp) {
       {"kv cache dtype typo", one_node("[model]\nkv_cache_dtype = \"fp16\"\n"),
        "model.kv_cache_dtype = \"fp16\": not a known value; did you mean 'f16'?"},
       {"model path empty", one_node("[model]\npath = \"\"\n"), "model.path = \"\": is empty"},
-      {"model not gguf", one_node("[model]\npath = \"" + std::string(TANDEM_SOURCE_DIR) + "/README.md\"\n"), "is not a usable Llama GGUF file"},
+      {"model not gguf", one_node("[model]\npath = \"" + std::string(TANDEM_SOURCE_DIR) + "/README.md\"\n"), "is not a usable GGUF model"},
       // --- [cache]
       {"negative host_ratio", one_node("[cache]\nhost_ratio = -1\n"), "cache.host_ratio = -1: out of range 0 .. 1024"},
       {"ratio and size", one_node("[cache]\nhost_ratio = 2\nhost_size_gb = 1\n"), "cache.host_size_gb = 1: is exclusive with cache.host_ratio = 2"},

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <cstdlib>
 
-#include "actors/common/error.h"
+#include "kernels/base/error.h"
 #include "transport/ucx/kv_handshake.h"
 
 namespace {

@@ -11,6 +11,7 @@
 #include <kj/async-io.h>
 
 #include "actors/common/wire.h"
+#include "kernels/cpu/quant_ref.h"
 #include "kernels/gguf/gguf.h"
 #include "schemas/auth.capnp.h"
 #include "transport/ucx/kv_handshake.h"
@@ -116,6 +117,17 @@ void gguf_seeds() {
   put("gguf", "small", w.bytes());
   tandem::gguf::writer empty;
   put("gguf", "empty", empty.bytes());
+  // One small tensor of every block type Tandem computes with, so the fuzzer starts with
+  // valid blocks for each decoder.
+  tandem::gguf::writer q;
+  q.set_string("general.architecture", "llama");
+  std::vector<float> ramp(512);
+  for (size_t i = 0; i < ramp.size(); ++i) ramp[i] = float(int(i % 97) - 48) * 0.01f;
+  for (auto t : {tandem::ggml_type::q4_0, tandem::ggml_type::q4_K, tandem::ggml_type::q5_K, tandem::ggml_type::q6_K})
+    q.add_tensor("t." + std::string(tandem::to_string(t)), t, {256, 2}, tandem::cpu::quantize_rows(t, ramp.data(), 2, 256));
+  std::vector<uint8_t> q8(2 * 8 * sizeof(tandem::block_q8_0), 3);
+  q.add_tensor("t.q8_0", tandem::ggml_type::q8_0, {256, 2}, q8);
+  put("gguf", "lowbit", q.bytes());
 }
 
 void kv_seeds() {

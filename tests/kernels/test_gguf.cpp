@@ -219,8 +219,8 @@ TEST_CASE("gguf: nested arrays, v2, custom alignment and other tensor types") {
   w.set_value("nested", ov);
   w.set_u32("general.alignment", 64);
   w.add_tensor("a", ggml_type::f32, {1}, std::vector<uint8_t>(4));
-  // q4_K (type 12): 256 elements per 144-byte block; parses but cannot be viewed.
-  w.add_tensor("k", ggml_type(12), {256, 2}, std::vector<uint8_t>(288));
+  // q2_K (type 10): 256 elements per 84-byte block; parses but cannot be viewed.
+  w.add_tensor("k", ggml_type(10), {256, 2}, std::vector<uint8_t>(168));
   auto b = w.bytes();
   auto f = gguf::file::parse(b);
   CHECK(f.alignment() == 64);
@@ -228,10 +228,10 @@ TEST_CASE("gguf: nested arrays, v2, custom alignment and other tensor types") {
   CHECK(f.get_array("nested").items[1].as_array().items[2].as_u64() == 2);
   try {
     (void)f.tensor("k").view();
-    FAIL("view of q4_K must throw");
+    FAIL("view of q2_K must throw");
   } catch (const tandem::error& e) {
     CHECK(e.kind() == error_kind::unimplemented);
-    CHECK(std::string(e.what()).find("q4_K") != std::string::npos);
+    CHECK(std::string(e.what()).find("q2_K") != std::string::npos);
   }
   // depth limit
   gguf::parse_limits lim;

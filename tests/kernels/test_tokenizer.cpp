@@ -136,6 +136,10 @@ TEST_CASE("tokenizer gpt2: byte-level BPE by merge rank") {
   const auto f = tandem::gguf::file::parse(bytes);
   const auto tok = tokenizer::from_gguf(f);
   CHECK(tok->model_name() == "gpt2");
+  // no tokenizer.ggml.pre: llama.cpp's 'default' pre-tokenizer, and a warning saying so
+  CHECK(tok->pre_name() == "default");
+  REQUIRE(tok->warnings().size() == 1);
+  CHECK(tok->warnings()[0].find("tokenizer.ggml.pre") != std::string::npos);
   CHECK(tok->bos_id() == -1);
   CHECK(tok->eos_id() == 7);
   CHECK(tok->encode("ab ab", true) == std::vector<int32_t>{3, 4});
@@ -286,6 +290,7 @@ TEST_CASE("tokenizer gpt2: full byte vocabulary, pre-tokenizer boundaries, round
   types.back() = 3;
   tandem::gguf::writer w;
   w.set_string("tokenizer.ggml.model", "gpt2");
+  w.set_string("tokenizer.ggml.pre", "gpt-2");
   w.set_array_string("tokenizer.ggml.tokens", toks);
   w.set_array_i32("tokenizer.ggml.token_type", types);
   w.set_array_string("tokenizer.ggml.merges", merges);
@@ -306,7 +311,8 @@ TEST_CASE("tokenizer gpt2: full byte vocabulary, pre-tokenizer boundaries, round
   // whitespace runs: all but the last space form a word of their own
   CHECK(pieces("o   x") == std::vector<std::string>{"o", G + G, G, "x"});
   CHECK(pieces("\n\ny") == std::vector<std::string>{gpt2_byte('\n'), gpt2_byte('\n'), "y"});
-  CHECK(tok->encode("he", true) == std::vector<int32_t>{int32_t(toks.size() - 1), id("he")});
+  // add_bos_token = false: no BOS even when the caller allows one (as llama.cpp reads the key).
+  CHECK(tok->encode("he", true) == std::vector<int32_t>{id("he")});
   // non-ASCII bytes go through the byte map and come back
   for (const std::string t : {"caf\xC3\xA9 \xF0\x9F\x98\x80!", "tabs\tand\r\nCRLF", "\xE4\xBD\xA0\xE5\xA5\xBD 12345"}) {
     CAPTURE(t);

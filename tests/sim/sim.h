@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "actors/common/bounded_mailbox.h"
-#include "actors/common/clock.h"
+#include "kernels/base/clock.h"
 #include "actors/common/limits.h"
 #include "actors/runtime/serving_api.h"
 

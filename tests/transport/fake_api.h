@@ -32,7 +32,7 @@ namespace tandem::test {
 /// Token id = byte + 3; 0 unk, 1 BOS, 2 EOS.
 class fake_tokenizer final : public tokenizer {
  public:
-  std::vector<int32_t> encode(std::string_view text, bool add_bos) const override {
+  std::vector<int32_t> encode(std::string_view text, bool add_bos, bool = false) const override {
     std::vector<int32_t> r;
     if (add_bos) r.push_back(1);
     for (unsigned char c : text) r.push_back(c + 3);

@@ -7,7 +7,7 @@
 #include <memory>
 #include <optional>
 
-#include "actors/common/error.h"
+#include "kernels/base/error.h"
 #include "transport/ucx/kv_engine.h"
 
 using namespace tandem;

@@ -1,7 +1,7 @@
 // The KV handshake and descriptor messages as untrusted input (what tests/fuzz/fuzz_kv fuzzes).
 #include <doctest/doctest.h>
 
-#include "actors/common/error.h"
+#include "kernels/base/error.h"
 #include "transport/ucx/kv_handshake.h"
 
 using namespace tandem::ucx;

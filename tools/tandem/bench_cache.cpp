@@ -11,7 +11,7 @@
 #include <thread>
 #include <unistd.h>
 
-#include "actors/common/error.h"
+#include "kernels/base/error.h"
 #include "actors/runtime/embedded_cluster.h"
 #include "kernels/model/make_model.h"
 #include "kernels/tokenizer/tokenizer.h"

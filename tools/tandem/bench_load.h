@@ -30,7 +30,7 @@
 #include <thread>
 #include <vector>
 
-#include "actors/common/error.h"
+#include "kernels/base/error.h"
 #include "tools/tandem/bench_modes.h"
 #include "transport/http/json.h"
 

@@ -17,8 +17,8 @@
 #include <random>
 #include <sstream>
 
-#include "actors/common/clock.h"
-#include "actors/common/error.h"
+#include "kernels/base/clock.h"
+#include "kernels/base/error.h"
 #include "tools/tandem/commands.h"
 #include "tools/tandem/flags.h"
 #include "transport/ucx/kv_engine.h"

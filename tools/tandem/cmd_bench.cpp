@@ -3,7 +3,7 @@
 #include <cstdio>
 #include <string>
 
-#include "actors/common/error.h"
+#include "kernels/base/error.h"
 #include "tools/tandem/bench_modes.h"
 #include "tools/tandem/commands.h"
 

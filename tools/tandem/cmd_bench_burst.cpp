@@ -22,7 +22,7 @@
 #include <string>
 #include <thread>
 
-#include "actors/common/error.h"
+#include "kernels/base/error.h"
 #include "actors/runtime/embedded_cluster.h"
 #include "tools/tandem/bench_load.h"
 #include "tools/tandem/bench_modes.h"

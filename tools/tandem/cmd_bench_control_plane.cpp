@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/common/error.h"
+#include "kernels/base/error.h"
 #include "actors/common/metrics.h"
 #include "actors/runtime/actor_cluster.h"
 #include "kernels/model/llama.h"

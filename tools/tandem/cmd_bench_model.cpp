@@ -13,13 +13,14 @@
 #include <string>
 #include <vector>
 
-#include "actors/common/error.h"
+#include "kernels/base/error.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/roofline.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/gguf/gguf.h"
 #include "kernels/model/kv_pool.h"
 #include "kernels/model/llama.h"
+#include "tools/tandem/bench_llama_cpp.h"
 #include "tools/tandem/bench_modes.h"
 #include "tools/tandem/flags.h"
 
@@ -302,6 +303,10 @@ int bench_model(args a) {
            "also run prefill and decode with this KV cache type in the same run and print each ratio to it "
            "(e.g. --kv-cache-dtype f16 --compare-kv-cache-dtype f32; with --compare-isa, both change)",
            "")
+      .sw("compare-llama-cpp",
+          "also time llama.cpp on the same file with the same threads (node-llama-cpp, tests/reference/llama_cpp) "
+          "and print Tandem / llama.cpp for prefill and batch-1 decode")
+      .opt("llama-cpp-dir", "folder of greedy.mjs with its node_modules (after npm ci there)", default_llama_cpp_dir())
       .opt("prompt", "prefill prompt length in tokens", "512")
       .opt("batches", "decode batch sizes", "1,8,32")
       .opt("steps", "timed decode steps per batch size and repetition (3 repetitions, the fastest counts)", "16")
@@ -332,6 +337,7 @@ int bench_model(args a) {
   const kv_dtype kv = kv_flag("kv-cache-dtype");
   const kv_dtype cmp_kv = f.str("compare-kv-cache-dtype").empty() ? kv : kv_flag("compare-kv-cache-dtype");
   const bool compare = !f.str("compare-isa").empty() || !f.str("compare-kv-cache-dtype").empty();
+  if (f.on("compare-llama-cpp")) require_llama_cpp(f.str("llama-cpp-dir"));
   const bench_model_file m = load_bench_model(path, int32_t(threads), cpu::parse_isa(f.str("isa")), kv);
   const cpu_isa cmp_isa =
       !f.str("compare-isa").empty() ? cpu::resolve_isa(cpu::parse_isa(f.str("compare-isa"))) : m.isa;
@@ -387,6 +393,17 @@ int bench_model(args a) {
     other.emplace(load_bench_model(path, int32_t(threads), cmp_isa, cmp_kv));
   }
   llama_model* other_model = other ? other->model.get() : nullptr;
+  // llama.cpp runs in a child process, so its runs cannot alternate with ours: one before and
+  // one after them, the better of the two counting for each number.
+  const bool vs_llama_cpp = f.on("compare-llama-cpp");
+  llama_cpp_speed lc;
+  auto run_llama_cpp = [&] {
+    const llama_cpp_speed r =
+        run_llama_cpp_bench(f.str("llama-cpp-dir"), path, int32_t(threads), prompt, context, steps, to_string(kv));
+    lc.prefill_tokens_per_s = std::max(lc.prefill_tokens_per_s, r.prefill_tokens_per_s);
+    lc.decode_tokens_per_s = std::max(lc.decode_tokens_per_s, r.decode_tokens_per_s);
+  };
+  if (vs_llama_cpp) run_llama_cpp();
   const double prefill_s = run_prefill(*model, other_model, &cmp_prefill_s);
   const double prefill_flops =
       2.0 * cost.layer_params * double(prompt) + 2.0 * cost.output_params + attention_flops(c, 0, prompt);
@@ -398,6 +415,7 @@ int bench_model(args a) {
       run_decode(*model, batches, steps, context, prompt, decode_ctx, rng, other_model, &cmp_dec);
   for (auto& r : dec) r.of_peak = (2.0 * (cost.layer_params + cost.output_params) * double(r.batch * steps) + r.attn_flops) /
                                   (r.ms_per_step * double(steps) / 1e3) / peak;
+  if (vs_llama_cpp) run_llama_cpp();
   // Ceilings again after the runs; the higher of the two counts, so load from other
   // processes during one probe cannot flatter the ratios.
   bw = std::max(bw, cpu::measure_read_bandwidth(probe_pool, size_t(bw_mb) << 20, 3));
@@ -435,6 +453,17 @@ int bench_model(args a) {
                            cpu::to_string(cmp_isa), to_string(cmp_kv), double(prompt) / cmp_prefill_s,
                            cmp_prefill_s / prefill_s, d);
   }
+  const double b1_tps = b1 ? b1->tokens_per_s : 0.0;
+  if (vs_llama_cpp)
+    cmp_json += fmt::format(",\"llama_cpp\":{{\"prefill_tokens_per_s\":{:.2f},\"prefill_ratio\":{:.4f},"
+                            "\"decode_batch1_tokens_per_s\":{:.2f},\"decode_batch1_ratio\":{:.4f}}}",
+                            lc.prefill_tokens_per_s, prefill_tps / lc.prefill_tokens_per_s, lc.decode_tokens_per_s,
+                            b1_tps / lc.decode_tokens_per_s);
+  // What one cached token costs in this architecture's KV layout (MLA would be its latent
+  // size, not heads x dims): what a KV pool, host tier and transfer hold per token.
+  const kv_layout kv_per_page = model->layout(16);
+  const size_t kv_bytes_per_token = kv_per_page.page_bytes() / size_t(kv_per_page.page_size);
+  cmp_json += fmt::format(",\"arch\":\"{}\",\"kv_bytes_per_token\":{}", c.arch, kv_bytes_per_token);
   if (json) {
     std::string d;
     for (const auto& r : dec)
@@ -457,6 +486,8 @@ int bench_model(args a) {
   }
   std::printf("model %s (%s weights): %d layers, %.1f MB of weights read per forward\n", c.name.c_str(),
               cost.weight_type.c_str(), c.n_layer, double(cost.step_bytes) / 1e6);
+  std::printf("architecture %s: KV cache %zu bytes per token (%s)\n", c.arch.c_str(), kv_bytes_per_token,
+              kv_per_page.describe().c_str());
   std::printf("threads %lld, kernels %s, kv cache %s; measured in this run (higher of before/after): read bandwidth "
               "%.2f GB/s, peak FMA %.1f GFLOP/s\n",
               (long long)threads, isa_name.c_str(), to_string(kv), bw / 1e9, peak / 1e9);
@@ -479,6 +510,15 @@ int bench_model(args a) {
     for (size_t i = 0; i < cmp_dec.size(); ++i)
       std::printf("%-22s %12.1f %10.2fx\n", fmt::format("decode batch {} (ctx {})", cmp_dec[i].batch, context).c_str(),
                   cmp_dec[i].tokens_per_s, dec[i].tokens_per_s / cmp_dec[i].tokens_per_s);
+  }
+  if (vs_llama_cpp) {
+    std::printf("\nllama.cpp on the same file, %lld threads, kv cache %s (the better of a run before and one after "
+                "the above), and Tandem / llama.cpp:\n",
+                (long long)threads, to_string(kv));
+    std::printf("%-22s %12.1f %10.2fx\n", fmt::format("prefill {} tokens", prompt).c_str(), lc.prefill_tokens_per_s,
+                prefill_tps / lc.prefill_tokens_per_s);
+    std::printf("%-22s %12.1f %10s\n", fmt::format("decode batch 1 (ctx {})", context).c_str(), lc.decode_tokens_per_s,
+                b1 ? fmt::format("{:.2f}x", b1_tps / lc.decode_tokens_per_s).c_str() : "n/a (no batch 1)");
   }
   if (m.isa == cpu_isa::amx)
     std::printf("amx tiles: peak %.1f GFLOP/s (bf16 tile products); prefill uses %.3f of it (%d tile products per "

@@ -34,7 +34,7 @@
 #include <thread>
 #include <vector>
 
-#include "actors/common/error.h"
+#include "kernels/base/error.h"
 #include "actors/common/limits.h"
 #include "actors/runtime/embedded_cluster.h"
 #include "tools/tandem/bench_load.h"

@@ -31,7 +31,7 @@
 #include <thread>
 #include <vector>
 
-#include "actors/common/error.h"
+#include "kernels/base/error.h"
 #include "tools/tandem/bench_cluster.h"
 #include "tools/tandem/bench_load.h"
 #include "tools/tandem/bench_modes.h"

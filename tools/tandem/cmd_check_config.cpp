@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <string>
 
-#include "actors/common/error.h"
+#include "kernels/base/error.h"
 #include "actors/config/cluster_config.h"
 #include "tools/tandem/commands.h"
 #include "tools/tandem/config_report.h"

@@ -1,7 +1,7 @@
 // tandem generate: stream a completion from a running node over Cap'n Proto RPC.
 #include <cstdio>
 
-#include "actors/common/error.h"
+#include "kernels/base/error.h"
 #include "tools/tandem/commands.h"
 #include "tools/tandem/flags.h"
 #include "transport/auth/api_keys.h"

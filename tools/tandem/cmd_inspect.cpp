@@ -6,7 +6,7 @@
 
 #include <cstdio>
 
-#include "actors/common/error.h"
+#include "kernels/base/error.h"
 #include "schemas/admin.capnp.h"
 #include "schemas/auth.capnp.h"
 #include "transport/auth/api_keys.h"

@@ -1,9 +1,9 @@
-// tandem make-model: writes a random-weight Llama GGUF (for tests, benchmarks and demos).
+// tandem make-model: writes a random-weight GGUF of a dense architecture (for tests, benchmarks and demos).
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 
-#include "actors/common/error.h"
+#include "kernels/base/error.h"
 #include "kernels/gguf/gguf.h"
 #include "kernels/model/make_model.h"
 #include "tools/tandem/commands.h"
@@ -13,8 +13,12 @@ namespace tandem::cli {
 
 int make_model(args a) {
   flags f;
-  f.opt("preset", "model size: tiny-15m | small-110m | micro", "tiny-15m")
-      .opt("dtype", "type of the weight matrices: f32 | f16 | bf16 | q8_0 (norms stay f32)", "f16")
+  f.opt("preset", "model size: tiny-15m | small-110m | micro | llama-1b (Llama-3.2-1B shapes, ~1B parameters)", "tiny-15m")
+      .opt("dtype", "type of the weight matrices: f32 | f16 | bf16 | q8_0 | q4_0 | q4_k | q5_k | q6_k | q4_k_m (llama.cpp's "
+           "Q4_K_M mix); norms stay f32, k-quants fall back to q8_0 where 256 does not divide a row", "f16")
+      .opt("arch", "general.architecture: llama | qwen2 | qwen3 | gemma2", "llama")
+      .opt("sliding-window", "gemma2 only: tokens the sliding-window layers see", "32")
+      .opt("rope-scaling", "llama only: none | llama3 (writes rope_freqs.weight, Llama 3.1 factors)", "none")
       .opt("seed", "random seed of the weights", "1")
       .opt("out", "output .gguf path (required)")
       .sw("untied", "write a separate output.weight instead of reusing token_embd.weight");
@@ -29,12 +33,25 @@ int make_model(args a) {
 
   make_model_options opt;
   opt.preset = f.str("preset");
+  opt.arch = f.str("arch");
+  const int64_t window = f.num("sliding-window");
+  if (window < 1 || window > (int64_t(1) << 30))
+    throw tandem::error("--sliding-window must be a positive number of tokens, got " + std::to_string(window));
+  opt.sliding_window = int32_t(window);
+  const std::string rs = f.str("rope-scaling");
+  if (rs != "none" && rs != "llama3") throw tandem::error("unknown --rope-scaling '" + rs + "': use none or llama3");
+  opt.llama3_rope = rs == "llama3";
   const std::string dt = f.str("dtype");
   if (dt == "f32") opt.dtype = ggml_type::f32;
   else if (dt == "f16") opt.dtype = ggml_type::f16;
   else if (dt == "bf16") opt.dtype = ggml_type::bf16;
   else if (dt == "q8_0") opt.dtype = ggml_type::q8_0;
-  else throw tandem::error("unknown --dtype '" + dt + "': use f32, f16, bf16 or q8_0");
+  else if (dt == "q4_0") opt.dtype = ggml_type::q4_0;
+  else if (dt == "q4_k") opt.dtype = ggml_type::q4_K;
+  else if (dt == "q5_k") opt.dtype = ggml_type::q5_K;
+  else if (dt == "q6_k") opt.dtype = ggml_type::q6_K;
+  else if (dt == "q4_k_m") opt.q4_k_m = true;
+  else throw tandem::error("unknown --dtype '" + dt + "': use f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k or q4_k_m");
   const int64_t seed = f.num("seed");
   if (seed < 0) throw tandem::error("--seed must be >= 0, got " + std::to_string(seed));
   opt.seed = uint64_t(seed);
@@ -52,9 +69,9 @@ int make_model(args a) {
     for (int64_t d : t.dims) n *= d;
     params += n;
   }
-  std::printf("wrote %s: preset %s, %s, %zu tensors, %.1fM parameters, vocab %u, %.1f MiB in %.0f ms\n",
-              out.c_str(), opt.preset.c_str(), dt.c_str(), g.tensors().size(), double(params) / 1e6,
-              g.get_u32("llama.vocab_size"), double(std::filesystem::file_size(out)) / (1024.0 * 1024.0), ms);
+  std::printf("wrote %s: %s preset %s, %s, %zu tensors, %.1fM parameters, vocab %u, %.1f MiB in %.0f ms\n",
+              out.c_str(), opt.arch.c_str(), opt.preset.c_str(), dt.c_str(), g.tensors().size(), double(params) / 1e6,
+              g.get_u32(opt.arch + ".vocab_size"), double(std::filesystem::file_size(out)) / (1024.0 * 1024.0), ms);
   return 0;
 }
 

@@ -12,11 +12,13 @@
 #include <kj/async-unix.h>
 #include <spdlog/spdlog.h>
 
-#include "actors/common/error.h"
+#include "actors/common/cpu_cores.h"
+#include "kernels/base/error.h"
 #include "actors/common/logging.h"
 #include "actors/config/cluster_config.h"
 #include "actors/runtime/actor_cluster.h"
 #include "actors/runtime/embedded_cluster.h"
+#include "kernels/tokenizer/tokenizer.h"
 #include "tools/tandem/commands.h"
 #include "tools/tandem/config_report.h"
 #include "tools/tandem/flags.h"
@@ -200,7 +202,8 @@ int serve(args a) {
       .opt("port", "HTTP port (OpenAI API); 0 picks a free port", "8080")
       .opt("rpc-port", "Cap'n Proto RPC port; 0 picks a free port", "8081")
       .opt("admin-port", "admin port for `tandem inspect`; 0 picks a free port (default: no admin port)")
-      .opt("threads", "kernel threads of the worker", "1")
+      .opt("threads", "kernel threads of the worker; defaults to the physical cores hwloc finds",
+           std::to_string(physical_cores()))
       .opt("page-size", "tokens per KV page", "16")
       .opt("kv-cache-mb", "KV cache size in MiB", "256")
       .opt("max-running-seqs", "decode batch size", "32")
@@ -317,6 +320,7 @@ int serve(args a) {
   std::signal(SIGPIPE, SIG_IGN);
 
   auto cluster = embedded_cluster::start(co);
+  for (const auto& w : cluster->tok().warnings()) spdlog::warn("tandem serve: {}", w);
   front_end fe(*cluster, fo);
   fe.run([](const listener_info& l) {
     std::printf("tandem: %s listening on %s:%u\n", l.what.c_str(), l.host.c_str(), static_cast<unsigned>(l.port));

@@ -14,5 +14,6 @@ int inspect(args a);       ///< show the actors of a running node
 int bench(args a);         ///< benchmarks (model, control-plane, transfer, cache, serve)
 int make_model(args a);    ///< write a random-weight Llama GGUF
 int generate(args a);      ///< RPC client: stream a completion from a running node
+int tokenize(args a);      ///< text on stdin to token ids with a model's tokenizer
 
 }  // namespace tandem::cli

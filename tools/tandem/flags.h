@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/common/error.h"
+#include "kernels/base/error.h"
 
 namespace tandem::cli {
 

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/common/error.h"
+#include "kernels/base/error.h"
 #include "tools/tandem/commands.h"
 
 namespace {
@@ -20,6 +20,7 @@ void usage() {
       "  bench         benchmarks: model | control-plane | transfer | cache | serve\n"
       "  make-model    write a random-weight Llama GGUF (--preset tiny-15m|small-110m)\n"
       "  generate      stream a completion from a running node over Cap'n Proto RPC\n"
+      "  tokenize      print the token ids of the text on stdin (--model FILE)\n"
       "\n"
       "run 'tandem <command> --help' for the options of a command\n",
       stderr);
@@ -41,6 +42,7 @@ int main(int argc, char** argv) {
     if (cmd == "bench") return tandem::cli::bench(rest);
     if (cmd == "make-model") return tandem::cli::make_model(rest);
     if (cmd == "generate") return tandem::cli::generate(rest);
+    if (cmd == "tokenize") return tandem::cli::tokenize(rest);
     if (cmd == "--help" || cmd == "-h" || cmd == "help") {
       usage();
       return 0;

@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "actors/common/error.h"
+#include "kernels/base/error.h"
 
 namespace tandem {
 

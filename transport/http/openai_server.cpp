@@ -20,6 +20,7 @@
 #include "transport/http/generation.h"
 #include "transport/http/json.h"
 #include "transport/http/rate_limiter.h"
+#include "transport/http/tokenize_routes.h"
 
 namespace tandem {
 
@@ -73,8 +74,8 @@ namespace {
 
 /// Fixed route labels keep the metric table bounded whatever URLs clients send.
 constexpr std::string_view route_labels[] = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
-                                             "/metrics", "other"};
-enum route_id { r_completions, r_chat, r_models, r_health, r_metrics, r_other };
+                                             "/metrics", "/tokenize", "/detokenize", "other"};
+enum route_id { r_completions, r_chat, r_models, r_health, r_metrics, r_tokenize, r_detokenize, r_other };
 
 /// An error that becomes a JSON error response.
 struct http_error {
@@ -354,9 +355,12 @@ struct openai_server::impl {
     else if (path == "/v1/models") r = r_models;
     else if (path == "/health") r = r_health;
     else if (path == "/metrics") r = r_metrics;
+    else if (path == "/tokenize") r = r_tokenize, post = true;
+    else if (path == "/detokenize") r = r_detokenize, post = true;
     if (r == r_other)
       return send_error(response,
-                        {404, fmt::format("no route for {}; see /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics", path),
+                        {404, fmt::format("no route for {}; see /v1/completions, /v1/chat/completions, /v1/models, /health, "
+                                          "/metrics, /tokenize, /detokenize", path),
                          "invalid_request_error", "", "not_found", std::nullopt},
                         r);
     kj::HttpMethod want = post ? kj::HttpMethod::POST : kj::HttpMethod::GET;
@@ -452,6 +456,7 @@ struct openai_server::impl {
           // small body) and the body lives as long as the request streams: keep only its bytes
           // (found by `tandem bench soak`: ~130 KiB of heap per request in flight).
           bref.shrink_to_fit();
+          if (r == r_tokenize || r == r_detokenize) return tokenize(r, bref, response);
           try {
             return generate(r, bref, response, conn);
           } catch (const http_error& e) {
@@ -491,6 +496,20 @@ struct openai_server::impl {
 
   kj::Promise<void> generate(route_id r, const std::string& text, kj::HttpService::Response& response,
                              kj::AsyncIoStream& conn);
+
+  /// /tokenize and /detokenize: the tokenizer the completions route uses, no engine involved.
+  kj::Promise<void> tokenize(route_id r, const std::string& text, kj::HttpService::Response& response) {
+    std::string out;
+    try {
+      out = r == r_tokenize ? transport::tokenize_response(api.tok(), text)
+                            : transport::detokenize_response(api.tok(), text);
+    } catch (const transport::tokenize_error& e) {
+      return send_error(response, bad_request(e.message, e.param, e.code), r);
+    } catch (const error& e) {
+      return send_error(response, from_engine(e), r);
+    }
+    return send_body(response, 200, "application/json", std::move(out), r);
+  }
 
   /// The peer's IP address (no port: one client may open many connections); "" if unknown.
   static std::string peer_address(kj::AsyncIoStream& conn) {

@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "actors/common/error.h"
+#include "kernels/base/error.h"
 
 namespace tandem::ucx {
 namespace {

@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/common/clock.h"
+#include "kernels/base/clock.h"
 #include "kernels/model/kv_pool.h"
 #include "transport/ucx/kv_handshake.h"
 #include "transport/ucx/transfer_state.h"

@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#include "actors/common/error.h"
+#include "kernels/base/error.h"
 
 namespace tandem::ucx {
 namespace {

@@ -6,7 +6,7 @@
 #include <map>
 #include <memory>
 
-#include "actors/common/error.h"
+#include "kernels/base/error.h"
 
 namespace tandem::ucx {
 

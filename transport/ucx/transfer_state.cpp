@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "actors/common/error.h"
+#include "kernels/base/error.h"
 
 namespace tandem::ucx {
 

@@ -25,7 +25,7 @@
 #include <string_view>
 #include <vector>
 
-#include "actors/common/clock.h"
+#include "kernels/base/clock.h"
 #include "actors/common/metrics.h"
 
 namespace tandem::ucx {

@@ -1,0 +1,327 @@
+// AVX-512 (BW + VNNI) kernels of the low-bit matmul (quant_matmul.h): weights decoded to
+// bytes in registers, u8 x s8 pair products (vpmaddubsw), sub-block scales applied by
+// vpdpwssd, all exact; the float combination per block as quant_matmul.cpp's scalar code.
+#include <cmath>
+
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/quant_matmul.h"
+#include "kernels/cpu/simd.h"
+
+namespace tandem::cpu::quant_detail {
+
+namespace {
+
+#define TANDEM_Q512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+
+// Lane j of the result: the exact sum of the 16 lanes of A[j] (an add tree; any order gives
+// the same integer).
+TANDEM_Q512 inline __m256i hsum_epi32_x8(const __m512i* A) {
+  __m512i B[4], C[2];
+  for (int m = 0; m < 4; ++m)  // lanes 0-7: A[2m] folded to 8, lanes 8-15: A[2m+1]
+    B[m] = _mm512_add_epi32(_mm512_shuffle_i64x2(A[2 * m], A[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                            _mm512_shuffle_i64x2(A[2 * m], A[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  for (int m = 0; m < 2; ++m)  // quarter q: A[4m + q] folded to 4
+    C[m] = _mm512_add_epi32(_mm512_shuffle_i64x2(B[2 * m], B[2 * m + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                            _mm512_shuffle_i64x2(B[2 * m], B[2 * m + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512i E = _mm512_add_epi32(_mm512_unpacklo_epi32(C[0], C[1]), _mm512_unpackhi_epi32(C[0], C[1]));
+  // Quarter q, lane 0: sum of A[q]; lane 1: sum of A[4 + q].
+  const __m512i F = _mm512_add_epi32(E, _mm512_shuffle_epi32(E, _MM_PERM_BADC));
+  const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_castsi512_si256(_mm512_permutexvar_epi32(idx, F));
+}
+
+// isum[j] = sum of the lanes of A[j], j < n.
+template <int N>
+TANDEM_Q512 inline void hsum_all(const __m512i* A, int32_t* isum) {
+  if constexpr (N % 8 == 0) {
+    for (int c = 0; c < N / 8; ++c) _mm256_storeu_si256(reinterpret_cast<__m256i*>(isum + 8 * c), hsum_epi32_x8(A + 8 * c));
+  } else {
+    for (int j = 0; j < N; ++j) isum[j] = _mm512_reduce_add_epi32(A[j]);
+  }
+}
+
+// The 8 scales (low 8 bytes) and 8 mins (high 8 bytes) of a q4_K / q5_K block's packed 12.
+inline void k4_unpack(const uint8_t* s, uint64_t& sc, uint64_t& m) {
+  uint32_t u0, u1, u2;
+  __builtin_memcpy(&u0, s, 4);
+  __builtin_memcpy(&u1, s + 4, 4);
+  __builtin_memcpy(&u2, s + 8, 4);
+  const uint32_t sc_lo = u0 & 0x3f3f3f3fu, m_lo = u1 & 0x3f3f3f3fu;
+  const uint32_t sc_hi = (u2 & 0x0f0f0f0fu) | ((u0 >> 6) & 0x03030303u) << 4;
+  const uint32_t m_hi = ((u2 >> 4) & 0x0f0f0f0fu) | ((u1 >> 6) & 0x03030303u) << 4;
+  sc = uint64_t(sc_lo) | uint64_t(sc_hi) << 32;
+  m = uint64_t(m_lo) | uint64_t(m_hi) << 32;
+}
+
+// Per-row state of one super-block and the bytes of chunk c (elements 64c .. 64c + 63) with
+// their int16 scale vector (one scale per pair of bytes after vpmaddubsw).
+template <ggml_type T>
+struct kblock;
+
+template <>
+struct kblock<ggml_type::q4_K> {
+  using block = block_q4_K;
+  static constexpr bool offset32 = false;
+  const block* b;
+  __m512i sc;   // 8 int16 scales in lanes 0-7
+  uint64_t m8;  // the 8 mins
+  TANDEM_Q512 void load(const block* p) {
+    b = p;
+    uint64_t s8;
+    k4_unpack(p->scales, s8, m8);
+    sc = _mm512_zextsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(s8))));
+  }
+  TANDEM_Q512 __m512i bytes(int c) const {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qs + 32 * c));
+    const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1);
+    return _mm512_and_si512(both, _mm512_set1_epi8(0x0F));
+  }
+  // Lanes 0-15: sub-block 2c, 16-31: 2c + 1.
+  TANDEM_Q512 __m512i scales(int c) const {
+    const __m512i idx = _mm512_inserti64x4(_mm512_set1_epi16(short(2 * c)), _mm256_set1_epi16(short(2 * c + 1)), 1);
+    return _mm512_permutexvar_epi16(idx, sc);
+  }
+};
+
+// q5_K: q4_K's nibbles and scales plus the fifth bits.
+template <>
+struct kblock<ggml_type::q5_K> {
+  using block = block_q5_K;
+  static constexpr bool offset32 = false;
+  const block* b;
+  __m512i sc;
+  uint64_t m8;
+  TANDEM_Q512 void load(const block* p) {
+    b = p;
+    uint64_t s8;
+    k4_unpack(p->scales, s8, m8);
+    sc = _mm512_zextsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(s8))));
+  }
+  TANDEM_Q512 __m512i bytes(int c) const {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qs + 32 * c));
+    const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1);
+    const __m512i low = _mm512_and_si512(both, _mm512_set1_epi8(0x0F));
+    // Fifth bits: bit 2c of qh[l] for the low half, bit 2c + 1 for the high half.
+    const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qh)));
+    const __m512i sel = _mm512_inserti64x4(_mm512_set1_epi8(char(1 << (2 * c))), _mm256_set1_epi8(char(2 << (2 * c))), 1);
+    return _mm512_or_si512(low, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(qh, sel), _mm512_set1_epi8(16)));
+  }
+  TANDEM_Q512 __m512i scales(int c) const {
+    const __m512i idx = _mm512_inserti64x4(_mm512_set1_epi16(short(2 * c)), _mm256_set1_epi16(short(2 * c + 1)), 1);
+    return _mm512_permutexvar_epi16(idx, sc);
+  }
+};
+
+template <>
+struct kblock<ggml_type::q6_K> {
+  using block = block_q6_K;
+  static constexpr bool offset32 = true;
+  const block* b;
+  __m512i sc;  // 16 int16 scales in lanes 0-15
+  uint64_t m8 = 0;
+  TANDEM_Q512 void load(const block* p) {
+    b = p;
+    sc = _mm512_zextsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p->scales))));
+  }
+  TANDEM_Q512 __m512i bytes(int c) const {
+    const int h = c / 2;
+    const __m512i L = _mm512_loadu_si512(b->ql + 64 * h);
+    const __m512i low = _mm512_and_si512(c % 2 == 0 ? L : _mm512_srli_epi16(L, 4), _mm512_set1_epi8(0x0F));
+    const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qh + 32 * h)));
+    // Top two bits: qh bits 0-1 / 2-3 (even c) or 4-5 / 6-7 (odd c) for the two halves.
+    const __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16(short(c % 2 == 0 ? 0 : 4)),
+                                             _mm256_set1_epi16(short(c % 2 == 0 ? 2 : 6)), 1);
+    const __m512i high = _mm512_and_si512(_mm512_slli_epi16(_mm512_srlv_epi16(qh, shift), 4), _mm512_set1_epi8(0x30));
+    return _mm512_or_si512(low, high);
+  }
+  // Lane i (bytes 2i, 2i + 1 of the chunk): sub-block 4c + i / 8.
+  TANDEM_Q512 __m512i scales(int c) const {
+    const __m512i idx = _mm512_add_epi16(_mm512_set1_epi16(short(4 * c)),
+                                         _mm512_setr_epi32(0, 0, 0, 0, 0x00010001, 0x00010001, 0x00010001, 0x00010001,
+                                                           0x00020002, 0x00020002, 0x00020002, 0x00020002,
+                                                           0x00030003, 0x00030003, 0x00030003, 0x00030003));
+    return _mm512_permutexvar_epi16(idx, sc);
+  }
+};
+
+// R weight rows x B activation rows of a k-quant weight.
+template <ggml_type T, int R, int B>
+TANDEM_Q512 void tile_k(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, int64_t b0) {
+  using K = kblock<T>;
+  using block = typename K::block;
+  const int64_t nb = w.cols() / qk_k, n = w.rows();
+  const block* rows[R];
+  for (int r = 0; r < R; ++r) rows[r] = reinterpret_cast<const block*>(w.row(r0 + r));
+  float acc[R][B] = {};
+  // Batch 1: the next tile's rows start R rows further on; request each block of them one
+  // tile ahead (rows of a few blocks are too short for the hardware prefetcher to find).
+  const int64_t ahead = B == 1 && R > 1 ? (reinterpret_cast<const char*>(rows[1]) - reinterpret_cast<const char*>(rows[0])) * R : 0;
+  for (int64_t i = 0; i < nb; ++i) {
+    K kb[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      if (ahead != 0) {
+        const char* next = reinterpret_cast<const char*>(rows[r] + i) + ahead;
+        for (size_t o = 0; o < sizeof(block); o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
+        _mm_prefetch(next + sizeof(block) - 1, _MM_HINT_T0);
+      }
+      kb[r].load(rows[r] + i);
+    }
+    __m512i isum_v[R * B];
+#pragma GCC unroll 16
+    for (int j = 0; j < R * B; ++j) isum_v[j] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      __m512i xv[B], xo[B];
+#pragma GCC unroll 4
+      for (int b = 0; b < B; ++b) {
+        xv[b] = _mm512_loadu_si512(a.q(b0 + b) + qk_k * i + 64 * c);
+        if constexpr (K::offset32) xo[b] = _mm512_maddubs_epi16(_mm512_set1_epi8(32), xv[b]);
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m512i wv = kb[r].bytes(c), sv = kb[r].scales(c);
+#pragma GCC unroll 4
+        for (int b = 0; b < B; ++b) {
+          __m512i p = _mm512_maddubs_epi16(wv, xv[b]);
+          if constexpr (K::offset32) p = _mm512_sub_epi16(p, xo[b]);
+          isum_v[b * R + r] = _mm512_dpwssd_epi32(isum_v[b * R + r], p, sv);
+        }
+      }
+    }
+    alignas(32) int32_t isum[R * B];
+    hsum_all<R * B>(isum_v, isum);
+    if constexpr (K::offset32) {
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const float d = _cvtsh_ss(rows[r][i].d);
+        for (int b = 0; b < B; ++b) acc[r][b] = std::fma(d * a.scale(b0 + b)[i], float(isum[b * R + r]), acc[r][b]);
+      }
+    } else {
+      // msum of every (row, activation row): 4 rows' mins a vector (row 4z + q in 128-bit lane
+      // q of M[z]), times the activation row's 8 sums repeated in each lane, summed per lane.
+      constexpr int MZ = (R + 3) / 4;
+      __m512i M[MZ];
+#pragma GCC unroll 2
+      for (int z = 0; z < MZ; ++z) {
+        uint64_t m[4] = {};
+        for (int q = 0; q < 4 && 4 * z + q < R; ++q) m[q] = kb[4 * z + q].m8;
+        M[z] = _mm512_cvtepu8_epi16(_mm256_set_epi64x(int64_t(m[3]), int64_t(m[2]), int64_t(m[1]), int64_t(m[0])));
+      }
+      alignas(64) int32_t msum[B][MZ * 16];
+#pragma GCC unroll 4
+      for (int b = 0; b < B; ++b) {
+        const __m512i S = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a.sum32(b0 + b) + 8 * i)));
+#pragma GCC unroll 2
+        for (int z = 0; z < MZ; ++z) {
+          __m512i v = _mm512_madd_epi16(M[z], S);
+          v = _mm512_add_epi32(v, _mm512_shuffle_epi32(v, _MM_PERM_BADC));
+          v = _mm512_add_epi32(v, _mm512_shuffle_epi32(v, _MM_PERM_CDAB));  // lane 4q: row 4z + q
+          _mm512_store_si512(msum[b] + 16 * z, v);
+        }
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const float d = _cvtsh_ss(rows[r][i].d), dmin = _cvtsh_ss(rows[r][i].dmin);
+        for (int b = 0; b < B; ++b) {
+          const float dx = a.scale(b0 + b)[i];
+          acc[r][b] = std::fma(d * dx, float(isum[b * R + r]), acc[r][b]);
+          acc[r][b] = std::fma(-(dmin * dx), float(msum[b][16 * (r / 4) + 4 * (r % 4)]), acc[r][b]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) y[(b0 + b) * n + r0 + r] = acc[r][b];
+}
+
+TANDEM_Q512 inline float hsum16(__m512 s) {
+  const __m256 v = _mm256_add_ps(_mm512_castps512_ps256(s), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  return _mm_cvtss_f32(h);
+}
+
+// R weight rows x B activation rows of a q4_0 weight: two blocks (64 elements) a step, block
+// i in lanes 8 (i % 2) + l as the recipe says.
+template <int R, int B>
+TANDEM_Q512 void tile_q4_0(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, int64_t b0) {
+  const int64_t nb = w.cols() / q4_0_block, n = w.rows();
+  const block_q4_0* rows[R];
+  for (int r = 0; r < R; ++r) rows[r] = reinterpret_cast<const block_q4_0*>(w.row(r0 + r));
+  __m512 acc[R][B];
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) acc[r][b] = _mm512_setzero_ps();
+  const __m512i ones = _mm512_set1_epi16(1), eights = _mm512_set1_epi8(8), nib = _mm512_set1_epi8(0x0F);
+  // Batch 1: request the next tile's rows one tile ahead (see tile_k), a line per block pair.
+  const int64_t ahead = B == 1 && R > 1 ? (reinterpret_cast<const char*>(rows[1]) - reinterpret_cast<const char*>(rows[0])) * R : 0;
+  for (int64_t i = 0; i < nb; i += 2) {
+    const bool pair = i + 1 < nb;
+    const __mmask16 lanes = pair ? 0xFFFF : 0x00FF;
+    __m512i xv[B], xo[B];
+    __m512 dx[B];
+#pragma GCC unroll 4
+    for (int b = 0; b < B; ++b) {
+      const int8_t* x = a.q(b0 + b) + q4_0_block * i;
+      xv[b] = pair ? _mm512_loadu_si512(x) : _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+      xo[b] = _mm512_maddubs_epi16(eights, xv[b]);
+      const float* s = a.scale(b0 + b) + i;
+      dx[b] = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(s[0]), _mm512_set1_ps(pair ? s[1] : 0.0f));
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const block_q4_0* p = rows[r] + i;
+      if (ahead != 0) _mm_prefetch(reinterpret_cast<const char*>(p) + ahead, _MM_HINT_T0);
+      const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[0].qs));
+      const __m128i q1 = pair ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[1].qs)) : _mm_setzero_si128();
+      const __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(q0), q1, 1);
+      // [lo(0) lo(1) hi(0) hi(1)] -> [lo(0) hi(0) lo(1) hi(1)]: elements in order.
+      const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1);
+      const __m512i wv = _mm512_and_si512(_mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0)), nib);
+      const __m512 dw = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(_cvtsh_ss(p[0].d)),
+                                             _mm512_set1_ps(pair ? _cvtsh_ss(p[1].d) : 0.0f));
+#pragma GCC unroll 4
+      for (int b = 0; b < B; ++b) {
+        const __m512i s = _mm512_madd_epi16(_mm512_sub_epi16(_mm512_maddubs_epi16(wv, xv[b]), xo[b]), ones);
+        acc[r][b] = _mm512_mask3_fmadd_ps(_mm512_mul_ps(dw, dx[b]), _mm512_cvtepi32_ps(s), acc[r][b], lanes);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) y[(b0 + b) * n + r0 + r] = hsum16(acc[r][b]);
+}
+
+template <ggml_type T, int R, int B>
+TANDEM_Q512 void tile(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, int64_t b0) {
+  if constexpr (T == ggml_type::q4_0) tile_q4_0<R, B>(w, a, y, r0, b0);
+  else tile_k<T, R, B>(w, a, y, r0, b0);
+}
+
+template <ggml_type T>
+void rows_typed(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, int64_t r1) {
+  for_tiles<8, 4, 4>(int64_t(row_bytes(w.type, w.cols())), a.batch, r0, r1,
+                     [&](int64_t r, int rows, int64_t b, int64_t count) {
+                       if (rows == 8) return tile<T, 8, 1>(w, a, y, r, b);
+                       if (rows == 1) return tile<T, 1, 1>(w, a, y, r, b);
+                       switch (count) {
+                         case 4: return tile<T, 4, 4>(w, a, y, r, b);
+                         case 3: return tile<T, 4, 3>(w, a, y, r, b);
+                         case 2: return tile<T, 4, 2>(w, a, y, r, b);
+                         default: return tile<T, 4, 1>(w, a, y, r, b);
+                       }
+                     });
+}
+
+}  // namespace
+
+void rows_avx512(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, int64_t r1) {
+  switch (w.type) {
+    case ggml_type::q4_0: return rows_typed<ggml_type::q4_0>(w, a, y, r0, r1);
+    case ggml_type::q4_K: return rows_typed<ggml_type::q4_K>(w, a, y, r0, r1);
+    case ggml_type::q5_K: return rows_typed<ggml_type::q5_K>(w, a, y, r0, r1);
+    default: return rows_typed<ggml_type::q6_K>(w, a, y, r0, r1);
+  }
+}
+
+}  // namespace tandem::cpu::quant_detail

@@ -1,0 +1,42 @@
+#pragma once
+/// The architecture layer: one module per `general.architecture` (llama.cpp's names and
+/// metadata keys), each reading its hyper-parameters and weights from a GGUF file. The
+/// registry maps the name to its module; an unknown name is refused naming the supported ones.
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "kernels/cpu/llama_cpu.h"
+#include "kernels/gguf/gguf.h"
+#include "kernels/model/llama.h"
+
+namespace tandem::arch {
+
+/// What an architecture module provides.
+struct architecture {
+  std::string_view name;  ///< general.architecture, as llama.cpp spells it
+  /// Hyper-parameters from metadata alone (check-config sizes KV pools with it without
+  /// touching the weights; the loader uses the same function, so both agree).
+  model_config (*read_config)(const gguf::file& f);
+  /// Every weight as a view into the file (throws naming a missing tensor).
+  llama_weights (*read_weights)(const gguf::file& f, const model_config& c);
+};
+
+/// Every architecture Tandem loads, in a stable order.
+std::span<const architecture* const> architectures();
+/// "llama, qwen2, qwen3, gemma2"
+std::string supported_names();
+/// The module for `name`, or nullptr.
+const architecture* find(std::string_view name);
+/// The module of a file's `general.architecture` ("llama" when the key is absent, as older
+/// files have it). Throws tandem::error (unimplemented) naming the architecture and the
+/// supported ones.
+const architecture& of(const gguf::file& f);
+
+/// of(f).read_config(f).
+model_config read_config(const gguf::file& f);
+/// Loads the CPU model of `f` with its architecture's module.
+std::unique_ptr<llama_model> load(const gguf::file& f, const cpu_options& opt = {});
+
+}  // namespace tandem::arch
