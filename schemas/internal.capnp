@@ -42,12 +42,36 @@ struct SubmitRequest {
 }
 
 # Where KV pages live; a cross-node version ships pages between pools using these fields.
+# The same struct travels in handoffs and in the UCX handshake (KvHello), so both sides of a
+# transfer compare one description.
 struct KvLayout {
   nLayers @0 :Int32;
   nKvHeads @1 :Int32;
   headDim @2 :Int32;
   pageSize @3 :Int32;
   dtype @4 :KvDtype;          # element type of K and V (kv_layout::dtype)
+  # What a page holds per layer, in order; empty = the standard K and V of nKvHeads x headDim
+  # in dtype. An MLA model has one "latent" component (kv_lora_rank + rope dims per token).
+  components @5 :List(KvComponent);
+}
+
+struct KvComponent {
+  name @0 :Text;
+  nHeads @1 :Int32;
+  headDim @2 :Int32;
+  elemBytes @3 :Int32;
+}
+
+# The UCX KV handshake (transport/ucx/kv_handshake.h), after its magic and version words:
+# who the peer is, the layout of its pool, and where and how to write into it.
+struct KvHello {
+  node @0 :Text;
+  model @1 :Text;
+  layout @2 :KvLayout;
+  poolBase @3 :UInt64;        # remote virtual address of page 0
+  nPages @4 :Int32;
+  rkey @5 :Data;              # packed remote key of the pool registration
+  workerAddress @6 :Data;     # the peer dials it for a data endpoint
 }
 
 enum KvDtype {

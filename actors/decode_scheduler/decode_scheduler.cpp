@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "actors/common/kv_layout_wire.h"
 #include "actors/common/metrics.h"
 #include "actors/common/wire.h"
 #include "actors/worker/kv_port.h"
@@ -390,9 +391,12 @@ void on_handoff(decode_actor_t* self, schema::KvHandoff::Reader h) {
   auto kv = h.getKv();
   d.pages = to_vector(kv.getPageIds());
   d.kv_len = kv.getValidTokens();
-  auto l = kv.getLayout();
-  kv_layout got{l.getNLayers(), l.getNKvHeads(), l.getHeadDim(), l.getPageSize()};
-  got.dtype = l.getDtype() == schema::KvDtype::F16 ? kv_dtype::f16 : kv_dtype::f32;
+  kv_layout got;  // a malformed layout stays empty: refused below as differing from ours
+  try {
+    got = read_kv_layout(kv.getLayout());
+  } catch (const tandem::error& e) {
+    s.log->warn("request {}: KV handoff with a malformed layout: {}", d.req.id, e.what());
+  }
   if (h.getTransferId() != 0) {
     start_remote_handoff(self, std::move(d), h.getTransferId(), kv.getNode().cStr(), got);
     return;

@@ -7,6 +7,7 @@
 #include <deque>
 #include <unordered_map>
 
+#include "actors/common/kv_layout_wire.h"
 #include "actors/common/metrics.h"
 #include "actors/common/wire.h"
 #include "actors/prefill_scheduler/drain_meter.h"
@@ -343,12 +344,7 @@ void finish_prefill(prefill_actor_t* self, pseq& q, int32_t token) {
                kv.setPoolId(s.opt.pool_id);
                kv.setNode(s.opt.node);
                fill_list([&](unsigned n) { return kv.initPageIds(n); }, q.pages);
-               auto l = kv.initLayout();
-               l.setNLayers(s.opt.layout.n_layers);
-               l.setNKvHeads(s.opt.layout.n_kv_heads);
-               l.setHeadDim(s.opt.layout.head_dim);
-               l.setPageSize(s.opt.layout.page_size);
-               l.setDtype(s.opt.layout.dtype == kv_dtype::f16 ? schema::KvDtype::F16 : schema::KvDtype::F32);
+               write_kv_layout(kv.initLayout(), s.opt.layout);
                kv.setValidTokens(computed);
                h.setTransferId(tid);
              }));

@@ -7,42 +7,16 @@
 
 #include "kernels/base/error.h"
 #include "kernels/cpu/aligned_vector.h"
+#include "kernels/cpu/batch_check.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/cpu/weight_check.h"
 
 namespace tandem {
 
 namespace {
 
-void check_shape(const tensor_view& t, const std::string& name, int64_t cols, int64_t rows) {
-  if (t.data == nullptr) throw tandem::error(fmt::format("model tensor {} is missing", name));
-  if (!is_supported(t.type))
-    throw tandem::error(fmt::format("model tensor {} has type {}; supported are {}", name, to_string(t.type),
-                                    supported_types_list));
-  if (t.cols() != cols || t.rows() != rows)
-    throw tandem::error(fmt::format("model tensor {} is {}x{} (cols x rows), expected {}x{}", name, t.cols(),
-                                    t.rows(), cols, rows));
-  if (cols % block_elems(t.type) != 0)
-    throw tandem::error(fmt::format("model tensor {} is {} with {} columns, not a multiple of its block of {}", name,
-                                    to_string(t.type), cols, block_elems(t.type)));
-  if (t.nbytes != 0 && t.nbytes < row_bytes(t.type, cols) * size_t(rows))
-    throw tandem::error(fmt::format("model tensor {} holds {} bytes, needs {}", name, t.nbytes,
-                                    row_bytes(t.type, cols) * size_t(rows)));
-}
-
-std::vector<float> to_f32(const tensor_view& t) {
-  std::vector<float> out(size_t(t.cols()));
-  cpu::dequantize_row(t.type, t.row(0), out.data(), t.cols());
-  return out;
-}
-
-/// A vector weight the architecture may leave out (bias, per-head norm, rope factors): its
-/// values as f32, or empty when absent; a present one must have `n` elements.
-std::vector<float> optional_vector(const tensor_view& t, const std::string& name, int64_t n) {
-  if (t.data == nullptr) return {};
-  check_shape(t, name, n, 1);
-  return to_f32(t);
-}
+using cpu::check_weight;
 
 /// y[r][i] += b[i] for rows of n (no-op when b is empty). Elementwise, so any batch gives the
 /// same bits.
@@ -74,39 +48,36 @@ class cpu_llama final : public llama_model {
     if (int32_t(w_.layers.size()) != c.n_layer)
       throw tandem::error(fmt::format("model has {} layers of weights but n_layer={}", w_.layers.size(), c.n_layer));
     const int64_t e = c.n_embd, qd = int64_t(c.n_head) * c.head_dim, kd = int64_t(c.n_head_kv) * c.head_dim;
-    check_shape(w_.token_embd, "token_embd.weight", e, c.n_vocab);
-    check_shape(w_.output_norm, "output_norm.weight", e, 1);
+    check_weight(w_.token_embd, "token_embd.weight", e, c.n_vocab);
     if (w_.output.data == nullptr) w_.output = w_.token_embd;  // tied embeddings
-    check_shape(w_.output, "output.weight", e, c.n_vocab);
-    output_norm_ = to_f32(w_.output_norm);
+    check_weight(w_.output, "output.weight", e, c.n_vocab);
+    output_norm_ = cpu::vector_weight(w_.output_norm, "output_norm.weight", e);
     for (int32_t l = 0; l < c.n_layer; ++l) {
       const auto& L = w_.layers[size_t(l)];
       auto n = [l](const char* s) { return fmt::format("blk.{}.{}.weight", l, s); };
-      check_shape(L.attn_norm, n("attn_norm"), e, 1);
-      check_shape(L.attn_q, n("attn_q"), e, qd);
-      check_shape(L.attn_k, n("attn_k"), e, kd);
-      check_shape(L.attn_v, n("attn_v"), e, kd);
-      check_shape(L.attn_output, n("attn_output"), qd, e);
-      check_shape(L.ffn_norm, n("ffn_norm"), e, 1);
-      check_shape(L.ffn_gate, n("ffn_gate"), e, c.n_ff);
-      check_shape(L.ffn_up, n("ffn_up"), e, c.n_ff);
-      check_shape(L.ffn_down, n("ffn_down"), c.n_ff, e);
-      attn_norm_.push_back(to_f32(L.attn_norm));
-      ffn_norm_.push_back(to_f32(L.ffn_norm));
+      check_weight(L.attn_q, n("attn_q"), e, qd);
+      check_weight(L.attn_k, n("attn_k"), e, kd);
+      check_weight(L.attn_v, n("attn_v"), e, kd);
+      check_weight(L.attn_output, n("attn_output"), qd, e);
+      check_weight(L.ffn_gate, n("ffn_gate"), e, c.n_ff);
+      check_weight(L.ffn_up, n("ffn_up"), e, c.n_ff);
+      check_weight(L.ffn_down, n("ffn_down"), c.n_ff, e);
+      attn_norm_.push_back(cpu::vector_weight(L.attn_norm, n("attn_norm"), e));
+      ffn_norm_.push_back(cpu::vector_weight(L.ffn_norm, n("ffn_norm"), e));
       extras_.push_back(layer_extras{
-          .q_bias = optional_vector(L.attn_q_bias, fmt::format("blk.{}.attn_q.bias", l), qd),
-          .k_bias = optional_vector(L.attn_k_bias, fmt::format("blk.{}.attn_k.bias", l), kd),
-          .v_bias = optional_vector(L.attn_v_bias, fmt::format("blk.{}.attn_v.bias", l), kd),
-          .q_norm = optional_vector(L.attn_q_norm, n("attn_q_norm"), c.head_dim),
-          .k_norm = optional_vector(L.attn_k_norm, n("attn_k_norm"), c.head_dim),
-          .attn_post_norm = optional_vector(L.attn_post_norm, n("post_attention_norm"), e),
-          .ffn_post_norm = optional_vector(L.ffn_post_norm, n("post_ffw_norm"), e)});
+          .q_bias = cpu::optional_vector_weight(L.attn_q_bias, fmt::format("blk.{}.attn_q.bias", l), qd),
+          .k_bias = cpu::optional_vector_weight(L.attn_k_bias, fmt::format("blk.{}.attn_k.bias", l), kd),
+          .v_bias = cpu::optional_vector_weight(L.attn_v_bias, fmt::format("blk.{}.attn_v.bias", l), kd),
+          .q_norm = cpu::optional_vector_weight(L.attn_q_norm, n("attn_q_norm"), c.head_dim),
+          .k_norm = cpu::optional_vector_weight(L.attn_k_norm, n("attn_k_norm"), c.head_dim),
+          .attn_post_norm = cpu::optional_vector_weight(L.attn_post_norm, n("post_attention_norm"), e),
+          .ffn_post_norm = cpu::optional_vector_weight(L.ffn_post_norm, n("post_ffw_norm"), e)});
       // A half-present pair would silently run a different model.
       if (extras_.back().q_norm.empty() != extras_.back().k_norm.empty())
         throw tandem::error(fmt::format("model layer {} has only one of attn_q_norm / attn_k_norm; both or neither",
                                         l));
     }
-    rope_freqs_ = optional_vector(w_.rope_freqs, "rope_freqs.weight", c.head_dim / 2);
+    rope_freqs_ = cpu::optional_vector_weight(w_.rope_freqs, "rope_freqs.weight", c.head_dim / 2);
     if (!(c.rope_freq_scale > 0.0f && std::isfinite(c.rope_freq_scale)))
       throw tandem::error(fmt::format("invalid rope frequency scale {}", c.rope_freq_scale));
     if (c.rope_freq_scale != 1.0f) {  // linear scaling folded into the per-pair divisors
@@ -168,38 +139,7 @@ void cpu_llama::forward(std::span<const batch_seq> batch, kv_pool& pool, std::ve
     throw tandem::error(fmt::format("KV pool layout {} does not match the model's {}", L.describe(),
                                     layout(L.page_size).describe()));
   const int32_t ps = L.page_size;
-  tok_.clear();
-  pos_.clear();
-  size_t n_logits = 0;
-  for (size_t s = 0; s < batch.size(); ++s) {
-    const batch_seq& b = batch[s];
-    const int64_t end = int64_t(b.pos) + int64_t(b.tokens.size());
-    if (b.pos < 0) throw tandem::error(fmt::format("batch sequence {}: negative position {}", s, b.pos));
-    if (b.want_logits && b.tokens.empty())
-      throw tandem::error(fmt::format("batch sequence {} wants logits but has no new tokens", s));
-    if (c.n_ctx > 0 && end > c.n_ctx)
-      throw tandem::error(fmt::format("batch sequence {}: positions up to {} exceed the context length {}", s, end,
-                                      c.n_ctx));
-    if (int64_t(b.pages.size()) * ps < end)
-      throw tandem::error(fmt::format("batch sequence {}: {} pages of {} tokens cannot hold {} positions; "
-                                      "allocate more pages",
-                                      s, b.pages.size(), ps, end));
-    // Every page attention reads ([0, end)), not only the ones written now.
-    for (int64_t i = 0; i < (end + ps - 1) / ps; ++i) {
-      const int32_t page = b.pages[size_t(i)];
-      if (page < 0 || page >= pool.n_pages())
-        throw tandem::error(fmt::format("batch sequence {}: page id {} is outside the pool of {} pages", s, page,
-                                        pool.n_pages()));
-    }
-    for (size_t i = 0; i < b.tokens.size(); ++i) {
-      if (b.tokens[i] < 0 || b.tokens[i] >= c.n_vocab)
-        throw tandem::error(fmt::format("batch sequence {}: token id {} is out of range [0, {})", s, b.tokens[i],
-                                        c.n_vocab));
-      tok_.push_back(b.tokens[i]);
-      pos_.push_back(b.pos + int32_t(i));
-    }
-    n_logits += b.want_logits ? 1 : 0;
-  }
+  const size_t n_logits = cpu::check_batch(batch, c, pool, tok_, pos_);
   logits.assign(n_logits * size_t(c.n_vocab), 0.0f);
   const int64_t T = int64_t(tok_.size());
   if (T == 0) return;

@@ -30,6 +30,17 @@ struct llama_weights {
   /// scaling): pair i turns at pos * base^(-2i/head_dim) / rope_freqs[i].
   tensor_view rope_freqs;
   std::vector<layer> layers;
+
+  /// Calls f(view) for every weight view, present or not (the loader's unused-tensor check).
+  template <class F>
+  void for_each_view(F&& f) const {
+    for (const tensor_view* t : {&token_embd, &output_norm, &output, &rope_freqs}) f(*t);
+    for (const layer& L : layers)
+      for (const tensor_view* t : {&L.attn_norm, &L.attn_q, &L.attn_k, &L.attn_v, &L.attn_output, &L.ffn_norm,
+                                   &L.ffn_gate, &L.ffn_up, &L.ffn_down, &L.attn_q_bias, &L.attn_k_bias, &L.attn_v_bias,
+                                   &L.attn_q_norm, &L.attn_k_norm, &L.attn_post_norm, &L.ffn_post_norm})
+        f(*t);
+  }
 };
 
 /// Builds the CPU model. Throws tandem::error naming the tensor whose shape or type does

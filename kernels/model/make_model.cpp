@@ -284,6 +284,46 @@ std::vector<float> llama3_rope_factors(int head_dim, double base) {
   return out;
 }
 
+/// DeepSeek-V2's proportions at a preset's width: head parts of at least 32 (the q8_0 block),
+/// the latent a quarter of the width, 8 experts of which 2 are used plus 1 shared, each a
+/// quarter of the dense FFN, and one leading dense layer.
+struct mla_shape {
+  int32_t q_lora_rank, kv_lora_rank, nope, rope, v, n_expert, n_used, n_shared, n_ff_exp, n_dense_lead;
+};
+
+mla_shape mla_shape_of(const preset& p) {
+  auto round32 = [](int32_t n) { return (n + 31) / 32 * 32; };
+  const int32_t nope = std::max(32, p.n_embd / p.n_head);
+  return mla_shape{.q_lora_rank = round32(p.n_embd / 2),
+                   .kv_lora_rank = std::max(64, round32(p.n_embd / 4)),
+                   .nope = nope,
+                   .rope = nope / 2,
+                   .v = nope,
+                   .n_expert = 8,
+                   .n_used = 2,
+                   .n_shared = 1,
+                   .n_ff_exp = std::max(32, p.n_ff / 4),
+                   .n_dense_lead = std::min(1, p.n_layer - 1)};
+}
+
+/// The deepseek2 keys beyond the shared ones (the layout llama.cpp's MLA path reads).
+void write_deepseek2_keys(gguf::writer& w, const mla_shape& m) {
+  w.set_u32("deepseek2.attention.q_lora_rank", uint32_t(m.q_lora_rank));
+  w.set_u32("deepseek2.attention.kv_lora_rank", uint32_t(m.kv_lora_rank));
+  w.set_u32("deepseek2.attention.key_length", uint32_t(m.kv_lora_rank + m.rope));
+  w.set_u32("deepseek2.attention.value_length", uint32_t(m.kv_lora_rank));
+  w.set_u32("deepseek2.attention.key_length_mla", uint32_t(m.nope + m.rope));
+  w.set_u32("deepseek2.attention.value_length_mla", uint32_t(m.v));
+  w.set_u32("deepseek2.leading_dense_block_count", uint32_t(m.n_dense_lead));
+  w.set_u32("deepseek2.expert_count", uint32_t(m.n_expert));
+  w.set_u32("deepseek2.expert_used_count", uint32_t(m.n_used));
+  w.set_u32("deepseek2.expert_shared_count", uint32_t(m.n_shared));
+  w.set_u32("deepseek2.expert_feed_forward_length", uint32_t(m.n_ff_exp));
+  w.set_f32("deepseek2.expert_weights_scale", 1.0f);
+  w.set_bool("deepseek2.expert_weights_norm", true);
+  w.set_u32("deepseek2.expert_gating_func", 1);  // softmax, as DeepSeek-V2
+}
+
 }  // namespace
 
 void write_random_llama(const make_model_options& opt, const std::string& path) {
@@ -298,9 +338,9 @@ void write_random_llama(const make_model_options& opt, const std::string& path) 
                                                 "' for make-model: use " + std::string(supported_types_list));
 
   const std::string& arch = opt.arch;
-  if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "gemma2")
-    throw tandem::error(error_kind::failed,
-                        "unknown architecture '" + arch + "' for make-model: use llama, qwen2, qwen3 or gemma2");
+  if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "gemma2" && arch != "deepseek2")
+    throw tandem::error(error_kind::failed, "unknown architecture '" + arch +
+                                                "' for make-model: use llama, qwen2, qwen3, gemma2 or deepseek2");
   if (arch == "gemma2" && opt.sliding_window < 1)
     throw tandem::error(error_kind::failed, "the sliding window must be at least 1 token");
 
@@ -321,10 +361,11 @@ void write_random_llama(const make_model_options& opt, const std::string& path) 
   w.set_u32(arch + ".block_count", uint32_t(p->n_layer));
   w.set_u32(arch + ".feed_forward_length", uint32_t(p->n_ff));
   w.set_u32(arch + ".attention.head_count", uint32_t(p->n_head));
-  w.set_u32(arch + ".attention.head_count_kv", uint32_t(p->n_head_kv));
+  w.set_u32(arch + ".attention.head_count_kv", uint32_t(arch == "deepseek2" ? 1 : p->n_head_kv));
   w.set_f32(arch + ".attention.layer_norm_rms_epsilon", 1e-5f);
   w.set_f32(arch + ".rope.freq_base", 10000.0f);
-  w.set_u32(arch + ".rope.dimension_count", uint32_t(head_dim));
+  const mla_shape mla = mla_shape_of(*p);
+  w.set_u32(arch + ".rope.dimension_count", uint32_t(arch == "deepseek2" ? mla.rope : head_dim));
   w.set_u32(arch + ".vocab_size", uint32_t(n_vocab));
   w.set_string("tokenizer.ggml.model", "llama");
   w.set_array_string("tokenizer.ggml.tokens", voc.tokens);
@@ -334,6 +375,7 @@ void write_random_llama(const make_model_options& opt, const std::string& path) 
     w.set_u32(arch + ".attention.key_length", uint32_t(head_dim));
     w.set_u32(arch + ".attention.value_length", uint32_t(head_dim));
   }
+  if (arch == "deepseek2") write_deepseek2_keys(w, mla);
   if (arch == "gemma2") {  // Gemma 2's values, but a small window
     w.set_u32("gemma2.attention.sliding_window", uint32_t(opt.sliding_window));
     w.set_f32("gemma2.attn_logit_softcapping", 50.0f);
@@ -346,10 +388,18 @@ void write_random_llama(const make_model_options& opt, const std::string& path) 
   w.set_bool("tokenizer.ggml.add_eos_token", false);
 
   const float std_dev = 0.02f;
-  auto matrix = [&](const std::string& name, int64_t ne0, int64_t ne1) {
-    const auto x = normal(size_t(ne0 * ne1), std_dev, hash_name(name, opt.seed));
+  auto matrix = [&](const std::string& name, int64_t ne0, int64_t ne1, int64_t ne2 = 1) {
+    const auto x = normal(size_t(ne0 * ne1 * ne2), std_dev, hash_name(name, opt.seed));
     const ggml_type t = weight_type(opt.dtype, opt.q4_k_m, name, ne0, p->n_layer, !opt.tied_output);
-    w.add_tensor(name, t, {ne0, ne1}, encode(x, t));
+    if (ne2 == 1)
+      w.add_tensor(name, t, {ne0, ne1}, encode(x, t));
+    else
+      w.add_tensor(name, t, {ne0, ne1, ne2}, encode(x, t));
+  };
+  // Kept f32 as llama.cpp's quantizer keeps it: the expert choice is a comparison of its outputs.
+  auto router = [&](const std::string& name, int64_t ne0, int64_t ne1) {
+    w.add_tensor(name, ggml_type::f32, {ne0, ne1}, encode(normal(size_t(ne0 * ne1), 0.5f, hash_name(name, opt.seed)),
+                                                          ggml_type::f32));
   };
   auto norm = [&](const std::string& name, int64_t n) {
     w.add_tensor(name, ggml_type::f32, {n}, encode(std::vector<float>(size_t(n), 1.0f), ggml_type::f32));
@@ -366,7 +416,33 @@ void write_random_llama(const make_model_options& opt, const std::string& path) 
   const int64_t e = p->n_embd, qd = int64_t(head_dim) * p->n_head, kv = int64_t(head_dim) * p->n_head_kv,
                 ff = p->n_ff;
   matrix("token_embd.weight", e, n_vocab);
-  for (int32_t l = 0; l < p->n_layer; ++l) {
+  for (int32_t l = 0; l < p->n_layer && arch == "deepseek2"; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    norm(b + "attn_norm.weight", e);
+    matrix(b + "attn_q_a.weight", e, mla.q_lora_rank);
+    scale(b + "attn_q_a_norm.weight", mla.q_lora_rank);
+    matrix(b + "attn_q_b.weight", mla.q_lora_rank, int64_t(p->n_head) * (mla.nope + mla.rope));
+    matrix(b + "attn_kv_a_mqa.weight", e, mla.kv_lora_rank + mla.rope);
+    scale(b + "attn_kv_a_norm.weight", mla.kv_lora_rank);
+    matrix(b + "attn_k_b.weight", mla.nope, mla.kv_lora_rank, p->n_head);
+    matrix(b + "attn_v_b.weight", mla.kv_lora_rank, mla.v, p->n_head);
+    matrix(b + "attn_output.weight", int64_t(p->n_head) * mla.v, e);
+    norm(b + "ffn_norm.weight", e);
+    if (l < mla.n_dense_lead) {
+      matrix(b + "ffn_gate.weight", e, ff);
+      matrix(b + "ffn_up.weight", e, ff);
+      matrix(b + "ffn_down.weight", ff, e);
+      continue;
+    }
+    router(b + "ffn_gate_inp.weight", e, mla.n_expert);
+    matrix(b + "ffn_gate_exps.weight", e, mla.n_ff_exp, mla.n_expert);
+    matrix(b + "ffn_up_exps.weight", e, mla.n_ff_exp, mla.n_expert);
+    matrix(b + "ffn_down_exps.weight", mla.n_ff_exp, e, mla.n_expert);
+    matrix(b + "ffn_gate_shexp.weight", e, int64_t(mla.n_ff_exp) * mla.n_shared);
+    matrix(b + "ffn_up_shexp.weight", e, int64_t(mla.n_ff_exp) * mla.n_shared);
+    matrix(b + "ffn_down_shexp.weight", int64_t(mla.n_ff_exp) * mla.n_shared, e);
+  }
+  for (int32_t l = 0; l < p->n_layer && arch != "deepseek2"; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     norm(b + "attn_norm.weight", e);
     matrix(b + "attn_q.weight", e, qd);

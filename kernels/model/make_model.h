@@ -1,5 +1,5 @@
 #pragma once
-/// Writes random-weight GGUF files of the dense architectures (`tandem make-model`, and tests).
+/// Writes random-weight GGUF files of every architecture Tandem loads (`tandem make-model`, and tests).
 #include <cstdint>
 #include <string>
 
@@ -13,8 +13,10 @@ struct make_model_options {
   /// "llama-1b" (Llama-3.2-1B: 2048 dim, 16 layers, 32 heads, 8 KV heads; for benchmarks).
   std::string preset = "tiny-15m";
   /// general.architecture of the file: "llama", "qwen2" (adds Q/K/V biases), "qwen3" (adds
-  /// per-head q/k norms) or "gemma2" (post norms, soft-capping, sliding window); the same
-  /// preset shapes with that architecture's keys and tensors.
+  /// per-head q/k norms), "gemma2" (post norms, soft-capping, sliding window) or "deepseek2"
+  /// (latent attention with q LoRA, 8 experts of which 2 are routed plus 1 shared, one leading
+  /// dense layer); the same preset width, layers and heads with that architecture's keys and
+  /// tensors.
   std::string arch = "llama";
   /// gemma2 only: `gemma2.attention.sliding_window`, small so that tests cross it.
   int32_t sliding_window = 32;

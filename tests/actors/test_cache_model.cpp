@@ -1,10 +1,12 @@
-// The hierarchical KV cache with a real (random-weight) micro Llama: multi-turn conversations
+// The hierarchical KV cache with real (random-weight) micro models of three architectures
+// (llama; gemma2 with its window crossed; deepseek2 with latent pages): multi-turn conversations
 // give the same greedy output with the cache off, L1 only, and L1+L2+L3 (after evictions and
 // load-backs), and a new cluster on the same disk directory reuses the files.
 #include <doctest/doctest.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
 
 #include "actors/runtime/embedded_cluster.h"
 #include "kernels/model/make_model.h"
@@ -17,25 +19,30 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string& micro_model() {
-  static const std::string path = [] {
-    auto p = (fs::temp_directory_path() / ("tandem_cache_micro_" + std::to_string(getpid()) + ".gguf")).string();
+/// A micro model of `arch` (written once per process, removed at exit). gemma2's window of 32
+/// is crossed by every conversation below; deepseek2's pages hold its latent.
+std::string micro_model(const std::string& arch) {
+  static std::map<std::string, std::string> paths;
+  static struct cleanup {
+    ~cleanup() {
+      for (auto& [a, p] : paths) fs::remove(p);
+    }
+  } c;
+  auto& path = paths[arch];
+  if (path.empty()) {
+    path = (fs::temp_directory_path() / ("tandem_cache_micro_" + arch + "_" + std::to_string(getpid()) + ".gguf")).string();
     make_model_options o;
     o.preset = "micro";
+    o.arch = arch;
     o.seed = 11;
-    write_random_llama(o, p);
-    static struct cleanup {
-      std::string p;
-      ~cleanup() { fs::remove(p); }
-    } c{p};
-    return p;
-  }();
+    write_random_llama(o, path);
+  }
   return path;
 }
 
-cluster_options opts(bool cache, const cache_config& cc) {
+cluster_options opts(const std::string& arch, bool cache, const cache_config& cc) {
   cluster_options o;
-  o.model_path = micro_model();
+  o.model_path = micro_model(arch);
   o.lim.page_size = 16;
   o.lim.device_pages = 14;
   o.lim.prefill_chunk_tokens = 32;
@@ -101,46 +108,49 @@ turns_result conversations(embedded_cluster& c) {
 }  // namespace
 
 TEST_CASE("embedded_cluster(micro): multi-turn output with cache off == L1 == L1+L2+L3, and after a restart") {
-  auto dir = (fs::temp_directory_path() / ("tandem_cache_l3_" + std::to_string(getpid()))).string();
-  fs::remove_all(dir);
-  cache_config tiers;
-  tiers.host_ratio = 1;
-  tiers.write_policy = cache_write_policy::write_through;
-  tiers.disk_dir = dir;
-  tiers.disk_size_gb = 0.05;
+  for (const std::string arch : {"llama", "gemma2", "deepseek2"}) {
+    CAPTURE(arch);
+    auto dir = (fs::temp_directory_path() / ("tandem_cache_l3_" + arch + "_" + std::to_string(getpid()))).string();
+    fs::remove_all(dir);
+    cache_config tiers;
+    tiers.host_ratio = 1;
+    tiers.write_policy = cache_write_policy::write_through;
+    tiers.disk_dir = dir;
+    tiers.disk_size_gb = 0.05;
 
-  turns_result off, l1, hier, again;
-  {
-    auto c = embedded_cluster::start(opts(false, {}));
-    off = conversations(*c);
+    turns_result off, l1, hier, again;
+    {
+      auto c = embedded_cluster::start(opts(arch, false, {}));
+      off = conversations(*c);
+    }
+    {
+      auto c = embedded_cluster::start(opts(arch, true, {}));
+      l1 = conversations(*c);
+    }
+    {
+      auto c = embedded_cluster::start(opts(arch, true, tiers));
+      hier = conversations(*c);
+    }
+    {
+      auto c = embedded_cluster::start(opts(arch, true, tiers));
+      again = conversations(*c);
+    }
+    CHECK(l1.out == off.out);
+    CHECK(hier.out == off.out);
+    CHECK(again.out == off.out);
+    for (auto x : off.cached) CHECK(x == 0);
+    // Later turns reuse the history, including the previous reply (cached by the decode side).
+    CHECK(hier.cached.back() > 100);
+    CHECK(metric(hier.metrics, "tandem_cache_evictions_total{tier=\"device\"}") > 0);
+    CHECK(metric(hier.metrics, "tandem_cache_hit_tokens_total{tier=\"host\"}") > 0);
+    CHECK(metric(hier.metrics, "tandem_cache_hit_tokens_total{tier=\"disk\"}") > 0);
+    double sum_l1 = 0, sum_hier = 0;
+    for (size_t i = 0; i < l1.cached.size(); ++i) sum_l1 += l1.cached[i], sum_hier += hier.cached[i];
+    CHECK(sum_hier > sum_l1);  // the host and disk tiers keep what the small device pool drops
+    // The restarted cluster's first turn of session 0 finds the system prompt on disk.
+    CHECK(again.cached[0] >= 16);
+    CHECK(metric(again.metrics, "tandem_cache_disk_restored_pages") > 0);
+    CHECK(metric(again.metrics, "tandem_cache_disk_read_failures_total") == 0);
+    fs::remove_all(dir);
   }
-  {
-    auto c = embedded_cluster::start(opts(true, {}));
-    l1 = conversations(*c);
-  }
-  {
-    auto c = embedded_cluster::start(opts(true, tiers));
-    hier = conversations(*c);
-  }
-  {
-    auto c = embedded_cluster::start(opts(true, tiers));
-    again = conversations(*c);
-  }
-  CHECK(l1.out == off.out);
-  CHECK(hier.out == off.out);
-  CHECK(again.out == off.out);
-  for (auto x : off.cached) CHECK(x == 0);
-  // Later turns reuse the history, including the previous reply (cached by the decode side).
-  CHECK(hier.cached.back() > 100);
-  CHECK(metric(hier.metrics, "tandem_cache_evictions_total{tier=\"device\"}") > 0);
-  CHECK(metric(hier.metrics, "tandem_cache_hit_tokens_total{tier=\"host\"}") > 0);
-  CHECK(metric(hier.metrics, "tandem_cache_hit_tokens_total{tier=\"disk\"}") > 0);
-  double sum_l1 = 0, sum_hier = 0;
-  for (size_t i = 0; i < l1.cached.size(); ++i) sum_l1 += l1.cached[i], sum_hier += hier.cached[i];
-  CHECK(sum_hier > sum_l1);  // the host and disk tiers keep what the small device pool drops
-  // The restarted cluster's first turn of session 0 finds the system prompt on disk.
-  CHECK(again.cached[0] >= 16);
-  CHECK(metric(again.metrics, "tandem_cache_disk_restored_pages") > 0);
-  CHECK(metric(again.metrics, "tandem_cache_disk_read_failures_total") == 0);
-  fs::remove_all(dir);
 }

@@ -1,5 +1,6 @@
-// The architectures beyond llama across processes: a qwen3 and a gemma2 model (sliding window
-// crossed) served by router, prefill and decode nodes give the single process's greedy text.
+// The architectures beyond llama across processes: a qwen3, a gemma2 (sliding window crossed)
+// and a deepseek2 model (latent KV pages, experts) served by router, prefill and decode nodes
+// give the single process's greedy text.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -12,8 +13,8 @@
 using namespace tandem;
 using namespace tandem::e2e;
 
-TEST_CASE("pd: qwen3 and gemma2 models give the single-process greedy output across nodes") {
-  for (const char* arch : {"qwen3", "gemma2"}) {
+TEST_CASE("pd: qwen3, gemma2 and deepseek2 models give the single-process greedy output across nodes") {
+  for (const char* arch : {"qwen3", "gemma2", "deepseek2"}) {
     CAPTURE(arch);
     temp_dir dir;
     const std::string model = (dir.path / (std::string(arch) + ".gguf")).string();

@@ -115,7 +115,7 @@ TEST_CASE("arch: a half-present q/k norm pair and wrong-sized extras are refused
 }
 
 TEST_CASE("arch: make-model writes every architecture and the registry loads each with its features") {
-  CHECK(arch::supported_names() == "llama, qwen2, qwen3, gemma2");
+  CHECK(arch::supported_names() == "llama, qwen2, qwen3, gemma2, deepseek2");
   std::vector<std::vector<float>> outputs;
   for (const char* a : {"llama", "qwen2", "qwen3", "gemma2"}) {
     for (bool llama3 : {false, true}) {
@@ -183,7 +183,7 @@ TEST_CASE("arch: unknown architectures and inconsistent metadata are refused nam
   };
   const bad_case cases[] = {
       {"unknown architecture", rewrite([](gguf::writer& w) { w.set_string("general.architecture", "mamba"); }),
-       "architecture 'mamba' is not supported; supported are llama, qwen2, qwen3, gemma2"},
+       "architecture 'mamba' is not supported; supported are llama, qwen2, qwen3, gemma2, deepseek2"},
       {"kv heads do not divide heads", rewrite([](gguf::writer& w) { w.set_u32("qwen3.attention.head_count_kv", 3); }),
        "qwen3.attention.head_count_kv = 3"},
       {"partial rope", rewrite([](gguf::writer& w) { w.set_u32("qwen3.rope.dimension_count", 8); }),
@@ -246,5 +246,5 @@ TEST_CASE("arch: unknown architectures and inconsistent metadata are refused nam
   std::filesystem::remove(path);
   make_model_options bad = opt;
   bad.arch = "gpt-j";
-  CHECK_THROWS_WITH(write_random_llama(bad, path), doctest::Contains("use llama, qwen2, qwen3 or gemma2"));
+  CHECK_THROWS_WITH(write_random_llama(bad, path), doctest::Contains("use llama, qwen2, qwen3, gemma2 or deepseek2"));
 }

@@ -52,6 +52,8 @@ const std::vector<std::vector<std::string>> k_made_models = {
     {"--preset", "tiny-15m", "--arch", "llama", "--rope-scaling", "llama3", "--dtype", "f32"},
     {"--preset", "tiny-15m", "--arch", "qwen3", "--dtype", "f16"},
     {"--preset", "tiny-15m", "--arch", "gemma2", "--sliding-window", "8", "--dtype", "f32"},
+    {"--preset", "tiny-15m", "--arch", "deepseek2", "--dtype", "f32"},
+    {"--preset", "tiny-15m", "--arch", "deepseek2", "--dtype", "q8_0"},
 };
 
 /// How far Tandem's logits may be from llama.cpp's, by weight type. The two sides round
@@ -178,7 +180,10 @@ void compare_with_llama_cpp(const std::string& path, const fs::path& tmp) {
   const auto f = gguf::file::open(path);
   const auto tok = tokenizer::from_gguf(f);
   const auto model = llama_model::load(f);
+  // The type that decides the tolerance: the first layer's q projection (deepseek2's q LoRA
+  // down-projection).
   const gguf::tensor_info* q = f.find_tensor("blk.0.attn_q.weight");
+  if (q == nullptr) q = f.find_tensor("blk.0.attn_q_a.weight");
   REQUIRE(q != nullptr);
   const std::string type(to_string(q->type));
   // GELU models: llama.cpp's GELU reads a table of f16 values (GGML_GELU_FP16), ~5e-4 relative

@@ -78,3 +78,24 @@ TEST_CASE("kv handshake: the page element type travels, and an f16 node refuses 
   CHECK(why.find("dtype: here f16 vs peer f32") != std::string::npos);
   CHECK(why.find("kv=f16") != std::string::npos);  // the layout, as each side describes it
 }
+
+TEST_CASE("kv handshake: a latent layout's components travel, and a standard peer is refused naming both") {
+  auto mla = hello();
+  mla.id.layout.n_kv_heads = 1;
+  mla.id.layout.head_dim = 80;
+  mla.id.layout.components = {tandem::kv_component{"latent", 1, 80, 4}};
+  const auto b = encode_hello(mla);
+  const auto h = decode_hello(b.data(), b.size());
+  CHECK(h.id.layout == mla.id.layout);
+  CHECK(check_compatible(mla.id, h.id).empty());
+  // The same head count and size without the component: the pages mean different things.
+  auto standard = mla;
+  standard.id.layout.components.clear();
+  const std::string why = check_compatible(mla.id, standard.id);
+  CHECK(why.find("components: here latent:1x80x4 vs peer standard K/V") != std::string::npos);
+  // A component that could not be a real one is refused at decode.
+  auto bad = mla;
+  bad.id.layout.components[0].elem_bytes = 3;
+  const auto bb = encode_hello(bad);
+  CHECK(decode_error(bb).find("component latent has 3 bytes per element") != std::string::npos);
+}

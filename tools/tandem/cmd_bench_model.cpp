@@ -52,8 +52,10 @@ std::vector<int64_t> parse_list(const std::string& s, const char* flag) {
 
 /// What one decode step or prefill has to read and compute, from the tensor list.
 struct model_cost {
-  size_t step_bytes = 0;       ///< weights read by one forward (all matrices + output head)
-  double layer_params = 0;     ///< matrix elements of all layers
+  /// Weights one token's forward reads: every matrix and the output head, but of a MoE
+  /// layer's stacked experts only the n_expert_used a token is routed to.
+  size_t step_bytes = 0;
+  double layer_params = 0;     ///< matrix elements of all layers one token multiplies by
   double output_params = 0;    ///< elements of the output head
   std::string weight_type;     ///< type of blk.0.attn_q.weight
 };
@@ -64,20 +66,27 @@ model_cost cost_of(const gguf::file& f, const model_config& c) {
   const gguf::tensor_info* out = f.find_tensor("output.weight");
   for (const auto& t : f.tensors()) {
     if (&t == embd && out != nullptr) continue;  // only a few embedding rows are read
-    m.step_bytes += t.nbytes;
+    // Stacked experts (ffn_*_exps): a token reads the n_expert_used it is routed to.
+    const bool experts = t.name.find("_exps.") != std::string::npos && c.n_expert > 0;
+    const double share = experts ? double(c.n_expert_used) / double(c.n_expert) : 1.0;
+    m.step_bytes += size_t(double(t.nbytes) * share);
     double n = 1;
     for (int64_t d : t.dims) n *= double(d);
-    if (t.name.rfind("blk.", 0) == 0 && t.dims.size() == 2 && t.dims[1] > 1) m.layer_params += n;
+    if (t.name.rfind("blk.", 0) == 0 && t.dims.size() >= 2 && t.dims[1] > 1) m.layer_params += n * share;
   }
   m.output_params = double(c.n_vocab) * c.n_embd;
-  if (const auto* q = f.find_tensor("blk.0.attn_q.weight")) m.weight_type = std::string(to_string(q->type));
+  const auto* q = f.find_tensor("blk.0.attn_q.weight");
+  if (q == nullptr) q = f.find_tensor("blk.0.attn_q_a.weight");  // deepseek2's q LoRA
+  if (q != nullptr) m.weight_type = std::string(to_string(q->type));
   return m;
 }
 
-/// FLOP of causal attention for `n` new tokens after `pos0` cached ones (QK and AV).
+/// FLOP of causal attention for `n` new tokens after `pos0` cached ones (QK and AV); with
+/// latent attention, scores over the latent + rope part and values in the latent.
 double attention_flops(const model_config& c, int64_t pos0, int64_t n) {
   double ctx = 0;
   for (int64_t t = 0; t < n; ++t) ctx += double(pos0 + t + 1);
+  if (c.kv_lora_rank > 0) return 2.0 * ctx * (2.0 * c.kv_lora_rank + c.rope_dims) * c.n_head * c.n_layer;
   return 4.0 * ctx * c.head_dim * c.n_head * c.n_layer;
 }
 
@@ -488,6 +497,10 @@ int bench_model(args a) {
               cost.weight_type.c_str(), c.n_layer, double(cost.step_bytes) / 1e6);
   std::printf("architecture %s: KV cache %zu bytes per token (%s)\n", c.arch.c_str(), kv_bytes_per_token,
               kv_per_page.describe().c_str());
+  if (c.n_expert > 0)
+    std::printf("experts: %d routed of %d (+%d shared) per MoE layer after %d dense; a step's weight bytes count the "
+                "routed ones\n",
+                c.n_expert_used, c.n_expert, c.n_expert_shared, c.n_dense_lead);
   std::printf("threads %lld, kernels %s, kv cache %s; measured in this run (higher of before/after): read bandwidth "
               "%.2f GB/s, peak FMA %.1f GFLOP/s\n",
               (long long)threads, isa_name.c_str(), to_string(kv), bw / 1e9, peak / 1e9);

@@ -1,4 +1,4 @@
-// tandem make-model: writes a random-weight GGUF of a dense architecture (for tests, benchmarks and demos).
+// tandem make-model: writes a random-weight GGUF of any architecture Tandem loads (for tests, benchmarks and demos).
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -16,7 +16,7 @@ int make_model(args a) {
   f.opt("preset", "model size: tiny-15m | small-110m | micro | llama-1b (Llama-3.2-1B shapes, ~1B parameters)", "tiny-15m")
       .opt("dtype", "type of the weight matrices: f32 | f16 | bf16 | q8_0 | q4_0 | q4_k | q5_k | q6_k | q4_k_m (llama.cpp's "
            "Q4_K_M mix); norms stay f32, k-quants fall back to q8_0 where 256 does not divide a row", "f16")
-      .opt("arch", "general.architecture: llama | qwen2 | qwen3 | gemma2", "llama")
+      .opt("arch", "general.architecture: llama | qwen2 | qwen3 | gemma2 | deepseek2", "llama")
       .opt("sliding-window", "gemma2 only: tokens the sliding-window layers see", "32")
       .opt("rope-scaling", "llama only: none | llama3 (writes rope_freqs.weight, Llama 3.1 factors)", "none")
       .opt("seed", "random seed of the weights", "1")

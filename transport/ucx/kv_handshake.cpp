@@ -2,57 +2,35 @@
 
 #include <fmt/format.h>
 
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+
 #include <cstring>
 
+#include "actors/common/kv_layout_wire.h"
 #include "kernels/base/error.h"
+#include "schemas/internal.capnp.h"
 
 namespace tandem::ucx {
 namespace {
 
 constexpr uint32_t hello_magic = 0x544b5648;  // "HVKT"
-constexpr uint32_t hello_version = 2;
+constexpr uint32_t hello_version = 3;  // 3: a schema::KvHello with the layout's components
 
-struct writer {
-  std::vector<uint8_t> out;
-  template <class T>
-  void pod(T v) {
-    size_t at = out.size();
-    out.resize(at + sizeof(T));
-    std::memcpy(out.data() + at, &v, sizeof(T));
-  }
-  void bytes(const void* p, size_t n) {
-    pod<uint32_t>(uint32_t(n));
-    out.insert(out.end(), static_cast<const uint8_t*>(p), static_cast<const uint8_t*>(p) + n);
-  }
-  void str(const std::string& s) { bytes(s.data(), s.size()); }
-};
+/// The magic and version words before the Cap'n Proto message.
+constexpr size_t header_bytes = 8;
 
-struct reader {
-  const uint8_t* p;
-  size_t n, at = 0;
-  void need(size_t k) {
-    if (n - at < k) throw tandem::error("truncated KV handshake message; both nodes must run the same tandem version");
-  }
-  template <class T>
-  T pod() {
-    need(sizeof(T));
-    T v;
-    std::memcpy(&v, p + at, sizeof(T));
-    at += sizeof(T);
-    return v;
-  }
-  std::vector<uint8_t> bytes() {
-    uint32_t k = pod<uint32_t>();
-    need(k);
-    std::vector<uint8_t> v(p + at, p + at + k);
-    at += k;
-    return v;
-  }
-  std::string str() {
-    auto v = bytes();
-    return std::string(v.begin(), v.end());
-  }
-};
+/// Bounds on reading a peer's hello (untrusted): a few KiB of names, keys and addresses.
+constexpr size_t max_hello_bytes = size_t(1) << 16;
+
+/// "latent:1x576x4,..." or "standard K/V".
+std::string components_text(const kv_layout& l) {
+  if (l.components.empty()) return "standard K/V";
+  std::string out;
+  for (const auto& c : l.components)
+    out += fmt::format("{}{}:{}x{}x{}", out.empty() ? "" : ",", c.name, c.n_heads, c.head_dim, c.elem_bytes);
+  return out;
+}
 
 }  // namespace
 
@@ -61,49 +39,72 @@ std::string kv_identity::describe() const {
 }
 
 std::vector<uint8_t> encode_hello(const kv_hello& h) {
-  writer w;
-  w.pod(hello_magic);
-  w.pod(hello_version);
-  w.str(h.id.node);
-  w.str(h.id.model);
-  w.str(h.id.dtype);
-  w.pod(h.id.layout.n_layers);
-  w.pod(h.id.layout.n_kv_heads);
-  w.pod(h.id.layout.head_dim);
-  w.pod(h.id.layout.page_size);
-  w.pod(h.pool_base);
-  w.pod(h.n_pages);
-  w.bytes(h.rkey.data(), h.rkey.size());
-  w.bytes(h.worker_address.data(), h.worker_address.size());
-  return std::move(w.out);
+  capnp::MallocMessageBuilder mb;
+  auto m = mb.initRoot<schema::KvHello>();
+  m.setNode(h.id.node);
+  m.setModel(h.id.model);
+  write_kv_layout(m.initLayout(), h.id.layout);
+  m.setPoolBase(h.pool_base);
+  m.setNPages(h.n_pages);
+  m.setRkey(kj::arrayPtr(h.rkey.data(), h.rkey.size()));
+  m.setWorkerAddress(kj::arrayPtr(h.worker_address.data(), h.worker_address.size()));
+  const auto words = capnp::messageToFlatArray(mb);
+  const auto bytes = words.asBytes();
+  std::vector<uint8_t> out(header_bytes + bytes.size());
+  std::memcpy(out.data(), &hello_magic, 4);
+  std::memcpy(out.data() + 4, &hello_version, 4);
+  std::memcpy(out.data() + header_bytes, bytes.begin(), bytes.size());
+  return out;
 }
 
 kv_hello decode_hello(const uint8_t* data, size_t size) {
-  reader r{data, size};
-  if (r.pod<uint32_t>() != hello_magic) throw tandem::error("not a tandem KV handshake (bad magic)");
-  if (uint32_t v = r.pod<uint32_t>(); v != hello_version)
+  if (size < header_bytes) throw tandem::error("truncated KV handshake message; both nodes must run the same tandem version");
+  uint32_t magic, version;
+  std::memcpy(&magic, data, 4);
+  std::memcpy(&version, data + 4, 4);
+  if (magic != hello_magic) throw tandem::error("not a tandem KV handshake (bad magic)");
+  if (version != hello_version)
     throw tandem::error(fmt::format("KV handshake version {} (this node speaks {}); run the same tandem version "
                                     "on prefill and decode nodes",
-                                    v, hello_version));
+                                    version, hello_version));
+  const size_t body = size - header_bytes;
+  if (body > max_hello_bytes)
+    throw tandem::error(fmt::format("KV handshake message of {} bytes exceeds the {} a hello may have", size,
+                                    max_hello_bytes));
+  // Aligned words (the peer's bytes may start anywhere), then the exact size the segment
+  // table declares: fewer bytes is a truncated message, more is trailing garbage.
+  auto words = kj::heapArray<capnp::word>((body + sizeof(capnp::word) - 1) / sizeof(capnp::word));
+  std::memset(words.begin(), 0, words.size() * sizeof(capnp::word));
+  std::memcpy(words.begin(), data + header_bytes, body);
+  const size_t declared = capnp::expectedSizeInWordsFromPrefix(words.asPtr()) * sizeof(capnp::word);
+  if (body == 0 || declared > body)
+    throw tandem::error("truncated KV handshake message; both nodes must run the same tandem version");
+  if (declared < body)
+    throw tandem::error("KV handshake message has trailing bytes; both nodes must run the same tandem version");
   kv_hello h;
-  h.id.node = r.str();
-  h.id.model = r.str();
-  h.id.dtype = r.str();
-  h.id.layout.n_layers = r.pod<int32_t>();
-  h.id.layout.n_kv_heads = r.pod<int32_t>();
-  h.id.layout.head_dim = r.pod<int32_t>();
-  h.id.layout.page_size = r.pod<int32_t>();
-  // The page element type travels as the identity's dtype ("f32", "f16"); an unknown one
-  // stays in the identity, where check_compatible reports it against this node's.
-  parse_kv_dtype(h.id.dtype, h.id.layout.dtype);
-  h.pool_base = r.pod<uint64_t>();
-  h.n_pages = r.pod<int32_t>();
+  try {
+    capnp::ReaderOptions opt;
+    opt.traversalLimitInWords = 4 * words.size() + 64;
+    opt.nestingLimit = 8;
+    capnp::FlatArrayMessageReader reader(words.asPtr(), opt);
+    auto m = reader.getRoot<schema::KvHello>();
+    h.id.node = m.getNode().cStr();
+    h.id.model = m.getModel().cStr();
+    h.id.layout = read_kv_layout(m.getLayout());
+    h.pool_base = m.getPoolBase();
+    h.n_pages = m.getNPages();
+    const auto rkey = m.getRkey();
+    h.rkey.assign(rkey.begin(), rkey.end());
+    const auto addr = m.getWorkerAddress();
+    h.worker_address.assign(addr.begin(), addr.end());
+  } catch (const kj::Exception& e) {
+    throw tandem::error(fmt::format("malformed KV handshake message ({}); both nodes must run the same tandem version",
+                                    e.getDescription().cStr()));
+  }
+  h.id.dtype = to_string(h.id.layout.dtype);
   if (h.n_pages <= 0)
     throw tandem::error(fmt::format("KV handshake of node '{}' offers a pool of {} pages; a peer must have at least one",
                                     h.id.node, h.n_pages));
-  h.rkey = r.bytes();
-  h.worker_address = r.bytes();
-  if (r.at != r.n) throw tandem::error("KV handshake message has trailing bytes; both nodes must run the same tandem version");
   return h;
 }
 
@@ -147,6 +148,7 @@ std::string check_compatible(const kv_identity& local, const kv_identity& remote
   field("kv_heads", local.layout.n_kv_heads, remote.layout.n_kv_heads);
   field("head_dim", local.layout.head_dim, remote.layout.head_dim);
   field("page_size", local.layout.page_size, remote.layout.page_size);
+  field("components", components_text(local.layout), components_text(remote.layout));
   if (diff.empty()) return {};
   return fmt::format("KV layout mismatch between node '{}' ({}) and peer '{}' ({}): {}; serve the same model with "
                      "the same kv page size on the prefill and decode nodes",

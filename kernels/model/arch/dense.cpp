@@ -3,15 +3,14 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <set>
 #include <string>
 
 #include "kernels/base/error.h"
+#include "kernels/model/arch/registry.h"
 
 namespace tandem::arch {
 
-namespace {
-
-/// `<arch>.<key>`
 std::string key(std::string_view arch, std::string_view k) { return fmt::format("{}.{}", arch, k); }
 
 int32_t positive(const gguf::file& f, const std::string& k, uint64_t v) {
@@ -22,9 +21,28 @@ int32_t positive(const gguf::file& f, const std::string& k, uint64_t v) {
 
 int32_t required(const gguf::file& f, const std::string& k) { return positive(f, k, f.get_u64(k)); }
 
+namespace {
+
+/// `<arch>.rope.scaling.type` and `.scaling.factor` into c.rope_freq_scale.
+void read_rope_scaling(const gguf::file& f, std::string_view arch, model_config& c) {
+  const std::string scaling = key(arch, "rope.scaling.type");
+  if (const auto* t = f.find(scaling); t != nullptr && t->as_string() != "none") {
+    if (t->as_string() != "linear")
+      throw tandem::error(error_kind::unimplemented,
+                          fmt::format("{}: {} = '{}' is not supported; supported are none and linear (Llama 3 "
+                                      "scaling comes as the rope_freqs.weight tensor)",
+                                      f.name(), scaling, t->as_string()));
+    const std::string factor = key(arch, "rope.scaling.factor");
+    const float s = f.get_f32(factor);
+    if (!(s >= 1.0f && std::isfinite(s)))
+      throw tandem::error(fmt::format("{}: {} = {} must be a finite number >= 1", f.name(), factor, s));
+    c.rope_freq_scale = 1.0f / s;
+  }
+}
+
 }  // namespace
 
-model_config read_dense_config(const gguf::file& f, std::string_view arch, rope_kind rope) {
+model_config read_base_config(const gguf::file& f, std::string_view arch, rope_kind rope) {
   model_config c;
   c.arch = std::string(arch);
   const auto* name = f.find("general.name");
@@ -43,6 +61,18 @@ model_config read_dense_config(const gguf::file& f, std::string_view arch, rope_
     throw tandem::error(fmt::format("{}: {} = {} is not a multiple of {} = {}", f.name(),
                                     key(arch, "attention.head_count"), c.n_head,
                                     key(arch, "attention.head_count_kv"), c.n_head_kv));
+  read_rope_scaling(f, arch, c);
+  if (!(c.rms_eps > 0.0f && std::isfinite(c.rms_eps)))
+    throw tandem::error(fmt::format("{}: {} = {} must be a small positive number", f.name(),
+                                    key(arch, "attention.layer_norm_rms_epsilon"), c.rms_eps));
+  if (!(c.rope_freq_base > 0.0f && std::isfinite(c.rope_freq_base)))
+    throw tandem::error(fmt::format("{}: {} = {} must be positive", f.name(), key(arch, "rope.freq_base"),
+                                    c.rope_freq_base));
+  return c;
+}
+
+model_config read_dense_config(const gguf::file& f, std::string_view arch, rope_kind rope) {
+  model_config c = read_base_config(f, arch, rope);
   // The head size: key_length when given (Qwen3 and others decouple it from the width),
   // else the width split over the heads.
   const std::string k_len = key(arch, "attention.key_length");
@@ -65,25 +95,6 @@ model_config read_dense_config(const gguf::file& f, std::string_view arch, rope_
   if (f.find(rope_dims) != nullptr && f.get_u64(rope_dims) != uint64_t(c.head_dim))
     throw tandem::error(fmt::format("{}: {} = {}, expected the head size {} (partial RoPE is not supported for {})",
                                     f.name(), rope_dims, f.get_u64(rope_dims), c.head_dim, arch));
-  const std::string scaling = key(arch, "rope.scaling.type");
-  if (const auto* t = f.find(scaling); t != nullptr && t->as_string() != "none") {
-    if (t->as_string() != "linear")
-      throw tandem::error(error_kind::unimplemented,
-                          fmt::format("{}: {} = '{}' is not supported; supported are none and linear (Llama 3 "
-                                      "scaling comes as the rope_freqs.weight tensor)",
-                                      f.name(), scaling, t->as_string()));
-    const std::string factor = key(arch, "rope.scaling.factor");
-    const float s = f.get_f32(factor);
-    if (!(s >= 1.0f && std::isfinite(s)))
-      throw tandem::error(fmt::format("{}: {} = {} must be a finite number >= 1", f.name(), factor, s));
-    c.rope_freq_scale = 1.0f / s;
-  }
-  if (!(c.rms_eps > 0.0f && std::isfinite(c.rms_eps)))
-    throw tandem::error(fmt::format("{}: {} = {} must be a small positive number", f.name(),
-                                    key(arch, "attention.layer_norm_rms_epsilon"), c.rms_eps));
-  if (!(c.rope_freq_base > 0.0f && std::isfinite(c.rope_freq_base)))
-    throw tandem::error(fmt::format("{}: {} = {} must be positive", f.name(), key(arch, "rope.freq_base"),
-                                    c.rope_freq_base));
   return c;
 }
 
@@ -92,15 +103,27 @@ tensor_view optional_tensor(const gguf::file& f, const std::string& name) {
   return t != nullptr ? t->view() : tensor_view{};
 }
 
+int32_t vocab_rows(const gguf::file& f, std::string_view arch, const tensor_view& token_embd) {
+  const int32_t n = positive(f, "token_embd.weight rows", uint64_t(token_embd.rows()));
+  const std::string vocab_key = key(arch, "vocab_size");
+  if (f.find(vocab_key) != nullptr && f.get_u64(vocab_key) != uint64_t(n))
+    throw tandem::error(
+        fmt::format("{}: {} = {} but token_embd.weight has {} rows", f.name(), vocab_key, f.get_u64(vocab_key), n));
+  return n;
+}
+
+std::unique_ptr<llama_model> make_dense(const gguf::file& f, const llama_weights& w, const cpu_options& opt) {
+  std::set<const void*> used;
+  w.for_each_view([&](const tensor_view& t) { used.insert(t.data); });
+  refuse_unused_tensors(f, w.config.arch, used);
+  return make_cpu_llama(w, opt);
+}
+
 llama_weights read_dense_weights(const gguf::file& f, const model_config& c) {
   llama_weights w;
   w.config = c;
   w.token_embd = f.tensor("token_embd.weight").view();
-  w.config.n_vocab = int32_t(w.token_embd.rows());
-  const std::string vocab_key = key(c.arch, "vocab_size");
-  if (f.find(vocab_key) != nullptr && f.get_u64(vocab_key) != uint64_t(w.config.n_vocab))
-    throw tandem::error(fmt::format("{}: {} = {} but token_embd.weight has {} rows", f.name(), vocab_key,
-                                    f.get_u64(vocab_key), w.config.n_vocab));
+  w.config.n_vocab = vocab_rows(f, c.arch, w.token_embd);
   w.output_norm = f.tensor("output_norm.weight").view();
   w.output = optional_tensor(f, "output.weight");
   w.rope_freqs = optional_tensor(f, "rope_freqs.weight");

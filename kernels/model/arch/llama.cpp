@@ -11,7 +11,7 @@ model_config config_of(const gguf::file& f) { return read_dense_config(f, "llama
 }  // namespace
 
 const architecture& llama_architecture() {
-  static constexpr architecture a{"llama", config_of, read_dense_weights};
+  static constexpr architecture a{"llama", config_of, load_dense<read_dense_weights>};
   return a;
 }
 

@@ -25,7 +25,7 @@ llama_weights weights_of(const gguf::file& f, const model_config& c) {
 }  // namespace
 
 const architecture& qwen2_architecture() {
-  static constexpr architecture a{"qwen2", config_of, weights_of};
+  static constexpr architecture a{"qwen2", config_of, load_dense<weights_of>};
   return a;
 }
 

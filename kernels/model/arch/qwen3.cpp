@@ -24,7 +24,7 @@ llama_weights weights_of(const gguf::file& f, const model_config& c) {
 }  // namespace
 
 const architecture& qwen3_architecture() {
-  static constexpr architecture a{"qwen3", config_of, weights_of};
+  static constexpr architecture a{"qwen3", config_of, load_dense<weights_of>};
   return a;
 }
 

@@ -3,6 +3,7 @@
 /// metadata keys), each reading its hyper-parameters and weights from a GGUF file. The
 /// registry maps the name to its module; an unknown name is refused naming the supported ones.
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -19,13 +20,15 @@ struct architecture {
   /// Hyper-parameters from metadata alone (check-config sizes KV pools with it without
   /// touching the weights; the loader uses the same function, so both agree).
   model_config (*read_config)(const gguf::file& f);
-  /// Every weight as a view into the file (throws naming a missing tensor).
-  llama_weights (*read_weights)(const gguf::file& f, const model_config& c);
+  /// The CPU model of `f` (config `c` from read_config), its weights views into the file.
+  /// Throws naming a missing or mis-shaped tensor, and refuses a file carrying tensors the
+  /// architecture does not use (refuse_unused_tensors).
+  std::unique_ptr<llama_model> (*load)(const gguf::file& f, const model_config& c, const cpu_options& opt);
 };
 
 /// Every architecture Tandem loads, in a stable order.
 std::span<const architecture* const> architectures();
-/// "llama, qwen2, qwen3, gemma2"
+/// "llama, qwen2, qwen3, gemma2, deepseek2"
 std::string supported_names();
 /// The module for `name`, or nullptr.
 const architecture* find(std::string_view name);
@@ -33,6 +36,10 @@ const architecture* find(std::string_view name);
 /// files have it). Throws tandem::error (unimplemented) naming the architecture and the
 /// supported ones.
 const architecture& of(const gguf::file& f);
+
+/// Throws naming one of the file's tensors that no pointer in `used` points at, e.g. the
+/// biases of a qwen2 file relabelled llama: running without them would be a different model.
+void refuse_unused_tensors(const gguf::file& f, std::string_view arch, const std::set<const void*>& used);
 
 /// of(f).read_config(f).
 model_config read_config(const gguf::file& f);

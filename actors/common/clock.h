@@ -1,4 +1,0 @@
-#pragma once
-// Moved to kernels/base/clock.h (below the kernels and actors layers); this forwarder goes once
-// every include names the new place.
-#include "kernels/base/clock.h"
