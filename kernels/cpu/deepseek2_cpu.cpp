@@ -57,6 +57,7 @@ class cpu_deepseek2 final : public llama_model {
   std::vector<float> output_norm_;
   std::vector<float> rope_freqs_;  ///< empty: no frequency factors
   float kq_scale_ = 1.0f;
+  float rope_magnitude_ = 1.0f;  ///< YaRN's cos/sin magnitude (1 without YaRN)
   // Scratch reused across calls (one model serves one executor thread). Per-head buffers are
   // head-major ([head][token][...]) so each head's absorbed matmul and attention read
   // contiguous rows.
@@ -180,8 +181,16 @@ cpu_deepseek2::cpu_deepseek2(const deepseek2_weights& w, const cpu_options& opt)
   if (!(c.rope_freq_scale > 0.0f && std::isfinite(c.rope_freq_scale)))
     throw tandem::error(fmt::format("invalid rope frequency scale {}", c.rope_freq_scale));
   if (c.rope_freq_scale != 1.0f) rope_freqs_.assign(size_t(c.rope_dims / 2), 1.0f / c.rope_freq_scale);
-  // llama.cpp's kq_scale for deepseek2 without YaRN: 1 / sqrt(nope + rope dims).
-  kq_scale_ = 1.0f / std::sqrt(float(c.head_dim));
+  // llama.cpp's kq_scale for deepseek2: 1 / sqrt(nope + rope dims), with YaRN times the square
+  // of DeepSeek's mscale (its RoPE then keeps a magnitude of about 1).
+  float mscale = 1.0f;
+  if (c.yarn.on()) {
+    const float inv = 1.0f / (1.0f / c.yarn.factor);
+    const float attn_factor_org = yarn_attn_factor(c.yarn, true) * (1.0f + 0.1f * std::log(inv));
+    mscale = attn_factor_org * (1.0f + 0.1f * c.yarn.log_mul * std::log(inv));
+  }
+  kq_scale_ = mscale * mscale / std::sqrt(float(c.head_dim));
+  rope_magnitude_ = yarn_rope_magnitude(c.yarn, true);
 }
 
 void cpu_deepseek2::swiglu_ffn(const packed_weight& gate, const packed_weight& up, const packed_weight& down,
@@ -345,7 +354,8 @@ void cpu_deepseek2::forward(std::span<const batch_seq> batch, kv_pool& pool, std
   x_.resize(size_t(T * e));
   xn_.resize(size_t(T * e));
   cpu::get_rows(w_.token_embd, tok_, x_.data());
-  rope_.build(pos_.data(), T, c.rope_dims, c.rope_freq_base, false, rope_freqs_.empty() ? nullptr : rope_freqs_.data());
+  rope_.build(pos_.data(), T, c.rope_dims, c.rope_freq_base, false, rope_freqs_.empty() ? nullptr : rope_freqs_.data(),
+              &c.yarn, rope_magnitude_);
   for (int32_t l = 0; l < c.n_layer; ++l) {
     const layer& L = layers_[size_t(l)];
     cpu::rms_norm(x_.data(), L.attn_norm.data(), xn_.data(), T, e, c.rms_eps, &pool_);

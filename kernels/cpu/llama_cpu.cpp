@@ -160,7 +160,7 @@ void cpu_llama::forward(std::span<const batch_seq> batch, kv_pool& pool, std::ve
   }
   // The same angles for every layer.
   rope_.build(pos_.data(), T, int(hd), c.rope_freq_base, c.rope == rope_kind::neox,
-              rope_freqs_.empty() ? nullptr : rope_freqs_.data());
+              rope_freqs_.empty() ? nullptr : rope_freqs_.data(), &c.yarn, yarn_rope_magnitude(c.yarn, false));
 
   for (int32_t l = 0; l < c.n_layer; ++l) {
     const packed_layer& W = packed_[size_t(l)];

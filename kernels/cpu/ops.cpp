@@ -949,7 +949,7 @@ void add_inplace(float* y, const float* x, int64_t n, thread_pool* pool) {
 }
 
 void rope_table::build(const int32_t* pos, int64_t n_rows, int head_dim_, float freq_base, bool neox_,
-                       const float* freq_factors) {
+                       const float* freq_factors, const yarn_scaling* yarn, float yarn_magnitude) {
   rows = n_rows;
   head_dim = head_dim_;
   neox = neox_;
@@ -960,12 +960,32 @@ void rope_table::build(const int32_t* pos, int64_t n_rows, int head_dim_, float 
     freq[size_t(i)] = std::pow(double(freq_base), -2.0 * i / double(head_dim));
     if (freq_factors != nullptr) freq[size_t(i)] /= double(freq_factors[i]);
   }
+  // YaRN: how much of pair i keeps its original angle (1) or takes the interpolated one (0).
+  std::vector<double> keep(static_cast<size_t>(half), 1.0);
+  double interp = 1.0, magnitude = 1.0;
+  if (yarn != nullptr && yarn->on()) {
+    interp = 1.0 / double(yarn->factor);
+    magnitude = double(yarn_magnitude);
+    // The pair index whose wavelength fits `rotations` turns into the original context.
+    auto corr_dim = [&](float rotations) {
+      return double(head_dim) * std::log(double(yarn->orig_ctx) / (double(rotations) * 2.0 * M_PI)) /
+             (2.0 * std::log(double(freq_base)));
+    };
+    const double low = std::max(0.0, std::floor(corr_dim(yarn->beta_fast)));
+    const double high = std::min(double(head_dim - 1), std::ceil(corr_dim(yarn->beta_slow)));
+    for (int i = 0; i < half; ++i) {
+      const double y = (double(i) - low) / std::max(0.001, high - low);
+      keep[size_t(i)] = 1.0 - std::min(1.0, std::max(0.0, y));
+    }
+  }
   cos_sin.resize(size_t(rows) * size_t(half) * 2);
   for (int64_t r = 0; r < rows; ++r)
     for (int i = 0; i < half; ++i) {
-      const double theta = double(pos[r]) * freq[size_t(i)];
-      cos_sin[size_t((r * half + i) * 2)] = float(std::cos(theta));
-      cos_sin[size_t((r * half + i) * 2 + 1)] = float(std::sin(theta));
+      const double extrap = double(pos[r]) * freq[size_t(i)];
+      const double k = keep[size_t(i)];
+      const double theta = interp == 1.0 ? extrap : extrap * interp * (1.0 - k) + extrap * k;
+      cos_sin[size_t((r * half + i) * 2)] = float(std::cos(theta) * magnitude);
+      cos_sin[size_t((r * half + i) * 2 + 1)] = float(std::sin(theta) * magnitude);
     }
 }
 

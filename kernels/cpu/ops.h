@@ -11,6 +11,7 @@
 #include "kernels/cpu/amx.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/model/kv_pool.h"
+#include "kernels/model/rope_scaling.h"
 #include "kernels/tensor.h"
 
 namespace tandem::cpu {
@@ -115,9 +116,12 @@ struct rope_table {
   bool neox = false;
   std::vector<float> cos_sin;  ///< [rows][head_dim / 2][cos, sin]
   /// `freq_factors` (head_dim / 2 values, or null): pair i's angle is divided by
-  /// freq_factors[i] (Llama 3.1+ rope scaling, the `rope_freqs.weight` tensor).
+  /// freq_factors[i] (Llama 3.1+ rope scaling, the `rope_freqs.weight` tensor). `yarn` (or
+  /// null): YaRN as ggml's rope_yarn computes it: pair i's angle blends the interpolated
+  /// (pos / factor) and the original one by a ramp over the pairs between the correction dims
+  /// of beta_fast and beta_slow, and cos and sin are multiplied by `yarn_magnitude`.
   void build(const int32_t* pos, int64_t n_rows, int head_dim, float freq_base, bool neox = false,
-             const float* freq_factors = nullptr);
+             const float* freq_factors = nullptr, const yarn_scaling* yarn = nullptr, float yarn_magnitude = 1.0f);
 };
 /// rope() with the angles of `t` (x is [t.rows][n_heads][t.head_dim]); rows split across
 /// `pool`'s threads if given (the same bits).

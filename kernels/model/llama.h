@@ -12,6 +12,7 @@
 #include "kernels/cpu/isa.h"
 #include "kernels/gguf/gguf.h"
 #include "kernels/model/kv_pool.h"
+#include "kernels/model/rope_scaling.h"
 #include "kernels/tensor.h"
 
 namespace tandem {
@@ -42,6 +43,8 @@ struct model_config {
   /// Linear RoPE scaling (`<arch>.rope.scaling.type = linear`): positions are multiplied by
   /// this (1 / rope.scaling.factor).
   float rope_freq_scale = 1.0f;
+  /// YaRN (rope_freq_scale is then 1 / yarn.factor for the interpolated pairs).
+  yarn_scaling yarn;
   float rms_eps = 1e-5f;
   ffn_kind ffn = ffn_kind::silu;
   // Gemma 2 (all off by default):

@@ -376,6 +376,12 @@ void write_random_llama(const make_model_options& opt, const std::string& path) 
     w.set_u32(arch + ".attention.value_length", uint32_t(head_dim));
   }
   if (arch == "deepseek2") write_deepseek2_keys(w, mla);
+  if (opt.yarn_rope) {
+    w.set_string(arch + ".rope.scaling.type", "yarn");
+    w.set_f32(arch + ".rope.scaling.factor", 4.0f);
+    w.set_u32(arch + ".rope.scaling.original_context_length", uint32_t(p->n_ctx / 4));
+    if (arch == "deepseek2") w.set_f32(arch + ".rope.scaling.yarn_log_multiplier", 0.0707f);
+  }
   if (arch == "gemma2") {  // Gemma 2's values, but a small window
     w.set_u32("gemma2.attention.sliding_window", uint32_t(opt.sliding_window));
     w.set_f32("gemma2.attn_logit_softcapping", 50.0f);

@@ -29,6 +29,10 @@ struct make_model_options {
   /// llama only: write `rope_freqs.weight` with Llama 3.1's rope scaling factors (factor 8,
   /// low/high frequency factors 1 and 4, original context 8192), as llama.cpp's converter does.
   bool llama3_rope = false;
+  /// YaRN RoPE scaling keys: factor 4 over an original context of a quarter of the preset's,
+  /// and for deepseek2 DeepSeek-V2's yarn_log_multiplier (0.1 x mscale_all_dim 0.707, as
+  /// llama.cpp's converter writes it).
+  bool yarn_rope = false;
 };
 
 /// Writes the model to `path`. Throws tandem::error naming the bad preset/arch/dtype or I/O error.

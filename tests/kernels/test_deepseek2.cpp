@@ -56,14 +56,15 @@ std::vector<float> chunked_logits(llama_model& m, int chunk) {
   return logits;
 }
 
-/// Writes the micro deepseek2 preset in `dtype` to a temporary file.
-std::string make_file(ggml_type dtype) {
-  const std::string path = temp_path(std::string(to_string(dtype)) + ".gguf");
+/// Writes the micro deepseek2 preset in `dtype` (with YaRN keys when `yarn`) to a temporary file.
+std::string make_file(ggml_type dtype, bool yarn) {
+  const std::string path = temp_path(std::string(to_string(dtype)) + (yarn ? "-yarn" : "") + ".gguf");
   make_model_options opt;
   opt.preset = "micro";
   opt.arch = "deepseek2";
   opt.dtype = dtype;
   opt.tied_output = false;
+  opt.yarn_rope = yarn;
   write_random_llama(opt, path);
   return path;
 }
@@ -72,7 +73,7 @@ std::string make_file(ggml_type dtype) {
 struct made_file {
   std::string path;
   gguf::file f;
-  explicit made_file(ggml_type dtype) : path(make_file(dtype)), f(gguf::file::open(path)) {}
+  explicit made_file(ggml_type dtype, bool yarn = false) : path(make_file(dtype, yarn)), f(gguf::file::open(path)) {}
   ~made_file() { std::filesystem::remove(path); }
 };
 
@@ -216,4 +217,17 @@ TEST_CASE("deepseek2: inconsistent metadata and missing or foreign tensors are r
     const auto f = gguf::file::parse(bc.bytes);
     CHECK_THROWS_WITH(arch::load(f), doctest::Contains(bc.message));
   }
+}
+
+TEST_CASE("deepseek2: YaRN keys are read (the log multiplier as llama.cpp's loader undoes the converter's 0.1) and change the output") {
+  made_file plain(ggml_type::f32), yarn(ggml_type::f32, true);
+  auto a = arch::load(plain.f), b = arch::load(yarn.f);
+  const yarn_scaling& y = b->config().yarn;
+  CHECK(!a->config().yarn.on());
+  CHECK(y.factor == 4.0f);
+  CHECK(y.orig_ctx == 128);  // micro: 512 positions, a quarter
+  CHECK(y.log_mul == doctest::Approx(0.707f));
+  CHECK(y.beta_fast == 32.0f);
+  // Same weights: only the RoPE angles and the attention scale differ.
+  CHECK(chunked_logits(*a, 19) != chunked_logits(*b, 19));
 }

@@ -54,6 +54,8 @@ const std::vector<std::vector<std::string>> k_made_models = {
     {"--preset", "tiny-15m", "--arch", "gemma2", "--sliding-window", "8", "--dtype", "f32"},
     {"--preset", "tiny-15m", "--arch", "deepseek2", "--dtype", "f32"},
     {"--preset", "tiny-15m", "--arch", "deepseek2", "--dtype", "q8_0"},
+    {"--preset", "tiny-15m", "--arch", "deepseek2", "--rope-scaling", "yarn", "--dtype", "f32"},
+    {"--preset", "tiny-15m", "--arch", "qwen2", "--rope-scaling", "yarn", "--dtype", "f32"},
 };
 
 /// How far Tandem's logits may be from llama.cpp's, by weight type. The two sides round

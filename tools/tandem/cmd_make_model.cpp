@@ -18,7 +18,10 @@ int make_model(args a) {
            "Q4_K_M mix); norms stay f32, k-quants fall back to q8_0 where 256 does not divide a row", "f16")
       .opt("arch", "general.architecture: llama | qwen2 | qwen3 | gemma2 | deepseek2", "llama")
       .opt("sliding-window", "gemma2 only: tokens the sliding-window layers see", "32")
-      .opt("rope-scaling", "llama only: none | llama3 (writes rope_freqs.weight, Llama 3.1 factors)", "none")
+      .opt("rope-scaling",
+           "none | llama3 (llama only: writes rope_freqs.weight, Llama 3.1 factors) | yarn (factor 4 over a quarter "
+           "of the context; deepseek2 also DeepSeek-V2's log multiplier)",
+           "none")
       .opt("seed", "random seed of the weights", "1")
       .opt("out", "output .gguf path (required)")
       .sw("untied", "write a separate output.weight instead of reusing token_embd.weight");
@@ -39,8 +42,10 @@ int make_model(args a) {
     throw tandem::error("--sliding-window must be a positive number of tokens, got " + std::to_string(window));
   opt.sliding_window = int32_t(window);
   const std::string rs = f.str("rope-scaling");
-  if (rs != "none" && rs != "llama3") throw tandem::error("unknown --rope-scaling '" + rs + "': use none or llama3");
+  if (rs != "none" && rs != "llama3" && rs != "yarn")
+    throw tandem::error("unknown --rope-scaling '" + rs + "': use none, llama3 or yarn");
   opt.llama3_rope = rs == "llama3";
+  opt.yarn_rope = rs == "yarn";
   const std::string dt = f.str("dtype");
   if (dt == "f32") opt.dtype = ggml_type::f32;
   else if (dt == "f16") opt.dtype = ggml_type::f16;

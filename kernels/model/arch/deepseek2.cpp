@@ -51,6 +51,8 @@ model_config config_of(const gguf::file& f) {
   if (const int32_t v = size_or(f, dk("attention.value_length"), c.kv_lora_rank); v != c.kv_lora_rank)
     throw tandem::error(fmt::format("{}: {} = {}, expected kv_lora_rank = {}", f.name(), dk("attention.value_length"),
                                     v, c.kv_lora_rank));
+  // llama.cpp's converter stores 0.1 x DeepSeek's mscale_all_dim; its loader divides it out.
+  c.yarn.log_mul /= 0.1f;
   c.n_dense_lead = size_or(f, dk("leading_dense_block_count"), 0);
   if (c.n_dense_lead > c.n_layer)
     throw tandem::error(fmt::format("{}: {} = {} exceeds {} = {}", f.name(), dk("leading_dense_block_count"),

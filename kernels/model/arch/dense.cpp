@@ -23,21 +23,42 @@ int32_t required(const gguf::file& f, const std::string& k) { return positive(f,
 
 namespace {
 
-/// `<arch>.rope.scaling.type` and `.scaling.factor` into c.rope_freq_scale.
+/// `<arch>.rope.scaling.*`: linear scaling into c.rope_freq_scale, YaRN into c.yarn (run after
+/// the context length is read: YaRN's original context defaults to it, as in llama.cpp).
 void read_rope_scaling(const gguf::file& f, std::string_view arch, model_config& c) {
   const std::string scaling = key(arch, "rope.scaling.type");
-  if (const auto* t = f.find(scaling); t != nullptr && t->as_string() != "none") {
-    if (t->as_string() != "linear")
-      throw tandem::error(error_kind::unimplemented,
-                          fmt::format("{}: {} = '{}' is not supported; supported are none and linear (Llama 3 "
-                                      "scaling comes as the rope_freqs.weight tensor)",
-                                      f.name(), scaling, t->as_string()));
-    const std::string factor = key(arch, "rope.scaling.factor");
-    const float s = f.get_f32(factor);
-    if (!(s >= 1.0f && std::isfinite(s)))
-      throw tandem::error(fmt::format("{}: {} = {} must be a finite number >= 1", f.name(), factor, s));
+  const auto* t = f.find(scaling);
+  if (t == nullptr || t->as_string() == "none") return;
+  const std::string type = t->as_string();
+  if (type != "linear" && type != "yarn")
+    throw tandem::error(error_kind::unimplemented,
+                        fmt::format("{}: {} = '{}' is not supported; supported are none, linear and yarn (Llama 3 "
+                                    "scaling comes as the rope_freqs.weight tensor)",
+                                    f.name(), scaling, type));
+  const std::string factor = key(arch, "rope.scaling.factor");
+  const float s = f.get_f32(factor);
+  if (!(s >= 1.0f && std::isfinite(s)))
+    throw tandem::error(fmt::format("{}: {} = {} must be a finite number >= 1", f.name(), factor, s));
+  if (type == "linear") {
     c.rope_freq_scale = 1.0f / s;
+    return;
   }
+  yarn_scaling& y = c.yarn;
+  y.factor = s;
+  y.orig_ctx = positive(f, key(arch, "rope.scaling.original_context_length"),
+                        f.get_u64_or(key(arch, "rope.scaling.original_context_length"), uint64_t(c.n_ctx)));
+  y.beta_fast = f.get_f32_or(key(arch, "rope.scaling.yarn_beta_fast"), y.beta_fast);
+  y.beta_slow = f.get_f32_or(key(arch, "rope.scaling.yarn_beta_slow"), y.beta_slow);
+  y.log_mul = f.get_f32_or(key(arch, "rope.scaling.yarn_log_multiplier"), y.log_mul);
+  y.attn_factor = f.get_f32_or(key(arch, "rope.scaling.attn_factor"), y.attn_factor);
+  for (const auto& [k, v] : {std::pair{"yarn_beta_fast", y.beta_fast}, {"yarn_beta_slow", y.beta_slow},
+                             {"attn_factor", y.attn_factor}})
+    if (!(v > 0.0f && std::isfinite(v)))
+      throw tandem::error(fmt::format("{}: {} = {} must be a positive number", f.name(),
+                                      key(arch, std::string("rope.scaling.") + k), v));
+  if (!(y.log_mul >= 0.0f && std::isfinite(y.log_mul)))
+    throw tandem::error(fmt::format("{}: {} = {} must be a number >= 0", f.name(),
+                                    key(arch, "rope.scaling.yarn_log_multiplier"), y.log_mul));
 }
 
 }  // namespace

@@ -30,7 +30,7 @@ model_config read_base_config(const gguf::file& f, std::string_view arch, rope_k
 /// `.value_length`, `.rope.freq_base`, `.rope.dimension_count`, `.rope.scaling.type` /
 /// `.scaling.factor` and `.attention.layer_norm_rms_epsilon`. Throws tandem::error naming the
 /// key and the value it needs when the metadata is inconsistent or asks for something this
-/// engine does not do (partial RoPE, YaRN scaling, value length != key length).
+/// engine does not do (partial RoPE, an unknown scaling type, value length != key length).
 model_config read_dense_config(const gguf::file& f, std::string_view arch, rope_kind rope);
 
 /// Views of token_embd, output_norm, output (absent = tied), rope_freqs (optional) and each
