@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/cpu/llama_cpu.h"
+#include "kernels/model/arch/dense_forward.h"
 #include "kernels/cpu/ops.h"
 
 namespace tandem::test {

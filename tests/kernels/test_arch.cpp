@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/llama_cpu.h"
+#include "kernels/model/arch/dense_forward.h"
 #include "kernels/gguf/gguf.h"
 #include "kernels/model/arch/registry.h"
 #include "kernels/model/make_model.h"

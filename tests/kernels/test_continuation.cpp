@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/llama_cpu.h"
+#include "kernels/model/arch/dense_forward.h"
 #include "kernels/gguf/gguf.h"
 #include "kernels/tokenizer/tokenizer.h"
 

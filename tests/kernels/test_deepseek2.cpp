@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/deepseek2_cpu.h"
+#include "kernels/model/arch/deepseek2_forward.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/gguf/gguf.h"
 #include "kernels/model/arch/registry.h"

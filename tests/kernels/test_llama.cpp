@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/cpu/llama_cpu.h"
+#include "kernels/model/arch/dense_forward.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/gguf/gguf.h"
 #include "tests/kernels/reference_model.h"

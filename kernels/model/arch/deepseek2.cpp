@@ -6,7 +6,7 @@
 #include <set>
 
 #include "kernels/base/error.h"
-#include "kernels/cpu/deepseek2_cpu.h"
+#include "kernels/model/arch/deepseek2_forward.h"
 #include "kernels/model/arch/dense.h"
 
 namespace tandem::arch {

@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-#include "kernels/cpu/llama_cpu.h"
+#include "kernels/model/arch/dense_forward.h"
 #include "kernels/gguf/gguf.h"
 #include "kernels/model/llama.h"
 

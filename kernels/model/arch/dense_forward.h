@@ -1,9 +1,11 @@
 #pragma once
-/// The CPU Llama model built from tensor views, so it can be fed by a GGUF file
-/// (llama_model::load) or by weights held in memory (tests, converters).
+/// The dense decoder (llama, qwen2, qwen3, gemma2) built from tensor views, so it can be fed by a
+/// GGUF file (llama_model::load) or by weights held in memory (tests, converters); its forward
+/// pass is written once against the backend op table (kernels/backend/backend.h).
 #include <memory>
 #include <vector>
 
+#include "kernels/backend/backend.h"
 #include "kernels/model/llama.h"
 #include "kernels/tensor.h"
 
@@ -43,8 +45,11 @@ struct llama_weights {
   }
 };
 
-/// Builds the CPU model. Throws tandem::error naming the tensor whose shape or type does
-/// not match the config.
+/// Builds the model on backend `ops` with a KV cache of `kv` elements. Throws tandem::error
+/// naming the tensor whose shape or type does not match the config.
+std::unique_ptr<llama_model> make_dense_model(const llama_weights& w, kv_dtype kv, std::unique_ptr<backend::ops> ops);
+
+/// make_dense_model on the CPU backend of `opt`.
 std::unique_ptr<llama_model> make_cpu_llama(const llama_weights& w, const cpu_options& opt = {});
 
 }  // namespace tandem

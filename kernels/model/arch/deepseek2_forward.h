@@ -1,5 +1,5 @@
 #pragma once
-/// The CPU DeepSeek-V2/V3 model (llama.cpp's `deepseek2`): multi-head latent attention whose KV
+/// The DeepSeek-V2/V3 model (llama.cpp's `deepseek2`): multi-head latent attention whose KV
 /// cache holds only the compressed latent (kv_lora_rank normalised values + rope_dims roped key
 /// values per token and layer), absorbed at every step (q_nope goes through W_UK into latent
 /// space, the attention output through W_UV back out), and a mixture-of-experts FFN after
@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/backend/backend.h"
 #include "kernels/model/llama.h"
 #include "kernels/tensor.h"
 
@@ -54,9 +55,14 @@ struct deepseek2_weights {
   }
 };
 
-/// Builds the CPU model (the KV layout is model_kv_layout's latent one, f32). Throws
-/// tandem::error naming the tensor whose shape or type does not match the config, or the
-/// config value that is out of range.
+/// Builds the model on backend `ops` (the KV layout is model_kv_layout's latent one, so `kv`
+/// must be f32). Throws tandem::error naming the tensor whose shape or type does not match the
+/// config, or the config value that is out of range. Its forward pass is written once against
+/// the backend op table.
+std::unique_ptr<llama_model> make_deepseek2_model(const deepseek2_weights& w, kv_dtype kv,
+                                                  std::unique_ptr<backend::ops> ops);
+
+/// make_deepseek2_model on the CPU backend of `opt`.
 std::unique_ptr<llama_model> make_cpu_deepseek2(const deepseek2_weights& w, const cpu_options& opt = {});
 
 }  // namespace tandem

@@ -1,0 +1,387 @@
+#include "kernels/model/arch/deepseek2_forward.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/backend/cpu_backend.h"
+#include "kernels/base/error.h"
+#include "kernels/cpu/moe.h"
+#include "kernels/model/arch/checks.h"
+
+namespace tandem {
+
+namespace {
+
+using arch::check_weight;
+using arch::optional_vector_weight;
+using arch::vector_weight;
+using backend::weight_id;
+
+/// DeepSeek-V2/V3's forward pass, written once against the backend op table.
+class deepseek2_model final : public llama_model {
+ public:
+  deepseek2_model(const deepseek2_weights& w, kv_dtype kv, std::unique_ptr<backend::ops> ops);
+
+  const model_config& config() const override { return w_.config; }
+  kv_layout layout(int32_t page_size) const override { return model_kv_layout(w_.config, page_size, kv_); }
+  void forward(std::span<const batch_seq> batch, kv_pool& pool, std::vector<float>& logits) override;
+
+ private:
+  /// One layer's prepared weights, and its vector weights as f32.
+  struct layer {
+    weight_id q_a, q_b, q, kv_a, wo;
+    std::vector<weight_id> k_b, v_b;  ///< per head
+    bool moe = false;
+    weight_id gate, up, down;  ///< the dense FFN, or the shared experts (present when has_shared)
+    bool has_shared = false;
+    weight_id router;
+    std::vector<weight_id> exp_gate, exp_up, exp_down;  ///< per expert
+    std::vector<float> attn_norm, q_a_norm, kv_a_norm, ffn_norm, probs_bias;
+  };
+  void attention(int32_t l, kv_pool& pool, int64_t T);
+  void ffn(const layer& L, int64_t T);
+  /// y = down(silu(gate x) * up x) for `rows` rows of input `x`.
+  void swiglu_ffn(weight_id gate, weight_id up, weight_id down, const float* x, int64_t rows, int64_t width, float* y);
+
+  deepseek2_weights w_;
+  kv_dtype kv_;
+  std::unique_ptr<backend::ops> ops_;
+  std::vector<layer> layers_;
+  weight_id output_;
+  std::vector<float> output_norm_;
+  std::vector<float> rope_freqs_;  ///< empty: no frequency factors
+  float kq_scale_ = 1.0f;
+  float rope_magnitude_ = 1.0f;  ///< YaRN's cos/sin magnitude (1 without YaRN)
+  // Activations in the backend's memory, reused across calls (one model serves one executor
+  // thread). Per-head buffers are head-major ([head][token][...]) so each head's absorbed
+  // matmul and attention read contiguous rows.
+  std::unique_ptr<backend::buffer> x_, xn_, qa_, q_, kva_, lat_, kpe_, qpe_, qlat_, olat_, ov_, tmp_, gate_, up_,
+      head_in_, head_out_, router_, moe_in_, moe_out_, shared_, logits_;
+  std::vector<float> route_w_, router_host_;
+  std::vector<int32_t> route_e_, expert_rows_, moe_dest_;
+  backend::rope_table rope_;
+  std::vector<int32_t> tok_, pos_, last_;
+  std::vector<backend::kv_slot> slots_;
+  std::vector<backend::mla_seq> calls_;
+  /// (first token index, sequence) of every sequence with new tokens.
+  std::vector<std::pair<int64_t, const batch_seq*>> seq_start_;
+};
+
+deepseek2_model::deepseek2_model(const deepseek2_weights& w, kv_dtype kv, std::unique_ptr<backend::ops> ops)
+    : w_(w), kv_(kv), ops_(std::move(ops)) {
+  const model_config& c = w_.config;
+  const int32_t nope = c.head_dim - c.rope_dims;
+  if (c.n_embd <= 0 || c.n_layer <= 0 || c.n_head <= 0 || c.n_vocab <= 0 || c.kv_lora_rank <= 0 || c.rope_dims <= 0 ||
+      c.rope_dims % 2 != 0 || nope <= 0 || c.v_head_dim <= 0 || c.q_lora_rank < 0 || c.n_dense_lead < 0 ||
+      c.n_dense_lead > c.n_layer)
+    throw tandem::error(fmt::format("invalid deepseek2 config: n_embd={} n_layer={} n_head={} n_vocab={} "
+                                    "kv_lora_rank={} rope_dims={} head_dim={} v_head_dim={} q_lora_rank={} "
+                                    "n_dense_lead={}",
+                                    c.n_embd, c.n_layer, c.n_head, c.n_vocab, c.kv_lora_rank, c.rope_dims, c.head_dim,
+                                    c.v_head_dim, c.q_lora_rank, c.n_dense_lead));
+  const bool any_moe = c.n_dense_lead < c.n_layer;
+  if (any_moe && (c.n_expert <= 0 || c.n_expert_used <= 0 || c.n_expert_used > c.n_expert || c.n_ff_exp <= 0 ||
+                  c.n_expert_shared < 0))
+    throw tandem::error(fmt::format("invalid deepseek2 MoE config: {} experts, {} used, {} shared, {} wide",
+                                    c.n_expert, c.n_expert_used, c.n_expert_shared, c.n_ff_exp));
+  if (c.n_dense_lead > 0 && c.n_ff <= 0) throw tandem::error("invalid deepseek2 config: dense layers need n_ff > 0");
+  if (int32_t(w_.layers.size()) != c.n_layer)
+    throw tandem::error(fmt::format("model has {} layers of weights but n_layer={}", w_.layers.size(), c.n_layer));
+  (void)layout(16);  // refuses a cache type the latent layout does not have, before any work
+  const int64_t e = c.n_embd, H = c.n_head, kvr = c.kv_lora_rank, qd = H * c.head_dim;
+  check_weight(w_.token_embd, "token_embd.weight", e, c.n_vocab);
+  if (w_.output.data == nullptr) w_.output = w_.token_embd;
+  check_weight(w_.output, "output.weight", e, c.n_vocab);
+  output_norm_ = vector_weight(w_.output_norm, "output_norm.weight", e);
+
+  // Every matmul weight prepared at once (on amx their tile copies share one buffer); the
+  // per-head and per-expert matrices are slices of their stacked tensors.
+  layers_.resize(size_t(c.n_layer));
+  std::vector<tensor_view> views;
+  std::vector<backend::weight_id*> targets;
+  auto add = [&](backend::weight_id& p, const tensor_view& t) {
+    views.push_back(t);
+    targets.push_back(&p);
+  };
+  for (int32_t l = 0; l < c.n_layer; ++l) {
+    const auto& W = w_.layers[size_t(l)];
+    layer& L = layers_[size_t(l)];
+    auto n = [l](const char* s) { return fmt::format("blk.{}.{}.weight", l, s); };
+    L.attn_norm = vector_weight(W.attn_norm, n("attn_norm"), e);
+    if (c.q_lora_rank > 0) {
+      check_weight(W.attn_q_a, n("attn_q_a"), e, c.q_lora_rank);
+      L.q_a_norm = vector_weight(W.attn_q_a_norm, n("attn_q_a_norm"), c.q_lora_rank);
+      check_weight(W.attn_q_b, n("attn_q_b"), c.q_lora_rank, qd);
+      add(L.q_a, W.attn_q_a);
+      add(L.q_b, W.attn_q_b);
+    } else {
+      check_weight(W.attn_q, n("attn_q"), e, qd);
+      add(L.q, W.attn_q);
+    }
+    check_weight(W.attn_kv_a_mqa, n("attn_kv_a_mqa"), e, kvr + c.rope_dims);
+    add(L.kv_a, W.attn_kv_a_mqa);
+    L.kv_a_norm = vector_weight(W.attn_kv_a_norm, n("attn_kv_a_norm"), kvr);
+    check_weight(W.attn_k_b, n("attn_k_b"), nope, kvr, H);
+    check_weight(W.attn_v_b, n("attn_v_b"), kvr, c.v_head_dim, H);
+    L.k_b.resize(size_t(H));
+    L.v_b.resize(size_t(H));
+    for (int64_t h = 0; h < H; ++h) {
+      add(L.k_b[size_t(h)], cpu::expert_slice(W.attn_k_b, h));
+      add(L.v_b[size_t(h)], cpu::expert_slice(W.attn_v_b, h));
+    }
+    check_weight(W.attn_output, n("attn_output"), H * c.v_head_dim, e);
+    add(L.wo, W.attn_output);
+    L.ffn_norm = vector_weight(W.ffn_norm, n("ffn_norm"), e);
+    L.moe = l >= c.n_dense_lead;
+    if (!L.moe) {
+      check_weight(W.ffn_gate, n("ffn_gate"), e, c.n_ff);
+      check_weight(W.ffn_up, n("ffn_up"), e, c.n_ff);
+      check_weight(W.ffn_down, n("ffn_down"), c.n_ff, e);
+      add(L.gate, W.ffn_gate);
+      add(L.up, W.ffn_up);
+      add(L.down, W.ffn_down);
+      continue;
+    }
+    const int64_t ne = c.n_expert, fe = c.n_ff_exp;
+    check_weight(W.ffn_gate_inp, n("ffn_gate_inp"), e, ne);
+    add(L.router, W.ffn_gate_inp);
+    check_weight(W.ffn_gate_exps, n("ffn_gate_exps"), e, fe, ne);
+    check_weight(W.ffn_up_exps, n("ffn_up_exps"), e, fe, ne);
+    check_weight(W.ffn_down_exps, n("ffn_down_exps"), fe, e, ne);
+    L.exp_gate.resize(size_t(ne));
+    L.exp_up.resize(size_t(ne));
+    L.exp_down.resize(size_t(ne));
+    for (int64_t x = 0; x < ne; ++x) {
+      add(L.exp_gate[size_t(x)], cpu::expert_slice(W.ffn_gate_exps, x));
+      add(L.exp_up[size_t(x)], cpu::expert_slice(W.ffn_up_exps, x));
+      add(L.exp_down[size_t(x)], cpu::expert_slice(W.ffn_down_exps, x));
+    }
+    L.has_shared = c.n_expert_shared > 0;
+    if (L.has_shared) {
+      const int64_t fs = fe * c.n_expert_shared;
+      check_weight(W.ffn_gate_shexp, n("ffn_gate_shexp"), e, fs);
+      check_weight(W.ffn_up_shexp, n("ffn_up_shexp"), e, fs);
+      check_weight(W.ffn_down_shexp, n("ffn_down_shexp"), fs, e);
+      add(L.gate, W.ffn_gate_shexp);
+      add(L.up, W.ffn_up_shexp);
+      add(L.down, W.ffn_down_shexp);
+    }
+    L.probs_bias = optional_vector_weight(W.exp_probs_b, fmt::format("blk.{}.exp_probs_b.bias", l), ne);
+  }
+  add(output_, w_.output);
+  const std::vector<backend::weight_id> ids = ops_->prepare(views);
+  for (size_t i = 0; i < ids.size(); ++i) *targets[i] = ids[i];
+
+  if (!(c.rope_freq_scale > 0.0f && std::isfinite(c.rope_freq_scale)))
+    throw tandem::error(fmt::format("invalid rope frequency scale {}", c.rope_freq_scale));
+  if (c.rope_freq_scale != 1.0f) rope_freqs_.assign(size_t(c.rope_dims / 2), 1.0f / c.rope_freq_scale);
+  // llama.cpp's kq_scale for deepseek2: 1 / sqrt(nope + rope dims), with YaRN times the square
+  // of DeepSeek's mscale (its RoPE then keeps a magnitude of about 1).
+  float mscale = 1.0f;
+  if (c.yarn.on()) {
+    const float inv = 1.0f / (1.0f / c.yarn.factor);
+    const float attn_factor_org = yarn_attn_factor(c.yarn, true) * (1.0f + 0.1f * std::log(inv));
+    mscale = attn_factor_org * (1.0f + 0.1f * c.yarn.log_mul * std::log(inv));
+  }
+  kq_scale_ = mscale * mscale / std::sqrt(float(c.head_dim));
+  rope_magnitude_ = yarn_rope_magnitude(c.yarn, true);
+  for (auto* buf : {&x_, &xn_, &qa_, &q_, &kva_, &lat_, &kpe_, &qpe_, &qlat_, &olat_, &ov_, &tmp_, &gate_, &up_,
+                    &head_in_, &head_out_, &router_, &moe_in_, &moe_out_, &shared_, &logits_})
+    *buf = ops_->make_buffer();
+}
+
+void deepseek2_model::swiglu_ffn(weight_id gate, weight_id up, weight_id down, const float* x, int64_t rows,
+                                 int64_t width, float* y) {
+  backend::ops& o = *ops_;
+  float* g = gate_->floats(size_t(rows * width));
+  float* u = up_->floats(size_t(rows * width));
+  const weight_id ws[] = {gate, up};
+  float* const ys[] = {g, u};
+  o.matmul_many(ws, x, rows, ys);
+  o.swiglu(g, u, g, size_t(rows * width));
+  o.matmul(down, g, rows, y);
+}
+
+void deepseek2_model::attention(int32_t l, kv_pool& pool, int64_t T) {
+  const model_config& c = w_.config;
+  const layer& L = layers_[size_t(l)];
+  backend::ops& o = *ops_;
+  const int64_t H = c.n_head, hd = c.head_dim, rd = c.rope_dims, kvr = c.kv_lora_rank, nope = hd - rd,
+                vd = c.v_head_dim, lat_w = kvr + rd;
+  float* xn = xn_->floats(0);
+  float* q = q_->floats(size_t(T * H * hd));
+  float* kva = kva_->floats(size_t(T * lat_w));
+  if (c.q_lora_rank > 0) {
+    float* qa = qa_->floats(size_t(T * c.q_lora_rank));
+    // The q LoRA down-projection and the KV latent read the same input: one call.
+    const weight_id ws[] = {L.q_a, L.kv_a};
+    float* const ys[] = {qa, kva};
+    o.matmul_many(ws, xn, T, ys);
+    o.rms_norm(qa, L.q_a_norm.data(), qa, T, c.q_lora_rank, c.rms_eps);
+    o.matmul(L.q_b, qa, T, q);
+  } else {
+    const weight_id ws[] = {L.q, L.kv_a};
+    float* const ys[] = {q, kva};
+    o.matmul_many(ws, xn, T, ys);
+  }
+  // The latent row: the normalised compressed KV, then the roped shared key part.
+  float* lat = lat_->floats(size_t(T * lat_w));
+  float* kpe = kpe_->floats(size_t(T * rd));
+  o.copy_rows(kva, lat_w, lat, kvr, T, kvr);
+  o.copy_rows(kva + kvr, lat_w, kpe, rd, T, rd);
+  o.rms_norm(lat, L.kv_a_norm.data(), lat, T, kvr, c.rms_eps);
+  o.rope(kpe, rope_, 1);
+  // Joined in place at the cache row's stride: [kvr normalised | rd roped] per token.
+  float* row = kva;
+  o.copy_rows(lat, kvr, row, lat_w, T, kvr);
+  o.copy_rows(kpe, rd, row + kvr, lat_w, T, rd);
+  o.kv_write(pool, l, 0, slots_, row, lat_w);
+  // Per head: q_pe roped, q_nope absorbed into latent space through W_UK (head-major).
+  float* qpe = qpe_->floats(size_t(H * T * rd));
+  float* qlat = qlat_->floats(size_t(H * T * kvr));
+  float* head_in = head_in_->floats(size_t(T * std::max(nope, kvr)));
+  for (int64_t h = 0; h < H; ++h) {
+    o.copy_rows(q + h * hd, H * hd, head_in, nope, T, nope);
+    o.copy_rows(q + h * hd + nope, H * hd, qpe + h * T * rd, rd, T, rd);
+    o.rope(qpe + h * T * rd, rope_, 1);
+    o.matmul(L.k_b[size_t(h)], head_in, T, qlat + h * T * kvr);
+  }
+  // Attention in latent space, one call per (sequence, head).
+  float* olat = olat_->floats(size_t(H * T * kvr));
+  calls_.clear();
+  for (const auto& [t0, b] : seq_start_)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t off = h * T + t0;
+      calls_.push_back(backend::mla_seq{.q_lat = qlat + off * kvr,
+                                        .q_pe = qpe + off * rd,
+                                        .n_tokens = int64_t(b->tokens.size()),
+                                        .pos0 = b->pos,
+                                        .pages = b->pages,
+                                        .out = olat + off * kvr});
+    }
+  o.mla_attention(calls_, int32_t(kvr), int32_t(rd), kq_scale_, pool, l);
+  // Per head: back out of latent space through W_UV, then the output projection.
+  float* ov = ov_->floats(size_t(T * H * vd));
+  float* head_out = head_out_->floats(size_t(T * vd));
+  for (int64_t h = 0; h < H; ++h) {
+    o.matmul(L.v_b[size_t(h)], olat + h * T * kvr, T, head_out);
+    o.copy_rows(head_out, vd, ov + h * vd, H * vd, T, vd);
+  }
+  o.matmul(L.wo, ov, T, tmp_->floats(size_t(T * c.n_embd)));
+}
+
+void deepseek2_model::ffn(const layer& L, int64_t T) {
+  const model_config& c = w_.config;
+  backend::ops& o = *ops_;
+  const int64_t e = c.n_embd;
+  float* xn = xn_->floats(0);
+  float* y = tmp_->floats(size_t(T * e));
+  if (!L.moe) {
+    swiglu_ffn(L.gate, L.up, L.down, xn, T, c.n_ff, y);
+    return;
+  }
+  // Route every token, then run each expert once on the rows routed to it: a step reads only
+  // the experts its tokens chose.
+  const int64_t k = c.n_expert_used;
+  float* logits = router_->floats(size_t(T * c.n_expert));
+  o.matmul(L.router, xn, T, logits);
+  route_e_.resize(size_t(T * k));
+  route_w_.resize(size_t(T * k));
+  const backend::moe_routing r{.n_expert = c.n_expert,
+                               .n_used = c.n_expert_used,
+                               .gating = cpu::moe_gating(c.expert_gating),
+                               .norm_weights = c.expert_weights_norm,
+                               .weights_scale = c.expert_weights_scale,
+                               .selection_bias = L.probs_bias.empty() ? nullptr : L.probs_bias.data()};
+  o.moe_route(logits, T, r, route_e_.data(), route_w_.data());
+  float* out = moe_out_->floats(size_t(T * k * e));  // [token][choice][n_embd]
+  for (int32_t x = 0; x < c.n_expert; ++x) {
+    expert_rows_.clear();  // the tokens routed to x, in token order ...
+    moe_dest_.clear();     // ... and their (token * k + choice) rows of `out`
+    for (int64_t i = 0; i < T * k; ++i)
+      if (route_e_[size_t(i)] == x) {
+        expert_rows_.push_back(int32_t(i / k));
+        moe_dest_.push_back(int32_t(i));
+      }
+    const int64_t m = int64_t(expert_rows_.size());
+    if (m == 0) continue;
+    float* in = moe_in_->floats(size_t(m * e));
+    o.gather_rows(xn, expert_rows_, in, e);
+    float* eo = head_out_->floats(size_t(m * e));
+    swiglu_ffn(L.exp_gate[size_t(x)], L.exp_up[size_t(x)], L.exp_down[size_t(x)], in, m, c.n_ff_exp, eo);
+    o.scatter_rows(eo, moe_dest_, out, e);
+  }
+  // Weighted sum in choice order (as llama.cpp adds them), plus the shared experts.
+  float* shared = nullptr;
+  if (L.has_shared) {
+    shared = shared_->floats(size_t(T * e));
+    swiglu_ffn(L.gate, L.up, L.down, xn, T, c.n_ff_exp * c.n_expert_shared, shared);
+  }
+  o.moe_combine(out, route_w_.data(), T, k, e, shared, y);
+}
+
+void deepseek2_model::forward(std::span<const batch_seq> batch, kv_pool& pool, std::vector<float>& logits) {
+  const model_config& c = w_.config;
+  const kv_layout PL = pool.layout();
+  if (!(PL == layout(PL.page_size)))
+    throw tandem::error(fmt::format("KV pool layout {} does not match the model's {}", PL.describe(),
+                                    layout(PL.page_size).describe()));
+  const size_t n_logits = arch::check_batch(batch, c, pool, tok_, pos_);
+  logits.assign(n_logits * size_t(c.n_vocab), 0.0f);
+  const int64_t T = int64_t(tok_.size());
+  if (T == 0) return;
+  const int32_t ps = PL.page_size;
+  seq_start_.clear();
+  slots_.clear();
+  last_.clear();
+  int64_t t0 = 0;
+  for (const batch_seq& b : batch) {
+    if (!b.tokens.empty()) seq_start_.emplace_back(t0, &b);
+    for (size_t i = 0; i < b.tokens.size(); ++i) {
+      const int32_t p = b.pos + int32_t(i);
+      slots_.push_back(backend::kv_slot{b.pages[size_t(p / ps)], p % ps});
+    }
+    t0 += int64_t(b.tokens.size());
+    if (b.want_logits) last_.push_back(int32_t(t0 - 1));
+  }
+  backend::ops& o = *ops_;
+  const int64_t e = c.n_embd;
+  float* x = x_->floats(size_t(T * e));
+  float* xn = xn_->floats(size_t(T * e));
+  o.get_rows(w_.token_embd, tok_, x);
+  rope_.build(pos_.data(), T, c.rope_dims, c.rope_freq_base, false, rope_freqs_.empty() ? nullptr : rope_freqs_.data(),
+              &c.yarn, rope_magnitude_);
+  for (int32_t l = 0; l < c.n_layer; ++l) {
+    const layer& L = layers_[size_t(l)];
+    o.rms_norm(x, L.attn_norm.data(), xn, T, e, c.rms_eps);
+    attention(l, pool, T);
+    o.add(x, tmp_->floats(0), T * e);
+    o.rms_norm(x, L.ffn_norm.data(), xn, T, e, c.rms_eps);
+    ffn(L, T);
+    o.add(x, tmp_->floats(0), T * e);
+  }
+  if (n_logits == 0) return;
+  const int64_t r = int64_t(last_.size());
+  o.gather_rows(x, last_, xn, e);
+  o.rms_norm(xn, output_norm_.data(), xn, r, e, c.rms_eps);
+  // Host memory serves as the output directly; a device's logits come back in one copy.
+  const bool host = o.domain() == backend::memory_domain::host;
+  float* out = host ? logits.data() : logits_->floats(logits.size());
+  o.matmul(output_, xn, r, out);
+  if (!host) o.download(out, logits.size(), logits.data());
+}
+
+}  // namespace
+
+std::unique_ptr<llama_model> make_deepseek2_model(const deepseek2_weights& w, kv_dtype kv,
+                                                  std::unique_ptr<backend::ops> ops) {
+  return std::make_unique<deepseek2_model>(w, kv, std::move(ops));
+}
+
+std::unique_ptr<llama_model> make_cpu_deepseek2(const deepseek2_weights& w, const cpu_options& opt) {
+  return make_deepseek2_model(w, opt.kv, backend::make_cpu_backend(opt));
+}
+
+}  // namespace tandem
