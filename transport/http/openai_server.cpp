@@ -75,8 +75,8 @@ namespace {
 
 /// Fixed route labels keep the metric table bounded whatever URLs clients send.
 constexpr std::string_view route_labels[] = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
-                                             "/metrics", "/tokenize", "/detokenize", "other"};
-enum route_id { r_completions, r_chat, r_models, r_health, r_metrics, r_tokenize, r_detokenize, r_other };
+                                             "/metrics", "/tokenize", "/detokenize", "other", "/health/ready"};
+enum route_id { r_completions, r_chat, r_models, r_health, r_metrics, r_tokenize, r_detokenize, r_other, r_ready };
 
 /// An error that becomes a JSON error response.
 struct http_error {
@@ -449,13 +449,14 @@ struct openai_server::impl {
     else if (path == "/v1/chat/completions") r = r_chat, post = true;
     else if (path == "/v1/models") r = r_models;
     else if (path == "/health") r = r_health;
+    else if (path == "/health/ready") r = r_ready;
     else if (path == "/metrics") r = r_metrics;
     else if (path == "/tokenize") r = r_tokenize, post = true;
     else if (path == "/detokenize") r = r_detokenize, post = true;
     if (r == r_other)
       return send_error(response,
                         {404, fmt::format("no route for {}; see /v1/completions, /v1/chat/completions, /v1/models, /health, "
-                                          "/metrics, /tokenize, /detokenize", path),
+                                          "/health/ready, /metrics, /tokenize, /detokenize", path),
                          "invalid_request_error", "", "not_found", std::nullopt},
                         r);
     kj::HttpMethod want = post ? kj::HttpMethod::POST : kj::HttpMethod::GET;
@@ -479,6 +480,16 @@ struct openai_server::impl {
       w.begin_object().key("status").str(h.status).key("ok").boolean(h.ok).key("uptime_ms").num(h.uptime_ms);
       w.key("model").str(api.model_id()).end_object();
       return send_body(response, h.ok ? 200 : 503, "application/json", w.take(), r);
+    }
+    if (r == r_ready) {
+      // Readiness for load balancers: 503 (with the reason) while the node cannot serve.
+      auto h = api.health();
+      const bool ready = h.ok && h.ready;
+      json::writer w;
+      w.begin_object().key("status").str(!h.ok ? "unhealthy" : ready ? "ready" : "degraded").key("ready").boolean(ready);
+      w.key("reason").str(!h.ok ? h.status : h.ready_status).key("uptime_ms").num(h.uptime_ms);
+      w.key("model").str(api.model_id()).end_object();
+      return send_body(response, ready ? 200 : 503, "application/json", w.take(), r);
     }
     if (r == r_metrics) {
       std::string text = api.metrics_text();
