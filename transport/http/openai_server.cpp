@@ -246,7 +246,7 @@ struct openai_server::impl {
     kj::Promise<void> handleClientProtocolError(kj::HttpHeaders::ProtocolError e, kj::HttpService::Response& response) override {
       ++srv.protocol_error_count;
       unsigned status = e.statusCode >= 400 && e.statusCode < 500 ? e.statusCode : 400;
-      srv.log_refusal(fmt::format("{} {}", status, e.description.cStr()));
+      srv.log_refusal(fmt::format("refused a malformed request: {} {}", status, e.description.cStr()));
       return srv.send_error(response,
                             {status, fmt::format("malformed HTTP request: {}; send an HTTP/1.1 request", e.description.cStr()),
                              "invalid_request_error", "", "bad_http", std::nullopt},
@@ -258,7 +258,7 @@ struct openai_server::impl {
       const bool framing = d.substr(0, transport::framing_exception_prefix.size()) == transport::framing_exception_prefix;
       // kj-http's own complaints about a request it parsed (a body it cannot decode).
       const bool kj_http = !framing && std::string_view(e.getFile()).find("compat/http") != std::string_view::npos;
-      if (!framing) srv.log_refusal(fmt::format("request failed: {}", d));  // description only, no stack
+      if (!framing) srv.log_refusal(fmt::format("a request failed: {}", d));  // description only, no stack
       KJ_IF_MAYBE(r, response) {
         if (framing)  // counted when the connection found it
           return srv.send_error(*r, {400, std::string(d.substr(transport::framing_exception_prefix.size())),
@@ -280,7 +280,9 @@ struct openai_server::impl {
       return srv.send_error(response, {500, "the request ended without a response; the server log has the details",
                                        "server_error", "", "failed", std::nullopt}, r_other);
     }
-    void taskFailed(kj::Exception&& e) override { srv.log_refusal(fmt::format("connection failed: {}", e.getDescription().cStr())); }
+    void taskFailed(kj::Exception&& e) override {
+      srv.log_refusal(fmt::format("a connection failed: {}", e.getDescription().cStr()));
+    }
     impl& srv;
   };
 
@@ -306,17 +308,19 @@ struct openai_server::impl {
     kj::HttpService::Response& inner;
   };
 
-  /// A framing refusal: counted by kind and logged at most once per 5 s (a client can cause it at will).
+  /// A framing refusal: counted by kind and logged (log_refusal).
   void framing_refused(const transport::framing_error& e, const std::string& peer) {
     if (e.status == 408) ++header_timeouts;
     else if (e.status != 429) ++protocol_error_count;
-    log_refusal(fmt::format("{} {} from {}: {}", e.status, e.code, peer.empty() ? "?" : peer, e.message));
+    log_refusal(fmt::format("refused a request from {}: {} {}: {}", peer.empty() ? "?" : peer, e.status, e.code, e.message));
   }
+  /// At most one line per 5 s: clients can cause these at will, and kj's own handler logged a
+  /// stack per request.
   void log_refusal(const std::string& what) {
     const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
                             std::chrono::steady_clock::now().time_since_epoch()).count();
     if (auto suppressed = refusal_log.allow(now))
-      spdlog::warn("http: refused a request: {} ({} more refusals not logged in the last 5 s)", what, *suppressed);
+      spdlog::warn("http: {} ({} more such lines suppressed in the last 5 s)", what, *suppressed);
   }
 
   /// Serves one accepted connection through its framer; answers a framing error after kj is done.
