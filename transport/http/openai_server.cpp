@@ -1,7 +1,5 @@
 #include "transport/http/openai_server.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -18,7 +16,7 @@
 
 #include "kernels/tokenizer/tokenizer.h"
 #include "transport/http/generation.h"
-#include "transport/http/http_connection.h"
+#include "transport/http/framed_http_server.h"
 #include "transport/http/json.h"
 #include "transport/http/rate_limiter.h"
 #include "transport/http/tokenize_routes.h"
@@ -218,128 +216,21 @@ struct gen_state;
 
 struct openai_server::impl {
   impl(serving_api& a, const limits& l, kj::Timer& t)
-      : api(a), lim(l), timer(t), header_table(make_table()), ids("cmpl"), chat_ids("chatcmpl"), protocol_errors(*this),
-        close_callbacks(*this), limiter(l.rate_limit_rps, l.rate_limit_burst, l.rate_limit_max_clients),
-        head_readers(l.http_max_head_readers_per_client), connections(protocol_errors) {
-    kj::HttpServerSettings settings;
-    // Slowloris: framed_connection answers a head not complete within http_header_timeout_ms
-    // with 408; kj's own clock (which would close silently) only backs it up.
-    settings.headerTimeout = (2 * static_cast<int64_t>(lim.http_header_timeout_ms) + 1000) * kj::MILLISECONDS;
-    settings.errorHandler = protocol_errors;
-    settings.callbacks = close_callbacks;
-    hooks.readers = &head_readers;
-    hooks.on_error = [this](const transport::framing_error& e, const std::string& peer) { framing_refused(e, peer); };
-    hooks.error_body = [this](const transport::framing_error& e) {
-      count(r_other, e.status);
-      return error_json({e.status, e.message, "invalid_request_error", "", e.code, std::nullopt});
+      : api(a), lim(l), timer(t), header_table(make_table()), ids("cmpl"), chat_ids("chatcmpl"),
+        limiter(l.rate_limit_rps, l.rate_limit_burst, l.rate_limit_max_clients) {
+    // Connections and HTTP framing are framed_http_server's; errors it answers get our JSON shape.
+    transport::front_callbacks cb;
+    cb.send_error = [this](kj::HttpService::Response& response, const transport::owner_error& e) {
+      return send_error(response, {e.status, e.message, e.type, "", e.code, e.retry_after_s}, r_other);
     };
-    server = kj::heap<kj::HttpServer>(
-        timer, *header_table,
+    cb.error_body = [this](const transport::owner_error& e) {
+      count(r_other, e.status);
+      return error_json({e.status, e.message, e.type, "", e.code, e.retry_after_s});
+    };
+    front = kj::heap<transport::framed_http_server>(
+        timer, *header_table, lim,
         [this](kj::AsyncIoStream& conn) -> kj::Own<kj::HttpService> { return kj::heap<connection_service>(*this, conn); },
-        settings);
-  }
-
-  /// Unparseable requests (bad request line, headers) get the same JSON error shape as the rest;
-  /// so do exceptions kj would answer with its source file and stack.
-  struct json_protocol_errors final : kj::HttpServerErrorHandler, kj::TaskSet::ErrorHandler {
-    explicit json_protocol_errors(impl& s) : srv(s) {}
-    kj::Promise<void> handleClientProtocolError(kj::HttpHeaders::ProtocolError e, kj::HttpService::Response& response) override {
-      ++srv.protocol_error_count;
-      unsigned status = e.statusCode >= 400 && e.statusCode < 500 ? e.statusCode : 400;
-      srv.log_refusal(fmt::format("refused a malformed request: {} {}", status, e.description.cStr()));
-      return srv.send_error(response,
-                            {status, fmt::format("malformed HTTP request: {}; send an HTTP/1.1 request", e.description.cStr()),
-                             "invalid_request_error", "", "bad_http", std::nullopt},
-                            r_other);
-    }
-    kj::Promise<void> handleApplicationError(kj::Exception e, kj::Maybe<kj::HttpService::Response&> response) override {
-      if (e.getType() == kj::Exception::Type::DISCONNECTED) return kj::READY_NOW;  // the client is gone
-      std::string_view d(e.getDescription().cStr());
-      const bool framing = d.substr(0, transport::framing_exception_prefix.size()) == transport::framing_exception_prefix;
-      // kj-http's own complaints about a request it parsed (a body it cannot decode).
-      const bool kj_http = !framing && std::string_view(e.getFile()).find("compat/http") != std::string_view::npos;
-      if (!framing) srv.log_refusal(fmt::format("a request failed: {}", d));  // description only, no stack
-      KJ_IF_MAYBE(r, response) {
-        if (framing)  // counted when the connection found it
-          return srv.send_error(*r, {400, std::string(d.substr(transport::framing_exception_prefix.size())),
-                                     "invalid_request_error", "", "bad_http", std::nullopt}, r_other);
-        if (kj_http) {
-          ++srv.protocol_error_count;
-          return srv.send_error(*r, {400, "malformed HTTP request body; send a Content-Length body or a valid chunked one",
-                                     "invalid_request_error", "", "bad_http", std::nullopt}, r_other);
-        }
-        if (e.getType() == kj::Exception::Type::OVERLOADED)
-          return srv.send_error(*r, {503, "the server is overloaded; retry later", "overloaded_error", "", "overloaded", 1},
-                                r_other);
-        return srv.send_error(*r, {500, "internal error; the server log has the details", "server_error", "", "failed",
-                                   std::nullopt}, r_other);
-      }
-      return kj::READY_NOW;
-    }
-    kj::Promise<void> handleNoResponse(kj::HttpService::Response& response) override {
-      return srv.send_error(response, {500, "the request ended without a response; the server log has the details",
-                                       "server_error", "", "failed", std::nullopt}, r_other);
-    }
-    void taskFailed(kj::Exception&& e) override {
-      srv.log_refusal(fmt::format("a connection failed: {}", e.getDescription().cStr()));
-    }
-    impl& srv;
-  };
-
-  /// Closes the connection after the response being sent when its request asked for that
-  /// (`Connection: close`, HTTP/1.0): kj asks when a response starts.
-  struct close_after final : kj::HttpServerCallbacks {
-    explicit close_after(impl& s) : srv(s) {}
-    bool shouldClose() override { return srv.close_this_response; }
-    impl& srv;
-  };
-
-  /// The service's Response, marking the response of a closing request for close_after.
-  struct closing_response final : kj::HttpService::Response {
-    closing_response(impl& s, kj::HttpService::Response& r) : srv(s), inner(r) {}
-    kj::Own<kj::AsyncOutputStream> send(uint status, kj::StringPtr text, const kj::HttpHeaders& headers,
-                                        kj::Maybe<uint64_t> size) override {
-      srv.close_this_response = true;
-      KJ_DEFER(srv.close_this_response = false);
-      return inner.send(status, text, headers, size);
-    }
-    kj::Own<kj::WebSocket> acceptWebSocket(const kj::HttpHeaders& headers) override { return inner.acceptWebSocket(headers); }
-    impl& srv;
-    kj::HttpService::Response& inner;
-  };
-
-  /// A framing refusal: counted by kind and logged (log_refusal).
-  void framing_refused(const transport::framing_error& e, const std::string& peer) {
-    if (e.status == 408) ++header_timeouts;
-    else if (e.status != 429) ++protocol_error_count;
-    log_refusal(fmt::format("refused a request from {}: {} {}: {}", peer.empty() ? "?" : peer, e.status, e.code, e.message));
-  }
-  /// At most one line per 5 s: clients can cause these at will, and kj's own handler logged a
-  /// stack per request.
-  void log_refusal(const std::string& what) {
-    const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
-                            std::chrono::steady_clock::now().time_since_epoch()).count();
-    if (auto suppressed = refusal_log.allow(now))
-      spdlog::warn("http: {} ({} more such lines suppressed in the last 5 s)", what, *suppressed);
-  }
-
-  /// Serves one accepted connection through its framer; answers a framing error after kj is done.
-  kj::Promise<void> serve(kj::Own<kj::AsyncIoStream> raw) {
-    std::string peer = peer_address(*raw);
-    auto conn = kj::heap<transport::framed_connection>(kj::mv(raw), timer, static_cast<size_t>(lim.http_max_head_bytes),
-                                                       lim.http_header_timeout_ms, std::move(peer), hooks);
-    auto& c = *conn;
-    return server->listenHttpCleanDrain(c)
-        .then([](bool) {}, [this](kj::Exception&& e) { protocol_errors.taskFailed(kj::mv(e)); })
-        .then([&c] { return c.finish(); })
-        .attach(kj::mv(conn));
-  }
-
-  kj::Promise<void> accept_loop(kj::ConnectionReceiver& listener) {
-    return listener.accept().then([this, &listener](kj::Own<kj::AsyncIoStream> c) {
-      connections.add(serve(kj::mv(c)));
-      return accept_loop(listener);
-    });
+        std::move(cb));
   }
 
   kj::Own<kj::HttpHeaderTable> make_table() {
@@ -358,13 +249,6 @@ struct openai_server::impl {
     connection_service(impl& s, kj::AsyncIoStream& c) : srv(s), conn(c) {}
     kj::Promise<void> request(kj::HttpMethod method, kj::StringPtr url, const kj::HttpHeaders& headers,
                               kj::AsyncInputStream& body, Response& response) override {
-      // Every connection comes through serve(): it is a framed_connection.
-      auto* framed = dynamic_cast<transport::framed_connection*>(&conn);
-      if (framed && framed->next_request_closes()) {
-        auto wrapped = kj::heap<closing_response>(srv, response);
-        auto& w = *wrapped;
-        return srv.handle(method, url, headers, body, w, conn).attach(kj::mv(wrapped));
-      }
       return srv.handle(method, url, headers, body, response, conn);
     }
     impl& srv;
@@ -396,15 +280,15 @@ struct openai_server::impl {
     out += fmt::format("tandem_http_auth_failures_total {}\n", auth_failures);
     head("tandem_http_protocol_errors_total", "counter",
          "Requests that were not valid HTTP (framing, version, head size), answered 400, 431 or 505.");
-    out += fmt::format("tandem_http_protocol_errors_total {}\n", protocol_error_count);
+    out += fmt::format("tandem_http_protocol_errors_total {}\n", front->protocol_errors());
     head("tandem_http_header_timeouts_total", "counter",
          "Connections answered 408 and closed: no complete request head within limits.http_header_timeout_ms.");
-    out += fmt::format("tandem_http_header_timeouts_total {}\n", header_timeouts);
+    out += fmt::format("tandem_http_header_timeouts_total {}\n", front->header_timeouts());
     head("tandem_http_head_readers", "gauge", "Connections reading a request head now.");
-    out += fmt::format("tandem_http_head_readers {}\n", head_readers.readers());
+    out += fmt::format("tandem_http_head_readers {}\n", front->head_readers().readers());
     head("tandem_http_head_readers_refused_total", "counter",
          "Connections answered 429 and closed: their client had limits.http_max_head_readers_per_client heads in progress.");
-    out += fmt::format("tandem_http_head_readers_refused_total {}\n", head_readers.refused());
+    out += fmt::format("tandem_http_head_readers_refused_total {}\n", front->head_readers().refused());
     head("tandem_http_rate_limited_total", "counter", "Requests refused with 429 by the per-client rate limit.");
     out += fmt::format("tandem_http_rate_limited_total {}\n", limiter.refused());
     head("tandem_http_rate_limit_clients", "gauge", "Clients with a rate-limit bucket (bound: limits.rate_limit_max_clients).");
@@ -518,7 +402,7 @@ struct openai_server::impl {
     if (limiter.enabled()) {
       std::string auth;
       KJ_IF_MAYBE(a, headers.get(h_authorization)) { auth = a->cStr(); }
-      auto v = limiter.take(transport::rate_limit_key(auth, peer_address(conn)),
+      auto v = limiter.take(transport::rate_limit_key(auth, transport::peer_address(conn)),
                             std::chrono::duration_cast<std::chrono::milliseconds>(
                                 std::chrono::steady_clock::now().time_since_epoch())
                                 .count());
@@ -621,23 +505,6 @@ struct openai_server::impl {
     return send_body(response, 200, "application/json", std::move(out), r);
   }
 
-  /// The peer's IP address (no port: one client may open many connections); "" if unknown.
-  static std::string peer_address(kj::AsyncIoStream& conn) {
-    KJ_IF_MAYBE(fd, conn.getFd()) {
-      sockaddr_storage ss{};
-      socklen_t len = sizeof ss;
-      if (::getpeername(*fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0) {
-        char buf[INET6_ADDRSTRLEN] = {0};
-        if (ss.ss_family == AF_INET)
-          ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&ss)->sin_addr, buf, sizeof buf);
-        else if (ss.ss_family == AF_INET6)
-          ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr, buf, sizeof buf);
-        return buf;
-      }
-    }
-    return "";
-  }
-
   /// Resolves if the client closes the connection (write side gone, or EOF on read).
   kj::Promise<void> watch_disconnect(kj::AsyncIoStream& conn) {
     return conn.whenWriteDisconnected().exclusiveJoin(poll_eof(conn));
@@ -668,23 +535,15 @@ struct openai_server::impl {
   std::vector<std::string> allowlist;
   kj::Own<kj::HttpHeaderTable> header_table;
   transport::request_ids ids, chat_ids;
-  json_protocol_errors protocol_errors;
-  close_after close_callbacks;
-  kj::Own<kj::HttpServer> server;
   transport::rate_limiter limiter;  ///< kj thread only
-  transport::head_reader_bound head_readers;
-  transport::framing_hooks hooks;
-  transport::log_gate refusal_log{5000};
-  bool close_this_response = false;  ///< set by closing_response while kj starts its response
-  int64_t header_timeouts = 0;
-  kj::TaskSet connections;  ///< last: its connections use everything above
 
   std::map<std::pair<int, unsigned>, int64_t> requests;
   int64_t in_flight = 0, client_disconnects = 0, timeouts = 0, stream_events = 0, completion_tokens = 0,
           stream_errors = 0, stream_backlog_aborts = 0;
   /// More Prometheus text for /metrics (the RPC front end's), on this kj thread.
   std::function<std::string()> extra_metrics;
-  int64_t auth_failures = 0, protocol_error_count = 0;
+  int64_t auth_failures = 0;
+  kj::Own<transport::framed_http_server> front;  ///< last: its connections use everything above
 };
 
 namespace {
@@ -1042,7 +901,7 @@ openai_server::openai_server(serving_api& api, const limits& lim, kj::Timer& tim
 
 openai_server::~openai_server() = default;
 
-kj::Promise<void> openai_server::listen(kj::ConnectionReceiver& listener) { return impl_->accept_loop(listener); }
+kj::Promise<void> openai_server::listen(kj::ConnectionReceiver& listener) { return impl_->front->listen(listener); }
 
 void openai_server::set_extra_metrics(std::function<std::string()> f) { impl_->extra_metrics = std::move(f); }
 
@@ -1052,10 +911,10 @@ void openai_server::set_auth(std::shared_ptr<const api_keys> keys, std::vector<s
 }
 
 kj::Promise<void> openai_server::serve_connection(kj::Own<kj::AsyncIoStream> conn) {
-  return impl_->serve(kj::mv(conn));
+  return impl_->front->serve(kj::mv(conn));
 }
 
-kj::Promise<void> openai_server::drain() { return impl_->server->drain(); }
+kj::Promise<void> openai_server::drain() { return impl_->front->drain(); }
 
 std::string openai_server::http_metrics_text() const { return impl_->metrics(); }
 
