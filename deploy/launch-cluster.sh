@@ -2,8 +2,8 @@
 # Starts, stops or shows the nodes of a cluster config (docs/config.md, docs/operations.md):
 # each node is one `tandem serve --config FILE --node NAME`, over ssh on its `host`, or here
 # with --local. The config is checked with `tandem check-config` first: on an invalid config
-# nothing is started. Start waits for every node's health (/health of a router node, the admin
-# interface of the others) and, if one does not come up, names it, shows its log tail and
+# nothing is started. Start waits for every node's readiness (/health/ready of a router node, the
+# admin interface of the others) and, if one does not come up, names it, shows its log tail and
 # stops what this run started. Several configs: their nodes together (e.g. replicas that are
 # each an embedded cluster: one all-roles node per config); node names must differ.
 #
@@ -154,20 +154,36 @@ node_port() {
   printf '%s' "$p"
 }
 
-# Health of node $1: a router node's GET /health answers 200; another node's admin
-# interface reports healthy. Prints the reason on failure.
+# Readiness of node $1: a router node's GET /health/ready answers 200 (it has a live target of
+# every role; /health only says the process is alive); another node's admin interface reports
+# ready. Prints the reason on failure: "degraded: WHY" for a node that is alive but cannot serve.
 healthy() {
-  local h port
+  local h port body code
   h=$(reach_host "$1")
   if is_router "$1"; then
     port=$(node_port "$1" http)
     [[ -n $port ]] || { echo "no http listening line in its log yet"; return 1; }
-    curl -sf --max-time 2 "http://$h:$port/health" -o /dev/null || { echo "GET http://$h:$port/health does not answer 200"; return 1; }
+    body=$(curl -s --max-time 2 -w '\n%{http_code}' "http://$h:$port/health/ready") || { echo "GET http://$h:$port/health/ready does not answer"; return 1; }
+    code=${body##*$'\n'}
+    body=${body%$'\n'*}
+    [[ $code == 200 ]] && return 0
+    if [[ $body == *'"status":"degraded"'* ]]; then
+      echo "degraded: $(printf '%s' "$body" | sed -E 's/.*"reason":"(([^"\\]|\\.)*)".*/\1/')"
+    else
+      echo "GET http://$h:$port/health/ready answers $code: $body"
+    fi
+    return 1
   else
     port=$(node_port "$1" admin)
     [[ -n $port ]] || { echo "no admin listening line in its log yet"; return 1; }
-    "$tandem" inspect "$h:$port" --json --count 1 2>/dev/null | grep -q '"healthy":true' ||
-      { echo "its admin interface $h:$port does not report healthy"; return 1; }
+    body=$("$tandem" inspect "$h:$port" --json --count 1 2>/dev/null) || { echo "its admin interface $h:$port does not answer"; return 1; }
+    [[ $body == *'"ready":true'* ]] && return 0
+    if [[ $body == *'"state":"degraded"'* ]]; then
+      echo "degraded: $(printf '%s' "$body" | sed -E 's/.*"ready_status":"(([^"\\]|\\.)*)".*/\1/')"
+    else
+      echo "its admin interface $h:$port does not report healthy"
+    fi
+    return 1
   fi
 }
 
@@ -271,7 +287,15 @@ case $action in
       pid=- state=""
       if is_running "$i"; then
         pid=$(on_node "$i" "cat $(q "$(pid_file "$i")")")
-        if why=$(healthy "$i"); then state=healthy; else state="running, unhealthy: $why"; status=1; fi
+        if why=$(healthy "$i"); then
+          state=healthy
+        elif [[ $why == degraded:* ]]; then
+          state=$why
+          status=1
+        else
+          state="running, unhealthy: $why"
+          status=1
+        fi
       else
         state="not running"
         status=1

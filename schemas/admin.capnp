@@ -40,6 +40,10 @@ struct NodeReport {
   actors @5 :List(ActorInfo);
   requests @6 :List(RequestInfo);
   pools @7 :List(PoolInfo);
+  # Readiness: healthy and able to serve (a router node has a live target of every role).
+  # Healthy but not ready is shown as "degraded" with readyStatus as the reason.
+  ready @8 :Bool;
+  readyStatus @9 :Text;
 }
 
 interface Admin {

@@ -61,6 +61,9 @@ struct Health {
   uptimeMs @2 :Int64;
   modelId @3 :Text;
   maxContext @4 :Int32;
+  # Readiness (GET /health/ready): alive and able to serve; readyStatus says why not.
+  ready @5 :Bool;
+  readyStatus @6 :Text;
 }
 
 struct Stats {

@@ -29,6 +29,8 @@ std::string limits::validate() const {
            positive("max_new_tokens", max_new_tokens, "use e.g. 4096"),
            positive("max_body_bytes", max_body_bytes, "use e.g. 4194304 (4 MiB)"),
            positive("http_header_timeout_ms", http_header_timeout_ms, "use e.g. 15000 (15 s)"),
+           positive("http_max_head_bytes", http_max_head_bytes, "use e.g. 65536 (64 KiB)"),
+           positive("http_max_head_readers_per_client", http_max_head_readers_per_client, "use e.g. 64"),
            positive("http_body_timeout_ms", http_body_timeout_ms, "use e.g. 30000 (30 s)"),
            positive("http_stream_backlog_tokens", http_stream_backlog_tokens, "use e.g. 1024"),
            positive("http_stream_socket_bytes", http_stream_socket_bytes, "use e.g. 65536"),
@@ -73,6 +75,8 @@ std::string limits::validate() const {
     return fmt::format("limits.router_retry_max_ms = {} is below router_retry_base_ms = {}; raise it",
                        router_retry_max_ms, router_retry_base_ms);
   if (max_context < 0) return fmt::format("limits.max_context = {} must be >= 0 (0 = the model's)", max_context);
+  if (http_max_head_bytes > 65536 || http_max_head_bytes < 1024)
+    return fmt::format("limits.http_max_head_bytes = {} must be 1024..65536; use e.g. 65536", http_max_head_bytes);
   if (page_size > 4096) return fmt::format("limits.page_size = {} is too large; use 16..256 tokens", page_size);
   return "";
 }

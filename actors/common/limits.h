@@ -74,7 +74,13 @@ struct limits {
   int32_t max_new_tokens = 4096;
   int64_t max_body_bytes = 4 << 20;      ///< HTTP request body
   int32_t max_rpc_connections = 256;     ///< open Cap'n Proto RPC connections; more are closed at accept
-  int32_t http_header_timeout_ms = 15000;  ///< a request head must arrive within this (slowloris)
+  int32_t http_header_timeout_ms = 15000;  ///< a request head must arrive within this (slowloris): 408 after
+  /// Bytes of one HTTP request head (request line + headers); 431 beyond. At most 65536
+  /// (kj-http's own head buffer is larger; ours answers first).
+  int32_t http_max_head_bytes = 65536;
+  /// Connections of one client address reading a request head at once; more are answered 429
+  /// and closed, so a slowloris client cannot hold every connection.
+  int32_t http_max_head_readers_per_client = 64;
   int32_t http_body_timeout_ms = 30000;    ///< a request body must arrive within this (408 after)
   /// Tokens of one SSE stream waiting while its client does not read (the socket is full):
   /// beyond this the request is aborted (its pages freed) and the stream closed without [DONE].

@@ -286,6 +286,8 @@ const std::vector<i32_field>& limits_i32_fields() {
       {"max_new_tokens", &limits::max_new_tokens, 1, "use e.g. 4096"},
       {"max_rpc_connections", &limits::max_rpc_connections, 1, "use e.g. 256"},
       {"http_header_timeout_ms", &limits::http_header_timeout_ms, 1, "use e.g. 15000 (15 s)"},
+      {"http_max_head_bytes", &limits::http_max_head_bytes, 1, "use e.g. 65536 (64 KiB, at most 65536)"},
+      {"http_max_head_readers_per_client", &limits::http_max_head_readers_per_client, 1, "use e.g. 64"},
       {"http_body_timeout_ms", &limits::http_body_timeout_ms, 1, "use e.g. 30000 (30 s)"},
       {"http_stream_backlog_tokens", &limits::http_stream_backlog_tokens, 1, "use e.g. 1024"},
       {"http_stream_socket_bytes", &limits::http_stream_socket_bytes, 1, "use e.g. 65536"},

@@ -55,7 +55,7 @@ struct cluster_config {
   /// [security]: API keys of the external interfaces ("" = auth off) and the HTTP paths
   /// served without a key (docs/security.md).
   std::string api_key_file;
-  std::vector<std::string> auth_allowlist = {"/health"};
+  std::vector<std::string> auth_allowlist = {"/health", "/health/ready"};
 
   /// nullptr if no node has that name.
   const node_config* find_node(const std::string& name) const;

@@ -1354,6 +1354,21 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
           m.push_back({"router_target_free_pages", fmt::format("target=\"{}\"", d.t.name), double(d.load.free_pages),
                        "gauge", "KV pages free or evictable at the decode target's last allocation (-1 = unknown)"});
         }
+        // Readiness (actors/runtime/readiness.h): a role with targets and none of them live
+        // means every request fails, whatever the process's own health.
+        auto live_count = [&](const auto& targets) {
+          int n = 0;
+          for (const auto& t : targets) n += t.health.healthy(now, s.start_ms) && !t.live.lost ? 1 : 0;
+          return double(n);
+        };
+        m.push_back({"router_targets", "role=\"prefill\"", double(s.prefills.size()), "gauge",
+                     "Targets the router routes to, by role"});
+        m.push_back({"router_targets", "role=\"decode\"", double(s.decodes.size()), "gauge",
+                     "Targets the router routes to, by role"});
+        m.push_back({"router_live_targets", "role=\"prefill\"", live_count(s.prefills), "gauge",
+                     "Targets with fresh credits that are not lost, by role"});
+        m.push_back({"router_live_targets", "role=\"decode\"", live_count(s.decodes), "gauge",
+                     "Targets with fresh credits that are not lost, by role"});
         for (const auto& [r, n] : s.rejected_by_reason)
           m.push_back({"rejections_total", fmt::format("actor=\"router\",reason=\"{}\"", r), double(n),
                        "counter", "Requests refused or ended early, by reason"});

@@ -12,6 +12,7 @@
 
 #include <fstream>
 #include <map>
+#include <optional>
 
 #include "actors/cache_tier/cache_tier.h"
 #include "actors/cache_tier/page_file.h"
@@ -21,6 +22,7 @@
 #include "actors/decode_scheduler/decode_scheduler.h"
 #include "actors/prefill_scheduler/prefill_scheduler.h"
 #include "actors/router/router.h"
+#include "actors/runtime/readiness.h"
 #include "actors/supervisor/supervisor.h"
 #include "actors/worker/worker.h"
 
@@ -498,6 +500,15 @@ std::vector<stats_snapshot> actor_cluster::snapshots(bool include_worker) const 
   auto node = fmt::format("node=\"{}\"", opt_.node_name);
   up.metrics.push_back({"node_up", node, all_answered ? 1.0 : 0.0, "gauge",
                         "1 if every actor of the node answered the last stats round, else 0"});
+  {
+    const stats_snapshot* router = nullptr;
+    for (const auto& x : out)
+      if (x.actor == "router") router = &x;
+    const bool ready = node_readiness(all_answered && !unhealthy, "", router).ready;
+    up.metrics.push_back({"node_ready", node, ready ? 1.0 : 0.0, "gauge",
+                          "1 if the node can serve (GET /health/ready 200): its actors answer and its router has a "
+                          "live target of every role, else 0"});
+  }
   up.metrics.push_back({"node_heartbeat_age_seconds", node, double(now_ms - s.last_heartbeat_ms.load()) / 1000.0,
                         "gauge", "Seconds since every actor of the node last answered"});
   up.metrics.push_back({"process_resident_memory_bytes", node, process_rss_bytes(), "gauge",
@@ -569,10 +580,14 @@ health_info actor_cluster::health() const {
   caf::scoped_actor self{*s.sys};
   bool ok = true;
   std::string why;
+  std::optional<stats_snapshot> router;  // its view of the targets decides readiness
   for (const auto& actor : actors) {
     const auto* a = &actor;
+    const bool is_router = a->handle == s.router.handle;
     self->request(a->handle, std::chrono::milliseconds(opt_.query_timeout_ms), stats_atom::value)
-        .receive([](const wire&) {},
+        .receive([&](const wire& w) {
+                   if (is_router) router = read_stats(w);
+                 },
                  [&](caf::error& e) {
                    ok = false;
                    why = fmt::format("{} actor does not answer: {}", a->gate->actor_name(), s.sys->render(e));
@@ -581,6 +596,9 @@ health_info actor_cluster::health() const {
   }
   h.ok = ok;
   h.status = ok ? "ok" : why;
+  auto r = node_readiness(ok, h.status, router ? &*router : nullptr);
+  h.ready = r.ready;
+  h.ready_status = r.reason;
   return h;
 }
 
@@ -629,6 +647,8 @@ node_report actor_cluster::inspect() const {
   auto h = health();
   r.healthy = h.ok;
   r.status = h.status;
+  r.ready = h.ready;
+  r.ready_status = h.ready_status;
   r.uptime_ms = h.uptime_ms;
   if (s.stopped || !s.sys) return r;
   auto snaps = snapshots(true);

@@ -51,10 +51,14 @@ struct token_event {
 /// Called on an actor thread: must be quick and thread-safe (post to your own loop).
 using event_callback = std::function<void(token_event)>;
 
+/// Liveness (`ok`: the process and its actors answer; GET /health) and readiness (`ready`: it
+/// can serve, e.g. its router has a live target of every role; GET /health/ready).
 struct health_info {
   bool ok = false;
   std::string status;  ///< "ok" or the reason it is not
   int64_t uptime_ms = 0;
+  bool ready = true;
+  std::string ready_status = "ready";  ///< "ready" or the reason it is not (actors/runtime/readiness.h)
 };
 
 struct stats_info {
@@ -101,6 +105,8 @@ struct node_report {
   bool healthy = false;
   std::string status;
   int64_t uptime_ms = 0;
+  bool ready = false;        ///< can serve (health_info::ready); healthy but not ready = "degraded"
+  std::string ready_status;  ///< "ready" or why not
   std::vector<actor_report> actors;
   std::vector<request_report> requests;
   std::vector<pool_report> pools;

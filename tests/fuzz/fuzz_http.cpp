@@ -2,17 +2,22 @@
 // parsing, routing, auth, body limits, JSON parsing, completion request validation), over an
 // in-memory pipe against a serving_api that answers at once. Input modes (first byte):
 //   'J' / 'C': the rest is the JSON body of POST /v1/completions / /v1/chat/completions
-//   otherwise: the whole input is the raw HTTP request stream.
+//   'F': the rest goes to the request framer alone (transport/http/http_framing.h), whole and
+//        split into pieces: the result must not depend on the split
+//   otherwise: the whole input is the raw HTTP request stream (through the framer and kj-http).
 // Also checks JSON invariants on the body: quote() of valid UTF-8 parses back to itself.
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include <kj/async-io.h>
 #include <spdlog/spdlog.h>
 
 #include "tests/transport/fake_api.h"
+#include "transport/http/http_framing.h"
 #include "transport/http/json.h"
 #include "transport/http/openai_server.h"
 
@@ -75,11 +80,41 @@ void check_json_invariants(const std::string& body) {
   if (back.k != json::kind::string || back.s != body) std::abort();  // quote/parse must round-trip
 }
 
+/// The framer's verdict on `in` fed in pieces of `piece` bytes (0 = whole).
+struct framed {
+  std::string out;
+  std::optional<unsigned> status;
+  bool in_body = false, finished = false;
+  uint64_t heads = 0;
+  bool operator==(const framed&) const = default;
+};
+framed frame(std::string_view in, size_t piece) {
+  transport::request_framer f(1024);
+  framed r;
+  if (piece == 0) piece = in.size() + 1;
+  for (size_t i = 0; i < in.size(); i += piece) f.feed(in.substr(i, piece), r.out);
+  if (f.error()) r.status = f.error()->status, r.in_body = f.error_in_body();
+  r.finished = f.finished();
+  r.heads = f.heads();
+  return r;
+}
+
+void check_framer(std::string_view in) {
+  const framed whole = frame(in, 0);
+  if (whole.out.size() > in.size()) std::abort();  // it only ever hands on input bytes
+  for (size_t piece : {1, 3, 7, 64})
+    if (!(frame(in, piece) == whole)) std::abort();  // the split must not matter
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static env* e = new env();  // one event loop per process
   std::string in(reinterpret_cast<const char*>(data), size);
+  if (!in.empty() && in[0] == 'F') {
+    check_framer(std::string_view(in).substr(1));
+    return 0;
+  }
   if (!in.empty() && (in[0] == 'J' || in[0] == 'C')) {
     std::string body = in.substr(1);
     check_json_invariants(body);

@@ -47,6 +47,17 @@ void http_seeds() {
   put("http", "pipelined", req("GET", "/v1/models", "") + req("GET", "/health", "", false));
   put("http", "json_completion", std::string("J") + R"({"prompt":"a\u00e9\ud83d\ude00","max_tokens":1,"seed":7,"top_k":-1,"ignore_eos":true})");
   put("http", "json_chat", std::string("C") + R"({"messages":[{"role":"user","content":"x"},{"role":"assistant","content":"y"}],"n":1})");
+  // Framing (transport/http/http_framing.h): what kj-http alone answered with a 500 and its stack.
+  put("http", "framing_dup_length", std::string("POST /v1/completions HTTP/1.1\r\nHost: f\r\nAuthorization: Bearer fuzz-key-0123456789\r\nContent-Type: application/json\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}"));
+  put("http", "framing_te_gzip", std::string("POST /v1/completions HTTP/1.1\r\nHost: f\r\nAuthorization: Bearer fuzz-key-0123456789\r\nTransfer-Encoding: gzip\r\n\r\n{}"));
+  put("http", "framing_chunk_zzz", std::string("POST /v1/completions HTTP/1.1\r\nHost: f\r\nAuthorization: Bearer fuzz-key-0123456789\r\nTransfer-Encoding: chunked\r\n\r\nZZZ\r\n{}\r\n0\r\n\r\n"));
+  put("http", "framing_cl_te", std::string("POST /v1/completions HTTP/1.1\r\nHost: f\r\nAuthorization: Bearer fuzz-key-0123456789\r\nContent-Length: 7\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"));
+  put("http", "framing_version", std::string("GET /health HTTP/9.9\r\nHost: f\r\n\r\n"));
+  put("http", "framing_close", std::string("GET /health HTTP/1.1\r\nHost: f\r\nConnection: close\r\n\r\nGET /health HTTP/1.1\r\nHost: f\r\n\r\n"));
+  put("http", "framing_http10", std::string("GET /health HTTP/1.0\r\n\r\n"));
+  put("http", "framer_pipelined", std::string("F\r\nPOST /a HTTP/1.1\r\nContent-Length: 5\r\n\r\nhelloPOST /b HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3;x=1\r\nabc\r\n0\r\nT: 1\r\n\r\nGET /c HTTP/1.1\r\nConnection: close\r\n\r\nGET /d HTTP/1.1\r\n\r\n"));
+  put("http", "framer_bad_chunk", std::string("FPOST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n-1\r\nabc\r\n0\r\n\r\n"));
+  put("http", "framer_negative_length", std::string("FPOST / HTTP/1.1\r\nContent-Length: -5\r\n\r\n"));
   put("http", "json_numbers", std::string("J") + R"({"prompt":"a","max_tokens":1e2,"temperature":-0.0,"top_p":1E-3,"seed":18446744073709551615})");
 }
 

@@ -104,7 +104,19 @@ class fake_api final : public serving_api {
     aborted_.push_back(id);
     cv_.notify_all();
   }
-  health_info health() const override { return {true, "ok", 1234}; }
+  health_info health() const override {
+    std::lock_guard<std::mutex> l(m_);
+    health_info h{true, "ok", 1234};
+    h.ready = ready_;
+    h.ready_status = ready_status_;
+    return h;
+  }
+  /// What health() says about readiness (alive either way).
+  void set_ready(bool ready, std::string why) {
+    std::lock_guard<std::mutex> l(m_);
+    ready_ = ready;
+    ready_status_ = std::move(why);
+  }
   stats_info stats() const override {
     stats_info s;
     std::lock_guard<std::mutex> l(m_);
@@ -244,6 +256,8 @@ class fake_api final : public serving_api {
   std::vector<std::string> aborted_;
   size_t finished_ = 0;
   bool quit_ = false;
+  bool ready_ = true;
+  std::string ready_status_ = "ready";
   std::thread worker_;
 };
 

@@ -78,6 +78,13 @@ TEST_CASE("rpc: health and stats round trip") {
   CHECK(h.uptime_ms == 1234);
   CHECK(h.model_id == "fake-model");
   CHECK(h.max_context == 128);
+  CHECK(h.ready);
+  CHECK(h.ready_status == "ready");
+  s.api.set_ready(false, "no live decode target");
+  auto d = c->health();
+  CHECK(d.ok);  // alive, but cannot serve
+  CHECK(!d.ready);
+  CHECK(d.ready_status == "no live decode target");
   auto st = c->stats();
   CHECK(st.kv_pages_total == 64);
   CHECK(st.kv_pages_free == 60);

@@ -18,13 +18,22 @@ namespace tandem::cli {
 
 namespace {
 
+/// "healthy" (ready to serve), "degraded" (alive but cannot serve: see readyStatus) or "UNHEALTHY".
+const char* node_state(admin::NodeReport::Reader r) {
+  if (!r.getHealthy()) return "UNHEALTHY";
+  return r.getReady() ? "healthy" : "degraded";
+}
+
 std::string to_json(admin::NodeReport::Reader r, int32_t omitted) {
   json::writer w;
   w.begin_object();
   w.key("node").str(r.getNode().cStr());
   w.key("model").str(r.getModelId().cStr());
   w.key("healthy").boolean(r.getHealthy());
+  w.key("ready").boolean(r.getReady());
+  w.key("state").str(node_state(r));
   w.key("status").str(r.getStatus().cStr());
+  w.key("ready_status").str(r.getReadyStatus().cStr());
   w.key("uptime_ms").num(r.getUptimeMs());
   w.key("actors").begin_array();
   for (auto a : r.getActors()) {
@@ -69,9 +78,10 @@ std::string to_json(admin::NodeReport::Reader r, int32_t omitted) {
 }
 
 std::string to_text(admin::NodeReport::Reader r, int32_t omitted) {
+  const bool degraded = r.getHealthy() && !r.getReady();
   std::string o = fmt::format("node {}  model {}  {}  up {:.1f} s  status: {}\n\n", r.getNode().cStr(),
-                              r.getModelId().cStr(), r.getHealthy() ? "healthy" : "UNHEALTHY",
-                              double(r.getUptimeMs()) / 1000.0, r.getStatus().cStr());
+                              r.getModelId().cStr(), node_state(r), double(r.getUptimeMs()) / 1000.0,
+                              degraded ? r.getReadyStatus().cStr() : r.getStatus().cStr());
   o += fmt::format("{:<12} {:<14} {:>12} {:>10} {:>9} {:>9}  {}\n", "ACTOR", "STATE", "MAILBOX", "HANDLED", "REJECTED",
                    "RESTARTS", "LAST ERROR");
   for (auto a : r.getActors())

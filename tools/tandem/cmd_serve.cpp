@@ -220,7 +220,7 @@ int serve(args a) {
       .opt("cache-disk-size-gb", "bound of the disk tier in GiB", "0")
       .opt("min-load-back-tokens", "shorter host/disk hits are recomputed (0 = one page)", "0")
       .opt("api-key-file", "API keys, one per line (chmod 600); every HTTP route but --auth-allowlist, the RPC and the admin port then need one")
-      .opt("auth-allowlist", "comma-separated HTTP paths served without a key", "/health")
+      .opt("auth-allowlist", "comma-separated HTTP paths served without a key", "/health,/health/ready")
       .opt("max-queued-tokens", "prompt tokens waiting for prefill before new requests get 503", "262144")
       .opt("max-queue-wait-ms", "503 when the estimated prefill queue wait would exceed this (0 = off)", "0")
       .opt("queue-timeout-ms", "504 for a request still queued this long (0 = off)", "0")

@@ -219,7 +219,8 @@ void client::abort(const std::string& request_id) {
 client_health client::health() {
   auto res = impl_->wait(impl_->node.healthRequest().send().then([](capnp::Response<api::Node::HealthResults> r) {
     auto h = r.getHealth();
-    return client_health{h.getOk(), h.getStatus().cStr(), h.getUptimeMs(), h.getModelId().cStr(), h.getMaxContext()};
+    return client_health{h.getOk(),           h.getStatus().cStr(),  h.getUptimeMs(), h.getModelId().cStr(),
+                         h.getMaxContext(), h.getReady(), h.getReadyStatus().cStr()};
   }));
   return res;
 }

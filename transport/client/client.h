@@ -39,6 +39,8 @@ struct client_health {
   int64_t uptime_ms = 0;
   std::string model_id;
   int32_t max_context = 0;
+  bool ready = false;        ///< can serve (GET /health/ready); ok but not ready = degraded
+  std::string ready_status;  ///< "ready" or why not
 };
 
 struct client_stats {

@@ -1,7 +1,5 @@
 #include "transport/http/openai_server.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -18,6 +16,7 @@
 
 #include "kernels/tokenizer/tokenizer.h"
 #include "transport/http/generation.h"
+#include "transport/http/framed_http_server.h"
 #include "transport/http/json.h"
 #include "transport/http/rate_limiter.h"
 #include "transport/http/tokenize_routes.h"
@@ -74,8 +73,8 @@ namespace {
 
 /// Fixed route labels keep the metric table bounded whatever URLs clients send.
 constexpr std::string_view route_labels[] = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
-                                             "/metrics", "/tokenize", "/detokenize", "other"};
-enum route_id { r_completions, r_chat, r_models, r_health, r_metrics, r_tokenize, r_detokenize, r_other };
+                                             "/metrics", "/tokenize", "/detokenize", "other", "/health/ready"};
+enum route_id { r_completions, r_chat, r_models, r_health, r_metrics, r_tokenize, r_detokenize, r_other, r_ready };
 
 /// An error that becomes a JSON error response.
 struct http_error {
@@ -126,24 +125,8 @@ std::string error_json(const http_error& e) {
 }
 
 kj::StringPtr status_text(unsigned s) {
-  switch (s) {
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 408: return "Request Timeout";
-    case 415: return "Unsupported Media Type";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 413: return "Payload Too Large";
-    case 422: return "Unprocessable Entity";
-    case 500: return "Internal Server Error";
-    case 501: return "Not Implemented";
-    case 502: return "Bad Gateway";
-    case 503: return "Service Unavailable";
-    case 504: return "Gateway Timeout";
-    case 429: return "Too Many Requests";
-  }
-  return "Error";
+  auto r = transport::status_reason(s);  // literals: NUL-terminated
+  return kj::StringPtr(r.data(), r.size());
 }
 
 // ---- typed access to request fields: wrong types are 400s naming the field.
@@ -233,31 +216,22 @@ struct gen_state;
 
 struct openai_server::impl {
   impl(serving_api& a, const limits& l, kj::Timer& t)
-      : api(a), lim(l), timer(t), header_table(make_table()), ids("cmpl"), chat_ids("chatcmpl"), protocol_errors(*this),
+      : api(a), lim(l), timer(t), header_table(make_table()), ids("cmpl"), chat_ids("chatcmpl"),
         limiter(l.rate_limit_rps, l.rate_limit_burst, l.rate_limit_max_clients) {
-    kj::HttpServerSettings settings;
-    // Slowloris: a client must send its whole request head within this time, else it is closed.
-    settings.headerTimeout = lim.http_header_timeout_ms * kj::MILLISECONDS;
-    settings.errorHandler = protocol_errors;
-    server = kj::heap<kj::HttpServer>(
-        timer, *header_table,
+    // Connections and HTTP framing are framed_http_server's; errors it answers get our JSON shape.
+    transport::front_callbacks cb;
+    cb.send_error = [this](kj::HttpService::Response& response, const transport::owner_error& e) {
+      return send_error(response, {e.status, e.message, e.type, "", e.code, e.retry_after_s}, r_other);
+    };
+    cb.error_body = [this](const transport::owner_error& e) {
+      count(r_other, e.status);
+      return error_json({e.status, e.message, e.type, "", e.code, e.retry_after_s});
+    };
+    front = kj::heap<transport::framed_http_server>(
+        timer, *header_table, lim,
         [this](kj::AsyncIoStream& conn) -> kj::Own<kj::HttpService> { return kj::heap<connection_service>(*this, conn); },
-        settings);
+        std::move(cb));
   }
-
-  /// Unparseable requests (bad request line, headers) get the same JSON error shape as the rest.
-  struct json_protocol_errors final : kj::HttpServerErrorHandler {
-    explicit json_protocol_errors(impl& s) : srv(s) {}
-    kj::Promise<void> handleClientProtocolError(kj::HttpHeaders::ProtocolError e, kj::HttpService::Response& response) override {
-      ++srv.protocol_error_count;
-      unsigned status = e.statusCode >= 400 && e.statusCode < 500 ? e.statusCode : 400;
-      return srv.send_error(response,
-                            {status, fmt::format("malformed HTTP request: {}; send an HTTP/1.1 request", e.description.cStr()),
-                             "invalid_request_error", "", "bad_http", std::nullopt},
-                            r_other);
-    }
-    impl& srv;
-  };
 
   kj::Own<kj::HttpHeaderTable> make_table() {
     kj::HttpHeaderTable::Builder b;
@@ -304,8 +278,17 @@ struct openai_server::impl {
     out += fmt::format("tandem_http_completion_tokens_total {}\n", completion_tokens);
     head("tandem_http_auth_failures_total", "counter", "Requests refused with 401 for a missing or wrong API key.");
     out += fmt::format("tandem_http_auth_failures_total {}\n", auth_failures);
-    head("tandem_http_protocol_errors_total", "counter", "Requests that were not valid HTTP.");
-    out += fmt::format("tandem_http_protocol_errors_total {}\n", protocol_error_count);
+    head("tandem_http_protocol_errors_total", "counter",
+         "Requests that were not valid HTTP (framing, version, head size), answered 400, 431 or 505.");
+    out += fmt::format("tandem_http_protocol_errors_total {}\n", front->protocol_errors());
+    head("tandem_http_header_timeouts_total", "counter",
+         "Connections answered 408 and closed: no complete request head within limits.http_header_timeout_ms.");
+    out += fmt::format("tandem_http_header_timeouts_total {}\n", front->header_timeouts());
+    head("tandem_http_head_readers", "gauge", "Connections reading a request head now.");
+    out += fmt::format("tandem_http_head_readers {}\n", front->head_readers().readers());
+    head("tandem_http_head_readers_refused_total", "counter",
+         "Connections answered 429 and closed: their client had limits.http_max_head_readers_per_client heads in progress.");
+    out += fmt::format("tandem_http_head_readers_refused_total {}\n", front->head_readers().refused());
     head("tandem_http_rate_limited_total", "counter", "Requests refused with 429 by the per-client rate limit.");
     out += fmt::format("tandem_http_rate_limited_total {}\n", limiter.refused());
     head("tandem_http_rate_limit_clients", "gauge", "Clients with a rate-limit bucket (bound: limits.rate_limit_max_clients).");
@@ -354,13 +337,14 @@ struct openai_server::impl {
     else if (path == "/v1/chat/completions") r = r_chat, post = true;
     else if (path == "/v1/models") r = r_models;
     else if (path == "/health") r = r_health;
+    else if (path == "/health/ready") r = r_ready;
     else if (path == "/metrics") r = r_metrics;
     else if (path == "/tokenize") r = r_tokenize, post = true;
     else if (path == "/detokenize") r = r_detokenize, post = true;
     if (r == r_other)
       return send_error(response,
                         {404, fmt::format("no route for {}; see /v1/completions, /v1/chat/completions, /v1/models, /health, "
-                                          "/metrics, /tokenize, /detokenize", path),
+                                          "/health/ready, /metrics, /tokenize, /detokenize", path),
                          "invalid_request_error", "", "not_found", std::nullopt},
                         r);
     kj::HttpMethod want = post ? kj::HttpMethod::POST : kj::HttpMethod::GET;
@@ -385,6 +369,16 @@ struct openai_server::impl {
       w.key("model").str(api.model_id()).end_object();
       return send_body(response, h.ok ? 200 : 503, "application/json", w.take(), r);
     }
+    if (r == r_ready) {
+      // Readiness for load balancers: 503 (with the reason) while the node cannot serve.
+      auto h = api.health();
+      const bool ready = h.ok && h.ready;
+      json::writer w;
+      w.begin_object().key("status").str(!h.ok ? "unhealthy" : ready ? "ready" : "degraded").key("ready").boolean(ready);
+      w.key("reason").str(!h.ok ? h.status : h.ready_status).key("uptime_ms").num(h.uptime_ms);
+      w.key("model").str(api.model_id()).end_object();
+      return send_body(response, ready ? 200 : 503, "application/json", w.take(), r);
+    }
     if (r == r_metrics) {
       std::string text = api.metrics_text();
       if (!text.empty() && text.back() != '\n') text += '\n';
@@ -408,7 +402,7 @@ struct openai_server::impl {
     if (limiter.enabled()) {
       std::string auth;
       KJ_IF_MAYBE(a, headers.get(h_authorization)) { auth = a->cStr(); }
-      auto v = limiter.take(transport::rate_limit_key(auth, peer_address(conn)),
+      auto v = limiter.take(transport::rate_limit_key(auth, transport::peer_address(conn)),
                             std::chrono::duration_cast<std::chrono::milliseconds>(
                                 std::chrono::steady_clock::now().time_since_epoch())
                                 .count());
@@ -511,23 +505,6 @@ struct openai_server::impl {
     return send_body(response, 200, "application/json", std::move(out), r);
   }
 
-  /// The peer's IP address (no port: one client may open many connections); "" if unknown.
-  static std::string peer_address(kj::AsyncIoStream& conn) {
-    KJ_IF_MAYBE(fd, conn.getFd()) {
-      sockaddr_storage ss{};
-      socklen_t len = sizeof ss;
-      if (::getpeername(*fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0) {
-        char buf[INET6_ADDRSTRLEN] = {0};
-        if (ss.ss_family == AF_INET)
-          ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&ss)->sin_addr, buf, sizeof buf);
-        else if (ss.ss_family == AF_INET6)
-          ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr, buf, sizeof buf);
-        return buf;
-      }
-    }
-    return "";
-  }
-
   /// Resolves if the client closes the connection (write side gone, or EOF on read).
   kj::Promise<void> watch_disconnect(kj::AsyncIoStream& conn) {
     return conn.whenWriteDisconnected().exclusiveJoin(poll_eof(conn));
@@ -558,8 +535,6 @@ struct openai_server::impl {
   std::vector<std::string> allowlist;
   kj::Own<kj::HttpHeaderTable> header_table;
   transport::request_ids ids, chat_ids;
-  json_protocol_errors protocol_errors;
-  kj::Own<kj::HttpServer> server;
   transport::rate_limiter limiter;  ///< kj thread only
 
   std::map<std::pair<int, unsigned>, int64_t> requests;
@@ -567,7 +542,8 @@ struct openai_server::impl {
           stream_errors = 0, stream_backlog_aborts = 0;
   /// More Prometheus text for /metrics (the RPC front end's), on this kj thread.
   std::function<std::string()> extra_metrics;
-  int64_t auth_failures = 0, protocol_error_count = 0;
+  int64_t auth_failures = 0;
+  kj::Own<transport::framed_http_server> front;  ///< last: its connections use everything above
 };
 
 namespace {
@@ -925,7 +901,7 @@ openai_server::openai_server(serving_api& api, const limits& lim, kj::Timer& tim
 
 openai_server::~openai_server() = default;
 
-kj::Promise<void> openai_server::listen(kj::ConnectionReceiver& listener) { return impl_->server->listenHttp(listener); }
+kj::Promise<void> openai_server::listen(kj::ConnectionReceiver& listener) { return impl_->front->listen(listener); }
 
 void openai_server::set_extra_metrics(std::function<std::string()> f) { impl_->extra_metrics = std::move(f); }
 
@@ -935,10 +911,10 @@ void openai_server::set_auth(std::shared_ptr<const api_keys> keys, std::vector<s
 }
 
 kj::Promise<void> openai_server::serve_connection(kj::Own<kj::AsyncIoStream> conn) {
-  return impl_->server->listenHttp(kj::mv(conn));
+  return impl_->front->serve(kj::mv(conn));
 }
 
-kj::Promise<void> openai_server::drain() { return impl_->server->drain(); }
+kj::Promise<void> openai_server::drain() { return impl_->front->drain(); }
 
 std::string openai_server::http_metrics_text() const { return impl_->metrics(); }
 

@@ -2,7 +2,10 @@
 /// OpenAI-compatible HTTP front end on kj-http.
 ///
 /// Routes: POST /v1/completions, POST /v1/chat/completions (both with `stream`), GET /v1/models,
-/// GET /health, GET /metrics. Runs on the kj event loop of the thread that creates it; engine
+/// GET /health (liveness), GET /health/ready (readiness: 503 with the reason while the node
+/// cannot serve), GET /metrics, POST /tokenize, POST /detokenize. Connections and HTTP framing
+/// are transport::framed_http_server's (framed_http_server.h): bad framing is refused before
+/// kj-http parses it, in this server's JSON error shape. Runs on the kj event loop of the thread that creates it; engine
 /// events arrive from actor threads through transport::event_channel.
 ///
 /// Chat template: our GGUF files carry no `tokenizer.chat_template`, so every chat request is

@@ -31,6 +31,8 @@ struct admin_server::impl {
       o.setHealthy(r.healthy);
       o.setStatus(r.status);
       o.setUptimeMs(r.uptime_ms);
+      o.setReady(r.ready);
+      o.setReadyStatus(r.ready_status);
       auto actors = o.initActors(static_cast<unsigned>(r.actors.size()));
       for (unsigned i = 0; i < r.actors.size(); ++i) {
         const auto& a = r.actors[i];

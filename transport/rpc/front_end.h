@@ -23,7 +23,7 @@ struct front_end_options {
   /// API keys of the HTTP, RPC and admin listeners; null or empty = auth off (docs/security.md).
   std::shared_ptr<const api_keys> keys;
   /// HTTP paths served without a key when keys are set.
-  std::vector<std::string> auth_allowlist = {"/health"};
+  std::vector<std::string> auth_allowlist = {"/health", "/health/ready"};
   /// Stop on SIGINT/SIGTERM. The caller must have called kj::UnixEventPort::captureSignal()
   /// for both before starting any thread.
   bool handle_signals = false;

@@ -253,6 +253,8 @@ struct rpc_server::impl {
       o.setUptimeMs(h.uptime_ms);
       o.setModelId(srv_.api.model_id());
       o.setMaxContext(srv_.api.max_context());
+      o.setReady(h.ok && h.ready);
+      o.setReadyStatus(h.ready_status);
       return kj::READY_NOW;
     }
 
