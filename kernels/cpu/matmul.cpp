@@ -1,5 +1,5 @@
 // The batched matmul (ops.h: matmul, matmul_many, pack_weight): the blocked GEMM driver and its
-// f32/f16/bf16/q8_0 row kernels per ISA; low-bit weights go to quant_matmul.
+// f32/f16/bf16 row kernels per ISA; q8_0 and the low-bit weights go to quant_matmul.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -47,14 +47,10 @@ __attribute__((target("avx2,fma,f16c"))) inline __m256 load_w8(const uint8_t* ro
     return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + i);
   } else if constexpr (T == ggml_type::f16) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * i)));
-  } else if constexpr (T == ggml_type::bf16) {
+  } else {
+    static_assert(T == ggml_type::bf16, "f32, f16 and bf16 only: q8_0 and the low-bit types run quant_matmul");
     const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * i)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
-  } else {
-    const block_q8_0* b = reinterpret_cast<const block_q8_0*>(row) + i / q8_0_block;
-    const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b->qs + i % q8_0_block));
-    // d * q is exact in f32 (11-bit by 8-bit mantissas), so this equals dequantize_row.
-    return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b->d)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
   }
 }
 
@@ -64,11 +60,9 @@ inline float load_w1(const uint8_t* row, int64_t i) {
     return reinterpret_cast<const float*>(row)[i];
   } else if constexpr (T == ggml_type::f16) {
     return fp16_to_fp32(reinterpret_cast<const uint16_t*>(row)[i]);
-  } else if constexpr (T == ggml_type::bf16) {
-    return bf16_to_fp32(reinterpret_cast<const uint16_t*>(row)[i]);
   } else {
-    const block_q8_0* b = reinterpret_cast<const block_q8_0*>(row) + i / q8_0_block;
-    return fp16_to_fp32(b->d) * float(b->qs[i % q8_0_block]);
+    static_assert(T == ggml_type::bf16, "f32, f16 and bf16 only");
+    return bf16_to_fp32(reinterpret_cast<const uint16_t*>(row)[i]);
   }
 }
 
@@ -103,32 +97,11 @@ __attribute__((target("avx2,fma,f16c"))) void tile_avx2(const uint8_t* const* ro
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
     for (int b = 0; b < B; ++b) acc[r][b] = _mm256_setzero_ps();
-  if constexpr (T == ggml_type::q8_0) {
-    // Same per-element FMA sequence as below; the block scale is just decoded once per block.
-    for (int64_t i = 0; i < k8; i += q8_0_block) {
-      __m256 d[R];
+  for (int64_t i = 0; i < k8; i += 8) {
+    __m256 wv[R];
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r)
-        d[r] = _mm256_set1_ps(_cvtsh_ss((reinterpret_cast<const block_q8_0*>(rows[r]) + i / q8_0_block)->d));
-#pragma GCC unroll 4
-      for (int j = 0; j < q8_0_block; j += 8) {
-        __m256 wv[R];
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) {
-          const auto* blk = reinterpret_cast<const block_q8_0*>(rows[r]) + i / q8_0_block;
-          const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk->qs + j));
-          wv[r] = _mm256_mul_ps(d[r], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
-        }
-        fma_step<R, B>(acc, wv, xs, i + j);
-      }
-    }
-  } else {
-    for (int64_t i = 0; i < k8; i += 8) {
-      __m256 wv[R];
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) wv[r] = load_w8<T>(rows[r], i);
-      fma_step<R, B>(acc, wv, xs, i);
-    }
+    for (int r = 0; r < R; ++r) wv[r] = load_w8<T>(rows[r], i);
+    fma_step<R, B>(acc, wv, xs, i);
   }
   for (int r = 0; r < R; ++r)
     for (int b = 0; b < B; ++b) {
@@ -228,14 +201,10 @@ TANDEM_AVX512 inline __m512 load_w16(const uint8_t* row, int64_t i) {
     return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + i);
   } else if constexpr (T == ggml_type::f16) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * i)));
-  } else if constexpr (T == ggml_type::bf16) {
+  } else {
+    static_assert(T == ggml_type::bf16, "f32, f16 and bf16 only");
     const __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * i)));
     return _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
-  } else {
-    const block_q8_0* b = reinterpret_cast<const block_q8_0*>(row) + i / q8_0_block;
-    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->qs + i % q8_0_block));
-    // d * q is exact in f32, so this equals dequantize_row.
-    return _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(b->d)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
   }
 }
 
@@ -262,30 +231,7 @@ TANDEM_AVX512 void tile_avx512(const uint8_t* const* rows, int64_t k, const floa
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
     for (int b = 0; b < B; ++b) acc[r][b] = _mm512_setzero_ps();
-  if constexpr (T == ggml_type::q8_0) {
-    // Batch 1: fetch the next tile's rows one tile ahead (see the f16/bf16/f32 branch below).
-    const int64_t ahead = B == 1 && R > 1 ? (rows[1] - rows[0]) * R : 0;
-    for (int64_t i = 0; i < k16; i += q8_0_block) {
-      __m512 d[R];
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        const auto* blk = reinterpret_cast<const block_q8_0*>(rows[r]) + i / q8_0_block;
-        if (ahead != 0) _mm_prefetch(reinterpret_cast<const char*>(blk) + ahead, _MM_HINT_T0);
-        d[r] = _mm512_set1_ps(_cvtsh_ss(blk->d));
-      }
-#pragma GCC unroll 2
-      for (int j = 0; j < q8_0_block; j += 16) {
-        __m512 wv[R];
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) {
-          const auto* blk = reinterpret_cast<const block_q8_0*>(rows[r]) + i / q8_0_block;
-          const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk->qs + j));
-          wv[r] = _mm512_mul_ps(d[r], _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
-        }
-        fma_step16<R, B>(acc, wv, xs, i + j);
-      }
-    }
-  } else if constexpr (R > 1 && Fetch && (B == 1 || R <= 4)) {
+  if constexpr (R > 1 && Fetch && (B == 1 || R <= 4)) {
     // The tile's rows are consecutive and the next tile takes the next R rows, which start
     // `R * row bytes` further on; fetch them one tile ahead, one 64-byte line per row per
     // step (a 16-wide step reads at most 64 bytes of a row). Only where they come from
@@ -402,7 +348,6 @@ void matmul_rows(const tensor_view& w, const float* x, int64_t batch, float* y, 
       case ggml_type::f32: return rows_avx512<ggml_type::f32>(w, x, batch, y, r0, r1);
       case ggml_type::f16: return rows_avx512<ggml_type::f16>(w, x, batch, y, r0, r1);
       case ggml_type::bf16: return rows_avx512<ggml_type::bf16>(w, x, batch, y, r0, r1);
-      case ggml_type::q8_0: return rows_avx512<ggml_type::q8_0>(w, x, batch, y, r0, r1);
       default: break;
     }
   }
@@ -411,7 +356,6 @@ void matmul_rows(const tensor_view& w, const float* x, int64_t batch, float* y, 
       case ggml_type::f32: return rows_avx2<ggml_type::f32>(w, x, batch, y, r0, r1);
       case ggml_type::f16: return rows_avx2<ggml_type::f16>(w, x, batch, y, r0, r1);
       case ggml_type::bf16: return rows_avx2<ggml_type::bf16>(w, x, batch, y, r0, r1);
-      case ggml_type::q8_0: return rows_avx2<ggml_type::q8_0>(w, x, batch, y, r0, r1);
       default: break;
     }
   }
@@ -484,8 +428,8 @@ void matmul_many(std::span<const packed_weight* const> ws, const float* x, int64
       throw tandem::error(fmt::format("matmul_many: weights of {} and {} columns cannot share one input", k,
                                       w->view.cols()));
     all_amx = all_amx && w->amx != nullptr;
-    same_path = same_path && w->amx == nullptr && w->isa == ws[0]->isa && !is_low_bit(w->view.type);
-    all_low_bit = all_low_bit && is_low_bit(w->view.type) && w->isa == ws[0]->isa;
+    same_path = same_path && w->amx == nullptr && w->isa == ws[0]->isa && !int8_matmul(w->view.type);
+    all_low_bit = all_low_bit && int8_matmul(w->view.type) && w->isa == ws[0]->isa;
     work += w->view.rows() * k * batch;
   }
   if (all_low_bit) {  // one input quantization and one fork-join for all (quant_matmul.h)
@@ -531,7 +475,7 @@ void matmul(const tensor_view& w, const float* x, int64_t batch, float* y, std::
   isa = vector_isa(isa);
   check_matmul_weight(w);
   if (batch <= 0) return;
-  if (is_low_bit(w.type)) return quant_matmul(w, x, batch, y, pool, isa);
+  if (int8_matmul(w.type)) return quant_matmul(w, x, batch, y, pool, isa);
   if (pool == nullptr || pool->size() == 1 || n * k * batch < matmul_min_parallel_work) {
     matmul_rows(w, x, batch, y, scratch, 0, n, isa);
     return;

@@ -67,6 +67,20 @@ float dot_q4_0(const block_q4_0* w, const int8_t* x, const float* dx, int64_t nb
   return tree16(lanes);
 }
 
+float dot_q8_0(const block_q8_0* w, const int8_t* x, const float* dx, int64_t nb) {
+  float lanes[16] = {};
+  for (int64_t i = 0; i < nb; ++i) {
+    const float dd = fp16_to_fp32(w[i].d) * dx[i];
+    for (int l = 0; l < 8; ++l) {
+      int s = 0;
+      for (int e = 4 * l; e < 4 * l + 4; ++e) s += int(w[i].qs[e]) * x[32 * i + e];
+      float& lane = lanes[8 * (i % 2) + l];
+      lane = std::fma(dd, float(s), lane);
+    }
+  }
+  return tree16(lanes);
+}
+
 template <class Block>
 float dot_k4(const Block* w, const int8_t* x, const float* dx, const int16_t* sums, int64_t nb) {
   float acc = 0.0f;
@@ -121,6 +135,7 @@ void rows_scalar(const tensor_view& w, const quant_acts& a, float* y, int64_t r0
       float v = 0.0f;
       switch (w.type) {
         case ggml_type::q4_0: v = dot_q4_0(static_cast<const block_q4_0*>(row), a.q(b), a.scale(b), k / 32); break;
+        case ggml_type::q8_0: v = dot_q8_0(static_cast<const block_q8_0*>(row), a.q(b), a.scale(b), k / 32); break;
         case ggml_type::q4_K:
           v = dot_k4(static_cast<const block_q4_K*>(row), a.q(b), a.scale(b), a.sum32(b), k / qk_k);
           break;
@@ -156,8 +171,8 @@ void run_rows(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, i
 }
 
 void check_weight(const tensor_view& w) {
-  if (!is_low_bit(w.type))
-    throw tandem::error(fmt::format("quant_matmul: {} is not a low-bit weight type", to_string(w.type)));
+  if (!int8_matmul(w.type))
+    throw tandem::error(fmt::format("quant_matmul: {} is not a low-bit or q8_0 weight type", to_string(w.type)));
   if (w.cols() % block_elems(w.type) != 0)
     throw tandem::error(fmt::format("matmul: {} weight with {} columns is not a multiple of its block of {}",
                                     to_string(w.type), w.cols(), block_elems(w.type)));

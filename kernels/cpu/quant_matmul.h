@@ -1,5 +1,5 @@
 #pragma once
-/// Matmul of low-bit weights (q4_0, q4_K, q5_K, q6_K) as llama.cpp computes it: each
+/// Matmul of low-bit and q8_0 weights (q4_0, q4_K, q5_K, q6_K, q8_0) as llama.cpp computes it: each
 /// activation row is quantized once per call to int8 groups with a float scale, each weight
 /// block meets it in exact integer dot products (sub-block scales applied in integers), and
 /// only the per-block combination is floating point, in a fixed order:
@@ -8,7 +8,8 @@
 ///   q6_K: acc = fma(d * dx, isum, acc), isum = sum_j sc_j * sum_(e in j) (q_e - 32) x_e;
 ///   q4_0: 16 float lanes, lane 8 (i % 2) + l of block i gets fma(d * dx, s_l, lane) where s_l
 ///     = sum of (q_e - 8) x_e over elements 4l .. 4l + 3; then lane i + 8, i + 4, i + 2, i + 1
-///     (hsum16's tree).
+///     (hsum16's tree);
+///   q8_0: the same lanes with s_l = sum of q_e x_e.
 /// Integer sums are exact, so the scalar, avx2 and avx512 paths, every batch size and every
 /// thread count give the same bits (kernels/cpu/ops.h's invariant, here across paths too).
 #include <algorithm>
@@ -25,7 +26,7 @@ namespace tandem::cpu {
 class thread_pool;
 
 /// Activation rows quantized for the low-bit kernels: row b's k values in groups of `group`
-/// (32 for q4_0, 256 for the k-quants), each with scale d = max|x| / 127 and int8 values
+/// (32 for q4_0 and q8_0, 256 for the k-quants), each with scale d = max|x| / 127 and int8 values
 /// round(x / d) in [-127, 127]; plus the sum of every 32 values.
 struct quant_acts {
   int64_t k = 0, batch = 0;
@@ -41,8 +42,8 @@ struct quant_acts {
 /// Fills `a` from `batch` rows of k floats (k a multiple of `group`).
 void quantize_acts(const float* x, int64_t batch, int64_t k, int group, quant_acts& a);
 
-/// The activation group of weight type `t` (32 for q4_0, 256 for the k-quants).
-constexpr int act_group(ggml_type t) { return t == ggml_type::q4_0 ? 32 : 256; }
+/// The activation group of weight type `t` (32 for q4_0 and q8_0, 256 for the k-quants).
+constexpr int act_group(ggml_type t) { return t == ggml_type::q4_0 || t == ggml_type::q8_0 ? 32 : 256; }
 
 /// y[b][n] = sum_k W[n][k] x[b][k] for a low-bit weight, by the recipe above; rows split over
 /// `pool`'s threads (same bits). `isa` must be resolved (not best or amx). Throws
@@ -86,7 +87,7 @@ void for_tiles(int64_t row_bytes, int64_t batch, int64_t r0, int64_t r1, Tile&& 
   for (; r < r1; ++r)
     for (int64_t b = 0; b < batch; ++b) tile(r, 1, b, 1);
 }
-/// q4_0's final lane reduction (the tree of hsum16).
+/// q4_0's and q8_0's final lane reduction (the tree of hsum16).
 inline float tree16(const float* a) {
   float t8[8], t4[4];
   for (int i = 0; i < 8; ++i) t8[i] = a[i] + a[i + 8];

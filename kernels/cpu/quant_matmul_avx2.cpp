@@ -205,9 +205,51 @@ TANDEM_Q256 void tile_q4_0(const tensor_view& w, const quant_acts& a, float* y, 
     }
 }
 
+// q8_0: q4_0's lanes with signed weights: |w| times x with w's sign (maddubs takes an unsigned
+// and a signed operand; |w| <= 128 and |x| <= 127 keep each pair sum inside int16).
+template <int R, int B>
+TANDEM_Q256 void tile_q8_0(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, int64_t b0) {
+  const int64_t nb = w.cols() / q8_0_block, n = w.rows();
+  const block_q8_0* rows[R];
+  for (int r = 0; r < R; ++r) rows[r] = reinterpret_cast<const block_q8_0*>(w.row(r0 + r));
+  __m256 acc[R][B][2];
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) acc[r][b][0] = acc[r][b][1] = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1);
+  const int64_t ahead = B == 1 && R > 1 ? (reinterpret_cast<const char*>(rows[1]) - reinterpret_cast<const char*>(rows[0])) * R : 0;
+  for (int64_t i = 0; i < nb; ++i) {
+    const int half = int(i % 2);
+    __m256i xv[B];
+#pragma GCC unroll 4
+    for (int b = 0; b < B; ++b) xv[b] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q(b0 + b) + q8_0_block * i));
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      if (ahead != 0) _mm_prefetch(reinterpret_cast<const char*>(rows[r] + i) + ahead, _MM_HINT_T0);
+      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[r][i].qs));
+      const __m256i aw = _mm256_sign_epi8(wv, wv);
+      const float dw = _cvtsh_ss(rows[r][i].d);
+#pragma GCC unroll 4
+      for (int b = 0; b < B; ++b) {
+        const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv[b], wv)), ones);
+        const __m256 dd = _mm256_set1_ps(dw * a.scale(b0 + b)[i]);
+        acc[r][b][half] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(s), acc[r][b][half]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) {
+      const __m256 v = _mm256_add_ps(acc[r][b][0], acc[r][b][1]);  // lane i + lane i + 8
+      __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+      h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+      h = _mm_add_ss(h, _mm_movehdup_ps(h));
+      y[(b0 + b) * n + r0 + r] = _mm_cvtss_f32(h);
+    }
+}
+
 template <ggml_type T, int R, int B>
 TANDEM_Q256 void tile(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, int64_t b0) {
   if constexpr (T == ggml_type::q4_0) tile_q4_0<R, B>(w, a, y, r0, b0);
+  else if constexpr (T == ggml_type::q8_0) tile_q8_0<R, B>(w, a, y, r0, b0);
   else tile_k<T, R, B>(w, a, y, r0, b0);
 }
 
@@ -232,6 +274,7 @@ void rows_typed(const tensor_view& w, const quant_acts& a, float* y, int64_t r0,
 void rows_avx2(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, int64_t r1) {
   switch (w.type) {
     case ggml_type::q4_0: return rows_typed<ggml_type::q4_0>(w, a, y, r0, r1);
+    case ggml_type::q8_0: return rows_typed<ggml_type::q8_0>(w, a, y, r0, r1);
     case ggml_type::q4_K: return rows_typed<ggml_type::q4_K>(w, a, y, r0, r1);
     case ggml_type::q5_K: return rows_typed<ggml_type::q5_K>(w, a, y, r0, r1);
     default: return rows_typed<ggml_type::q6_K>(w, a, y, r0, r1);

@@ -292,9 +292,59 @@ TANDEM_Q512 void tile_q4_0(const tensor_view& w, const quant_acts& a, float* y, 
     for (int b = 0; b < B; ++b) y[(b0 + b) * n + r0 + r] = hsum16(acc[r][b]);
 }
 
+// R weight rows x B activation rows of a q8_0 weight: two blocks (64 elements) a step, as
+// tile_q4_0; VNNI's dpbusd multiplies |w| (unsigned) by x with w's sign and sums each 4 in
+// int32 (exact).
+template <int R, int B>
+TANDEM_Q512 void tile_q8_0(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, int64_t b0) {
+  const int64_t nb = w.cols() / q8_0_block, n = w.rows();
+  const block_q8_0* rows[R];
+  for (int r = 0; r < R; ++r) rows[r] = reinterpret_cast<const block_q8_0*>(w.row(r0 + r));
+  __m512 acc[R][B];
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) acc[r][b] = _mm512_setzero_ps();
+  const __m512i zero = _mm512_setzero_si512();
+  // Batch 1: request the next tile's rows one tile ahead (see tile_k), a line per block pair.
+  const int64_t ahead = B == 1 && R > 1 ? (reinterpret_cast<const char*>(rows[1]) - reinterpret_cast<const char*>(rows[0])) * R : 0;
+  for (int64_t i = 0; i < nb; i += 2) {
+    const bool pair = i + 1 < nb;
+    const __mmask16 lanes = pair ? 0xFFFF : 0x00FF;
+    __m512i xv[B];
+    __m512 dx[B];
+#pragma GCC unroll 4
+    for (int b = 0; b < B; ++b) {
+      const int8_t* x = a.q(b0 + b) + q8_0_block * i;
+      xv[b] = pair ? _mm512_loadu_si512(x) : _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+      const float* s = a.scale(b0 + b) + i;
+      dx[b] = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(s[0]), _mm512_set1_ps(pair ? s[1] : 0.0f));
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const block_q8_0* p = rows[r] + i;
+      if (ahead != 0) _mm_prefetch(reinterpret_cast<const char*>(p) + ahead, _MM_HINT_T0);
+      const __m256i q0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[0].qs));
+      const __m256i q1 = pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[1].qs)) : _mm256_setzero_si256();
+      const __m512i wv = _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1);
+      const __m512i aw = _mm512_abs_epi8(wv);
+      const __mmask64 neg = _mm512_movepi8_mask(wv);
+      const __m512 dw = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(_cvtsh_ss(p[0].d)),
+                                             _mm512_set1_ps(pair ? _cvtsh_ss(p[1].d) : 0.0f));
+#pragma GCC unroll 4
+      for (int b = 0; b < B; ++b) {
+        const __m512i sx = _mm512_mask_sub_epi8(xv[b], neg, zero, xv[b]);
+        const __m512i s = _mm512_dpbusd_epi32(zero, aw, sx);
+        acc[r][b] = _mm512_mask3_fmadd_ps(_mm512_mul_ps(dw, dx[b]), _mm512_cvtepi32_ps(s), acc[r][b], lanes);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) y[(b0 + b) * n + r0 + r] = hsum16(acc[r][b]);
+}
+
 template <ggml_type T, int R, int B>
 TANDEM_Q512 void tile(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, int64_t b0) {
   if constexpr (T == ggml_type::q4_0) tile_q4_0<R, B>(w, a, y, r0, b0);
+  else if constexpr (T == ggml_type::q8_0) tile_q8_0<R, B>(w, a, y, r0, b0);
   else tile_k<T, R, B>(w, a, y, r0, b0);
 }
 
@@ -318,6 +368,7 @@ void rows_typed(const tensor_view& w, const quant_acts& a, float* y, int64_t r0,
 void rows_avx512(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, int64_t r1) {
   switch (w.type) {
     case ggml_type::q4_0: return rows_typed<ggml_type::q4_0>(w, a, y, r0, r1);
+    case ggml_type::q8_0: return rows_typed<ggml_type::q8_0>(w, a, y, r0, r1);
     case ggml_type::q4_K: return rows_typed<ggml_type::q4_K>(w, a, y, r0, r1);
     case ggml_type::q5_K: return rows_typed<ggml_type::q5_K>(w, a, y, r0, r1);
     default: return rows_typed<ggml_type::q6_K>(w, a, y, r0, r1);

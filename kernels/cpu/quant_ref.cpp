@@ -308,9 +308,21 @@ void dequantize_row_ref(ggml_type t, const void* row, float* out, int64_t n) {
   }
 }
 
+void quantize_row_q8_0(const float* x, block_q8_0* out, int64_t n) {
+  for (int64_t blk = 0; blk < n / q8_0_block; ++blk) {
+    const float* v = x + blk * q8_0_block;
+    float amax = 0.0f;
+    for (int j = 0; j < q8_0_block; ++j) amax = std::max(amax, std::fabs(v[j]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    out[blk].d = fp32_to_fp16(d);
+    for (int j = 0; j < q8_0_block; ++j) out[blk].qs[j] = int8_t(std::roundf(v[j] * id));
+  }
+}
+
 std::vector<uint8_t> quantize_rows(ggml_type t, const float* x, int64_t rows, int64_t cols) {
-  if (!is_low_bit(t))
-    throw tandem::error(fmt::format("quantize_rows: {} is not one of q4_0, q4_K, q5_K, q6_K", to_string(t)));
+  if (!int8_matmul(t))
+    throw tandem::error(fmt::format("quantize_rows: {} is not one of q4_0, q4_K, q5_K, q6_K, q8_0", to_string(t)));
   if (cols % block_elems(t) != 0)
     throw tandem::error(fmt::format("quantize_rows: rows of {} elements are not a multiple of the {} block of {}",
                                     cols, to_string(t), block_elems(t)));
@@ -328,6 +340,7 @@ std::vector<uint8_t> quantize_rows(ggml_type t, const float* x, int64_t rows, in
       case ggml_type::q4_0: quantize_row_q4_0(v, static_cast<block_q4_0*>(o), n); break;
       case ggml_type::q4_K: quantize_row_q4_K(v, static_cast<block_q4_K*>(o), n); break;
       case ggml_type::q5_K: quantize_row_q5_K(v, static_cast<block_q5_K*>(o), n); break;
+      case ggml_type::q8_0: quantize_row_q8_0(v, static_cast<block_q8_0*>(o), n); break;
       default: quantize_row_q6_K(v, static_cast<block_q6_K*>(o), n); break;
     }
   };

@@ -10,9 +10,14 @@
 
 namespace tandem::cpu {
 
-/// Whether `t` is one of the types quant_matmul computes (q4_0, q4_K, q5_K, q6_K).
+/// Whether `t` is one of the 4-6 bit block formats (q4_0, q4_K, q5_K, q6_K).
 constexpr bool is_low_bit(ggml_type t) {
   return t == ggml_type::q4_0 || t == ggml_type::q4_K || t == ggml_type::q5_K || t == ggml_type::q6_K;
+}
+
+/// Whether quant_matmul computes `t` (integer dot products with int8 activations): the
+/// low-bit types and q8_0, as llama.cpp computes them.
+constexpr bool int8_matmul(ggml_type t) { return is_low_bit(t) || t == ggml_type::q8_0;
 }
 
 /// Scale and min of sub-block j (0..7) of a q4_K / q5_K block's 12 packed bytes
@@ -48,8 +53,10 @@ void quantize_row_q4_0(const float* x, block_q4_0* out, int64_t n);
 void quantize_row_q4_K(const float* x, block_q4_K* out, int64_t n);
 void quantize_row_q5_K(const float* x, block_q5_K* out, int64_t n);
 void quantize_row_q6_K(const float* x, block_q6_K* out, int64_t n);
+/// q8_0 as ggml's quantize_row_q8_0_ref: d = max|x| / 127, codes round(x / d).
+void quantize_row_q8_0(const float* x, block_q8_0* out, int64_t n);
 
-/// Quantizes rows of `cols` floats to type `t` (one of is_low_bit's): row_bytes(t, cols)
+/// Quantizes rows of `cols` floats to type `t` (one of int8_matmul's): row_bytes(t, cols)
 /// bytes per row. Throws tandem::error for another type or a row length that is not a
 /// multiple of the block.
 std::vector<uint8_t> quantize_rows(ggml_type t, const float* x, int64_t rows, int64_t cols);

@@ -49,7 +49,14 @@ TEST_CASE("llama: forward matches a naive contiguous-KV reference (prefill then 
     prefill_then_decode(*model, pool, pages, [&](size_t p, const std::vector<float>& logits) {
       const std::vector<double>& want = ref[p];
       REQUIRE(logits.size() == want.size());
-      for (size_t i = 0; i < want.size(); ++i) REQUIRE(logits[i] == doctest::Approx(want[i]).epsilon(1e-4).scale(1.0));
+      // q8_0 multiplies 8-bit activations, as llama.cpp does (quant_matmul.h): on this 32-wide
+      // model the rounding moves logits of magnitude ~2 by up to 0.05 (f32: 6e-7); bound 0.1.
+      for (size_t i = 0; i < want.size(); ++i) {
+        if (t == ggml_type::q8_0)
+          REQUIRE(std::fabs(logits[i] - want[i]) <= 0.1);
+        else
+          REQUIRE(logits[i] == doctest::Approx(want[i]).epsilon(1e-4).scale(1.0));
+      }
     });
   }
 }

@@ -116,7 +116,9 @@ TEST_CASE("ops: matmul matches a naive reference for every weight type") {
       }
     std::vector<float> y(static_cast<size_t>(batch * n)), scratch;
     cpu::matmul(w, x.data(), batch, y.data(), scratch);
-    CHECK(nmse(y, ref) < 1e-10);
+    // q8_0 multiplies 8-bit activations as llama.cpp does (quant_matmul.h; its bound is checked
+    // in test_quant.cpp): the activation rounding, relative 2e-3 per value, shows here.
+    CHECK(nmse(y, ref) < (t == ggml_type::q8_0 ? 1e-4 : 1e-10));
     // Dequantization itself is close to the original weights.
     const double tol = t == ggml_type::f32 ? 0 : t == ggml_type::f16 ? 1e-3 : 1e-2;
     for (size_t i = 0; i < wd.size(); ++i) REQUIRE(std::fabs(wd[i] - wf[i]) <= tol);
@@ -363,7 +365,8 @@ TEST_CASE("ops: matmul throughput on a 768x2048 matrix (F16, Q8_0, batch 1 and 8
           for (int64_t r = 0; r < n; r += 97) {
             double s = 0;
             for (int64_t i = 0; i < k; ++i) s += double(wd[size_t(r * k + i)]) * x[size_t(b * k + i)];
-            REQUIRE(y[size_t(b * n + r)] == doctest::Approx(s).epsilon(1e-4).scale(1.0));
+            // q8_0: 8-bit activations (see the naive-reference case).
+            REQUIRE(y[size_t(b * n + r)] == doctest::Approx(s).epsilon(t == ggml_type::q8_0 ? 3e-2 : 1e-4).scale(1.0));
           }
       }
     }
@@ -397,7 +400,7 @@ TEST_CASE("ops: matmul with odd shapes is bit-identical for any batch split and 
         for (int64_t r = 0; r < rows; ++r) {
           double s = 0;
           for (int64_t i = 0; i < k; ++i) s += double(wd[size_t(r * k + i)]) * x[size_t(b * k + i)];
-          REQUIRE(one[size_t(r)] == doctest::Approx(s).epsilon(1e-5).scale(1.0));
+          REQUIRE(one[size_t(r)] == doctest::Approx(s).epsilon(t == ggml_type::q8_0 ? 3e-2 : 1e-5).scale(1.0));
         }
       }
       // Batch 3 starting at row 2: a different tile mix, same bits.
@@ -621,7 +624,7 @@ TEST_CASE("ops: every isa path of matmul matches the reference and keeps its bit
         CAPTURE(sh.k);
         std::vector<float> all(size_t(sh.batch * sh.n)), threaded(all.size()), scratch;
         cpu::matmul(w, x.data(), sh.batch, all.data(), scratch, nullptr, isa);
-        CHECK(nmse(all, ref) < 1e-10);
+        CHECK(nmse(all, ref) < (t == ggml_type::q8_0 ? 1e-4 : 1e-10));  // q8_0: 8-bit activations
         cpu::matmul(w, x.data(), sh.batch, threaded.data(), scratch, &pool, isa);
         REQUIRE(std::memcmp(all.data(), threaded.data(), all.size() * 4) == 0);
         for (int64_t b = 0; b < sh.batch; b += 3) {

@@ -22,6 +22,9 @@ using namespace tandem;
 namespace {
 
 constexpr ggml_type k_types[] = {ggml_type::q4_0, ggml_type::q4_K, ggml_type::q5_K, ggml_type::q6_K};
+/// The types quant_matmul computes: the low-bit ones and q8_0.
+constexpr ggml_type k_matmul_types[] = {ggml_type::q4_0, ggml_type::q4_K, ggml_type::q5_K, ggml_type::q6_K,
+                                        ggml_type::q8_0};
 
 std::vector<float> decode(ggml_type t, const std::vector<uint8_t>& bytes, int64_t n) {
   std::vector<float> out(static_cast<size_t>(n));
@@ -168,7 +171,7 @@ TEST_CASE("quant: quantize then dequantize stays within each type's error") {
     for (float v : decode(t, q, 256)) CHECK(v == 0.0f);
   }
   CHECK_THROWS_AS(cpu::quantize_rows(ggml_type::q4_K, x.data(), 1, 128), tandem::error);
-  CHECK_THROWS_AS(cpu::quantize_rows(ggml_type::q8_0, x.data(), 1, 256), tandem::error);
+  CHECK_THROWS_AS(cpu::quantize_rows(ggml_type::f16, x.data(), 1, 256), tandem::error);
 }
 
 TEST_CASE("quant: low-bit tensors round-trip through the GGUF writer and reader") {
@@ -276,7 +279,7 @@ qweight make_weight(ggml_type t, int64_t rows, int64_t cols, uint32_t seed) {
 
 TEST_CASE("quant: matmul agrees with an f64 reference within the activation rounding") {
   std::vector<float> scratch;
-  for (ggml_type t : k_types) {
+  for (ggml_type t : k_matmul_types) {
     for (int64_t cols : {int64_t(256), int64_t(768)}) {
       const int64_t rows = 13, batch = 3;
       const auto w = make_weight(t, rows, cols, 5);
@@ -312,9 +315,9 @@ TEST_CASE("quant: matmul agrees with an f64 reference within the activation roun
 TEST_CASE("quant: matmul gives the same bits on every path, batch size and thread count") {
   cpu::thread_pool pool2(2), pool3(3);
   std::vector<float> scratch;
-  for (ggml_type t : k_types) {
-    // Odd row counts (tiles of 8, 4 and single rows), odd q4_0 block counts.
-    const int64_t cols = t == ggml_type::q4_0 ? 32 * 25 : 512;
+  for (ggml_type t : k_matmul_types) {
+    // Odd row counts (tiles of 8, 4 and single rows), odd q4_0 / q8_0 block counts.
+    const int64_t cols = cpu::act_group(t) == 32 ? 32 * 25 : 512;
     for (int64_t rows : {int64_t(1), int64_t(7), int64_t(37), int64_t(70)}) {
       const auto w = make_weight(t, rows, cols, uint32_t(rows));
       const int64_t max_batch = 9;
@@ -351,15 +354,17 @@ TEST_CASE("quant: matmul_many of mixed low-bit types gives each weight's own bit
   std::vector<float> scratch;
   const int64_t cols = 512, batch = 3;
   const auto a = make_weight(ggml_type::q4_K, 50, cols, 1), b = make_weight(ggml_type::q6_K, 26, cols, 2),
-             c = make_weight(ggml_type::q4_0, 9, cols, 3);
+             c = make_weight(ggml_type::q4_0, 9, cols, 3), d = make_weight(ggml_type::q8_0, 11, cols, 4);
   const auto x = gaussian(size_t(batch * cols), 4);
   for (cpu::thread_pool* p : {static_cast<cpu::thread_pool*>(nullptr), &pool}) {
-    const auto pa = cpu::pack_weight(a.view), pb = cpu::pack_weight(b.view), pc = cpu::pack_weight(c.view);
-    const cpu::packed_weight* ws[] = {&pa, &pb, &pc};
-    std::vector<float> ya(size_t(batch * 50)), yb(size_t(batch * 26)), yc(size_t(batch * 9));
-    float* ys[] = {ya.data(), yb.data(), yc.data()};
+    const auto pa = cpu::pack_weight(a.view), pb = cpu::pack_weight(b.view), pc = cpu::pack_weight(c.view),
+               pd = cpu::pack_weight(d.view);
+    const cpu::packed_weight* ws[] = {&pa, &pb, &pc, &pd};
+    std::vector<float> ya(size_t(batch * 50)), yb(size_t(batch * 26)), yc(size_t(batch * 9)), yd(size_t(batch * 11));
+    float* ys[] = {ya.data(), yb.data(), yc.data(), yd.data()};
     cpu::matmul_many(ws, x.data(), batch, ys, scratch, p);
-    for (auto [w, y] : {std::pair{&a, &ya}, std::pair{&b, &yb}, std::pair{&c, &yc}}) {
+    for (auto [w, y] :
+         {std::pair{&a, &ya}, std::pair{&b, &yb}, std::pair{&c, &yc}, std::pair{&d, &yd}}) {
       std::vector<float> alone(y->size());
       cpu::matmul(w->view, x.data(), batch, alone.data(), scratch, nullptr, cpu_isa::scalar);
       CHECK(std::memcmp(alone.data(), y->data(), alone.size() * sizeof(float)) == 0);
