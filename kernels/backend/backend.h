@@ -62,6 +62,14 @@ struct mla_seq {
   float* out = nullptr;
 };
 
+/// One matmul of a batch of independent ones: y [rows][W rows] = W x [rows][W cols].
+struct matmul_task {
+  weight_id w;
+  const float* x = nullptr;
+  int64_t rows = 0;
+  float* y = nullptr;
+};
+
 /// The op table.
 class ops {
  public:
@@ -82,6 +90,10 @@ class ops {
   virtual void matmul(weight_id w, const float* x, int64_t rows, float* y) = 0;
   /// matmul of several weights over the same input, each output with the bits matmul gives it.
   virtual void matmul_many(std::span<const weight_id> ws, const float* x, int64_t rows, std::span<float* const> ys) = 0;
+  /// y = W x for independent tasks (per-head and per-expert matrices, each often too small to
+  /// split alone): the backend may run them side by side; each output has the bits matmul
+  /// gives it.
+  virtual void matmul_batch(std::span<const matmul_task> tasks) = 0;
   /// Embedding rows `ids` of `table` as f32 into out [ids][cols].
   virtual void get_rows(const tensor_view& table, std::span<const int32_t> ids, float* out) = 0;
 

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "kernels/base/error.h"
@@ -55,6 +56,27 @@ class cpu_ops final : public ops {
     many_.clear();
     for (weight_id w : ws) many_.push_back(&get(w));
     cpu::matmul_many(many_, x, rows, ys, scratch_, &pool_);
+  }
+  void matmul_batch(std::span<const matmul_task> tasks) override {
+    int64_t work = 0, largest = 0;
+    for (const matmul_task& t : tasks) {
+      const int64_t w = get(t.w).view.rows() * get(t.w).view.cols() * t.rows;
+      work += w;
+      largest = std::max(largest, w);
+    }
+    // Small tasks side by side, each whole on one thread (a matmul's bits do not depend on its
+    // thread count); a task big enough to split runs alone on every thread, as matmul does.
+    if (largest >= batch_split_work) {
+      for (const matmul_task& t : tasks) cpu::matmul(get(t.w), t.x, t.rows, t.y, scratch_, &pool_);
+      return;
+    }
+    cpu::parallel_for_if(&pool_, int64_t(tasks.size()), work, [&](int64_t i0, int64_t i1) {
+      thread_local std::vector<float> scratch;
+      for (int64_t i = i0; i < i1; ++i) {
+        const matmul_task& t = tasks[size_t(i)];
+        cpu::matmul(get(t.w), t.x, t.rows, t.y, scratch);
+      }
+    });
   }
   void get_rows(const tensor_view& table, std::span<const int32_t> ids, float* out) override {
     cpu::get_rows(table, ids, out);
@@ -149,6 +171,10 @@ class cpu_ops final : public ops {
       throw tandem::error(fmt::format("cpu backend: weight id {} was not prepared here", w.index));
     return weights_[size_t(w.index)];
   }
+
+  /// A task of this much work (rows x columns x batch) splits across the threads by itself
+  /// (a prefill's expert, 4 MFLOP and up); smaller ones run side by side.
+  static constexpr int64_t batch_split_work = int64_t(1) << 21;
 
   cpu_isa isa_;
   cpu::thread_pool pool_;

@@ -61,10 +61,17 @@ class deepseek2_model final : public llama_model {
       head_in_, head_out_, router_, moe_in_, moe_out_, shared_, logits_;
   std::vector<float> route_w_, router_host_;
   std::vector<int32_t> route_e_, expert_rows_, moe_dest_;
+  /// An expert with rows [first, first + rows) of the gathered MoE input.
+  struct expert_group {
+    int32_t expert;
+    int64_t first, rows;
+  };
+  std::vector<expert_group> groups_;
   backend::rope_table rope_;
   std::vector<int32_t> tok_, pos_, last_;
   std::vector<backend::kv_slot> slots_;
   std::vector<backend::mla_seq> calls_;
+  std::vector<backend::matmul_task> tasks_;
   /// (first token index, sequence) of every sequence with new tokens.
   std::vector<std::pair<int64_t, const batch_seq*>> seq_start_;
 };
@@ -238,16 +245,19 @@ void deepseek2_model::attention(int32_t l, kv_pool& pool, int64_t T) {
   o.copy_rows(lat, kvr, row, lat_w, T, kvr);
   o.copy_rows(kpe, rd, row + kvr, lat_w, T, rd);
   o.kv_write(pool, l, 0, slots_, row, lat_w);
-  // Per head: q_pe roped, q_nope absorbed into latent space through W_UK (head-major).
+  // Per head: q_pe roped, q_nope absorbed into latent space through W_UK (head-major), every
+  // head's small matmul in one call.
   float* qpe = qpe_->floats(size_t(H * T * rd));
   float* qlat = qlat_->floats(size_t(H * T * kvr));
-  float* head_in = head_in_->floats(size_t(T * std::max(nope, kvr)));
+  float* head_in = head_in_->floats(size_t(H * T * nope));
+  tasks_.clear();
   for (int64_t h = 0; h < H; ++h) {
-    o.copy_rows(q + h * hd, H * hd, head_in, nope, T, nope);
+    o.copy_rows(q + h * hd, H * hd, head_in + h * T * nope, nope, T, nope);
     o.copy_rows(q + h * hd + nope, H * hd, qpe + h * T * rd, rd, T, rd);
     o.rope(qpe + h * T * rd, rope_, 1);
-    o.matmul(L.k_b[size_t(h)], head_in, T, qlat + h * T * kvr);
+    tasks_.push_back({L.k_b[size_t(h)], head_in + h * T * nope, T, qlat + h * T * kvr});
   }
+  o.matmul_batch(tasks_);
   // Attention in latent space, one call per (sequence, head).
   float* olat = olat_->floats(size_t(H * T * kvr));
   calls_.clear();
@@ -262,13 +272,13 @@ void deepseek2_model::attention(int32_t l, kv_pool& pool, int64_t T) {
                                         .out = olat + off * kvr});
     }
   o.mla_attention(calls_, int32_t(kvr), int32_t(rd), kq_scale_, pool, l);
-  // Per head: back out of latent space through W_UV, then the output projection.
+  // Per head: back out of latent space through W_UV (one call), then the output projection.
   float* ov = ov_->floats(size_t(T * H * vd));
-  float* head_out = head_out_->floats(size_t(T * vd));
-  for (int64_t h = 0; h < H; ++h) {
-    o.matmul(L.v_b[size_t(h)], olat + h * T * kvr, T, head_out);
-    o.copy_rows(head_out, vd, ov + h * vd, H * vd, T, vd);
-  }
+  float* head_out = head_out_->floats(size_t(H * T * vd));
+  tasks_.clear();
+  for (int64_t h = 0; h < H; ++h) tasks_.push_back({L.v_b[size_t(h)], olat + h * T * kvr, T, head_out + h * T * vd});
+  o.matmul_batch(tasks_);
+  for (int64_t h = 0; h < H; ++h) o.copy_rows(head_out + h * T * vd, vd, ov + h * vd, H * vd, T, vd);
   o.matmul(L.wo, ov, T, tmp_->floats(size_t(T * c.n_embd)));
 }
 
@@ -297,28 +307,45 @@ void deepseek2_model::ffn(const layer& L, int64_t T) {
                                .selection_bias = L.probs_bias.empty() ? nullptr : L.probs_bias.data()};
   o.moe_route(logits, T, r, route_e_.data(), route_w_.data());
   float* out = moe_out_->floats(size_t(T * k * e));  // [token][choice][n_embd]
+  // Every routed expert's rows gathered (token order within an expert), then all experts and
+  // the shared ones in two batched stages: gate and up, then down.
+  groups_.clear();
+  expert_rows_.clear();  // the token of each gathered row ...
+  moe_dest_.clear();     // ... and its (token * k + choice) row of `out`
   for (int32_t x = 0; x < c.n_expert; ++x) {
-    expert_rows_.clear();  // the tokens routed to x, in token order ...
-    moe_dest_.clear();     // ... and their (token * k + choice) rows of `out`
+    const int64_t first = int64_t(expert_rows_.size());
     for (int64_t i = 0; i < T * k; ++i)
       if (route_e_[size_t(i)] == x) {
         expert_rows_.push_back(int32_t(i / k));
         moe_dest_.push_back(int32_t(i));
       }
-    const int64_t m = int64_t(expert_rows_.size());
-    if (m == 0) continue;
-    float* in = moe_in_->floats(size_t(m * e));
-    o.gather_rows(xn, expert_rows_, in, e);
-    float* eo = head_out_->floats(size_t(m * e));
-    swiglu_ffn(L.exp_gate[size_t(x)], L.exp_up[size_t(x)], L.exp_down[size_t(x)], in, m, c.n_ff_exp, eo);
-    o.scatter_rows(eo, moe_dest_, out, e);
+    if (int64_t(expert_rows_.size()) > first) groups_.push_back({x, first, int64_t(expert_rows_.size()) - first});
   }
-  // Weighted sum in choice order (as llama.cpp adds them), plus the shared experts.
-  float* shared = nullptr;
+  const int64_t m = int64_t(expert_rows_.size()), fe = c.n_ff_exp, fs = fe * c.n_expert_shared;
+  float* in = moe_in_->floats(size_t(m * e));
+  o.gather_rows(xn, expert_rows_, in, e);
+  float* g = gate_->floats(size_t(m * fe + T * fs));
+  float* u = up_->floats(size_t(m * fe + T * fs));
+  float* eo = head_out_->floats(size_t(m * e));
+  float* shared = L.has_shared ? shared_->floats(size_t(T * e)) : nullptr;
+  tasks_.clear();
+  for (const expert_group& gr : groups_) {
+    tasks_.push_back({L.exp_gate[size_t(gr.expert)], in + gr.first * e, gr.rows, g + gr.first * fe});
+    tasks_.push_back({L.exp_up[size_t(gr.expert)], in + gr.first * e, gr.rows, u + gr.first * fe});
+  }
   if (L.has_shared) {
-    shared = shared_->floats(size_t(T * e));
-    swiglu_ffn(L.gate, L.up, L.down, xn, T, c.n_ff_exp * c.n_expert_shared, shared);
+    tasks_.push_back({L.gate, xn, T, g + m * fe});
+    tasks_.push_back({L.up, xn, T, u + m * fe});
   }
+  o.matmul_batch(tasks_);
+  o.swiglu(g, u, g, size_t(m * fe + T * fs));
+  tasks_.clear();
+  for (const expert_group& gr : groups_)
+    tasks_.push_back({L.exp_down[size_t(gr.expert)], g + gr.first * fe, gr.rows, eo + gr.first * e});
+  if (L.has_shared) tasks_.push_back({L.down, g + m * fe, T, shared});
+  o.matmul_batch(tasks_);
+  o.scatter_rows(eo, moe_dest_, out, e);
+  // Weighted sum in choice order (as llama.cpp adds them), plus the shared experts.
   o.moe_combine(out, route_w_.data(), T, k, e, shared, y);
 }
 
