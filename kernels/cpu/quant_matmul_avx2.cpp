@@ -162,6 +162,16 @@ TANDEM_Q256 void tile_k(const tensor_view& w, const quant_acts& a, float* y, int
     for (int b = 0; b < B; ++b) y[(b0 + b) * n + r0 + r] = acc[r][b];
 }
 
+// The recipe's 16-lane tree over even-block lanes `lo` (0-7) and odd-block lanes `hi` (8-15):
+// lane i + lane i + 8, then the halves of what is left.
+TANDEM_Q256 inline float tree16_pair(__m256 lo, __m256 hi) {
+  const __m256 v = _mm256_add_ps(lo, hi);
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  return _mm_cvtss_f32(h);
+}
+
 // q4_0: one block a step; even blocks in acc[..][0] (lanes 0-7 of the recipe), odd in [1].
 template <int R, int B>
 TANDEM_Q256 void tile_q4_0(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, int64_t b0) {
@@ -196,13 +206,7 @@ TANDEM_Q256 void tile_q4_0(const tensor_view& w, const quant_acts& a, float* y, 
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int b = 0; b < B; ++b) {
-      const __m256 v = _mm256_add_ps(acc[r][b][0], acc[r][b][1]);  // lane i + lane i + 8
-      __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-      h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-      h = _mm_add_ss(h, _mm_movehdup_ps(h));
-      y[(b0 + b) * n + r0 + r] = _mm_cvtss_f32(h);
-    }
+    for (int b = 0; b < B; ++b) y[(b0 + b) * n + r0 + r] = tree16_pair(acc[r][b][0], acc[r][b][1]);
 }
 
 // q8_0: q4_0's lanes with signed weights: |w| times x with w's sign (maddubs takes an unsigned
@@ -237,13 +241,7 @@ TANDEM_Q256 void tile_q8_0(const tensor_view& w, const quant_acts& a, float* y, 
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int b = 0; b < B; ++b) {
-      const __m256 v = _mm256_add_ps(acc[r][b][0], acc[r][b][1]);  // lane i + lane i + 8
-      __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-      h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-      h = _mm_add_ss(h, _mm_movehdup_ps(h));
-      y[(b0 + b) * n + r0 + r] = _mm_cvtss_f32(h);
-    }
+    for (int b = 0; b < B; ++b) y[(b0 + b) * n + r0 + r] = tree16_pair(acc[r][b][0], acc[r][b][1]);
 }
 
 template <ggml_type T, int R, int B>

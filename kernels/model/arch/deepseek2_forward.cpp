@@ -9,6 +9,7 @@
 #include "kernels/base/error.h"
 #include "kernels/cpu/moe.h"
 #include "kernels/model/arch/checks.h"
+#include "kernels/model/arch/forward_common.h"
 
 namespace tandem {
 
@@ -68,12 +69,9 @@ class deepseek2_model final : public llama_model {
   };
   std::vector<expert_group> groups_;
   backend::rope_table rope_;
-  std::vector<int32_t> tok_, pos_, last_;
-  std::vector<backend::kv_slot> slots_;
+  arch::batch_plan plan_;
   std::vector<backend::mla_seq> calls_;
   std::vector<backend::matmul_task> tasks_;
-  /// (first token index, sequence) of every sequence with new tokens.
-  std::vector<std::pair<int64_t, const batch_seq*>> seq_start_;
 };
 
 deepseek2_model::deepseek2_model(const deepseek2_weights& w, kv_dtype kv, std::unique_ptr<backend::ops> ops)
@@ -244,7 +242,7 @@ void deepseek2_model::attention(int32_t l, kv_pool& pool, int64_t T) {
   float* row = kva;
   o.copy_rows(lat, kvr, row, lat_w, T, kvr);
   o.copy_rows(kpe, rd, row + kvr, lat_w, T, rd);
-  o.kv_write(pool, l, 0, slots_, row, lat_w);
+  o.kv_write(pool, l, 0, plan_.slots, row, lat_w);
   // Per head: q_pe roped, q_nope absorbed into latent space through W_UK (head-major), every
   // head's small matmul in one call.
   float* qpe = qpe_->floats(size_t(H * T * rd));
@@ -261,7 +259,7 @@ void deepseek2_model::attention(int32_t l, kv_pool& pool, int64_t T) {
   // Attention in latent space, one call per (sequence, head).
   float* olat = olat_->floats(size_t(H * T * kvr));
   calls_.clear();
-  for (const auto& [t0, b] : seq_start_)
+  for (const auto& [t0, b] : plan_.starts)
     for (int64_t h = 0; h < H; ++h) {
       const int64_t off = h * T + t0;
       calls_.push_back(backend::mla_seq{.q_lat = qlat + off * kvr,
@@ -351,35 +349,17 @@ void deepseek2_model::ffn(const layer& L, int64_t T) {
 
 void deepseek2_model::forward(std::span<const batch_seq> batch, kv_pool& pool, std::vector<float>& logits) {
   const model_config& c = w_.config;
-  const kv_layout PL = pool.layout();
-  if (!(PL == layout(PL.page_size)))
-    throw tandem::error(fmt::format("KV pool layout {} does not match the model's {}", PL.describe(),
-                                    layout(PL.page_size).describe()));
-  const size_t n_logits = arch::check_batch(batch, c, pool, tok_, pos_);
-  logits.assign(n_logits * size_t(c.n_vocab), 0.0f);
-  const int64_t T = int64_t(tok_.size());
+  arch::plan_batch(batch, c, pool, layout(pool.layout().page_size), plan_);
+  logits.assign(plan_.last.size() * size_t(c.n_vocab), 0.0f);
+  const int64_t T = plan_.n_tokens();
   if (T == 0) return;
-  const int32_t ps = PL.page_size;
-  seq_start_.clear();
-  slots_.clear();
-  last_.clear();
-  int64_t t0 = 0;
-  for (const batch_seq& b : batch) {
-    if (!b.tokens.empty()) seq_start_.emplace_back(t0, &b);
-    for (size_t i = 0; i < b.tokens.size(); ++i) {
-      const int32_t p = b.pos + int32_t(i);
-      slots_.push_back(backend::kv_slot{b.pages[size_t(p / ps)], p % ps});
-    }
-    t0 += int64_t(b.tokens.size());
-    if (b.want_logits) last_.push_back(int32_t(t0 - 1));
-  }
   backend::ops& o = *ops_;
   const int64_t e = c.n_embd;
   float* x = x_->floats(size_t(T * e));
   float* xn = xn_->floats(size_t(T * e));
-  o.get_rows(w_.token_embd, tok_, x);
-  rope_.build(pos_.data(), T, c.rope_dims, c.rope_freq_base, false, rope_freqs_.empty() ? nullptr : rope_freqs_.data(),
-              &c.yarn, rope_magnitude_);
+  o.get_rows(w_.token_embd, plan_.tokens, x);
+  rope_.build(plan_.positions.data(), T, c.rope_dims, c.rope_freq_base, false,
+              rope_freqs_.empty() ? nullptr : rope_freqs_.data(), &c.yarn, rope_magnitude_);
   for (int32_t l = 0; l < c.n_layer; ++l) {
     const layer& L = layers_[size_t(l)];
     o.rms_norm(x, L.attn_norm.data(), xn, T, e, c.rms_eps);
@@ -389,15 +369,7 @@ void deepseek2_model::forward(std::span<const batch_seq> batch, kv_pool& pool, s
     ffn(L, T);
     o.add(x, tmp_->floats(0), T * e);
   }
-  if (n_logits == 0) return;
-  const int64_t r = int64_t(last_.size());
-  o.gather_rows(x, last_, xn, e);
-  o.rms_norm(xn, output_norm_.data(), xn, r, e, c.rms_eps);
-  // Host memory serves as the output directly; a device's logits come back in one copy.
-  const bool host = o.domain() == backend::memory_domain::host;
-  float* out = host ? logits.data() : logits_->floats(logits.size());
-  o.matmul(output_, xn, r, out);
-  if (!host) o.download(out, logits.size(), logits.data());
+  arch::output_logits(o, plan_, x, xn, output_norm_.data(), c.rms_eps, e, output_, 0.0f, *logits_, logits);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include "kernels/backend/cpu_backend.h"
 #include "kernels/base/error.h"
 #include "kernels/model/arch/checks.h"
+#include "kernels/model/arch/forward_common.h"
 
 namespace tandem {
 
@@ -32,7 +33,7 @@ class dense_model final : public llama_model {
     std::vector<float> q_bias, k_bias, v_bias, q_norm, k_norm;  ///< empty when absent
     std::vector<float> attn_post_norm, ffn_post_norm;          ///< empty when absent
   };
-  void attention(int32_t l, std::span<const batch_seq> batch, kv_pool& pool, int64_t T);
+  void attention(int32_t l, kv_pool& pool, int64_t T);
   void ffn(const layer& L, int64_t T);
 
   llama_weights w_;
@@ -46,9 +47,8 @@ class dense_model final : public llama_model {
   /// executor thread.
   std::unique_ptr<backend::buffer> x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_, logits_;
   backend::rope_table rope_;  ///< the angles of the positions of the current forward pass
-  std::vector<int32_t> tok_, pos_, last_;
+  arch::batch_plan plan_;
   std::vector<backend::attention_seq> attn_;
-  std::vector<backend::kv_slot> slots_;
 };
 
 dense_model::dense_model(const llama_weights& w, kv_dtype kv, std::unique_ptr<backend::ops> ops)
@@ -121,7 +121,7 @@ dense_model::dense_model(const llama_weights& w, kv_dtype kv, std::unique_ptr<ba
   for (auto* buf : {&x_, &xn_, &q_, &k_, &v_, &att_, &tmp_, &gate_, &up_, &logits_}) *buf = ops_->make_buffer();
 }
 
-void dense_model::attention(int32_t l, std::span<const batch_seq> batch, kv_pool& pool, int64_t T) {
+void dense_model::attention(int32_t l, kv_pool& pool, int64_t T) {
   const model_config& c = w_.config;
   const layer& L = layers_[size_t(l)];
   backend::ops& o = *ops_;
@@ -147,17 +147,12 @@ void dense_model::attention(int32_t l, std::span<const batch_seq> batch, kv_pool
   // versus (q.k) * scale shows); the kernel then multiplies by 1.
   if (c.attn_scale > 0.0f) o.scale(q, T * qd, c.attn_scale);
   // K and V of every new position into its page slot, then every sequence's attention at once.
-  o.kv_write(pool, l, 0, slots_, k, kd);
-  o.kv_write(pool, l, 1, slots_, v, kd);
+  o.kv_write(pool, l, 0, plan_.slots, k, kd);
+  o.kv_write(pool, l, 1, plan_.slots, v, kd);
   attn_.clear();
-  int64_t t0 = 0;
-  for (const batch_seq& b : batch) {
-    const int64_t n = int64_t(b.tokens.size());
-    if (n > 0)
-      attn_.push_back(
-          backend::attention_seq{.q = q + t0 * qd, .n_tokens = n, .pos0 = b.pos, .pages = b.pages, .out = att + t0 * qd});
-    t0 += n;
-  }
+  for (const auto& [t0, b] : plan_.starts)
+    attn_.push_back(backend::attention_seq{
+        .q = q + t0 * qd, .n_tokens = int64_t(b->tokens.size()), .pos0 = b->pos, .pages = b->pages, .out = att + t0 * qd});
   const backend::attention_params ap{.scale = c.attn_scale > 0.0f ? 1.0f : 0.0f,
                                      .softcap = c.attn_softcap,
                                      .window = c.is_swa_layer(l) ? c.sliding_window : 0};
@@ -186,56 +181,29 @@ void dense_model::ffn(const layer& L, int64_t T) {
 
 void dense_model::forward(std::span<const batch_seq> batch, kv_pool& pool, std::vector<float>& logits) {
   const model_config& c = w_.config;
-  const kv_layout PL = pool.layout();
-  if (!(PL == layout(PL.page_size)))
-    throw tandem::error(fmt::format("KV pool layout {} does not match the model's {}", PL.describe(),
-                                    layout(PL.page_size).describe()));
-  const size_t n_logits = arch::check_batch(batch, c, pool, tok_, pos_);
-  logits.assign(n_logits * size_t(c.n_vocab), 0.0f);
-  const int64_t T = int64_t(tok_.size());
+  arch::plan_batch(batch, c, pool, layout(pool.layout().page_size), plan_);
+  logits.assign(plan_.last.size() * size_t(c.n_vocab), 0.0f);
+  const int64_t T = plan_.n_tokens();
   if (T == 0) return;
-  const int32_t ps = PL.page_size;
-  slots_.clear();
-  for (const batch_seq& b : batch)
-    for (size_t i = 0; i < b.tokens.size(); ++i) {
-      const int32_t p = b.pos + int32_t(i);
-      slots_.push_back(backend::kv_slot{b.pages[size_t(p / ps)], p % ps});
-    }
   backend::ops& o = *ops_;
   const int64_t e = c.n_embd;
   float* x = x_->floats(size_t(T * e));
   float* xn = xn_->floats(size_t(T * e));
-  o.get_rows(w_.token_embd, tok_, x);
+  o.get_rows(w_.token_embd, plan_.tokens, x);
   if (c.scale_embeddings) o.scale(x, T * e, std::sqrt(float(e)));
   // The same angles for every layer.
-  rope_.build(pos_.data(), T, c.head_dim, c.rope_freq_base, c.rope == rope_kind::neox,
+  rope_.build(plan_.positions.data(), T, c.head_dim, c.rope_freq_base, c.rope == rope_kind::neox,
               rope_freqs_.empty() ? nullptr : rope_freqs_.data(), &c.yarn, yarn_rope_magnitude(c.yarn, false));
   for (int32_t l = 0; l < c.n_layer; ++l) {
     const layer& L = layers_[size_t(l)];
     o.rms_norm(x, L.attn_norm.data(), xn, T, e, c.rms_eps);
-    attention(l, batch, pool, T);
+    attention(l, pool, T);
     o.add(x, tmp_->floats(0), T * e);
     o.rms_norm(x, L.ffn_norm.data(), xn, T, e, c.rms_eps);
     ffn(L, T);
     o.add(x, tmp_->floats(0), T * e);
   }
-  // Last new token of each sequence that wants logits.
-  if (n_logits == 0) return;
-  int64_t t0 = 0;
-  last_.clear();
-  for (const batch_seq& b : batch) {
-    t0 += int64_t(b.tokens.size());
-    if (b.want_logits) last_.push_back(int32_t(t0 - 1));
-  }
-  const int64_t r = int64_t(last_.size());
-  o.gather_rows(x, last_, xn, e);
-  o.rms_norm(xn, output_norm_.data(), xn, r, e, c.rms_eps);
-  // Host memory serves as the output directly; a device's logits come back in one copy.
-  const bool host = o.domain() == backend::memory_domain::host;
-  float* out = host ? logits.data() : logits_->floats(logits.size());
-  o.matmul(output_, xn, r, out);
-  if (c.final_softcap > 0.0f) o.softcap(out, logits.size(), c.final_softcap);
-  if (!host) o.download(out, logits.size(), logits.data());
+  arch::output_logits(o, plan_, x, xn, output_norm_.data(), c.rms_eps, e, output_, c.final_softcap, *logits_, logits);
 }
 
 }  // namespace
