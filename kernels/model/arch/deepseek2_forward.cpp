@@ -21,13 +21,9 @@ using arch::vector_weight;
 using backend::weight_id;
 
 /// DeepSeek-V2/V3's forward pass, written once against the backend op table.
-class deepseek2_model final : public llama_model {
+class deepseek2_model final : public arch::layered_model {
  public:
   deepseek2_model(const deepseek2_weights& w, kv_dtype kv, std::unique_ptr<backend::ops> ops);
-
-  const model_config& config() const override { return w_.config; }
-  kv_layout layout(int32_t page_size) const override { return model_kv_layout(w_.config, page_size, kv_); }
-  void forward(std::span<const batch_seq> batch, kv_pool& pool, std::vector<float>& logits) override;
 
  private:
   /// One layer's prepared weights, and its vector weights as f32.
@@ -41,25 +37,24 @@ class deepseek2_model final : public llama_model {
     std::vector<weight_id> exp_gate, exp_up, exp_down;  ///< per expert
     std::vector<float> attn_norm, q_a_norm, kv_a_norm, ffn_norm, probs_bias;
   };
-  void attention(int32_t l, kv_pool& pool, int64_t T);
-  void ffn(const layer& L, int64_t T);
+  void build_rope(int64_t T) override;
+  const float* attn_norm(int32_t l) const override { return layers_[size_t(l)].attn_norm.data(); }
+  const float* ffn_norm(int32_t l) const override { return layers_[size_t(l)].ffn_norm.data(); }
+  void attention(int32_t l, kv_pool& pool, int64_t T) override;
+  void ffn(int32_t l, int64_t T) override;
   /// y = down(silu(gate x) * up x) for `rows` rows of input `x`.
   void swiglu_ffn(weight_id gate, weight_id up, weight_id down, const float* x, int64_t rows, int64_t width, float* y);
 
   deepseek2_weights w_;
-  kv_dtype kv_;
-  std::unique_ptr<backend::ops> ops_;
   std::vector<layer> layers_;
-  weight_id output_;
-  std::vector<float> output_norm_;
   std::vector<float> rope_freqs_;  ///< empty: no frequency factors
   float kq_scale_ = 1.0f;
   float rope_magnitude_ = 1.0f;  ///< YaRN's cos/sin magnitude (1 without YaRN)
   // Activations in the backend's memory, reused across calls (one model serves one executor
   // thread). Per-head buffers are head-major ([head][token][...]) so each head's absorbed
   // matmul and attention read contiguous rows.
-  std::unique_ptr<backend::buffer> x_, xn_, qa_, q_, kva_, lat_, kpe_, qpe_, qlat_, olat_, ov_, tmp_, gate_, up_,
-      head_in_, head_out_, router_, moe_in_, moe_out_, shared_, logits_;
+  std::unique_ptr<backend::buffer> qa_, q_, kva_, lat_, kpe_, qpe_, qlat_, olat_, ov_, gate_, up_, head_in_, head_out_,
+      router_, moe_in_, moe_out_, shared_;
   std::vector<float> route_w_, router_host_;
   std::vector<int32_t> route_e_, expert_rows_, moe_dest_;
   /// An expert with rows [first, first + rows) of the gathered MoE input.
@@ -68,15 +63,13 @@ class deepseek2_model final : public llama_model {
     int64_t first, rows;
   };
   std::vector<expert_group> groups_;
-  backend::rope_table rope_;
-  arch::batch_plan plan_;
   std::vector<backend::mla_seq> calls_;
   std::vector<backend::matmul_task> tasks_;
 };
 
 deepseek2_model::deepseek2_model(const deepseek2_weights& w, kv_dtype kv, std::unique_ptr<backend::ops> ops)
-    : w_(w), kv_(kv), ops_(std::move(ops)) {
-  const model_config& c = w_.config;
+    : layered_model(w.config, kv, std::move(ops)), w_(w) {
+  const model_config& c = config_;
   const int32_t nope = c.head_dim - c.rope_dims;
   if (c.n_embd <= 0 || c.n_layer <= 0 || c.n_head <= 0 || c.n_vocab <= 0 || c.kv_lora_rank <= 0 || c.rope_dims <= 0 ||
       c.rope_dims % 2 != 0 || nope <= 0 || c.v_head_dim <= 0 || c.q_lora_rank < 0 || c.n_dense_lead < 0 ||
@@ -192,8 +185,9 @@ deepseek2_model::deepseek2_model(const deepseek2_weights& w, kv_dtype kv, std::u
   }
   kq_scale_ = mscale * mscale / std::sqrt(float(c.head_dim));
   rope_magnitude_ = yarn_rope_magnitude(c.yarn, true);
-  for (auto* buf : {&x_, &xn_, &qa_, &q_, &kva_, &lat_, &kpe_, &qpe_, &qlat_, &olat_, &ov_, &tmp_, &gate_, &up_,
-                    &head_in_, &head_out_, &router_, &moe_in_, &moe_out_, &shared_, &logits_})
+  token_embd_ = w_.token_embd;
+  for (auto* buf : {&qa_, &q_, &kva_, &lat_, &kpe_, &qpe_, &qlat_, &olat_, &ov_, &gate_, &up_, &head_in_, &head_out_,
+                    &router_, &moe_in_, &moe_out_, &shared_})
     *buf = ops_->make_buffer();
 }
 
@@ -209,8 +203,14 @@ void deepseek2_model::swiglu_ffn(weight_id gate, weight_id up, weight_id down, c
   o.matmul(down, g, rows, y);
 }
 
+void deepseek2_model::build_rope(int64_t T) {
+  const model_config& c = config_;
+  rope_.build(plan_.positions.data(), T, c.rope_dims, c.rope_freq_base, false,
+              rope_freqs_.empty() ? nullptr : rope_freqs_.data(), &c.yarn, rope_magnitude_);
+}
+
 void deepseek2_model::attention(int32_t l, kv_pool& pool, int64_t T) {
-  const model_config& c = w_.config;
+  const model_config& c = config_;
   const layer& L = layers_[size_t(l)];
   backend::ops& o = *ops_;
   const int64_t H = c.n_head, hd = c.head_dim, rd = c.rope_dims, kvr = c.kv_lora_rank, nope = hd - rd,
@@ -280,8 +280,9 @@ void deepseek2_model::attention(int32_t l, kv_pool& pool, int64_t T) {
   o.matmul(L.wo, ov, T, tmp_->floats(size_t(T * c.n_embd)));
 }
 
-void deepseek2_model::ffn(const layer& L, int64_t T) {
-  const model_config& c = w_.config;
+void deepseek2_model::ffn(int32_t l, int64_t T) {
+  const model_config& c = config_;
+  const layer& L = layers_[size_t(l)];
   backend::ops& o = *ops_;
   const int64_t e = c.n_embd;
   float* xn = xn_->floats(0);
@@ -345,31 +346,6 @@ void deepseek2_model::ffn(const layer& L, int64_t T) {
   o.scatter_rows(eo, moe_dest_, out, e);
   // Weighted sum in choice order (as llama.cpp adds them), plus the shared experts.
   o.moe_combine(out, route_w_.data(), T, k, e, shared, y);
-}
-
-void deepseek2_model::forward(std::span<const batch_seq> batch, kv_pool& pool, std::vector<float>& logits) {
-  const model_config& c = w_.config;
-  arch::plan_batch(batch, c, pool, layout(pool.layout().page_size), plan_);
-  logits.assign(plan_.last.size() * size_t(c.n_vocab), 0.0f);
-  const int64_t T = plan_.n_tokens();
-  if (T == 0) return;
-  backend::ops& o = *ops_;
-  const int64_t e = c.n_embd;
-  float* x = x_->floats(size_t(T * e));
-  float* xn = xn_->floats(size_t(T * e));
-  o.get_rows(w_.token_embd, plan_.tokens, x);
-  rope_.build(plan_.positions.data(), T, c.rope_dims, c.rope_freq_base, false,
-              rope_freqs_.empty() ? nullptr : rope_freqs_.data(), &c.yarn, rope_magnitude_);
-  for (int32_t l = 0; l < c.n_layer; ++l) {
-    const layer& L = layers_[size_t(l)];
-    o.rms_norm(x, L.attn_norm.data(), xn, T, e, c.rms_eps);
-    attention(l, pool, T);
-    o.add(x, tmp_->floats(0), T * e);
-    o.rms_norm(x, L.ffn_norm.data(), xn, T, e, c.rms_eps);
-    ffn(L, T);
-    o.add(x, tmp_->floats(0), T * e);
-  }
-  arch::output_logits(o, plan_, x, xn, output_norm_.data(), c.rms_eps, e, output_, 0.0f, *logits_, logits);
 }
 
 }  // namespace

@@ -18,13 +18,9 @@ using arch::optional_vector_weight;
 using arch::vector_weight;
 
 /// The dense decoder's forward pass, written once against the backend op table.
-class dense_model final : public llama_model {
+class dense_model final : public arch::layered_model {
  public:
   dense_model(const llama_weights& w, kv_dtype kv, std::unique_ptr<backend::ops> ops);
-
-  const model_config& config() const override { return w_.config; }
-  kv_layout layout(int32_t page_size) const override { return model_kv_layout(w_.config, page_size, kv_); }
-  void forward(std::span<const batch_seq> batch, kv_pool& pool, std::vector<float>& logits) override;
 
  private:
   struct layer {
@@ -33,27 +29,22 @@ class dense_model final : public llama_model {
     std::vector<float> q_bias, k_bias, v_bias, q_norm, k_norm;  ///< empty when absent
     std::vector<float> attn_post_norm, ffn_post_norm;          ///< empty when absent
   };
-  void attention(int32_t l, kv_pool& pool, int64_t T);
-  void ffn(const layer& L, int64_t T);
+  void build_rope(int64_t T) override;
+  const float* attn_norm(int32_t l) const override { return layers_[size_t(l)].attn_norm.data(); }
+  const float* ffn_norm(int32_t l) const override { return layers_[size_t(l)].ffn_norm.data(); }
+  void attention(int32_t l, kv_pool& pool, int64_t T) override;
+  void ffn(int32_t l, int64_t T) override;
 
   llama_weights w_;
-  kv_dtype kv_;
-  std::unique_ptr<backend::ops> ops_;
   std::vector<layer> layers_;
-  backend::weight_id output_;
-  std::vector<float> output_norm_;
   std::vector<float> rope_freqs_;  ///< empty: no frequency factors
-  /// Activations (in the backend's memory), reused across calls: one model serves one
-  /// executor thread.
-  std::unique_ptr<backend::buffer> x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_, logits_;
-  backend::rope_table rope_;  ///< the angles of the positions of the current forward pass
-  arch::batch_plan plan_;
+  std::unique_ptr<backend::buffer> q_, k_, v_, att_, gate_, up_;
   std::vector<backend::attention_seq> attn_;
 };
 
 dense_model::dense_model(const llama_weights& w, kv_dtype kv, std::unique_ptr<backend::ops> ops)
-    : w_(w), kv_(kv), ops_(std::move(ops)) {
-  const model_config& c = w_.config;
+    : layered_model(w.config, kv, std::move(ops)), w_(w) {
+  const model_config& c = config_;
   if (c.n_embd <= 0 || c.n_layer <= 0 || c.n_head <= 0 || c.n_head_kv <= 0 || c.n_ff <= 0 || c.n_vocab <= 0 ||
       c.head_dim <= 0 || c.head_dim % 2 != 0 || c.n_head % c.n_head_kv != 0)
     throw tandem::error(fmt::format(
@@ -118,11 +109,20 @@ dense_model::dense_model(const llama_weights& w, kv_dtype kv, std::unique_ptr<ba
     L.ffn_gate = b[4], L.ffn_up = b[5], L.ffn_down = b[6];
   }
   output_ = ids.back();
-  for (auto* buf : {&x_, &xn_, &q_, &k_, &v_, &att_, &tmp_, &gate_, &up_, &logits_}) *buf = ops_->make_buffer();
+  token_embd_ = w_.token_embd;
+  if (c.scale_embeddings) embed_scale_ = std::sqrt(float(e));
+  final_softcap_ = c.final_softcap;
+  for (auto* buf : {&q_, &k_, &v_, &att_, &gate_, &up_}) *buf = ops_->make_buffer();
+}
+
+void dense_model::build_rope(int64_t T) {
+  const model_config& c = config_;
+  rope_.build(plan_.positions.data(), T, c.head_dim, c.rope_freq_base, c.rope == rope_kind::neox,
+              rope_freqs_.empty() ? nullptr : rope_freqs_.data(), &c.yarn, yarn_rope_magnitude(c.yarn, false));
 }
 
 void dense_model::attention(int32_t l, kv_pool& pool, int64_t T) {
-  const model_config& c = w_.config;
+  const model_config& c = config_;
   const layer& L = layers_[size_t(l)];
   backend::ops& o = *ops_;
   const int64_t hd = c.head_dim, qd = int64_t(c.n_head) * hd, kd = int64_t(c.n_head_kv) * hd;
@@ -162,8 +162,9 @@ void dense_model::attention(int32_t l, kv_pool& pool, int64_t T) {
   if (!L.attn_post_norm.empty()) o.rms_norm(tmp, L.attn_post_norm.data(), tmp, T, c.n_embd, c.rms_eps);
 }
 
-void dense_model::ffn(const layer& L, int64_t T) {
-  const model_config& c = w_.config;
+void dense_model::ffn(int32_t l, int64_t T) {
+  const model_config& c = config_;
+  const layer& L = layers_[size_t(l)];
   backend::ops& o = *ops_;
   float* gate = gate_->floats(size_t(T * c.n_ff));
   float* up = up_->floats(size_t(T * c.n_ff));
@@ -177,33 +178,6 @@ void dense_model::ffn(const layer& L, int64_t T) {
   float* tmp = tmp_->floats(size_t(T * c.n_embd));
   o.matmul(L.ffn_down, gate, T, tmp);
   if (!L.ffn_post_norm.empty()) o.rms_norm(tmp, L.ffn_post_norm.data(), tmp, T, c.n_embd, c.rms_eps);
-}
-
-void dense_model::forward(std::span<const batch_seq> batch, kv_pool& pool, std::vector<float>& logits) {
-  const model_config& c = w_.config;
-  arch::plan_batch(batch, c, pool, layout(pool.layout().page_size), plan_);
-  logits.assign(plan_.last.size() * size_t(c.n_vocab), 0.0f);
-  const int64_t T = plan_.n_tokens();
-  if (T == 0) return;
-  backend::ops& o = *ops_;
-  const int64_t e = c.n_embd;
-  float* x = x_->floats(size_t(T * e));
-  float* xn = xn_->floats(size_t(T * e));
-  o.get_rows(w_.token_embd, plan_.tokens, x);
-  if (c.scale_embeddings) o.scale(x, T * e, std::sqrt(float(e)));
-  // The same angles for every layer.
-  rope_.build(plan_.positions.data(), T, c.head_dim, c.rope_freq_base, c.rope == rope_kind::neox,
-              rope_freqs_.empty() ? nullptr : rope_freqs_.data(), &c.yarn, yarn_rope_magnitude(c.yarn, false));
-  for (int32_t l = 0; l < c.n_layer; ++l) {
-    const layer& L = layers_[size_t(l)];
-    o.rms_norm(x, L.attn_norm.data(), xn, T, e, c.rms_eps);
-    attention(l, pool, T);
-    o.add(x, tmp_->floats(0), T * e);
-    o.rms_norm(x, L.ffn_norm.data(), xn, T, e, c.rms_eps);
-    ffn(L, T);
-    o.add(x, tmp_->floats(0), T * e);
-  }
-  arch::output_logits(o, plan_, x, xn, output_norm_.data(), c.rms_eps, e, output_, c.final_softcap, *logits_, logits);
 }
 
 }  // namespace

@@ -45,4 +45,33 @@ void output_logits(backend::ops& o, const batch_plan& plan, const float* x, floa
   if (!host) o.download(out, logits.size(), logits.data());
 }
 
+layered_model::layered_model(const model_config& c, kv_dtype kv, std::unique_ptr<backend::ops> ops)
+    : config_(c), kv_(kv), ops_(std::move(ops)) {
+  for (auto* buf : {&x_, &xn_, &tmp_, &logits_}) *buf = ops_->make_buffer();
+}
+
+void layered_model::forward(std::span<const batch_seq> batch, kv_pool& pool, std::vector<float>& logits) {
+  const model_config& c = config_;
+  plan_batch(batch, c, pool, layout(pool.layout().page_size), plan_);
+  logits.assign(plan_.last.size() * size_t(c.n_vocab), 0.0f);
+  const int64_t T = plan_.n_tokens();
+  if (T == 0) return;
+  backend::ops& o = *ops_;
+  const int64_t e = c.n_embd;
+  float* x = x_->floats(size_t(T * e));
+  float* xn = xn_->floats(size_t(T * e));
+  o.get_rows(token_embd_, plan_.tokens, x);
+  if (embed_scale_ > 0.0f) o.scale(x, T * e, embed_scale_);
+  build_rope(T);  // the same angles for every layer
+  for (int32_t l = 0; l < c.n_layer; ++l) {
+    o.rms_norm(x, attn_norm(l), xn, T, e, c.rms_eps);
+    attention(l, pool, T);
+    o.add(x, tmp_->floats(0), T * e);
+    o.rms_norm(x, ffn_norm(l), xn, T, e, c.rms_eps);
+    ffn(l, T);
+    o.add(x, tmp_->floats(0), T * e);
+  }
+  output_logits(o, plan_, x, xn, output_norm_.data(), c.rms_eps, e, output_, final_softcap_, *logits_, logits);
+}
+
 }  // namespace tandem::arch

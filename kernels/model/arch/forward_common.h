@@ -9,6 +9,7 @@
 #include "kernels/backend/backend.h"
 #include "kernels/model/kv_pool.h"
 #include "kernels/model/llama.h"
+#include "kernels/tensor.h"
 
 namespace tandem::arch {
 
@@ -33,5 +34,43 @@ void plan_batch(std::span<const batch_seq> batch, const model_config& c, const k
 void output_logits(backend::ops& o, const batch_plan& plan, const float* x, float* xn, const float* norm, float eps,
                    int64_t n_embd, backend::weight_id output, float softcap, backend::buffer& staging,
                    std::vector<float>& logits);
+
+/// A decoder whose forward pass is: embed the new tokens, then per layer x += attention(norm(x))
+/// and x += ffn(norm(x)), then the output head; an architecture supplies the parts, written
+/// against the backend op table.
+class layered_model : public llama_model {
+ public:
+  const model_config& config() const override { return config_; }
+  kv_layout layout(int32_t page_size) const override { return model_kv_layout(config_, page_size, kv_); }
+  void forward(std::span<const batch_seq> batch, kv_pool& pool, std::vector<float>& logits) final;
+
+ protected:
+  layered_model(const model_config& c, kv_dtype kv, std::unique_ptr<backend::ops> ops);
+
+  /// The angles of this step's positions (plan_.positions) into rope_.
+  virtual void build_rope(int64_t T) = 0;
+  /// Layer l's norm weights before attention and before the FFN.
+  virtual const float* attn_norm(int32_t l) const = 0;
+  virtual const float* ffn_norm(int32_t l) const = 0;
+  /// Layer l's attention of xn_ (the normed input) into tmp_ (T rows each).
+  virtual void attention(int32_t l, kv_pool& pool, int64_t T) = 0;
+  /// Layer l's FFN of xn_ into tmp_.
+  virtual void ffn(int32_t l, int64_t T) = 0;
+
+  model_config config_;
+  kv_dtype kv_;
+  std::unique_ptr<backend::ops> ops_;
+  // Set by the architecture's constructor:
+  tensor_view token_embd_;
+  float embed_scale_ = 0.0f;  ///< > 0: embeddings multiplied by it (Gemma)
+  std::vector<float> output_norm_;
+  backend::weight_id output_;
+  float final_softcap_ = 0.0f;
+  /// Activations in the backend's memory, reused across calls (one model serves one executor
+  /// thread): the residual stream, its normed copy, a layer part's output, logits staging.
+  std::unique_ptr<backend::buffer> x_, xn_, tmp_, logits_;
+  backend::rope_table rope_;
+  batch_plan plan_;
+};
 
 }  // namespace tandem::arch
