@@ -27,6 +27,8 @@ struct make_model_options {
   /// llama only: write `rope_freqs.weight` with Llama 3.1's rope scaling factors (factor 8,
   /// low/high frequency factors 1 and 4, original context 8192), as llama.cpp's converter does.
   bool llama3_rope = false;
+  /// Written as `tokenizer.chat_template` when not empty (a Jinja chat template).
+  std::string chat_template;
 };
 
 /// Writes the model to `path`. Throws tandem::error naming the bad preset/arch/dtype or I/O error.
