@@ -14,7 +14,8 @@ namespace tandem {
 namespace {
 
 [[noreturn]] void wrong(std::string_view name, std::string_view want, const json::value& v) {
-  throw chat_input_error{fmt::format("'{}' must be {}, got {}", name, want, json::kind_name(v.k)), "messages", "invalid_type"};
+  throw chat_input_error{fmt::format("'{}' must be {}, got {}", name, want, json::kind_name(v.k)), std::string(name),
+                         "invalid_type"};
 }
 
 const json::value* present(const json::value& o, std::string_view k) {
@@ -32,21 +33,21 @@ std::string optional_string(const json::value& o, std::string_view k, std::strin
 chat_tool_call parse_tool_call(const json::value& c) {
   if (c.k != json::kind::object) wrong("messages[].tool_calls[]", "an object", c);
   chat_tool_call tc;
-  tc.id = optional_string(c, "id", "tool_calls[]");
-  const std::string type = optional_string(c, "type", "tool_calls[]");
+  tc.id = optional_string(c, "id", "messages[].tool_calls[]");
+  const std::string type = optional_string(c, "type", "messages[].tool_calls[]");
   if (!type.empty() && type != "function")
     throw chat_input_error{fmt::format("tool_calls[].type \"{}\" is not supported; use \"function\"", type), "messages",
                            "invalid_type"};
   auto* fn = present(c, "function");
   if (!fn || fn->k != json::kind::object)
     throw chat_input_error{"each tool call needs a 'function' object with 'name' and 'arguments'", "messages", "invalid_type"};
-  tc.name = optional_string(*fn, "name", "tool_calls[].function");
+  tc.name = optional_string(*fn, "name", "messages[].tool_calls[].function");
   if (tc.name.empty()) throw chat_input_error{"tool_calls[].function.name is required", "messages", "missing_field"};
   if (auto* a = present(*fn, "arguments")) {
     if (a->k == json::kind::string) {
       tc.arguments = a->s;
     } else if (a->k != json::kind::object) {
-      wrong("tool_calls[].function.arguments", "a JSON string (or an object)", *a);
+      wrong("messages[].tool_calls[].function.arguments", "a JSON string (or an object)", *a);
     } else {
       // Clients that send an object: keep its members in order as JSON text.
       json::writer w;
