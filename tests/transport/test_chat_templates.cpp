@@ -12,6 +12,7 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include "transport/chat/chat_template.h"
 #include "transport/chat/jinja.h"
 #include "transport/http/json.h"
 
@@ -120,4 +121,36 @@ TEST_CASE("chat templates: each of the 17 shared templates renders byte-identica
   MESSAGE(fmt::format("{} of {} templates match jinja2 on every conversation ({} identical texts, {} refusals in both)",
                       templates_ok, templates.size(), texts, errors));
   CHECK(templates_ok == templates.size());
+}
+
+TEST_CASE("chat templates: tool-call arguments reach a template as an object, or as text when it concatenates them") {
+  chat_message call("assistant", "");
+  call.content_null = true;
+  call.tool_calls.push_back({"abc123def", "get_weather", R"({"city": "Paris"})"});
+  chat_message result("tool", "21");
+  result.tool_call_id = "abc123def";
+  const std::vector<chat_message> msgs{{"user", "Weather?"}, call, result};
+  jinja::environment env;
+  env.now = [] { return k_fixed_now; };
+
+  // Llama 3.1 writes `arguments | tojson`: the object's JSON, not a quoted string.
+  chat_template llama(read_file(k_templates_dir / "meta-llama-Llama-3.1-8B-Instruct.jinja"), "<|begin_of_text|>", "<|eot_id|>");
+  const auto l = llama.render(msgs, nullptr, true, env);
+  CHECK(l.find(R"({"name": "get_weather", "parameters": {"city": "Paris"}})") != std::string::npos);
+  CHECK(l.find("Today Date: 26 Jul 2024") != std::string::npos);
+
+  // functionary v3.1 concatenates `arguments` to a string: the object fails, the text renders.
+  chat_template fn(read_file(k_templates_dir / "meetkai-functionary-medium-v3.1.jinja"), "<s>", "</s>");
+  const auto f = fn.render(msgs, nullptr, true, env);
+  CHECK(f.find(R"(<function=get_weather>{"city": "Paris"}</function>)") != std::string::npos);
+
+  // A refusal keeps its kind.
+  chat_template gemma(read_file(k_templates_dir / "google-gemma-2-2b-it.jinja"), "<s>", "</s>");
+  try {
+    gemma.render({{"system", "x"}, {"user", "y"}}, nullptr, true, env);
+    FAIL("gemma renders a system message");
+  } catch (const jinja::error& e) {
+    CHECK(e.kind() == jinja::error_kind::raised);
+    CHECK(std::string(e.what()).find("System role not supported") != std::string::npos);
+  }
 }

@@ -47,8 +47,8 @@ struct environment {
   std::function<std::time_t()> now = [] { return std::time(nullptr); };
 };
 
-/// A parsed template; render() may be called many times (not concurrently is not required:
-/// it keeps no state between renders).
+/// A parsed template. render() is const and keeps no state between renders, so one parsed
+/// template serves every request.
 class template_ {
  public:
   /// Parses `source`; throws error(syntax) with line and column, or error(limit).
