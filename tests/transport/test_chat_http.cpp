@@ -69,10 +69,14 @@ TEST_CASE("chat http: a template's refusal is 422 with its message, malformed to
   CHECK(robot.body.find("robot\\\" is not supported") != std::string::npos);
 }
 
-TEST_CASE("chat http: without a template, tool messages get 422 naming --chat-template-file") {
+TEST_CASE("chat http: without a template, tool messages and tools get 422 naming --chat-template-file") {
   server_fixture s;
   auto r = post(s.http_port, "/v1/chat/completions",
                 R"({"messages":[{"role":"user","content":"x"},{"role":"tool","tool_call_id":"a","content":"1"}]})");
   CHECK(r.status == 422);
   CHECK(r.body.find("--chat-template-file") != std::string::npos);
+  auto t = post(s.http_port, "/v1/chat/completions",
+                R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}]})");
+  CHECK(t.status == 422);
+  CHECK(t.body.find("--chat-template-file") != std::string::npos);
 }

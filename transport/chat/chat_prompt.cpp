@@ -215,7 +215,13 @@ std::vector<int32_t> chat_prompter::prompt(const chat_request& req) const {
     if (m.role != "system" && m.role != "developer" && m.role != "user" && m.role != "assistant" && m.role != "tool")
       throw error(error_kind::failed,
                   fmt::format("messages: role \"{}\" is not supported; use system, developer, user, assistant or tool", m.role));
-  if (!tmpl_) return render_chat_llama2(tok_, req.messages);
+  if (!tmpl_) {
+    if (req.tools && !req.tools->arr.empty())
+      throw error(error_kind::failed,
+                  "tools: this model has no chat template (tokenizer.chat_template) to show tools to it, and the "
+                  "Llama-2 fallback has none: serve it with --chat-template-file");
+    return render_chat_llama2(tok_, req.messages);
+  }
   auto ids = tok_.encode(text(req), true, true);
   // The template wrote the BOS text (parsed as BOS) and the vocabulary added one too.
   if (ids.size() >= 2 && tok_.bos_id() >= 0 && ids[0] == tok_.bos_id() && ids[1] == tok_.bos_id()) ids.erase(ids.begin());

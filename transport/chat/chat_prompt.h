@@ -12,7 +12,7 @@
 ///   <s>[INST] {user} [/INST]
 /// (system/developer messages are joined and go into the first turn; consecutive messages of
 /// one role are joined with "\n\n"; the prompt ends with an open [INST] turn for the model
-/// to answer). It has no tool role: tool messages and tool calls need a template.
+/// to answer). It has no tool role: tool messages, tool calls and `tools` need a template.
 #include <cstdint>
 #include <memory>
 #include <string>
