@@ -130,6 +130,9 @@ TEST_CASE("jinja: limits stop runaway templates with a clear error") {
   CHECK(fails(std::string(1000, '{') + "% if 1 %}").first != "");
   CHECK(fails("{% set ns = namespace() %}{% set ns.self = ns %}{{ ns.self.self.self }}").first == "");
   CHECK(fails("{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}").first == "limit");
+  // Values that grow one level per iteration are stopped where a namespace stores them.
+  CHECK(fails("{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = [ns.l] %}{% endfor %}").first == "limit");
+  CHECK(fails("{% set ns = namespace(p=none) %}{% for i in range(50000) %}{% set ns.p = namespace(p=ns.p) %}{% endfor %}").first == "");
   jinja::limits tiny;
   tiny.max_template_bytes = 10;
   CHECK_THROWS_AS(jinja::template_("{{ 'more than ten bytes' }}", tiny), jinja::error);

@@ -342,9 +342,9 @@ std::unordered_map<std::string, value> builtin_globals() {
     value ns = ev.make_namespace();
     for (auto& p : a.pos) {
       if (p.k != vkind::dict) type_fail("namespace() takes keyword arguments or a dict");
-      for (auto& [k, v] : p.m->items) ns.m->set(k, v);
+      for (auto& [k, v] : p.m->items) ev.set_namespace_attr(ns, k, v);
     }
-    for (auto& [k, v] : a.kw) ns.m->set(k, v);
+    for (auto& [k, v] : a.kw) ev.set_namespace_attr(ns, k, v);
     return ns;
   });
   add("dict", [](evaluator&, const call_args& a) {

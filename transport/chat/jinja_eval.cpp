@@ -30,8 +30,7 @@ evaluator::evaluator(const limits& lim, const environment& env) : lim_(lim), env
 
 evaluator::~evaluator() {
   // A namespace may hold itself (`set ns.x = ns`): empty them all to break such cycles.
-  for (auto& w : namespaces_)
-    if (auto d = w.lock()) d->items.clear();
+  for (auto& d : namespaces_) d->items.clear();
 }
 
 value evaluator::make_namespace() {
@@ -39,6 +38,36 @@ value evaluator::make_namespace() {
   v.m->is_namespace = true;
   namespaces_.push_back(v.m);
   return v;
+}
+
+namespace {
+
+/// Nesting depth of lists and dicts in `v` (namespaces count as leaves); stops past `limit`.
+int nesting(const value& v, int limit, uint64_t& visited) {
+  ++visited;
+  if (limit < 0) return 0;
+  int deepest = 0;
+  if (v.k == vkind::list) {
+    for (auto& x : *v.l) deepest = std::max(deepest, nesting(x, limit - 1, visited));
+    return deepest + 1;
+  }
+  if (v.k == vkind::dict && !v.m->is_namespace) {
+    for (auto& [k, x] : v.m->items) deepest = std::max(deepest, nesting(x, limit - 1, visited));
+    return deepest + 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+void evaluator::set_namespace_attr(const value& ns, const std::string& name, value v) {
+  uint64_t visited = 0;
+  const int depth = nesting(v, lim_.max_depth, visited);
+  step(visited / 16);
+  if (depth > lim_.max_depth)
+    throw op_error{error_kind::limit, fmt::format("namespace attribute '{}' would hold a value nested deeper than {} levels",
+                                                  name, lim_.max_depth)};
+  ns.m->set(name, std::move(v));
 }
 
 void evaluator::fail_at(int line, int col, error_kind kind, const std::string& message) const {
@@ -154,7 +183,7 @@ void evaluator::assign(const expr& target, value v, const frame_ptr& f) {
     if (obj.k != vkind::dict || !obj.m->is_namespace)
       type_fail(fmt::format("cannot assign attribute '{}' on a {}; only a namespace() has assignable attributes",
                             target.name, type_name(obj)));
-    obj.m->set(target.name, std::move(v));
+    set_namespace_attr(obj, target.name, std::move(v));
   } else {
     auto items = iterate(v);
     if (items.size() != target.args.size())

@@ -45,6 +45,10 @@ class evaluator {
   void check_size(size_t bytes) const;
   /// A new namespace (tracked so that a namespace holding itself is freed after the render).
   value make_namespace();
+  /// Stores `v` as attribute `name` of the namespace `ns`, rejecting values nested deeper
+  /// than limits.max_depth: a namespace is the only way a value survives a loop iteration,
+  /// so this bounds how deep any value can grow (and how deep its destruction recurses).
+  void set_namespace_attr(const value& ns, const std::string& name, value v);
   const environment& env() const { return env_; }
   const limits& lim() const { return lim_; }
 
@@ -75,7 +79,9 @@ class evaluator {
   uint64_t steps_ = 0;
   int depth_ = 0;
   std::vector<value> placeholders_;
-  std::vector<std::weak_ptr<dict>> namespaces_;
+  /// Every namespace of this render, held until the end: emptying them there frees cycles
+  /// (`set ns.x = ns`) and chains of namespaces without deep recursive destruction.
+  std::vector<dict_ptr> namespaces_;
   std::unordered_map<std::string, value> globals_;
 };
 
