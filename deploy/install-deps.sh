@@ -11,6 +11,7 @@ packages=(
   prometheus jq
   numactl systemd procps
   clang libclang-rt-14-dev
+  python3 python3-jinja2
 )
 
 missing=()
@@ -21,6 +22,13 @@ done
 if command -v node >/dev/null && command -v npm >/dev/null; then
   filtered=()
   for p in "${missing[@]}"; do [[ "$p" == nodejs || "$p" == npm ]] || filtered+=("$p"); done
+  missing=("${filtered[@]}")
+fi
+
+# The chat-template tests' reference renderer needs jinja2 in `python3`, from Debian or not.
+if python3 -c 'import jinja2' 2>/dev/null; then
+  filtered=()
+  for p in "${missing[@]}"; do [[ "$p" == python3 || "$p" == python3-jinja2 ]] || filtered+=("$p"); done
   missing=("${filtered[@]}")
 fi
 

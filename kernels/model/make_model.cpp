@@ -392,6 +392,7 @@ void write_random_llama(const make_model_options& opt, const std::string& path) 
   w.set_u32("tokenizer.ggml.unknown_token_id", 0);
   w.set_bool("tokenizer.ggml.add_bos_token", true);
   w.set_bool("tokenizer.ggml.add_eos_token", false);
+  if (!opt.chat_template.empty()) w.set_string("tokenizer.chat_template", opt.chat_template);
 
   const float std_dev = 0.02f;
   auto matrix = [&](const std::string& name, int64_t ne0, int64_t ne1, int64_t ne2 = 1) {

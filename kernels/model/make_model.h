@@ -33,6 +33,8 @@ struct make_model_options {
   /// and for deepseek2 DeepSeek-V2's yarn_log_multiplier (0.1 x mscale_all_dim 0.707, as
   /// llama.cpp's converter writes it).
   bool yarn_rope = false;
+  /// Written as `tokenizer.chat_template` when not empty (a Jinja chat template).
+  std::string chat_template;
 };
 
 /// Writes the model to `path`. Throws tandem::error naming the bad preset/arch/dtype or I/O error.

@@ -219,8 +219,16 @@ std::unique_ptr<tokenizer> tokenizer::from_gguf(const gguf::file& f) {
   const gguf::value* m = f.find("tokenizer.ggml.model");
   if (m == nullptr) bad(f, "has no tokenizer.ggml.model");
   const std::string& model = m->as_string();
-  if (model == "llama") return std::make_unique<llama_tokenizer>(tok_detail::load_vocab(f, true), f);
-  if (model == "gpt2") return tok_detail::make_bpe_tokenizer(tok_detail::load_vocab(f, false), f);
+  std::unique_ptr<tokenizer> t;
+  if (model == "llama") t = std::make_unique<llama_tokenizer>(tok_detail::load_vocab(f, true), f);
+  else if (model == "gpt2") t = tok_detail::make_bpe_tokenizer(tok_detail::load_vocab(f, false), f);
+  if (t) {
+    if (const gguf::value* ct = f.find("tokenizer.chat_template")) {
+      if (ct->type != gguf::value_type::string) bad(f, "has a tokenizer.chat_template that is not a string");
+      t->chat_template_ = ct->as_string();
+    }
+    return t;
+  }
   throw tandem::error(error_kind::unimplemented,
                       "GGUF file " + f.name() + " uses tokenizer model '" + model +
                           "', which Tandem does not support (supported: llama, gpt2): use a Llama/SentencePiece "

@@ -52,9 +52,14 @@ class tokenizer {
   /// Problems found while loading that did not stop it (an unknown `tokenizer.ggml.pre` and
   /// the fallback used): for `serve` and the CLI to log.
   const std::vector<std::string>& warnings() const { return warnings_; }
+  /// The model's chat template (GGUF `tokenizer.chat_template`, Jinja); "" if it has none.
+  const std::string& chat_template() const { return chat_template_; }
+  /// Replaces it (tests, and files whose template lives elsewhere).
+  void set_chat_template(std::string t) { chat_template_ = std::move(t); }
 
  protected:
   std::vector<std::string> warnings_;
+  std::string chat_template_;
 };
 
 /// Turns a stream of token ids into valid UTF-8 text chunks: bytes of a character split

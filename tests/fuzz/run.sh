@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 secs=${1:-20}
-targets=(http rpc wire gguf kv)
+targets=(http rpc wire gguf kv jinja)
 build=build/fuzz
 start=$(date +%s)
 
@@ -31,14 +31,17 @@ for t in "${targets[@]}"; do
   corpus=tests/fuzz/corpus/$t
   found=$build/found/$t
   mkdir -p "$found"
+  # Seeds kept outside the repository: the jinja target also starts from the real chat templates.
+  seeds=()
+  [[ $t == jinja && -d ../shared/chat-templates ]] && seeds=(../shared/chat-templates)
   # Replay: every committed input, once.
-  "$build/fuzz_$t" "${opts[@]}" -runs=0 "$corpus" >"$build/replay_$t.log" 2>&1 || {
+  "$build/fuzz_$t" "${opts[@]}" -runs=0 "$corpus" "${seeds[@]}" >"$build/replay_$t.log" 2>&1 || {
     cat "$build/replay_$t.log" >&2
     echo "fuzz: $t failed replaying $corpus" >&2
     exit 1
   }
   if ((secs > 0)); then
-    "$build/fuzz_$t" "${opts[@]}" -max_total_time="$secs" "$found" "$corpus" >"$build/fuzz_$t.log" 2>&1 || {
+    "$build/fuzz_$t" "${opts[@]}" -max_total_time="$secs" "$found" "$corpus" "${seeds[@]}" >"$build/fuzz_$t.log" 2>&1 || {
       tail -n 60 "$build/fuzz_$t.log" >&2
       echo "fuzz: $t found a failure; the input is in $build/artifacts/" >&2
       exit 1

@@ -2,6 +2,8 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "kernels/base/error.h"
 #include "kernels/gguf/gguf.h"
@@ -23,6 +25,7 @@ int make_model(args a) {
            "of the context; deepseek2 also DeepSeek-V2's log multiplier)",
            "none")
       .opt("seed", "random seed of the weights", "1")
+      .opt("chat-template", "a Jinja chat template file to write as tokenizer.chat_template (e.g. one of shared/chat-templates)")
       .opt("out", "output .gguf path (required)")
       .sw("untied", "write a separate output.weight instead of reusing token_embd.weight");
   if (!f.parse(a)) {
@@ -61,6 +64,14 @@ int make_model(args a) {
   if (seed < 0) throw tandem::error("--seed must be >= 0, got " + std::to_string(seed));
   opt.seed = uint64_t(seed);
   opt.tied_output = !f.on("untied");
+  if (const std::string ct = f.str("chat-template"); !ct.empty()) {
+    std::ifstream in(ct, std::ios::binary);
+    if (!in) throw tandem::error("--chat-template: cannot read '" + ct + "'; pass a readable Jinja template file");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    opt.chat_template = ss.str();
+    if (opt.chat_template.empty()) throw tandem::error("--chat-template: '" + ct + "' is empty");
+  }
 
   const auto t0 = std::chrono::steady_clock::now();
   write_random_llama(opt, out);

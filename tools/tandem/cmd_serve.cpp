@@ -4,8 +4,10 @@
 
 #include <csignal>
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <mutex>
+#include <sstream>
 
 #include <fmt/format.h>
 
@@ -23,6 +25,7 @@
 #include "tools/tandem/config_report.h"
 #include "tools/tandem/flags.h"
 #include "transport/auth/api_keys.h"
+#include "transport/chat/jinja.h"
 #include "transport/rpc/front_end.h"
 #include "transport/ucx/kv_port_ucx.h"
 
@@ -193,6 +196,23 @@ void configure_supervision(cluster_options& co, const std::shared_ptr<escalation
   };
 }
 
+/// The --chat-template-file text, parsed once here so that a bad template stops serve at
+/// start with its line and column instead of failing every chat request.
+std::string read_chat_template(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw tandem::error("flag --chat-template-file: cannot read '" + path + "'; pass a readable Jinja template file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string text = ss.str();
+  if (text.empty()) throw tandem::error("flag --chat-template-file: '" + path + "' is empty");
+  try {
+    jinja::template_ check(text);
+  } catch (const jinja::error& e) {
+    throw tandem::error(fmt::format("flag --chat-template-file: '{}': {}; fix the template", path, e.what()));
+  }
+  return text;
+}
+
 }  // namespace
 
 int serve(args a) {
@@ -238,7 +258,10 @@ int serve(args a) {
            "step's attention reads; values rounded to 11 significant bits)",
            "f32")
       .opt("router-migration", "on: a stream whose decode node is lost continues on another; off: it ends with an error",
-           "on");
+           "on")
+      .opt("chat-template-file",
+           "a Jinja chat template that replaces the model's tokenizer.chat_template for /v1/chat/completions "
+           "(default: the model's, else the Llama-2 format; docs/api.md)");
   if (!f.parse(a)) {
     std::fprintf(stderr, "usage: tandem serve --model FILE [options]\n       tandem serve --config FILE --node NAME\n%s",
                  f.help().c_str());
@@ -313,6 +336,7 @@ int serve(args a) {
 
   fo.lim = co.lim;
   fo.handle_signals = true;
+  if (const std::string ct = f.str("chat-template-file"); !ct.empty()) fo.chat_template = read_chat_template(ct);
 
   // Signals must be captured before the cluster starts its threads, so they inherit the mask.
   kj::UnixEventPort::captureSignal(SIGINT);

@@ -27,48 +27,6 @@ using transport::event_channel;
 using transport::generation_params;
 using transport::text_assembler;
 
-std::vector<int32_t> render_chat_llama2(const tokenizer& tok, const std::vector<chat_message>& messages) {
-  std::string system;
-  struct turn {
-    std::string user, assistant;
-    bool has_assistant = false;
-  };
-  std::vector<turn> turns;
-  auto join = [](std::string& into, const std::string& s) {
-    if (!into.empty()) into += "\n\n";
-    into += s;
-  };
-  for (auto& m : messages) {
-    if (m.role == "system" || m.role == "developer") {
-      join(system, m.content);
-    } else if (m.role == "user") {
-      if (turns.empty() || turns.back().has_assistant) turns.emplace_back();
-      join(turns.back().user, m.content);
-    } else if (m.role == "assistant") {
-      if (turns.empty()) turns.emplace_back();  // assistant speaks first: empty user turn
-      join(turns.back().assistant, m.content);
-      turns.back().has_assistant = true;
-    } else {
-      throw error(error_kind::failed,
-                  fmt::format("messages: role \"{}\" is not supported; use system, user or assistant", m.role));
-    }
-  }
-  if (turns.empty() && system.empty()) throw error(error_kind::failed, "messages is empty; send at least one message");
-  // The model answers an open user turn; end with one even if the last message was the assistant's.
-  if (turns.empty() || turns.back().has_assistant) turns.emplace_back();
-  std::vector<int32_t> ids;
-  for (size_t i = 0; i < turns.size(); ++i) {
-    std::string text = "[INST] ";
-    if (i == 0 && !system.empty()) text += "<<SYS>>\n" + system + "\n<</SYS>>\n\n";
-    text += turns[i].user + " [/INST]";
-    if (turns[i].has_assistant) text += " " + turns[i].assistant + " ";
-    auto seg = tok.encode(text, true);
-    ids.insert(ids.end(), seg.begin(), seg.end());
-    if (turns[i].has_assistant && tok.eos_id() >= 0) ids.push_back(tok.eos_id());
-  }
-  return ids;
-}
-
 namespace {
 
 /// Fixed route labels keep the metric table bounded whatever URLs clients send.
@@ -217,7 +175,8 @@ struct gen_state;
 struct openai_server::impl {
   impl(serving_api& a, const limits& l, kj::Timer& t)
       : api(a), lim(l), timer(t), header_table(make_table()), ids("cmpl"), chat_ids("chatcmpl"),
-        limiter(l.rate_limit_rps, l.rate_limit_burst, l.rate_limit_max_clients) {
+        limiter(l.rate_limit_rps, l.rate_limit_burst, l.rate_limit_max_clients),
+        chat_prompt(std::make_unique<chat_prompter>(a.tok(), "")) {
     // Connections and HTTP framing are framed_http_server's; errors it answers get our JSON shape.
     transport::front_callbacks cb;
     cb.send_error = [this](kj::HttpService::Response& response, const transport::owner_error& e) {
@@ -536,6 +495,8 @@ struct openai_server::impl {
   kj::Own<kj::HttpHeaderTable> header_table;
   transport::request_ids ids, chat_ids;
   transport::rate_limiter limiter;  ///< kj thread only
+  /// Chat messages to prompt ids (the model's template, an override, or the Llama-2 fallback).
+  std::unique_ptr<chat_prompter> chat_prompt;
 
   std::map<std::pair<int, unsigned>, int64_t> requests;
   int64_t in_flight = 0, client_disconnects = 0, timeouts = 0, stream_events = 0, completion_tokens = 0,
@@ -786,34 +747,14 @@ kj::Promise<void> openai_server::impl::generate(route_id r, const std::string& t
   if (auto n = get_int(body, "n"); n && *n != 1) throw invalid("n", fmt::format("n = {} is not supported; only n = 1 is allowed", *n));
 
   if (chat) {
-    auto* m = field(body, "messages");
-    if (!m) throw bad_request("'messages' is required", "messages", "missing_field");
-    if (m->k != json::kind::array) wrong_type("messages", "an array", *m);
-    std::vector<chat_message> msgs;
-    for (auto& e : m->arr) {
-      if (e.k != json::kind::object) wrong_type("messages[]", "an object", e);
-      auto* role = field(e, "role");
-      if (!role || role->k != json::kind::string) throw bad_request("each message needs a string 'role'", "messages", "invalid_type");
-      chat_message cm{role->s, ""};
-      if (auto* c = field(e, "content")) {
-        if (c->k == json::kind::string) {
-          cm.content = c->s;
-        } else if (c->k == json::kind::array) {
-          for (auto& part : c->arr) {
-            auto* t = part.k == json::kind::object ? field(part, "text") : nullptr;
-            auto* ty = part.k == json::kind::object ? field(part, "type") : nullptr;
-            if (!t || t->k != json::kind::string || (ty && (ty->k != json::kind::string || ty->s != "text")))
-              throw bad_request("message content parts must be {\"type\":\"text\",\"text\":...}", "messages", "invalid_type");
-            cm.content += t->s;
-          }
-        } else {
-          wrong_type("messages[].content", "a string or an array of text parts", *c);
-        }
-      }
-      msgs.push_back(std::move(cm));
+    chat_request cr;
+    try {
+      cr = parse_chat_request(body);
+    } catch (const chat_input_error& e) {
+      throw bad_request(e.message, e.param, e.code);
     }
     try {
-      pr.prompt = render_chat_llama2(tok, msgs);
+      pr.prompt = chat_prompt->prompt(cr);
     } catch (const error& e) {
       throw invalid("messages", e.what());
     }
@@ -902,6 +843,10 @@ openai_server::openai_server(serving_api& api, const limits& lim, kj::Timer& tim
 openai_server::~openai_server() = default;
 
 kj::Promise<void> openai_server::listen(kj::ConnectionReceiver& listener) { return impl_->front->listen(listener); }
+
+void openai_server::set_chat_template(const std::string& source) {
+  impl_->chat_prompt = std::make_unique<chat_prompter>(impl_->api.tok(), source);
+}
 
 void openai_server::set_extra_metrics(std::function<std::string()> f) { impl_->extra_metrics = std::move(f); }
 

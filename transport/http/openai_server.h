@@ -8,12 +8,8 @@
 /// kj-http parses it, in this server's JSON error shape. Runs on the kj event loop of the thread that creates it; engine
 /// events arrive from actor threads through transport::event_channel.
 ///
-/// Chat template: our GGUF files carry no `tokenizer.chat_template`, so every chat request is
-/// rendered in the Llama-2 format, one BOS-prefixed segment per turn:
-///   <s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant} </s>
-///   <s>[INST] {user} [/INST]
-/// (system messages are joined and go into the first turn; consecutive messages of one role
-/// are joined with "\n\n"; the prompt ends with an open [INST] turn for the model to answer).
+/// Chat requests are rendered with the model's own chat template (`tokenizer.chat_template`,
+/// or the one set_chat_template() gives), else a Llama-2 fallback: transport/chat/chat_prompt.h.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -27,18 +23,9 @@
 #include "actors/common/limits.h"
 #include "actors/runtime/serving_api.h"
 #include "transport/auth/api_keys.h"
+#include "transport/chat/chat_prompt.h"
 
 namespace tandem {
-
-/// One chat message (role "system", "user" or "assistant").
-struct chat_message {
-  std::string role;
-  std::string content;
-};
-
-/// Renders messages with the Llama-2 fallback template above into token ids.
-/// Throws tandem::error (failed) naming a bad role or an empty conversation.
-std::vector<int32_t> render_chat_llama2(const tokenizer& tok, const std::vector<chat_message>& messages);
 
 class openai_server {
  public:
@@ -58,6 +45,9 @@ class openai_server {
   void set_auth(std::shared_ptr<const api_keys> keys, std::vector<std::string> allowlist);
   /// Stops accepting requests and resolves when running ones have finished.
   kj::Promise<void> drain();
+  /// Renders chat with `source` (a Jinja chat template) instead of the model's template.
+  /// Throws tandem::error naming the line and column if it does not parse.
+  void set_chat_template(const std::string& source);
   /// Appends `f()` to every /metrics answer (the RPC front end's metrics); null = none.
   void set_extra_metrics(std::function<std::string()> f);
   /// Prometheus text of the HTTP metrics alone (tandem_http_*).

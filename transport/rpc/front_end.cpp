@@ -82,6 +82,7 @@ void front_end::run(const std::function<void(const listener_info&)>& on_listenin
     http_l = bind(opt_.http_port, "http");
     http = kj::heap<openai_server>(api_, opt_.lim, timer);
     http->set_auth(opt_.keys, opt_.auth_allowlist);
+    if (!opt_.chat_template.empty()) http->set_chat_template(opt_.chat_template);
   }
   if (opt_.rpc_port >= 0) {
     rpc_l = bind(opt_.rpc_port, "rpc");

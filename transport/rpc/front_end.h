@@ -24,6 +24,9 @@ struct front_end_options {
   std::shared_ptr<const api_keys> keys;
   /// HTTP paths served without a key when keys are set.
   std::vector<std::string> auth_allowlist = {"/health", "/health/ready"};
+  /// A Jinja chat template that replaces the model's `tokenizer.chat_template` ("" = none;
+  /// `tandem serve --chat-template-file`).
+  std::string chat_template;
   /// Stop on SIGINT/SIGTERM. The caller must have called kj::UnixEventPort::captureSignal()
   /// for both before starting any thread.
   bool handle_signals = false;

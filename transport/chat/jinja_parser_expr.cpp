@@ -1,0 +1,368 @@
+#include <fmt/format.h>
+
+#include "transport/chat/jinja_parser_base.h"
+
+namespace tandem::jinja {
+
+/// A comma-separated list becomes a tuple (`{{ a, b }}`, `for x in a, b`).
+expr_ptr expr_parser::parse_tuple(bool condexpr) {
+  const token at = cur();
+  auto first = parse_expression(condexpr);
+  if (!is_op(",")) return first;
+  auto t = node(eop::tuple, at);
+  t->args.push_back(std::move(first));
+  while (accept_op(",")) {
+    if (cur().t == tok::block_end || cur().t == tok::var_end || is_op(")")) break;
+    t->args.push_back(parse_expression(condexpr));
+  }
+  return t;
+}
+
+expr_ptr expr_parser::parse_expression(bool condexpr) {
+  guard g(*this);
+  if (!condexpr) return parse_or();
+  auto e = parse_or();
+  while (is_name("if")) {
+    const token at = cur();
+    next();
+    auto c = node(eop::cond, at);
+    auto test = parse_or();
+    expr_ptr other;
+    if (accept_name("else")) other = parse_expression(true);
+    c->args.push_back(std::move(e));
+    c->args.push_back(std::move(test));
+    c->args.push_back(std::move(other));
+    e = std::move(c);
+  }
+  return e;
+}
+
+expr_ptr expr_parser::binary(eop op, expr_ptr l, expr_ptr r, const token& at, std::string name) {
+  auto b = node(op, at);
+  b->name = std::move(name);
+  b->args.push_back(std::move(l));
+  b->args.push_back(std::move(r));
+  return b;
+}
+
+expr_ptr expr_parser::parse_or() {
+  auto l = parse_and();
+  while (is_name("or")) {
+    const token at = cur();
+    next();
+    l = binary(eop::or_, std::move(l), parse_and(), at);
+  }
+  return l;
+}
+
+expr_ptr expr_parser::parse_and() {
+  auto l = parse_not();
+  while (is_name("and")) {
+    const token at = cur();
+    next();
+    l = binary(eop::and_, std::move(l), parse_not(), at);
+  }
+  return l;
+}
+
+expr_ptr expr_parser::parse_not() {
+  if (is_name("not")) {
+    guard g(*this);
+    auto n = node(eop::not_, cur());
+    next();
+    n->args.push_back(parse_not());
+    return n;
+  }
+  return parse_compare();
+}
+
+expr_ptr expr_parser::parse_compare() {
+  const token at = cur();
+  auto first = parse_math1();
+  expr_ptr cmp;
+  for (;;) {
+    std::string op;
+    if (cur().t == tok::op && (cur().s == "==" || cur().s == "!=" || cur().s == "<" || cur().s == "<=" ||
+                               cur().s == ">" || cur().s == ">=")) {
+      op = cur().s;
+      next();
+    } else if (is_name("in")) {
+      op = "in";
+      next();
+    } else if (is_name("not") && peek().t == tok::name && peek().s == "in") {
+      op = "notin";
+      next();
+      next();
+    } else {
+      break;
+    }
+    if (!cmp) {
+      cmp = node(eop::compare, at);
+      cmp->args.push_back(std::move(first));
+    }
+    cmp->ops.push_back(op);
+    cmp->args.push_back(parse_math1());
+  }
+  return cmp ? std::move(cmp) : std::move(first);
+}
+
+expr_ptr expr_parser::parse_math1() {
+  auto l = parse_concat();
+  while (is_op("+") || is_op("-")) {
+    const token at = cur();
+    next();
+    l = binary(eop::binary, std::move(l), parse_concat(), at, at.s);
+  }
+  return l;
+}
+
+expr_ptr expr_parser::parse_concat() {
+  auto l = parse_math2();
+  while (is_op("~")) {
+    const token at = cur();
+    next();
+    l = binary(eop::binary, std::move(l), parse_math2(), at, "~");
+  }
+  return l;
+}
+
+expr_ptr expr_parser::parse_math2() {
+  auto l = parse_pow();
+  while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
+    const token at = cur();
+    next();
+    l = binary(eop::binary, std::move(l), parse_pow(), at, at.s);
+  }
+  return l;
+}
+
+expr_ptr expr_parser::parse_pow() {
+  auto l = parse_unary(true);
+  while (is_op("**")) {
+    const token at = cur();
+    next();
+    l = binary(eop::binary, std::move(l), parse_unary(true), at, "**");
+  }
+  return l;
+}
+
+expr_ptr expr_parser::parse_unary(bool with_filter) {
+  guard g(*this);
+  const token at = cur();
+  expr_ptr n;
+  if (is_op("-") || is_op("+")) {
+    next();
+    n = node(at.s == "-" ? eop::neg : eop::pos, at);
+    n->args.push_back(parse_unary(false));
+  } else {
+    n = parse_primary();
+  }
+  n = parse_postfix(std::move(n));
+  if (with_filter) n = parse_filter_expr(std::move(n));
+  return n;
+}
+
+expr_ptr expr_parser::parse_primary() {
+  const token at = cur();
+  switch (at.t) {
+    case tok::name: {
+      next();
+      auto n = node(eop::literal, at);
+      if (at.s == "true" || at.s == "True") n->lit = value::boolean(true);
+      else if (at.s == "false" || at.s == "False") n->lit = value::boolean(false);
+      else if (at.s == "none" || at.s == "None") n->lit = value::none();
+      else {
+        n->op = eop::name;
+        n->name = at.s;
+      }
+      return n;
+    }
+    case tok::string: {
+      std::string s;
+      while (cur().t == tok::string) {
+        s += cur().s;
+        next();
+      }
+      auto n = node(eop::literal, at);
+      n->lit = value::string(std::move(s));
+      return n;
+    }
+    case tok::integer:
+    case tok::real: {
+      next();
+      auto n = node(eop::literal, at);
+      n->lit = at.t == tok::integer ? value::integer(at.i) : value::real(at.d);
+      return n;
+    }
+    case tok::op:
+      if (at.s == "(") {
+        next();
+        if (accept_op(")")) return node(eop::tuple, at);
+        auto first = parse_expression(true);
+        if (accept_op(")")) return first;
+        auto t = node(eop::tuple, at);
+        t->args.push_back(std::move(first));
+        while (accept_op(",")) {
+          if (is_op(")")) break;
+          t->args.push_back(parse_expression(true));
+        }
+        expect_op(")");
+        return t;
+      }
+      if (at.s == "[") {
+        next();
+        auto l = node(eop::list, at);
+        while (!is_op("]")) {
+          if (!l->args.empty()) expect_op(",");
+          if (is_op("]")) break;
+          l->args.push_back(parse_expression(true));
+        }
+        expect_op("]");
+        return l;
+      }
+      if (at.s == "{") {
+        next();
+        auto d = node(eop::dict, at);
+        while (!is_op("}")) {
+          if (!d->args.empty()) expect_op(",");
+          if (is_op("}")) break;
+          d->args.push_back(parse_expression(true));
+          expect_op(":");
+          d->args.push_back(parse_expression(true));
+        }
+        expect_op("}");
+        return d;
+      }
+      break;
+    default: break;
+  }
+  fail(at, fmt::format("unexpected {} in an expression", describe(at)));
+}
+
+void expr_parser::parse_call_args(expr& call) {
+  expect_op("(");
+  while (!is_op(")")) {
+    if (call.args.size() > 1 || !call.kwargs.empty()) expect_op(",");
+    if (is_op(")")) break;
+    if (cur().t == tok::name && peek().t == tok::op && peek().s == "=") {
+      std::string k = cur().s;
+      next();
+      next();
+      call.kwargs.emplace_back(std::move(k), parse_expression(true));
+    } else {
+      if (!call.kwargs.empty()) fail(cur(), "a positional argument follows a keyword argument");
+      call.args.push_back(parse_expression(true));
+    }
+  }
+  expect_op(")");
+}
+
+expr_ptr expr_parser::parse_postfix(expr_ptr n) {
+  for (;;) {
+    const token at = cur();
+    if (is_op(".")) {
+      next();
+      if (cur().t == tok::integer) {
+        auto it = node(eop::item, at);
+        auto idx = node(eop::literal, cur());
+        idx->lit = value::integer(cur().i);
+        next();
+        it->args.push_back(std::move(n));
+        it->args.push_back(std::move(idx));
+        n = std::move(it);
+      } else {
+        auto a = node(eop::attr, at);
+        a->name = expect_name();
+        a->args.push_back(std::move(n));
+        n = std::move(a);
+      }
+    } else if (is_op("[")) {
+      next();
+      n = parse_subscript(std::move(n), at);
+      expect_op("]");
+    } else if (is_op("(")) {
+      auto c = node(eop::call, at);
+      c->args.push_back(std::move(n));
+      parse_call_args(*c);
+      n = std::move(c);
+    } else {
+      return n;
+    }
+  }
+}
+
+expr_ptr expr_parser::parse_subscript(expr_ptr obj, const token& at) {
+  expr_ptr parts[3];
+  bool is_slice = false;
+  if (!is_op(":")) parts[0] = parse_expression(true);
+  if (accept_op(":")) {
+    is_slice = true;
+    if (!is_op("]") && !is_op(":")) parts[1] = parse_expression(true);
+    if (accept_op(":") && !is_op("]")) parts[2] = parse_expression(true);
+  }
+  auto n = node(is_slice ? eop::slice : eop::item, at);
+  n->args.push_back(std::move(obj));
+  n->args.push_back(std::move(parts[0]));
+  if (is_slice) {
+    n->args.push_back(std::move(parts[1]));
+    n->args.push_back(std::move(parts[2]));
+  }
+  return n;
+}
+
+std::string expr_parser::dotted_name() {
+  std::string name = expect_name();
+  while (is_op(".") && peek().t == tok::name) {
+    next();
+    name += "." + expect_name();
+  }
+  return name;
+}
+
+/// `| f(args) | g ...` over `n`; `inline_first`: the first filter has no leading '|'.
+expr_ptr expr_parser::parse_filters(expr_ptr n, bool inline_first) {
+  while (inline_first || is_op("|")) {
+    const token at = cur();
+    if (!inline_first) next();
+    inline_first = false;
+    auto f = node(eop::filter, at);
+    f->name = dotted_name();
+    f->args.push_back(std::move(n));
+    if (is_op("(")) parse_call_args(*f);
+    n = std::move(f);
+  }
+  return n;
+}
+
+expr_ptr expr_parser::parse_filter_expr(expr_ptr n) {
+  for (;;) {
+    const token at = cur();
+    if (is_op("|")) {
+      n = parse_filters(std::move(n));
+    } else if (is_name("is")) {
+      next();
+      auto t = node(eop::test, at);
+      t->negated = accept_name("not");
+      t->name = dotted_name();
+      t->args.push_back(std::move(n));
+      if (is_op("(")) {
+        parse_call_args(*t);
+      } else if ((cur().t == tok::name || cur().t == tok::string || cur().t == tok::integer || cur().t == tok::real ||
+                  is_op("(") || is_op("[") || is_op("{")) &&
+                 !is_name("else") && !is_name("or") && !is_name("and")) {
+        if (is_name("is")) fail(cur(), "tests cannot be chained with 'is'");
+        t->args.push_back(parse_postfix(parse_primary()));
+      }
+      n = std::move(t);
+    } else if (is_op("(")) {
+      auto c = node(eop::call, at);
+      c->args.push_back(std::move(n));
+      parse_call_args(*c);
+      n = std::move(c);
+    } else {
+      return n;
+    }
+  }
+}
+
+}  // namespace tandem::jinja
