@@ -109,6 +109,8 @@ class ucx_kv_port final : public kv_port {
     auto m = engine_->table().metrics();
     m.push_back({"kv_transfer_pending_sends", "", double(pending_.size()), "gauge",
                  "KV sends waiting for their destination node to connect"});
+    m.push_back({"kv_handshakes_refused_total", "", double(engine_->handshakes_refused()), "counter",
+                 "KV peers refused in the handshake (no or wrong cluster secret, messages out of order)"});
     return m;
   }
 
