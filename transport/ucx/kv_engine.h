@@ -73,6 +73,8 @@ struct engine_options {
   /// net_devices_for_host); empty = UCX's default (every interface). The UCX_NET_DEVICES
   /// environment variable, when set, wins.
   std::string net_devices;
+  /// Where the engine says what it uses and whom it refused (warning = true); none = silent.
+  std::function<void(bool warning, const std::string& message)> log;
 };
 
 class kv_engine final : public transfer_transport {

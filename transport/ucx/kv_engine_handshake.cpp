@@ -3,7 +3,6 @@
 #include <arpa/inet.h>
 #include <fmt/format.h>
 #include <netinet/in.h>
-#include <spdlog/spdlog.h>
 #include <ucp/api/ucp.h>
 
 #include <cstdlib>
@@ -31,8 +30,9 @@ void kv_engine::setup_ucx_config(ucp_config_t* config) {
   } else {
     net_devices_used_ = "all (UCX's default)";
   }
-  spdlog::info("KV transport: UCX network devices {}, transports {}", net_devices_used_,
-               options_.tls.empty() ? "UCX's default" : options_.tls);
+  if (options_.log)
+    options_.log(false, fmt::format("KV transport: UCX network devices {}, transports {}", net_devices_used_,
+                                    options_.tls.empty() ? "UCX's default" : options_.tls));
 }
 
 void kv_engine::create_ep(peer_id id, peer& p, ucp_conn_request_h req) {
@@ -106,8 +106,8 @@ void kv_engine::send_hello(peer_id id, peer& p) {
 void kv_engine::refuse(peer_id id, peer& p, const std::string& why) {
   ++handshakes_refused_;
   // Powers of two: a peer hammering the port cannot flood the log.
-  if ((handshakes_refused_ & (handshakes_refused_ - 1)) == 0)
-    spdlog::warn("KV handshake refused ({} so far): {}", handshakes_refused_, why);
+  if (options_.log && (handshakes_refused_ & (handshakes_refused_ - 1)) == 0)
+    options_.log(true, fmt::format("KV handshake refused ({} so far): {}", handshakes_refused_, why));
   peer_failed(id, p, why);
 }
 
