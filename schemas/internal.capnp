@@ -62,8 +62,19 @@ struct KvComponent {
   elemBytes @3 :Int32;
 }
 
-# The UCX KV handshake (transport/ucx/kv_handshake.h), after its magic and version words:
-# who the peer is, the layout of its pool, and where and how to write into it.
+# The UCX KV handshake (transport/ucx/kv_handshake.h, kv_auth.h), each message after its magic
+# and version words: KvChallenge both ways, then KvProof both ways, then (each side once it has
+# checked the peer's proof) KvHello. No rkey or pool address travels before the proof passed.
+struct KvChallenge {
+  node @0 :Text;
+  nonce @1 :Data;             # 32 random bytes the peer must MAC
+}
+
+struct KvProof {
+  mac @0 :Data;               # HMAC-SHA256 under the cluster secret; empty = no secret
+}
+
+# Who the peer is, the layout of its pool, and where and how to write into it.
 struct KvHello {
   node @0 :Text;
   model @1 :Text;

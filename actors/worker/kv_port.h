@@ -13,6 +13,10 @@
 #include "actors/common/metrics.h"
 #include "kernels/model/kv_pool.h"
 
+namespace spdlog {
+class logger;
+}
+
 namespace tandem {
 
 /// Tags KV transfer orders to the worker and its kvDone answers. Not gated: an order follows a
@@ -48,7 +52,9 @@ class kv_port {
 };
 
 /// Builds the port for a pool of `n_pages` pages of `layout`; called once on the worker's thread.
-using kv_port_factory =
-    std::function<std::unique_ptr<kv_port>(const kv_layout& layout, int32_t n_pages, kv_release_fn release)>;
+/// `log` is the worker's logger (what the transport uses, refused peers).
+using kv_port_factory = std::function<std::unique_ptr<kv_port>(const kv_layout& layout, int32_t n_pages,
+                                                               kv_release_fn release,
+                                                               std::shared_ptr<spdlog::logger> log)>;
 
 }  // namespace tandem

@@ -244,7 +244,7 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
                            fill_list([&](unsigned n) { return d.initPages(n); }, pages);
                            d.setError(why);
                          }));
-        });
+        }, st.log);
     st.pool = &st.port->pool();
   } else {
     st.own_pool = std::make_unique<kv_pool>(st.model->layout(opt.page_size), opt.n_pages);

@@ -52,13 +52,14 @@ struct pd_options {
   std::string extra_limits;           ///< more `key = value` lines of [limits]
   int64_t transfer_timeout_ms = 5000; ///< [transfer] timeout_ms
   std::map<std::string, std::string> prefill_env, decode_env;
+  std::string extra_config;           ///< more sections before the nodes (e.g. [security])
 };
 
 /// Router, prefill and decode as three `tandem serve` processes of one config.
 struct pd_cluster {
   pd_cluster(const std::string& model, const std::filesystem::path& dir, const std::string& policy, bool prefix_cache,
              const std::map<std::string, std::string>& prefill_env = {})
-      : pd_cluster(model, dir, pd_options{policy, prefix_cache, 16, 8, "", 5000, prefill_env, {}}) {}
+      : pd_cluster(model, dir, pd_options{policy, prefix_cache, 16, 8, "", 5000, prefill_env, {}, ""}) {}
 
   pd_cluster(const std::string& model, const std::filesystem::path& dir, const pd_options& o) {
     std::set<uint16_t> taken;
@@ -68,7 +69,7 @@ struct pd_cluster {
                       "\nmax_running_seqs = " + std::to_string(o.max_running_seqs) + "\n" + o.extra_limits +
                       "\n\n[model]\npath = \"" + model + "\"\n\n[cache]\nenabled = " +
                       (o.prefix_cache ? "true" : "false") + "\n\n[transfer]\nfailure_policy = \"" + o.policy +
-                      "\"\ntimeout_ms = " + std::to_string(o.transfer_timeout_ms) + "\n";
+                      "\"\ntimeout_ms = " + std::to_string(o.transfer_timeout_ms) + "\n" + o.extra_config;
     for (int i = 0; i < 3; ++i) {
       node_proc n;
       n.name = names[i];

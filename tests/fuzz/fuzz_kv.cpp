@@ -1,10 +1,12 @@
 // libFuzzer target: what a KV peer sends over UCX before any page moves: the handshake
-// (decode_hello, check_compatible) and the page descriptors (decode_descriptors,
-// check_page_ids). First byte: 0 = hello, 1 = descriptors; the rest is the message.
+// (decode_challenge and kv_auth::on_challenge, decode_proof and kv_auth::verify, decode_hello
+// and check_compatible) and the page descriptors (decode_descriptors, check_page_ids).
+// First byte % 4: 0 = hello, 1 = descriptors, 2 = challenge, 3 = proof; the rest is the message.
 #include <cstdint>
 #include <cstdlib>
 
 #include "kernels/base/error.h"
+#include "transport/ucx/kv_auth.h"
 #include "transport/ucx/kv_handshake.h"
 
 namespace {
@@ -28,12 +30,31 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t* p = data + 1;
   size_t n = size - 1;
   try {
-    if (data[0] % 2 == 0) {
+    if (data[0] % 4 == 2) {
+      // Accepted bytes need not be canonical Cap'n Proto: what was read survives a re-encoding.
+      kv_challenge c = decode_challenge(p, n);
+      auto again = encode_challenge(c);
+      kv_challenge back = decode_challenge(again.data(), again.size());
+      if (back.node != c.node || back.nonce != c.nonce) std::abort();
+      kv_auth a("fuzz-secret-0123456789", kv_role::acceptor, std::vector<uint8_t>(kv_nonce_bytes, 1));
+      if (a.on_challenge(c).empty() && c.nonce.size() != kv_nonce_bytes) std::abort();
+    } else if (data[0] % 4 == 3) {
+      kv_proof pr = decode_proof(p, n);
+      auto again = encode_proof(pr);
+      if (decode_proof(again.data(), again.size()).mac != pr.mac) std::abort();
+      kv_auth a("fuzz-secret-0123456789", kv_role::acceptor, std::vector<uint8_t>(kv_nonce_bytes, 1));
+      (void)a.on_challenge({"peer", std::vector<uint8_t>(kv_nonce_bytes, 2)});
+      if (a.verify(pr).empty()) std::abort();  // only the secret's holder passes
+    } else if (data[0] % 2 == 0) {
       kv_hello h = decode_hello(p, n);
       if (h.n_pages <= 0) std::abort();  // decode_hello must refuse an empty pool
-      // Re-encoding what was accepted gives the same bytes: nothing is silently dropped.
+      // What was read survives a re-encoding (accepted bytes need not be canonical Cap'n Proto:
+      // a text's padding, a far pointer).
       auto again = encode_hello(h);
-      if (again.size() != n || !std::equal(again.begin(), again.end(), p)) std::abort();
+      kv_hello b = decode_hello(again.data(), again.size());
+      if (b.id.node != h.id.node || b.id.model != h.id.model || !(b.id.layout == h.id.layout) ||
+          b.pool_base != h.pool_base || b.n_pages != h.n_pages || b.rkey != h.rkey || b.worker_address != h.worker_address)
+        std::abort();
       (void)check_compatible(local(), h.id);
       (void)h.id.describe();
     } else {

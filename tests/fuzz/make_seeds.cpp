@@ -14,6 +14,7 @@
 #include "kernels/cpu/quant_ref.h"
 #include "kernels/gguf/gguf.h"
 #include "schemas/auth.capnp.h"
+#include "transport/ucx/kv_auth.h"
 #include "transport/ucx/kv_handshake.h"
 
 namespace fs = std::filesystem;
@@ -164,6 +165,9 @@ void kv_seeds() {
   put("kv", "hello_mismatch", with_tag(0, encode_hello(h)));
   put("kv", "descriptors", with_tag(1, encode_descriptors({7, {0, 1, 2, 63}})));
   put("kv", "descriptors_bad", with_tag(1, encode_descriptors({8, {-1, 64}})));
+  put("kv", "challenge", with_tag(2, encode_challenge({"peer", std::vector<uint8_t>(kv_nonce_bytes, 5)})));
+  put("kv", "proof", with_tag(3, encode_proof({std::vector<uint8_t>(kv_nonce_bytes, 6)})));
+  put("kv", "proof_empty", with_tag(3, encode_proof({})));
 }
 
 }  // namespace

@@ -27,6 +27,7 @@
 #include "transport/auth/api_keys.h"
 #include "transport/chat/jinja.h"
 #include "transport/rpc/front_end.h"
+#include "transport/ucx/kv_netdev.h"
 #include "transport/ucx/kv_port_ucx.h"
 
 namespace tandem::cli {
@@ -69,6 +70,10 @@ void configure_partial_node(const cluster_config& cfg, const node_config& node, 
     // The listener needs tcp (the sockaddr connection manager); shared memory carries the
     // puts between processes of one host. UCX_TLS in the environment still wins in UCX.
     ko.engine.tls = tls && *tls ? tls : "tcp,sm,self";
+    // Only the interface of the node's address (UCX's tcp transport listens on every device
+    // it is given); the cluster secret authenticates the handshake (docs/security.md).
+    ko.engine.net_devices = ucx::net_devices_for_host(node.host, ucx::interface_addresses());
+    if (!cfg.api_key_file.empty()) ko.engine.secret = client_api_key(cfg.api_key_file);
     const char* fault = std::getenv("TANDEM_KV_FAULT");
     ko.engine.faults = ucx::fault_hook_from_spec(fault ? fault : "");
     const int64_t t = cfg.transfer_timeout_ms;

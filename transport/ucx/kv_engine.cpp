@@ -14,10 +14,6 @@
 namespace tandem::ucx {
 namespace {
 
-constexpr unsigned am_hello = 1;
-constexpr unsigned am_descriptors = 2;
-constexpr unsigned am_notify = 3;
-
 [[noreturn]] void ucx_fail(const std::string& what, ucs_status_t s, const std::string& fix) {
   throw tandem::error(fmt::format("{}: {}; {}", what, ucs_status_string(s), fix));
 }
@@ -32,7 +28,6 @@ ucs_status_t am_cb(void* arg, const void* /*header*/, size_t /*header_length*/, 
 }
 
 void conn_cb(ucp_conn_request_h req, void* arg) { static_cast<kv_engine*>(arg)->on_conn_request(req); }
-void err_cb(void* arg, ucp_ep_h ep, ucs_status_t status) { static_cast<kv_engine*>(arg)->on_ep_error(ep, status); }
 
 struct flush_ctx {
   kv_engine* engine;
@@ -87,13 +82,7 @@ void kv_engine::init(int32_t alloc_pages) {
   ucp_config_t* config = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
   if (s != UCS_OK) ucx_fail("reading the UCX configuration failed", s, "check the UCX_* environment variables");
-  if (!options_.tls.empty()) {
-    s = ucp_config_modify(config, "TLS", options_.tls.c_str());
-    if (s != UCS_OK) {
-      ucp_config_release(config);
-      ucx_fail("UCX rejected TLS=" + options_.tls, s, "list transports known to `ucx_info -d`");
-    }
-  }
+  setup_ucx_config(config);
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
   params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM;
@@ -138,8 +127,8 @@ void kv_engine::init(int32_t alloc_pages) {
     pool_ = owned_pool_.get();
   }
 
-  am_args_ = std::make_unique<std::pair<kv_engine*, unsigned>[]>(3);
-  for (unsigned i = 0; i < 3; ++i) {
+  am_args_ = std::make_unique<std::pair<kv_engine*, unsigned>[]>(am_count);
+  for (unsigned i = 0; i < am_count; ++i) {
     am_args_[i] = {this, i + 1};
     ucp_am_handler_param_t hp{};
     hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
@@ -233,66 +222,6 @@ std::optional<peer_id> kv_engine::peer_of(ucp_ep_h ep) const {
   for (auto& [id, p] : peers_)
     if (ep && (p.ep == ep || p.data_ep == ep)) return id;
   return std::nullopt;
-}
-
-void kv_engine::create_ep(peer_id id, peer& p, ucp_conn_request_h req) {
-  sockaddr_in sa{};
-  ucp_ep_params_t ep{};
-  ep.field_mask = UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;  // a dead peer fails its endpoint instead of hanging
-  ep.err_handler.cb = err_cb;
-  ep.err_handler.arg = this;
-  if (req) {
-    ep.field_mask |= UCP_EP_PARAM_FIELD_CONN_REQUEST;
-    ep.conn_request = req;
-  } else {
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons(p.port);
-    inet_pton(AF_INET, p.ip.c_str(), &sa.sin_addr);
-    ep.field_mask |= UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR;
-    ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-    ep.sockaddr.addr = reinterpret_cast<const sockaddr*>(&sa);
-    ep.sockaddr.addrlen = sizeof(sa);
-  }
-  ucs_status_t s = ucp_ep_create(worker_, &ep, &p.ep);
-  if (s != UCS_OK) {
-    p.ep = nullptr;
-    std::string why = fmt::format("connecting to KV peer {}:{} failed: {}; check the address and that UCX_TLS "
-                                  "includes tcp",
-                                  p.ip, p.port, ucs_status_string(s));
-    last_peer_error_ = why;
-    later([this, id, why] { table_.on_peer_failed(id, why); });
-    return;
-  }
-  send_hello(id, p);
-}
-
-void kv_engine::send_hello(peer_id id, peer& p) {
-  // The rkey is packed for this peer and its buffer released once copied into the message.
-  void* rkey_buf = nullptr;
-  size_t rkey_size = 0;
-  ucs_status_t s = ucp_rkey_pack(context_, memh_, &rkey_buf, &rkey_size);
-  if (s != UCS_OK) {
-    peer_failed(id, p, fmt::format("packing the KV pool rkey failed: {}", ucs_status_string(s)));
-    return;
-  }
-  kv_hello h;
-  h.id = identity_;
-  h.pool_base = reinterpret_cast<uint64_t>(pool_->data());
-  h.n_pages = pool_->n_pages();
-  h.rkey.assign(static_cast<uint8_t*>(rkey_buf), static_cast<uint8_t*>(rkey_buf) + rkey_size);
-  ucp_rkey_buffer_release(rkey_buf);
-  ucp_address_t* addr = nullptr;
-  size_t addr_len = 0;
-  s = ucp_worker_get_address(worker_, &addr, &addr_len);
-  if (s != UCS_OK) {
-    peer_failed(id, p, fmt::format("querying the UCX worker address failed: {}", ucs_status_string(s)));
-    return;
-  }
-  h.worker_address.assign(reinterpret_cast<uint8_t*>(addr), reinterpret_cast<uint8_t*>(addr) + addr_len);
-  ucp_worker_release_address(worker_, addr);
-  send_am(p, am_hello, encode_hello(h));
-  flush(id, p.ep, 0, 1);
 }
 
 bool kv_engine::flush(peer_id id, ucp_ep_h ep, transfer_id tid, int stage) {
@@ -412,26 +341,11 @@ void kv_engine::on_am(unsigned am_id, ucp_ep_h reply_ep, const void* data, size_
   if (p.closing || p.failed) return;
   auto bytes = static_cast<const uint8_t*>(data);
   try {
-    if (am_id == am_hello) {
-      kv_hello h = decode_hello(bytes, length);
-      p.node = h.id.node;
-      if (std::string why = check_compatible(identity_, h.id); !why.empty()) {
-        peer_failed(pid, p, why);
-        return;
-      }
-      connect_data(pid, p, h.worker_address);
-      if (!p.data_ep) return;
-      ucs_status_t s = ucp_ep_rkey_unpack(p.data_ep, h.rkey.data(), &p.rkey);
-      if (s != UCS_OK) {
-        peer_failed(pid, p, fmt::format("unpacking the rkey of KV peer '{}' failed: {}; the peers need a common "
-                                        "transport (UCX_TLS)",
-                                        p.node, ucs_status_string(s)));
-        return;
-      }
-      p.remote_base = h.pool_base;
-      p.remote_pages = h.n_pages;
-      p.hello_received = true;
-      maybe_ready(pid, p);
+    if (am_id == am_hello || am_id == am_challenge || am_id == am_proof) {
+      on_handshake_am(pid, p, am_id, bytes, length);
+    } else if (!p.hello_received) {
+      // Descriptors and notifications only from a peer that passed the handshake.
+      refuse(pid, p, fmt::format("KV peer '{}' sent message {} before its handshake completed", p.node, am_id));
     } else if (am_id == am_descriptors) {
       kv_descriptors d = decode_descriptors(bytes, length);
       transfer_id tid = d.transfer;

@@ -14,8 +14,12 @@
 /// host), while a sockaddr endpoint gets only the connection manager's tcp.
 ///
 /// Protocol (active messages, eager, small):
-///   hello        both sides, first on a new endpoint, then flushed (UCX #6872: a large send
-///                on an unflushed new endpoint can stall): identity, pool base, packed rkey
+///   challenge    both sides, first on a new endpoint, then flushed (UCX #6872: a large send
+///                on an unflushed new endpoint can stall): node name and a fresh nonce
+///   proof        both sides, on the peer's challenge: HMAC of the cluster secret over the
+///                peer's nonce (kv_auth.h; empty without a secret)
+///   hello        each side once the peer's proof passed: identity, pool base, packed rkey;
+///                a peer that fails the proof is refused and never gets them
 ///   descriptors  destination -> source: transfer id + destination page ids (the addresses are
 ///                pool_base + page * page_bytes of the hello; the rkey is the peer's)
 ///   notify       either way: transfer id + notify_kind (done/failed only after a flush)
@@ -30,11 +34,13 @@
 
 #include "kernels/base/clock.h"
 #include "kernels/model/kv_pool.h"
+#include "transport/ucx/kv_auth.h"
 #include "transport/ucx/kv_handshake.h"
 #include "transport/ucx/transfer_state.h"
 
 // Opaque UCX handles (ucp/api/ucp_def.h), so users need not include UCX headers.
 typedef struct ucp_context* ucp_context_h;
+typedef struct ucp_config ucp_config_t;
 typedef struct ucp_worker* ucp_worker_h;
 typedef struct ucp_ep* ucp_ep_h;
 typedef struct ucp_mem* ucp_mem_h;
@@ -59,6 +65,16 @@ struct engine_options {
   transfer_limits limits;
   size_t max_peers = 64;  ///< endpoints; more incoming connections are rejected
   fault_hook faults;      ///< tests inject drops, delays and failures here
+  /// The cluster secret ([security] api_key_file's first key): peers prove it in the handshake
+  /// before any rkey is sent. Empty = the handshake is unauthenticated (and a peer that
+  /// authenticates is refused: both sides must agree).
+  std::string secret;
+  /// UCX network devices (UCX_NET_DEVICES, e.g. "lo" for a node on 127.0.0.1; see
+  /// net_devices_for_host); empty = UCX's default (every interface). The UCX_NET_DEVICES
+  /// environment variable, when set, wins.
+  std::string net_devices;
+  /// Where the engine says what it uses and whom it refused (warning = true); none = silent.
+  std::function<void(bool warning, const std::string& message)> log;
 };
 
 class kv_engine final : public transfer_transport {
@@ -96,6 +112,14 @@ class kv_engine final : public transfer_transport {
   /// Why the last peer failed (handshake mismatch, connection error), for logs and tests.
   const std::string& last_peer_error() const { return last_peer_error_; }
   uint64_t puts_issued() const { return puts_issued_; }
+  /// Peers refused in the handshake (no or wrong cluster secret, a message out of order).
+  uint64_t handshakes_refused() const { return handshakes_refused_; }
+  /// Hellos (rkeys) received from peers: a refused peer's never count.
+  uint64_t hellos_received() const { return hellos_received_; }
+  /// Hellos (rkeys) this engine sent: only to peers whose proof passed.
+  uint64_t hellos_sent() const { return hellos_sent_; }
+  /// What init() gave UCX as its network devices ("" = UCX's default), and where it came from.
+  const std::string& net_devices_used() const { return net_devices_used_; }
 
   // transfer_transport
   void connect(peer_id peer) override;
@@ -113,8 +137,17 @@ class kv_engine final : public transfer_transport {
   void on_flush_done(peer_id peer, transfer_id id, int stage, int status);
 
  private:
+  static constexpr unsigned am_hello = 1;
+  static constexpr unsigned am_descriptors = 2;
+  static constexpr unsigned am_notify = 3;
+  static constexpr unsigned am_challenge = 4;
+  static constexpr unsigned am_proof = 5;
+  static constexpr unsigned am_count = 5;
+
   struct peer {
     ucp_ep_h ep = nullptr;       ///< control: handshake, descriptors, notifications
+    std::unique_ptr<kv_auth> auth;  ///< this handshake's nonce and secret
+    bool authenticated = false;  ///< the peer's proof passed: our hello (rkey) may go
     ucp_ep_h data_ep = nullptr;  ///< puts; its rkey is `rkey`
     bool data_flushed = false;
     void* data_close_request = nullptr;
@@ -136,7 +169,13 @@ class kv_engine final : public transfer_transport {
 
   void init(int32_t alloc_pages);
   void create_ep(peer_id id, peer& p, ucp_conn_request_h req);
+  void send_challenge(peer_id id, peer& p, kv_role role);
   void send_hello(peer_id id, peer& p);
+  /// The handshake messages (kv_engine_handshake.cpp); throws tandem::error on bad bytes.
+  void on_handshake_am(peer_id id, peer& p, unsigned am_id, const uint8_t* bytes, size_t length);
+  /// Refuses the peer (counted): its endpoint closes, it never gets our hello.
+  void refuse(peer_id id, peer& p, const std::string& why);
+  void setup_ucx_config(ucp_config_t* config);
   void send_am(peer& p, unsigned am_id, std::vector<uint8_t> bytes);
   void peer_failed(peer_id id, peer& p, const std::string& why);
   void maybe_ready(peer_id id, peer& p);
@@ -165,6 +204,10 @@ class kv_engine final : public transfer_transport {
   std::multimap<int64_t, std::function<void()>> delayed_;
   std::string last_peer_error_;
   uint64_t puts_issued_ = 0;
+  uint64_t handshakes_refused_ = 0;
+  uint64_t hellos_received_ = 0;
+  uint64_t hellos_sent_ = 0;
+  std::string net_devices_used_;
   bool destroying_ = false;  ///< the destructor drains UCX without telling the table
   std::unique_ptr<std::pair<kv_engine*, unsigned>[]> am_args_;  ///< handler args, one per message id
   transfer_table table_;

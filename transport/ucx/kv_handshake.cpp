@@ -9,19 +9,19 @@
 
 #include "actors/common/kv_layout_wire.h"
 #include "kernels/base/error.h"
+#include "transport/ucx/kv_wire.h"
 #include "schemas/internal.capnp.h"
 
 namespace tandem::ucx {
 namespace {
 
 constexpr uint32_t hello_magic = 0x544b5648;  // "HVKT"
-constexpr uint32_t hello_version = 3;  // 3: a schema::KvHello with the layout's components
+// 3: a schema::KvHello with the layout's components; 4: KvChallenge and KvProof before the
+// hello (authenticated with the cluster secret; no rkey before the proof).
+constexpr uint32_t hello_version = 4;
 
 /// The magic and version words before the Cap'n Proto message.
 constexpr size_t header_bytes = 8;
-
-/// Bounds on reading a peer's hello (untrusted): a few KiB of names, keys and addresses.
-constexpr size_t max_hello_bytes = size_t(1) << 16;
 
 /// "latent:1x576x4,..." or "standard K/V".
 std::string components_text(const kv_layout& l) {
@@ -48,6 +48,10 @@ std::vector<uint8_t> encode_hello(const kv_hello& h) {
   m.setNPages(h.n_pages);
   m.setRkey(kj::arrayPtr(h.rkey.data(), h.rkey.size()));
   m.setWorkerAddress(kj::arrayPtr(h.worker_address.data(), h.worker_address.size()));
+  return frame_kv_message(mb);
+}
+
+std::vector<uint8_t> frame_kv_message(capnp::MessageBuilder& mb) {
   const auto words = capnp::messageToFlatArray(mb);
   const auto bytes = words.asBytes();
   std::vector<uint8_t> out(header_bytes + bytes.size());
@@ -57,7 +61,14 @@ std::vector<uint8_t> encode_hello(const kv_hello& h) {
   return out;
 }
 
-kv_hello decode_hello(const uint8_t* data, size_t size) {
+capnp::ReaderOptions kv_reader_options(size_t words) {
+  capnp::ReaderOptions opt;
+  opt.traversalLimitInWords = 4 * words + 64;
+  opt.nestingLimit = 8;
+  return opt;
+}
+
+kj::Array<capnp::word> unframe_kv_message(const uint8_t* data, size_t size) {
   if (size < header_bytes) throw tandem::error("truncated KV handshake message; both nodes must run the same tandem version");
   uint32_t magic, version;
   std::memcpy(&magic, data, 4);
@@ -68,9 +79,9 @@ kv_hello decode_hello(const uint8_t* data, size_t size) {
                                     "on prefill and decode nodes",
                                     version, hello_version));
   const size_t body = size - header_bytes;
-  if (body > max_hello_bytes)
-    throw tandem::error(fmt::format("KV handshake message of {} bytes exceeds the {} a hello may have", size,
-                                    max_hello_bytes));
+  if (body > max_kv_message_bytes)
+    throw tandem::error(fmt::format("KV handshake message of {} bytes exceeds the {} a handshake message may have",
+                                    size, max_kv_message_bytes));
   // Aligned words (the peer's bytes may start anywhere), then the exact size the segment
   // table declares: fewer bytes is a truncated message, more is trailing garbage.
   auto words = kj::heapArray<capnp::word>((body + sizeof(capnp::word) - 1) / sizeof(capnp::word));
@@ -81,12 +92,14 @@ kv_hello decode_hello(const uint8_t* data, size_t size) {
     throw tandem::error("truncated KV handshake message; both nodes must run the same tandem version");
   if (declared < body)
     throw tandem::error("KV handshake message has trailing bytes; both nodes must run the same tandem version");
+  return words;
+}
+
+kv_hello decode_hello(const uint8_t* data, size_t size) {
+  auto words = unframe_kv_message(data, size);
   kv_hello h;
   try {
-    capnp::ReaderOptions opt;
-    opt.traversalLimitInWords = 4 * words.size() + 64;
-    opt.nestingLimit = 8;
-    capnp::FlatArrayMessageReader reader(words.asPtr(), opt);
+    capnp::FlatArrayMessageReader reader(words.asPtr(), kv_reader_options(words.size()));
     auto m = reader.getRoot<schema::KvHello>();
     h.id.node = m.getNode().cStr();
     h.id.model = m.getModel().cStr();

@@ -1,6 +1,7 @@
 #include "transport/ucx/kv_port_ucx.h"
 
 #include <fmt/format.h>
+#include <spdlog/logger.h>
 
 #include <atomic>
 #include <map>
@@ -14,8 +15,16 @@ namespace {
 
 class ucx_kv_port final : public kv_port {
  public:
-  ucx_kv_port(kv_port_options opt, const kv_layout& layout, int32_t n_pages, kv_release_fn release)
+  ucx_kv_port(kv_port_options opt, const kv_layout& layout, int32_t n_pages, kv_release_fn release,
+              std::shared_ptr<spdlog::logger> log)
       : opt_(std::move(opt)), release_(std::move(release)) {
+    if (log)
+      opt_.engine.log = [log](bool warning, const std::string& msg) {
+        if (warning)
+          log->warn("{}", msg);
+        else
+          log->info("{}", msg);
+      };
     kv_identity id;
     id.node = opt_.node;
     id.model = opt_.model;
@@ -109,6 +118,8 @@ class ucx_kv_port final : public kv_port {
     auto m = engine_->table().metrics();
     m.push_back({"kv_transfer_pending_sends", "", double(pending_.size()), "gauge",
                  "KV sends waiting for their destination node to connect"});
+    m.push_back({"kv_handshakes_refused_total", "", double(engine_->handshakes_refused()), "counter",
+                 "KV peers refused in the handshake (no or wrong cluster secret, messages out of order)"});
     return m;
   }
 
@@ -184,8 +195,9 @@ fault_hook fault_hook_from_spec(const std::string& spec) {
 }
 
 kv_port_factory make_kv_port_factory(kv_port_options options) {
-  return [options](const kv_layout& layout, int32_t n_pages, kv_release_fn release) -> std::unique_ptr<kv_port> {
-    return std::make_unique<ucx_kv_port>(options, layout, n_pages, std::move(release));
+  return [options](const kv_layout& layout, int32_t n_pages, kv_release_fn release,
+                   std::shared_ptr<spdlog::logger> log) -> std::unique_ptr<kv_port> {
+    return std::make_unique<ucx_kv_port>(options, layout, n_pages, std::move(release), std::move(log));
   };
 }
 
