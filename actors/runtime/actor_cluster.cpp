@@ -403,7 +403,7 @@ void actor_cluster::submit(completion_request req, event_callback cb) {
                  callback_box{std::move(cb), r.id, static_cast<int32_t>(r.prompt.size())});
 }
 
-void actor_cluster::abort(const std::string& request_id) {
+void actor_cluster::abort(const std::string& request_id, finish_reason why) {
   auto& s = *st_;
   std::shared_lock<std::shared_mutex> sl(s.submit_mu);
   if (s.stopped || s.unhealthy || !s.has("router")) return;
@@ -411,6 +411,7 @@ void actor_cluster::abort(const std::string& request_id) {
   caf::anon_send(s.router.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
                    auto a = env.initAbort();
                    a.setId(request_id);
+                   a.setStopString(why == finish_reason::stop);
                  }));
 }
 
