@@ -69,12 +69,12 @@ TEST_CASE("cli: check-config --list-nodes prints one tab-separated line per vali
   auto ok = list_nodes(dir.path / "ok.toml", dir.path);
   INFO(ok.err);
   CHECK(ok.code == 0);
-  // name host numa_node roles http_port rpc_port admin_port page_size; unset keys have their
+  // name host numa_node roles http_port rpc_port admin_port page_size api_key_file; unset keys have their
   // defaults, and page_size is the effective one (r and d inherit limits.page_size).
   CHECK(ok.out ==
-        "r\t10.0.0.1\t-1\trouter\t9080\t8081\t9082\t16\n"
-        "p\t10.0.0.2\t0\tprefill,cache,worker\t8080\t8081\t8082\t16\n"
-        "d\t10.0.0.3\t-1\tdecode,cache,worker\t8080\t7001\t8082\t16\n");
+        "r\t10.0.0.1\t-1\trouter\t9080\t8081\t9082\t16\t-\n"
+        "p\t10.0.0.2\t0\tprefill,cache,worker\t8080\t8081\t8082\t16\t-\n"
+        "d\t10.0.0.3\t-1\tdecode,cache,worker\t8080\t7001\t8082\t16\t-\n");
 
   // The same file with a typo: exit 78 (EX_CONFIG), every problem on stderr, nothing on stdout a script could start.
   std::string bad = three_nodes;

@@ -30,7 +30,8 @@ int check_config(args a) {
                       "    The model file of a node on this machine must be readable here.\n"
                       "  --list-nodes: if the config is valid, print one line per node on stdout, fields separated\n"
                       "    by tabs: name host numa_node roles(comma-joined) http_port rpc_port admin_port page_size\n"
-                      "    (the node's effective page size). Fields may be appended later: read the first eight.\n"
+                      "    api_key_file (page_size: the node's effective one; api_key_file: [security]'s, - = auth off).\n"
+                      "    Fields may be appended later: read the first nine.\n"
                       "    Nothing is listed for an invalid config.\n"
                       "  exit code: 0 valid, 78 invalid or unreadable config (every problem is printed), 64 usage error\n";
   try {
@@ -64,8 +65,9 @@ int check_config(args a) {
     for (const auto& n : c.cfg.nodes) {
       std::string roles;
       for (const auto& r : n.roles) roles += (roles.empty() ? "" : ",") + r;
-      std::printf("%s\t%s\t%d\t%s\t%d\t%d\t%d\t%d\n", n.name.c_str(), n.host.c_str(), n.numa_node, roles.c_str(),
-                  n.http_port, n.rpc_port, n.admin_port, n.effective_page_size(c.cfg.lim));
+      std::printf("%s\t%s\t%d\t%s\t%d\t%d\t%d\t%d\t%s\n", n.name.c_str(), n.host.c_str(), n.numa_node, roles.c_str(),
+                  n.http_port, n.rpc_port, n.admin_port, n.effective_page_size(c.cfg.lim),
+                  c.cfg.api_key_file.empty() ? "-" : c.cfg.api_key_file.c_str());
     }
     return 0;
   }
