@@ -19,6 +19,7 @@
 
 #include "actors/config/cache_table.h"
 #include "actors/config/config_checker.h"
+#include "actors/config/limits_table.h"
 #include "actors/config/toml.h"
 #include "kernels/cpu/amx.h"
 #include "kernels/cpu/isa.h"
@@ -27,93 +28,6 @@
 #include "kernels/model/kv_pool.h"
 
 namespace tandem {
-
-bool node_config::has_role(const std::string& r) const { return std::find(roles.begin(), roles.end(), r) != roles.end(); }
-
-bool node_config::all_roles() const {
-  for (const auto& r : node_roles())
-    if (!has_role(r)) return false;
-  return true;
-}
-
-std::vector<const node_config*> cluster_config::nodes_with_role(const std::string& role) const {
-  std::vector<const node_config*> v;
-  for (const auto& n : nodes)
-    if (n.has_role(role)) v.push_back(&n);
-  return v;
-}
-
-const node_config* cluster_config::find_node(const std::string& name) const {
-  for (const auto& n : nodes)
-    if (n.name == name) return &n;
-  return nullptr;
-}
-
-const std::vector<std::string>& node_roles() {
-  static const std::vector<std::string> roles = {"router", "prefill", "decode", "cache", "worker"};
-  return roles;
-}
-
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
-std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates) {
-  std::string best;
-  size_t best_d = SIZE_MAX;
-  for (const auto& c : candidates) {
-    size_t d = edit_distance(word, c);
-    if (d < best_d) {
-      best_d = d;
-      best = c;
-    }
-  }
-  size_t allowed = std::max<size_t>(2, word.size() / 3);
-  return best_d <= allowed ? best : "";
-}
-
-namespace {
-
-uint64_t meminfo_kb(const std::string& path, const std::string& key) {
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    auto k = line.find(key + ":");
-    if (k == std::string::npos) continue;
-    std::istringstream rest(line.substr(k + key.size() + 1));
-    uint64_t kb = 0;
-    rest >> kb;
-    return kb;
-  }
-  return 0;
-}
-
-}  // namespace
-
-machine_info machine_info::probe(const std::string& node) {
-  machine_info m;
-  m.node = node;
-  m.mem_total_bytes = meminfo_kb("/proc/meminfo", "MemTotal") * 1024;
-  m.mem_available_bytes = meminfo_kb("/proc/meminfo", "MemAvailable") * 1024;
-  m.cpus = int32_t(std::thread::hardware_concurrency());
-  for (cpu_isa i : cpu::all_isas)
-    if (cpu::isa_supported(i)) m.kernel_paths.emplace_back(cpu::to_string(i));
-  // NUMA nodes as the kernel reports them (what libnuma reads too); ids are dense in practice.
-  for (int32_t n = 0;; ++n) {
-    std::string p = fmt::format("/sys/devices/system/node/node{}/meminfo", n);
-    if (!std::filesystem::exists(p)) break;
-    m.numa_node_bytes.push_back(meminfo_kb(p, "MemTotal") * 1024);
-  }
-  return m;
-}
 
 namespace {
 
@@ -124,77 +38,8 @@ using config_detail::article_type;
 using config_detail::fmt_gib;
 using config_detail::gib;
 
-struct i32_field {
-  const char* name;
-  int32_t limits::*member;
-  int64_t lo;
-  const char* fix;
-};
-
-const std::vector<i32_field>& limits_i32_fields() {
-  static const std::vector<i32_field> f = {
-      {"router_mailbox", &limits::router_mailbox, 1, "set a mailbox bound such as 4096"},
-      {"prefill_mailbox", &limits::prefill_mailbox, 1, "set a mailbox bound such as 1024"},
-      {"decode_mailbox", &limits::decode_mailbox, 1, "set a mailbox bound such as 1024"},
-      {"worker_mailbox", &limits::worker_mailbox, 1, "set a mailbox bound such as 256"},
-      {"cache_tier_mailbox", &limits::cache_tier_mailbox, 1, "set a mailbox bound such as 1024"},
-      {"max_queued_requests", &limits::max_queued_requests, 1, "allow at least one queued request, e.g. 256"},
-      {"max_inflight_requests", &limits::max_inflight_requests, 1, "allow at least one request, e.g. 1024"},
-      {"request_timeout_ms", &limits::request_timeout_ms, 1, "use e.g. 600000 (10 minutes)"},
-      {"prefill_chunk_tokens", &limits::prefill_chunk_tokens, 1, "use e.g. 256"},
-      {"max_running_seqs", &limits::max_running_seqs, 1, "use e.g. 32"},
-      {"max_prefill_batch_seqs", &limits::max_prefill_batch_seqs, 1, "use e.g. 8"},
-      {"page_size", &limits::page_size, 1, "use 16 tokens per page (at most 4096)"},
-      {"device_pages", &limits::device_pages, 0, "use 0 to derive it from kv_cache_mb"},
-      {"kv_cache_mb", &limits::kv_cache_mb, 0, "use e.g. 256"},
-      {"max_context", &limits::max_context, 0, "use 0 for the model's context length"},
-      {"max_new_tokens", &limits::max_new_tokens, 1, "use e.g. 4096"},
-      {"max_rpc_connections", &limits::max_rpc_connections, 1, "use e.g. 256"},
-      {"http_header_timeout_ms", &limits::http_header_timeout_ms, 1, "use e.g. 15000 (15 s)"},
-      {"http_max_head_bytes", &limits::http_max_head_bytes, 1, "use e.g. 65536 (64 KiB, at most 65536)"},
-      {"http_max_head_readers_per_client", &limits::http_max_head_readers_per_client, 1, "use e.g. 64"},
-      {"http_body_timeout_ms", &limits::http_body_timeout_ms, 1, "use e.g. 30000 (30 s)"},
-      {"http_stream_backlog_tokens", &limits::http_stream_backlog_tokens, 1, "use e.g. 1024"},
-      {"http_stream_socket_bytes", &limits::http_stream_socket_bytes, 1, "use e.g. 65536"},
-      {"rpc_stream_backlog_tokens", &limits::rpc_stream_backlog_tokens, 1, "use e.g. 1024"},
-      {"rpc_socket_bytes", &limits::rpc_socket_bytes, 1, "use e.g. 262144"},
-      {"supervisor_max_restarts", &limits::supervisor_max_restarts, 0, "use e.g. 3 (0 = escalate at the first failure)"},
-      {"supervisor_period_ms", &limits::supervisor_period_ms, 1, "use e.g. 60000 (1 minute)"},
-      {"max_queue_wait_ms", &limits::max_queue_wait_ms, 0, "use e.g. 2000 (0 = off)"},
-      {"queue_timeout_ms", &limits::queue_timeout_ms, 0, "use e.g. 30000 (0 = off)"},
-      {"rate_limit_rps", &limits::rate_limit_rps, 0, "use e.g. 10 requests per second per client (0 = off)"},
-      {"rate_limit_burst", &limits::rate_limit_burst, 0, "use e.g. 20 (0 = rate_limit_rps)"},
-      {"rate_limit_max_clients", &limits::rate_limit_max_clients, 1, "use e.g. 4096"},
-      {"router_max_retries", &limits::router_max_retries, 0, "use e.g. 2 (0 = no retries)"},
-      {"router_retry_base_ms", &limits::router_retry_base_ms, 1, "use e.g. 5"},
-      {"router_retry_max_ms", &limits::router_retry_max_ms, 1, "use e.g. 200"},
-      {"breaker_failures", &limits::breaker_failures, 1, "use e.g. 5"},
-      {"breaker_cooldown_ms", &limits::breaker_cooldown_ms, 1, "use e.g. 1000"},
-      {"router_heartbeat_ms", &limits::router_heartbeat_ms, 1, "use e.g. 1000"},
-      {"router_max_migrations", &limits::router_max_migrations, 0, "use e.g. 2 (0 = never move a stream)"},
-      {"max_decode_waiting_seqs", &limits::max_decode_waiting_seqs, -1,
-       "use 0 (= twice the decode batch size), a count, or -1 (off)"},
-      {"prefill_pause_decode_waiting_seqs", &limits::prefill_pause_decode_waiting_seqs, -1,
-       "use 0 (= the decode batch size), a count, or -1 (never pause prefill for decode)"},
-      {"threads", &limits::threads, 1, "use the number of cores to compute on"},
-      {"scheduler_threads", &limits::scheduler_threads, 1, "use 2 or more"},
-  };
-  return f;
-}
-
-struct i64_field {
-  const char* name;
-  int64_t limits::*member;
-  const char* fix;
-};
-
-const std::vector<i64_field>& limits_i64_fields() {
-  static const std::vector<i64_field> f = {
-      {"max_queued_tokens", &limits::max_queued_tokens, "allow at least one prompt's tokens, e.g. 262144"},
-      {"max_body_bytes", &limits::max_body_bytes, "use e.g. 4194304 (4 MiB)"},
-  };
-  return f;
-}
+using config_detail::limits_i32_fields;
+using config_detail::limits_i64_fields;
 
 /// [security]: the key file must exist and be private (the same rules `tandem serve` enforces
 /// when it reads the keys); allowlisted paths are absolute.

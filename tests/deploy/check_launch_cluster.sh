@@ -107,7 +107,7 @@ grep -qE '^b +127\.0\.0\.1 .* not running$' "$tmp/status2.out" || fail "--status
 ! alive "$pid_a" || fail "a (pid $pid_a) still runs after --stop"
 
 # 4. a node whose model file is missing: check-config refuses it, nothing starts. A node that
-#    passes the check but cannot start (its rpc_port is a's): named, its log shown, and the node
+#    passes the check but cannot start (it binds an address this machine does not have): named, its log shown, and the node
 #    started before it in this run is stopped again.
 node_config m $((base + 6)) "$tmp/missing.gguf"
 if "$launch" "$tmp/a.toml" "$tmp/m.toml" --local --run-dir "$tmp/run-nomodel" >"$tmp/nomodel.out" 2>&1; then fail "a config with a missing model was launched"; fi
@@ -115,9 +115,9 @@ grep -q "missing.gguf\": no such file; node 'm' runs on this machine" "$tmp/nomo
 grep -q "is invalid (see above); nothing was started" "$tmp/nomodel.out" || fail "no refusal line for the missing model"
 [[ -z $(leftovers) ]] || fail "a config with a missing model started a process"
 node_config e $((base + 6))
-sed -i "s/^rpc_port = .*/rpc_port = $((base + 1))/" "$tmp/e.toml"  # a's
+sed -i 's/^host = .*/host = "192.0.2.1"/' "$tmp/e.toml"  # TEST-NET-1: not an address of this machine
 if "$launch" "$tmp/a.toml" "$tmp/e.toml" --local --run-dir "$tmp/run-fail" --timeout 30 >"$tmp/fail.out" 2>&1; then fail "a broken node was reported started"; fi
-grep -q "node e (127.0.0.1) failed: exited" "$tmp/fail.out" || fail "the failed node is not named"
+grep -q "node e (192.0.2.1) failed: exited" "$tmp/fail.out" || fail "the failed node is not named"
 grep -q -- "--- last lines of e's log" "$tmp/fail.out" || fail "the failed node's log tail is not shown"
 grep -q "a: stopped" "$tmp/fail.out" || fail "the node started before the failure was not stopped"
 
