@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the deploy scripts: find_tandem prints the tandem binary to run here, or fails
 # with what to do. The order: $TANDEM_BIN; a build of this repository (build/dev, build/default,
 # build/release: what deploy/quickstart.sh and the CMake presets build); `tandem` on PATH
