@@ -10,7 +10,9 @@
 # usage: deploy/launch-cluster.sh CONFIG... [--local] [--nodes a,b] [--stop | --status]
 #                                 [--run-dir DIR] [--timeout SECONDS]
 # environment:
-#   TANDEM_BIN          tandem binary here (check-config, inspect, --local nodes); default: tandem
+#   TANDEM_BIN          tandem binary here (check-config, inspect, --local nodes); default: this
+#                       repository's build/dev/tools/tandem or build/default/tools/tandem, else
+#                       `tandem` on PATH (cmake --install build/default puts it there)
 #   TANDEM_REMOTE_BIN   tandem binary on the hosts (ssh); default: tandem
 #   TANDEM_SSH          ssh command; default: ssh
 #   TANDEM_SSH_OPTS     options of ssh and scp; default: -o BatchMode=yes -o ConnectTimeout=10
@@ -22,6 +24,8 @@
 # copied there with scp); here it holds nodes.tsv, the node list of the last start, which
 # --stop and --status use so they work even after a config was edited. Over ssh, give
 # model.path as an absolute path on the hosts (nodes run in the ssh user's home directory).
+# With [security] api_key_file, the readiness checks send the file's first key (the file named
+# by the config, read here; TANDEM_API_KEY overrides it).
 # Exit: 0 ok; 1 invalid config, a node failed to start, or --status found a node down; 2 usage.
 set -euo pipefail
 
@@ -51,7 +55,9 @@ done
 ((${#configs[@]})) || { echo "launch-cluster: no config file given" >&2; usage; }
 [[ $timeout_s =~ ^[0-9]+$ ]] || { echo "launch-cluster: --timeout $timeout_s is not a number of seconds" >&2; exit 2; }
 
-tandem=${TANDEM_BIN:-tandem}
+# shellcheck source=deploy/find-tandem.sh
+. "$(dirname "${BASH_SOURCE[0]}")/find-tandem.sh"
+tandem=$(find_tandem) || { echo "launch-cluster: cannot run anything without tandem (see above)" >&2; exit 2; }
 remote_tandem=${TANDEM_REMOTE_BIN:-tandem}
 ssh_cmd=${TANDEM_SSH:-ssh}
 scp_cmd=${TANDEM_SCP:-scp}
@@ -60,15 +66,15 @@ stop_timeout_s=${TANDEM_STOP_TIMEOUT:-20}
 run_dir=${run_dir:-/tmp/tandem-cluster-$(basename "${configs[0]}" .toml)}
 mkdir -p "$run_dir"
 run_dir=$(cd "$run_dir" && pwd)
-command -v "$tandem" >/dev/null || { echo "launch-cluster: tandem binary '$tandem' not found; set TANDEM_BIN" >&2; exit 2; }
 
 # --- the node list: `tandem check-config --list-nodes` (this script never parses TOML)
-cfgs=() names=() hosts=() numas=() roles=() http_ports=() admin_ports=()
+cfgs=() names=() hosts=() numas=() roles=() http_ports=() admin_ports=() key_files=()
 load_nodes() {
-  local cfg name host numa role http _rpc admin _rest
-  while IFS=$'\t' read -r cfg name host numa role http _rpc admin _rest; do
+  local cfg name host numa role http _rpc admin _ps keyf _rest
+  while IFS=$'\t' read -r cfg name host numa role http _rpc admin _ps keyf _rest; do
     [[ -n $name ]] || continue
     cfgs+=("$cfg") names+=("$name") hosts+=("$host") numas+=("$numa") roles+=("$role") http_ports+=("$http") admin_ports+=("$admin")
+    key_files+=("${keyf:--}")
   done <<<"$1"
 }
 
@@ -158,12 +164,15 @@ node_port() {
 # every role; /health only says the process is alive); another node's admin interface reports
 # ready. Prints the reason on failure: "degraded: WHY" for a node that is alive but cannot serve.
 healthy() {
-  local h port body code
+  local h port body code key err
   h=$(reach_host "$1")
+  key=$(api_key "$1") || return 1
   if is_router "$1"; then
     port=$(node_port "$1" http)
     [[ -n $port ]] || { echo "no http listening line in its log yet"; return 1; }
-    body=$(curl -s --max-time 2 -w '\n%{http_code}' "http://$h:$port/health/ready") || { echo "GET http://$h:$port/health/ready does not answer"; return 1; }
+    local auth=()
+    [[ -n $key ]] && auth=(-H "Authorization: Bearer $key")
+    body=$(curl -s --max-time 2 "${auth[@]}" -w '\n%{http_code}' "http://$h:$port/health/ready") || { echo "GET http://$h:$port/health/ready does not answer"; return 1; }
     code=${body##*$'\n'}
     body=${body%$'\n'*}
     [[ $code == 200 ]] && return 0
@@ -176,7 +185,16 @@ healthy() {
   else
     port=$(node_port "$1" admin)
     [[ -n $port ]] || { echo "no admin listening line in its log yet"; return 1; }
-    body=$("$tandem" inspect "$h:$port" --json --count 1 2>/dev/null) || { echo "its admin interface $h:$port does not answer"; return 1; }
+    # inspect reads the key from TANDEM_API_KEY (its --api-key-file default).
+    if ! body=$(TANDEM_API_KEY=$key "$tandem" inspect "$h:$port" --json --count 1 2>"$run_dir/.inspect.err"); then
+      err=$(tail -n 1 "$run_dir/.inspect.err" 2>/dev/null)
+      if [[ $err == *401* || $err == *nauthori* || $err == *"API key"* ]]; then
+        echo "its admin interface $h:$port refuses our API key ($err): check [security] api_key_file or TANDEM_API_KEY"
+      else
+        echo "its admin interface $h:$port does not answer${err:+: $err}"
+      fi
+      return 1
+    fi
     [[ $body == *'"ready":true'* ]] && return 0
     if [[ $body == *'"state":"degraded"'* ]]; then
       echo "degraded: $(printf '%s' "$body" | sed -E 's/.*"ready_status":"(([^"\\]|\\.)*)".*/\1/')"
@@ -188,6 +206,25 @@ healthy() {
 }
 
 is_running() { on_node "$1" "$(running_fn "$1"); running"; }
+
+# The API key the readiness checks send to node $1: TANDEM_API_KEY if exported, else the first
+# key of the config's [security] api_key_file (read here; "" when auth is off). Fails with
+# what is missing when the config enables auth but the file cannot be read here.
+api_key() {
+  local f=${key_files[$1]:--} line
+  [[ -n ${TANDEM_API_KEY:-} ]] && { printf '%s' "$TANDEM_API_KEY"; return 0; }
+  [[ $f == - ]] && return 0
+  if [[ ! -r $f ]]; then
+    echo "its config (${cfgs[$1]}) enables auth with [security] api_key_file = $f, which is not readable here; make it readable by this user or export TANDEM_API_KEY=<one of its keys>"
+    return 1
+  fi
+  while IFS= read -r line || [[ -n $line ]]; do
+    line=${line//[[:space:]]/}  # keys have no spaces (transport/auth/api_keys.cpp)
+    [[ -n $line && $line != \#* ]] && { printf '%s' "$line"; return 0; }
+  done <"$f"
+  echo "[security] api_key_file = $f (config ${cfgs[$1]}) has no key; add one per line, or export TANDEM_API_KEY"
+  return 1
+}
 
 log_tail() {
   echo "--- last lines of ${names[$1]}'s log ($(reach_host "$1"):$(log_file "$1")):" >&2

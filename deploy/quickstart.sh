@@ -42,6 +42,8 @@ echo "== tandem generate (Cap'n Proto RPC)"
 "$tandem" generate --host 127.0.0.1 --port "$rpc_port" --prompt "Once upon a time" --max-tokens 16
 echo
 
+echo "tandem is built at $tandem; the deploy scripts find it there. To put it on PATH:" \
+  "cmake --install $build_dir (to /usr/local/bin; --prefix DIR for DIR/bin)"
 if ((once)); then
   exit 0
 fi

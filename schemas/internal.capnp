@@ -185,6 +185,9 @@ struct TokenEvent {
 struct Abort {
   id @0 :Text;
   hops @1 :Int32;
+  # The front end ended the request because its text reached a stop string: it finishes (and
+  # is counted in tandem_requests_finished_total) as `stop`, not `abort`.
+  stopString @2 :Bool;
 }
 
 # Cache tier: pages for a prompt (longest cached prefix + fresh pages for the rest).

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <system_error>
@@ -143,6 +144,25 @@ std::vector<std::string> validate_cache_config(const cache_config& c, const kv_l
                               c.disk_size_gb));
   }
   return out;
+}
+
+kv_sizing size_kv_pools(const limits& lim, const cache_config& c, const kv_layout& layout, uint64_t host_ram_bytes) {
+  kv_sizing k;
+  const int64_t page_bytes = std::max<int64_t>(1, int64_t(layout.page_bytes()));
+  k.device_pages = lim.device_pages > 0 ? lim.device_pages : (int64_t(lim.kv_cache_mb) * 1024 * 1024) / page_bytes;
+  if (k.device_pages < 1 || k.device_pages > (int64_t(1) << 30)) {
+    k.problems.push_back(fmt::format("KV pool of {} pages ({} bytes each, {}) from limits.kv_cache_mb = {} / "
+                                     "device_pages = {}; give at least one page (kv_cache_mb >= {}) and at most 2^30",
+                                     k.device_pages, layout.page_bytes(), layout.describe(), lim.kv_cache_mb,
+                                     lim.device_pages, (page_bytes + (1 << 20) - 1) >> 20));
+    return k;
+  }
+  k.problems = validate_cache_config(c, layout, static_cast<int32_t>(k.device_pages), host_ram_bytes);
+  if (!k.ok()) return k;
+  const bool prefix_cache = lim.prefix_cache && c.enabled;
+  k.host_pages = prefix_cache ? cache_host_pages(c, layout, static_cast<int32_t>(k.device_pages)) : 0;
+  k.disk_pages = k.host_pages > 0 ? cache_disk_pages(c, layout) : 0;
+  return k;
 }
 
 }  // namespace tandem

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/common/limits.h"
 #include "kernels/model/kv_pool.h"
 
 namespace tandem {
@@ -47,5 +48,22 @@ const char* cache_write_policy_name(cache_write_policy p);
 /// `device_pages` pages with `host_ram_bytes` of host memory available (0 = unknown, not checked).
 std::vector<std::string> validate_cache_config(const cache_config& c, const kv_layout& layout, int32_t device_pages,
                                                uint64_t host_ram_bytes);
+
+/// The KV memory one node builds: its device pool and the cache tiers behind it, from the
+/// limits and [cache] settings for a model's KV layout. `tandem serve` (actor_cluster) builds
+/// exactly this and `tandem check-config` checks exactly this, so a config that passes the
+/// check cannot fail at start on sizing.
+struct kv_sizing {
+  int64_t device_pages = 0;  ///< limits.device_pages, or kv_cache_mb MiB / page bytes
+  int64_t host_pages = 0;    ///< L2 pages (0 = none; also 0 with the prefix cache off)
+  int64_t disk_pages = 0;    ///< L3 files (0 = none; only behind a host tier)
+  /// One entry per reason the node cannot start with these settings, each naming the fix;
+  /// empty = it can.
+  std::vector<std::string> problems;
+  bool ok() const { return problems.empty(); }
+};
+
+/// Sizes a node's KV pools; `host_ram_bytes` as in validate_cache_config (0 = not checked).
+kv_sizing size_kv_pools(const limits& lim, const cache_config& c, const kv_layout& layout, uint64_t host_ram_bytes);
 
 }  // namespace tandem

@@ -17,6 +17,9 @@
 #include <sstream>
 #include <thread>
 
+#include "actors/config/cache_table.h"
+#include "actors/config/config_checker.h"
+#include "actors/config/limits_table.h"
 #include "actors/config/toml.h"
 #include "kernels/cpu/amx.h"
 #include "kernels/cpu/isa.h"
@@ -26,310 +29,17 @@
 
 namespace tandem {
 
-bool node_config::has_role(const std::string& r) const { return std::find(roles.begin(), roles.end(), r) != roles.end(); }
-
-bool node_config::all_roles() const {
-  for (const auto& r : node_roles())
-    if (!has_role(r)) return false;
-  return true;
-}
-
-std::vector<const node_config*> cluster_config::nodes_with_role(const std::string& role) const {
-  std::vector<const node_config*> v;
-  for (const auto& n : nodes)
-    if (n.has_role(role)) v.push_back(&n);
-  return v;
-}
-
-const node_config* cluster_config::find_node(const std::string& name) const {
-  for (const auto& n : nodes)
-    if (n.name == name) return &n;
-  return nullptr;
-}
-
-const std::vector<std::string>& node_roles() {
-  static const std::vector<std::string> roles = {"router", "prefill", "decode", "cache", "worker"};
-  return roles;
-}
-
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
-std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates) {
-  std::string best;
-  size_t best_d = SIZE_MAX;
-  for (const auto& c : candidates) {
-    size_t d = edit_distance(word, c);
-    if (d < best_d) {
-      best_d = d;
-      best = c;
-    }
-  }
-  size_t allowed = std::max<size_t>(2, word.size() / 3);
-  return best_d <= allowed ? best : "";
-}
-
-namespace {
-
-uint64_t meminfo_kb(const std::string& path, const std::string& key) {
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    auto k = line.find(key + ":");
-    if (k == std::string::npos) continue;
-    std::istringstream rest(line.substr(k + key.size() + 1));
-    uint64_t kb = 0;
-    rest >> kb;
-    return kb;
-  }
-  return 0;
-}
-
-}  // namespace
-
-machine_info machine_info::probe() {
-  machine_info m;
-  m.mem_total_bytes = meminfo_kb("/proc/meminfo", "MemTotal") * 1024;
-  m.mem_available_bytes = meminfo_kb("/proc/meminfo", "MemAvailable") * 1024;
-  m.cpus = int32_t(std::thread::hardware_concurrency());
-  for (cpu_isa i : cpu::all_isas)
-    if (cpu::isa_supported(i)) m.kernel_paths.emplace_back(cpu::to_string(i));
-  // NUMA nodes as the kernel reports them (what libnuma reads too); ids are dense in practice.
-  for (int32_t n = 0;; ++n) {
-    std::string p = fmt::format("/sys/devices/system/node/node{}/meminfo", n);
-    if (!std::filesystem::exists(p)) break;
-    m.numa_node_bytes.push_back(meminfo_kb(p, "MemTotal") * 1024);
-  }
-  return m;
-}
-
 namespace {
 
 using toml::value;
 using toml::value_type;
+using config_detail::checker;
+using config_detail::article_type;
+using config_detail::fmt_gib;
+using config_detail::gib;
 
-constexpr double gib = 1024.0 * 1024.0 * 1024.0;
-
-std::string fmt_gib(double bytes) { return fmt::format("{:.2f} GiB", bytes / gib); }
-
-std::string article_type(value_type t) {
-  return t == value_type::integer || t == value_type::array ? std::string("an ") + toml::type_name(t)
-                                                            : std::string("a ") + toml::type_name(t);
-}
-
-class checker {
- public:
-  checker(std::string src, std::vector<std::string>& errors) : src_(std::move(src)), errors_(errors) {}
-
-  /// "<file>:<line>:<col>: <key> = <value>: <why>; <fix>"
-  void error(toml::position p, const std::string& key, const value* v, const std::string& why_and_fix) {
-    std::string head = v ? fmt::format("{} = {}", key, v->to_source()) : key;
-    errors_.push_back(fmt::format("{}:{}:{}: {}: {}", src_, p.line, p.column, head, why_and_fix));
-  }
-
-  /// Every key of `t` must be in `known`; reports the others with a suggestion.
-  void known_keys(const value& t, const std::string& table, const std::vector<std::string>& known) {
-    for (const auto& e : t.entries) {
-      if (std::find(known.begin(), known.end(), e.key) != known.end()) continue;
-      std::string full = table.empty() ? e.key : table + "." + e.key;
-      std::string guess = did_you_mean(e.key, known);
-      std::string list;
-      for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
-      error(e.key_pos, full, nullptr,
-            guess.empty() ? fmt::format("unknown key; {} takes: {}", table.empty() ? "the top level" : "[" + table + "]", list)
-                          : fmt::format("unknown key; did you mean '{}'?", guess));
-    }
-  }
-
-  /// Integer key within [lo, hi]; false if absent or wrong (already reported).
-  bool integer(const value& t, const std::string& table, const std::string& key, int64_t lo, int64_t hi,
-               const std::string& fix, int64_t& out) {
-    const value* v = t.find(key);
-    if (!v) return false;
-    std::string full = table + "." + key;
-    if (v->type != value_type::integer) {
-      error(v->pos, full, v, fmt::format("expected an integer, got {}; {}", article_type(v->type), type_fix(*v, fix)));
-      return false;
-    }
-    if (v->integer < lo || v->integer > hi) {
-      error(v->pos, full, v, fmt::format("out of range {}; {}", range(lo, hi), fix));
-      return false;
-    }
-    out = v->integer;
-    return true;
-  }
-
-  bool real(const value& t, const std::string& table, const std::string& key, double lo, double hi,
-            const std::string& fix, double& out) {
-    const value* v = t.find(key);
-    if (!v) return false;
-    std::string full = table + "." + key;
-    double d = 0;
-    if (v->type == value_type::integer) {
-      d = double(v->integer);
-    } else if (v->type == value_type::floating) {
-      d = v->floating;
-    } else {
-      error(v->pos, full, v, fmt::format("expected a number, got {}; {}", article_type(v->type), type_fix(*v, fix)));
-      return false;
-    }
-    if (!(d >= lo && d <= hi)) {
-      error(v->pos, full, v, fmt::format("out of range {} .. {}; {}", lo, hi == HUGE_VAL ? "inf" : fmt::format("{}", hi), fix));
-      return false;
-    }
-    out = d;
-    return true;
-  }
-
-  bool boolean(const value& t, const std::string& table, const std::string& key, bool& out) {
-    const value* v = t.find(key);
-    if (!v) return false;
-    if (v->type != value_type::boolean) {
-      error(v->pos, table + "." + key, v,
-            fmt::format("expected a boolean, got {}; write {} = true or {} = false (no quotes)", article_type(v->type),
-                        key, key));
-      return false;
-    }
-    out = v->boolean;
-    return true;
-  }
-
-  bool string(const value& t, const std::string& table, const std::string& key, std::string& out) {
-    const value* v = t.find(key);
-    if (!v) return false;
-    if (v->type != value_type::string) {
-      error(v->pos, table + "." + key, v,
-            fmt::format("expected a string, got {}; put the value in double quotes", article_type(v->type)));
-      return false;
-    }
-    out = v->str;
-    return true;
-  }
-
-  /// String key that must be one of `choices`.
-  bool choice(const value& t, const std::string& table, const std::string& key, const std::vector<std::string>& choices,
-              std::string& out) {
-    std::string s;
-    if (!string(t, table, key, s)) return false;
-    if (std::find(choices.begin(), choices.end(), s) != choices.end()) {
-      out = s;
-      return true;
-    }
-    std::string list;
-    for (const auto& c : choices) list += (list.empty() ? "" : ", ") + c;
-    std::string guess = did_you_mean(s, choices);
-    error(t.find(key)->pos, table + "." + key, t.find(key),
-          fmt::format("not a known value; {}use one of: {}", guess.empty() ? "" : "did you mean '" + guess + "'? ", list));
-    return false;
-  }
-
-  /// A table-valued top-level key, or nullptr (absent or reported).
-  const value* table(const value& root, const std::string& key) {
-    const value* v = root.find(key);
-    if (!v) return nullptr;
-    if (v->type != value_type::table) {
-      error(v->pos, key, v,
-            fmt::format("expected a table, got {}; write a [{}] header with its keys on the lines below",
-                        v->from_array_of_tables ? std::string("an array of tables") : article_type(v->type), key));
-      return nullptr;
-    }
-    return v;
-  }
-
- private:
-  static std::string range(int64_t lo, int64_t hi) {
-    if (hi == INT64_MAX) return fmt::format("(must be >= {})", lo);
-    return fmt::format("{} .. {}", lo, hi);
-  }
-  static std::string type_fix(const value& v, const std::string& fix) {
-    if (v.type == value_type::string) return "remove the quotes if it is a number; " + fix;
-    return fix;
-  }
-
-  std::string src_;
-  std::vector<std::string>& errors_;
-};
-
-struct i32_field {
-  const char* name;
-  int32_t limits::*member;
-  int64_t lo;
-  const char* fix;
-};
-
-const std::vector<i32_field>& limits_i32_fields() {
-  static const std::vector<i32_field> f = {
-      {"router_mailbox", &limits::router_mailbox, 1, "set a mailbox bound such as 4096"},
-      {"prefill_mailbox", &limits::prefill_mailbox, 1, "set a mailbox bound such as 1024"},
-      {"decode_mailbox", &limits::decode_mailbox, 1, "set a mailbox bound such as 1024"},
-      {"worker_mailbox", &limits::worker_mailbox, 1, "set a mailbox bound such as 256"},
-      {"cache_tier_mailbox", &limits::cache_tier_mailbox, 1, "set a mailbox bound such as 1024"},
-      {"max_queued_requests", &limits::max_queued_requests, 1, "allow at least one queued request, e.g. 256"},
-      {"max_inflight_requests", &limits::max_inflight_requests, 1, "allow at least one request, e.g. 1024"},
-      {"request_timeout_ms", &limits::request_timeout_ms, 1, "use e.g. 600000 (10 minutes)"},
-      {"prefill_chunk_tokens", &limits::prefill_chunk_tokens, 1, "use e.g. 256"},
-      {"max_running_seqs", &limits::max_running_seqs, 1, "use e.g. 32"},
-      {"max_prefill_batch_seqs", &limits::max_prefill_batch_seqs, 1, "use e.g. 8"},
-      {"page_size", &limits::page_size, 1, "use 16 tokens per page (at most 4096)"},
-      {"device_pages", &limits::device_pages, 0, "use 0 to derive it from kv_cache_mb"},
-      {"kv_cache_mb", &limits::kv_cache_mb, 0, "use e.g. 256"},
-      {"max_context", &limits::max_context, 0, "use 0 for the model's context length"},
-      {"max_new_tokens", &limits::max_new_tokens, 1, "use e.g. 4096"},
-      {"max_rpc_connections", &limits::max_rpc_connections, 1, "use e.g. 256"},
-      {"http_header_timeout_ms", &limits::http_header_timeout_ms, 1, "use e.g. 15000 (15 s)"},
-      {"http_max_head_bytes", &limits::http_max_head_bytes, 1, "use e.g. 65536 (64 KiB, at most 65536)"},
-      {"http_max_head_readers_per_client", &limits::http_max_head_readers_per_client, 1, "use e.g. 64"},
-      {"http_body_timeout_ms", &limits::http_body_timeout_ms, 1, "use e.g. 30000 (30 s)"},
-      {"http_stream_backlog_tokens", &limits::http_stream_backlog_tokens, 1, "use e.g. 1024"},
-      {"http_stream_socket_bytes", &limits::http_stream_socket_bytes, 1, "use e.g. 65536"},
-      {"rpc_stream_backlog_tokens", &limits::rpc_stream_backlog_tokens, 1, "use e.g. 1024"},
-      {"rpc_socket_bytes", &limits::rpc_socket_bytes, 1, "use e.g. 262144"},
-      {"supervisor_max_restarts", &limits::supervisor_max_restarts, 0, "use e.g. 3 (0 = escalate at the first failure)"},
-      {"supervisor_period_ms", &limits::supervisor_period_ms, 1, "use e.g. 60000 (1 minute)"},
-      {"max_queue_wait_ms", &limits::max_queue_wait_ms, 0, "use e.g. 2000 (0 = off)"},
-      {"queue_timeout_ms", &limits::queue_timeout_ms, 0, "use e.g. 30000 (0 = off)"},
-      {"rate_limit_rps", &limits::rate_limit_rps, 0, "use e.g. 10 requests per second per client (0 = off)"},
-      {"rate_limit_burst", &limits::rate_limit_burst, 0, "use e.g. 20 (0 = rate_limit_rps)"},
-      {"rate_limit_max_clients", &limits::rate_limit_max_clients, 1, "use e.g. 4096"},
-      {"router_max_retries", &limits::router_max_retries, 0, "use e.g. 2 (0 = no retries)"},
-      {"router_retry_base_ms", &limits::router_retry_base_ms, 1, "use e.g. 5"},
-      {"router_retry_max_ms", &limits::router_retry_max_ms, 1, "use e.g. 200"},
-      {"breaker_failures", &limits::breaker_failures, 1, "use e.g. 5"},
-      {"breaker_cooldown_ms", &limits::breaker_cooldown_ms, 1, "use e.g. 1000"},
-      {"router_heartbeat_ms", &limits::router_heartbeat_ms, 1, "use e.g. 1000"},
-      {"router_max_migrations", &limits::router_max_migrations, 0, "use e.g. 2 (0 = never move a stream)"},
-      {"max_decode_waiting_seqs", &limits::max_decode_waiting_seqs, -1,
-       "use 0 (= twice the decode batch size), a count, or -1 (off)"},
-      {"prefill_pause_decode_waiting_seqs", &limits::prefill_pause_decode_waiting_seqs, -1,
-       "use 0 (= the decode batch size), a count, or -1 (never pause prefill for decode)"},
-      {"threads", &limits::threads, 1, "use the number of cores to compute on"},
-      {"scheduler_threads", &limits::scheduler_threads, 1, "use 2 or more"},
-  };
-  return f;
-}
-
-struct i64_field {
-  const char* name;
-  int64_t limits::*member;
-  const char* fix;
-};
-
-const std::vector<i64_field>& limits_i64_fields() {
-  static const std::vector<i64_field> f = {
-      {"max_queued_tokens", &limits::max_queued_tokens, "allow at least one prompt's tokens, e.g. 262144"},
-      {"max_body_bytes", &limits::max_body_bytes, "use e.g. 4194304 (4 MiB)"},
-  };
-  return f;
-}
+using config_detail::limits_i32_fields;
+using config_detail::limits_i64_fields;
 
 /// [security]: the key file must exist and be private (the same rules `tandem serve` enforces
 /// when it reads the keys); allowlisted paths are absolute.
@@ -492,43 +202,8 @@ config_check check_cluster_config(const std::string& text, const std::string& so
   toml::position cache_pos{1, 1};
   if (const value* t = ck.table(root, "cache")) {
     cache_pos = t->pos;
-    ck.known_keys(*t, "cache",
-                  {"enabled", "host_ratio", "host_size_gb", "write_policy", "write_through_threshold", "disk_dir",
-                   "disk_size_gb", "min_load_back_tokens"});
-    ck.boolean(*t, "cache", "enabled", cfg.cache.enabled);
-    ck.real(*t, "cache", "host_ratio", 0, 1024, "use 0 (no host tier) or e.g. 2 for twice the device pool", cfg.cache.host_ratio);
-    ck.real(*t, "cache", "host_size_gb", 0, 1 << 20, "use 0 (size from host_ratio) or a size in GiB", cfg.cache.host_size_gb);
-    std::string policy;
-    if (ck.choice(*t, "cache", "write_policy", {"write_through", "write_through_selective", "write_back"}, policy)) {
-      // Parsed here rather than with parse_cache_write_policy so check-config does not depend
-      // on the cache tier's library; the names are the same.
-      cfg.cache.write_policy = policy == "write_through"   ? cache_write_policy::write_through
-                               : policy == "write_back"    ? cache_write_policy::write_back
-                                                           : cache_write_policy::write_through_selective;
-    }
-    int64_t v = 0;
-    if (ck.integer(*t, "cache", "write_through_threshold", 1, INT32_MAX, "use e.g. 2 hits", v))
-      cfg.cache.write_through_threshold = int32_t(v);
-    ck.string(*t, "cache", "disk_dir", cfg.cache.disk_dir);
-    ck.real(*t, "cache", "disk_size_gb", 0, 1 << 24, "use a size in GiB, e.g. 100", cfg.cache.disk_size_gb);
-    if (ck.integer(*t, "cache", "min_load_back_tokens", 0, INT32_MAX, "use 0 (= page_size) or a token count", v))
-      cfg.cache.min_load_back_tokens = int32_t(v);
-    if (cfg.cache.host_ratio > 0 && cfg.cache.host_size_gb > 0)
-      ck.error(t->find("host_size_gb")->pos, "cache.host_size_gb", t->find("host_size_gb"),
-               fmt::format("is exclusive with cache.host_ratio = {}; set only one of them", cfg.cache.host_ratio));
-    if (!cfg.cache.disk_dir.empty() && cfg.cache.disk_size_gb <= 0 && !t->find("disk_size_gb"))
-      ck.error(t->find("disk_dir")->pos, "cache.disk_dir", t->find("disk_dir"),
-               "needs cache.disk_size_gb to bound the disk tier; add disk_size_gb = <GiB>");
-    if (!cfg.cache.disk_dir.empty() && t->find("disk_size_gb") && cfg.cache.disk_size_gb <= 0)
-      ck.error(t->find("disk_size_gb")->pos, "cache.disk_size_gb", t->find("disk_size_gb"),
-               "must be > 0 when cache.disk_dir is set; give the disk tier's bound in GiB");
-    if (cfg.cache.disk_dir.empty() && cfg.cache.disk_size_gb > 0)
-      ck.error(t->find("disk_size_gb")->pos, "cache.disk_size_gb", t->find("disk_size_gb"),
-               "has no effect without cache.disk_dir; set disk_dir or remove disk_size_gb");
-    if (!cfg.cache.enabled && (cfg.cache.host_ratio > 0 || cfg.cache.host_size_gb > 0 || !cfg.cache.disk_dir.empty()))
-      ck.error(t->find("enabled")->pos, "cache.enabled", t->find("enabled"),
-               "turns prefix reuse off, but host/disk tiers are configured; remove the tiers or set enabled = true");
-    // The checks that need the model's KV layout (validate_cache_config) run with the layout below.
+    config_detail::read_cache_table(ck, *t, "cache", cfg.cache);
+    // The checks that need the model's KV layout (size_kv_pools) run with the layout below.
   }
 
   // --- [router], [transfer]
@@ -584,7 +259,17 @@ config_check check_cluster_config(const std::string& text, const std::string& so
     n.line = t.pos.line;
     std::string tname = fmt::format("node[{}]", idx);
     ck.known_keys(t, tname, {"name", "host", "roles", "http_port", "rpc_port", "admin_port", "numa_node", "page_size",
-                            "cluster_port", "kv_port"});
+                            "cluster_port", "kv_port", "cache"});
+    // [node.cache]: this node's cache settings over the cluster's [cache] (same rules).
+    n.cache = cfg.cache;
+    if (const value* ct = t.find("cache")) {
+      if (ct->type != value_type::table)
+        ck.error(ct->pos, tname + ".cache", ct,
+                 fmt::format("expected a table, got {}; write a [node.cache] header below this [[node]]",
+                             article_type(ct->type)));
+      else
+        config_detail::read_cache_table(ck, *ct, tname + ".cache", n.cache);
+    }
     if (!ck.string(t, tname, "name", n.name)) {
       if (!t.find("name"))
         ck.error(t.pos, tname + ".name", nullptr, "is missing; give every node a unique name = \"...\"");
@@ -755,8 +440,21 @@ config_check check_cluster_config(const std::string& text, const std::string& so
   }
 
   // --- the model's KV layout and memory
+  // Nodes on this machine: the model file must be readable here, and their memory is counted.
+  auto on_this_machine = [&](const node_config& n) { return n.name == m.node || is_local_host(n.host); };
+  std::string local_names;
+  for (const auto& n : cfg.nodes)
+    if (on_this_machine(n)) local_names += (local_names.empty() ? "'" : ", '") + n.name + "'";
+  if (!m.node.empty() && !cfg.find_node(m.node) && !cfg.nodes.empty()) {
+    std::string names;
+    for (const auto& n : cfg.nodes) names += (names.empty() ? "" : ", ") + n.name;
+    out.errors.push_back(fmt::format("{}:1:1: node: there is no node '{}' (--node); use one of: {}", source_name, m.node,
+                                     names));
+  }
   model_kv kv;
-  if (!cfg.model_path.empty() && std::filesystem::exists(cfg.model_path)) {
+  std::error_code model_ec;
+  const bool model_here = !cfg.model_path.empty() && std::filesystem::exists(cfg.model_path, model_ec);
+  if (model_here) {
     try {
       kv = read_model_kv(cfg.model_path);
       parse_kv_dtype(cfg.kv_cache_dtype, kv.dtype);  // checked above: f32 or f16
@@ -767,88 +465,101 @@ config_check check_cluster_config(const std::string& text, const std::string& so
                                        "model written by llama.cpp or `tandem make-model`",
                                        source_name, model_path_pos.line, model_path_pos.column, cfg.model_path, e.what()));
     }
+  } else if (!cfg.model_path.empty() && !local_names.empty()) {
+    // `tandem serve` of these nodes would fail loading it: refuse now, once, with the fix.
+    out.errors.push_back(fmt::format(
+        "{}:{}:{}: model.path = \"{}\": {}; node{} {} run{} on this machine and load{} it: copy the model here or fix "
+        "the path",
+        source_name, model_path_pos.line, model_path_pos.column, cfg.model_path,
+        model_ec ? model_ec.message() : std::string("no such file"), local_names.find(',') == std::string::npos ? "" : "s",
+        local_names, local_names.find(',') == std::string::npos ? "s" : "", local_names.find(',') == std::string::npos ? "s" : ""));
   } else if (!cfg.model_path.empty()) {
-    out.notes.push_back(fmt::format("model.path = \"{}\" is not on this machine: the KV layout checks were skipped",
+    out.notes.push_back(fmt::format("model.path = \"{}\" is not on this machine and no node of this config runs here: the "
+                                    "KV layout checks were skipped; run `tandem check-config --node NAME` on each node's "
+                                    "machine",
                                     cfg.model_path));
+  } else if (!m.node.empty()) {
+    out.errors.push_back(fmt::format("{}:1:1: model.path: is not set, and node '{}' needs it; add [model] path = "
+                                     "\"FILE.gguf\"",
+                                     source_name, m.node));
   }
   if (kv.known && cfg.lim.max_context > kv.n_ctx)
     out.errors.push_back(fmt::format("{}:{}:{}: limits.max_context = {}: the model's context is {} tokens; use at most {} "
                                      "(0 = the model's)",
                                      source_name, lim_pos.line, lim_pos.column, cfg.lim.max_context, kv.n_ctx, kv.n_ctx));
-  // The cache tier's own checks against each node's KV layout, unless the [cache] table already
-  // has errors of its own (the same problem would be reported twice in other words).
+  // Each node's pools, sized by the code `tandem serve` runs (size_kv_pools), unless a cache
+  // table already has errors of its own (the same problem would be reported twice in other words).
   const bool cache_table_errors = std::any_of(out.errors.begin(), out.errors.end(), [](const std::string& e) {
-    return e.find(": cache.") != std::string::npos;
+    return e.find(": cache.") != std::string::npos || e.find(".cache.") != std::string::npos;
   });
   std::set<std::string> cache_msgs;
   uint64_t local_bytes = 0;
   std::map<int32_t, uint64_t> numa_bytes;
   std::vector<std::string> local_users;
-  for (const auto& n : cfg.nodes) {
+  for (size_t i = 0; i < cfg.nodes.size(); ++i) {
+    const auto& n = cfg.nodes[i];
     if (!n.has_role("cache")) continue;
-    int32_t ps = n.page_size ? n.page_size : cfg.lim.page_size;
-    double device_bytes = 0;
-    bool device_known = true;
-    if (cfg.lim.device_pages > 0) {
-      if (kv.known)
-        device_bytes = double(cfg.lim.device_pages) * double(kv.layout(ps).page_bytes());
-      else
-        device_known = false;
-    } else {
-      device_bytes = double(cfg.lim.kv_cache_mb) * 1024.0 * 1024.0;
-    }
-    if (kv.known && cfg.lim.device_pages == 0) {
-      size_t pb = kv.layout(ps).page_bytes();
-      if (device_bytes < double(pb))
+    // Problems of a node's own [node.cache] are reported there; else at the cluster's [cache].
+    const value* own = node_tables[i]->find("cache");
+    const toml::position where = own && own->type == value_type::table ? own->pos : cache_pos;
+    const int32_t ps = n.effective_page_size(cfg.lim);
+    double device_bytes = double(cfg.lim.kv_cache_mb) * 1024.0 * 1024.0, host_bytes = 0;
+    if (kv.known) {
+      const kv_layout layout = kv.layout(ps);
+      const kv_sizing k = size_kv_pools(cfg.lim, n.cache, layout, 0);  // RAM: over all local nodes below
+      device_bytes = double(k.device_pages) * double(layout.page_bytes());
+      host_bytes = double(k.host_pages) * double(layout.page_bytes());
+      if (k.device_pages < 1) {
+        const size_t pb = layout.page_bytes();
         out.errors.push_back(fmt::format(
             "{}:{}:{}: limits.kv_cache_mb = {}: holds no page of node '{}' ({} bytes per page: {}); raise kv_cache_mb to "
             "at least {}",
-            source_name, lim_pos.line, lim_pos.column, cfg.lim.kv_cache_mb, n.name, pb, kv.layout(ps).describe(),
+            source_name, lim_pos.line, lim_pos.column, cfg.lim.kv_cache_mb, n.name, pb, layout.describe(),
             (pb + (1u << 20) - 1) >> 20));
+      } else if (!cache_table_errors) {
+        for (const auto& msg : k.problems)
+          if (cache_msgs.insert(fmt::format("{}:{}", where.line, msg)).second)
+            out.errors.push_back(fmt::format("{}:{}:{}: {}{}", source_name, where.line, where.column,
+                                             where.line == cache_pos.line ? "" : fmt::format("node '{}': ", n.name), msg));
+      }
+    } else {
+      // The layout is unknown here (model elsewhere): what the settings alone say.
+      if (cfg.lim.device_pages > 0) device_bytes = 0;
+      host_bytes = n.cache.host_size_gb > 0 ? n.cache.host_size_gb * gib : n.cache.host_ratio * device_bytes;
     }
-    if (kv.known && !cache_table_errors) {
-      const int64_t dev_pages = cfg.lim.device_pages > 0
-                                    ? cfg.lim.device_pages
-                                    : int64_t(device_bytes) / int64_t(std::max<size_t>(1, kv.layout(ps).page_bytes()));
-      // RAM is checked below over all the nodes of this machine together, so it is not passed here.
-      for (const auto& msg : validate_cache_config(cfg.cache, kv.layout(ps),
-                                                   int32_t(std::min<int64_t>(dev_pages, INT32_MAX)), 0))
-        if (cache_msgs.insert(msg).second)
-          out.errors.push_back(fmt::format("{}:{}:{}: {}", source_name, cache_pos.line, cache_pos.column, msg));
-    }
-    double host_bytes = cfg.cache.host_size_gb > 0 ? cfg.cache.host_size_gb * gib
-                        : device_known             ? cfg.cache.host_ratio * device_bytes
-                                                   : 0;
-    if (!is_local_host(n.host)) continue;
+    if (!on_this_machine(n)) continue;
     // On the CPU backend the device pool is host memory as well.
     uint64_t need = uint64_t(device_bytes + host_bytes);
     local_bytes += need;
     local_users.push_back(fmt::format("'{}' {}", n.name, fmt_gib(double(need))));
     if (n.numa_node >= 0) numa_bytes[n.numa_node] += need;
   }
-  // The disk tier, where its directory is on this machine.
-  bool any_local_cache = std::any_of(cfg.nodes.begin(), cfg.nodes.end(),
-                                     [](const node_config& n) { return n.has_role("cache") && is_local_host(n.host); });
+  // The disk tier of each node on this machine, where its directory is.
   std::error_code ec;
-  if (any_local_cache && !cfg.cache.disk_dir.empty() && std::filesystem::exists(cfg.cache.disk_dir, ec)) {
-    if (!std::filesystem::is_directory(cfg.cache.disk_dir, ec)) {
+  std::set<std::string> disk_dirs;
+  for (const auto& n : cfg.nodes) {
+    const cache_config& c = n.cache;
+    if (!n.has_role("cache") || !on_this_machine(n) || c.disk_dir.empty() || !disk_dirs.insert(c.disk_dir).second)
+      continue;
+    if (!std::filesystem::exists(c.disk_dir, ec)) continue;
+    if (!std::filesystem::is_directory(c.disk_dir, ec)) {
       out.errors.push_back(fmt::format("{}:{}:{}: cache.disk_dir = \"{}\": is not a directory; point it at a directory "
                                        "for the disk tier's files",
-                                       source_name, cache_pos.line, cache_pos.column, cfg.cache.disk_dir));
-    } else if (struct statvfs fs{}; ::statvfs(cfg.cache.disk_dir.c_str(), &fs) == 0) {
+                                       source_name, cache_pos.line, cache_pos.column, c.disk_dir));
+    } else if (struct statvfs fs{}; ::statvfs(c.disk_dir.c_str(), &fs) == 0) {
       double capacity = double(fs.f_blocks) * double(fs.f_frsize);
-      if (cfg.cache.disk_size_gb * gib > capacity)
+      if (c.disk_size_gb * gib > capacity)
         out.errors.push_back(fmt::format(
             "{}:{}:{}: cache.disk_size_gb = {}: the filesystem of cache.disk_dir = \"{}\" holds only {}; lower "
             "disk_size_gb or use a larger disk",
-            source_name, cache_pos.line, cache_pos.column, cfg.cache.disk_size_gb, cfg.cache.disk_dir, fmt_gib(capacity)));
+            source_name, cache_pos.line, cache_pos.column, c.disk_size_gb, c.disk_dir, fmt_gib(capacity)));
     }
   }
   // kernels = "amx": each worker on this machine holds a copy of the f16/bf16 weights.
   const bool amx_copies = kv.known && cfg.kernel_isa == "amx" && kv.amx_copy_bytes > 0;
   if (amx_copies)
     for (const auto& n : cfg.nodes) {
-      if (!n.has_role("worker") || !is_local_host(n.host)) continue;
+      if (!n.has_role("worker") || !on_this_machine(n)) continue;
       local_bytes += kv.amx_copy_bytes;
       local_users.push_back(fmt::format("'{}' amx weight copy {}", n.name, fmt_gib(double(kv.amx_copy_bytes))));
       if (n.numa_node >= 0) numa_bytes[n.numa_node] += kv.amx_copy_bytes;

@@ -29,6 +29,10 @@ struct node_config {
   /// on another node: the decode nodes dial it).
   int32_t kv_port = 0;
   int32_t line = 0;                ///< where the [[node]] starts, for messages
+  /// The node's effective cache settings: the cluster's [cache] with its [node.cache] over it.
+  cache_config cache;
+  /// The node's tokens per KV page: its page_size, else limits.page_size.
+  int32_t effective_page_size(const limits& lim) const { return page_size ? page_size : lim.page_size; }
 
   bool has_role(const std::string& r) const;
   /// Has every role (router, prefill, decode, cache, worker): an embedded cluster.
@@ -38,7 +42,7 @@ struct node_config {
 struct cluster_config {
   limits lim;
   std::string model_path;
-  cache_config cache;
+  cache_config cache;  ///< [cache]: the default of every node (node_config::cache is the effective one)
   std::vector<node_config> nodes;
   std::string router_policy = "round_robin";        ///< round_robin | power_of_two | cache_aware
   /// [model] kernels: the CPU kernel path (best | scalar | avx2 | avx512 | amx).
@@ -74,8 +78,12 @@ struct machine_info {
   /// unknown (not checked).
   std::vector<std::string> kernel_paths;
 
-  /// Reads /proc/meminfo and /sys/devices/system/node/node*/meminfo.
-  static machine_info probe();
+  /// The node that runs on this machine (`check-config --node`, `serve --node`; "" = unknown):
+  /// its model file must be readable here, whatever its host says.
+  std::string node;
+
+  /// Reads /proc/meminfo and /sys/devices/system/node/node*/meminfo; `node` as above.
+  static machine_info probe(const std::string& node = "");
 };
 
 /// The roles a node may have.

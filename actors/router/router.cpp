@@ -1229,8 +1229,13 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
             const std::string wid = it->second.req.id;  // the current attempt's
             const auto& ie = it->second;
             const int local_decode = ie.state != "retrying" && ie.local && is_at_decode(ie) ? ie.decode : -1;
-            s.log->info("request {}: aborted by the client", id);
-            s.finish_here(id, finish_reason::abort, nullptr);
+            // A stop string ends the request at the front end: a normal finish, counted as stop.
+            const bool stop_string = env.getAbort().getStopString();
+            if (stop_string)
+              s.log->debug("request {}: ended at a stop string", id);
+            else
+              s.log->info("request {}: aborted by the client", id);
+            s.finish_here(id, stop_string ? finish_reason::stop : finish_reason::abort, nullptr);
             send_abort(self, wid, target, local_decode);
           } else {
             s.log->error("router: unexpected message dropped");

@@ -1,7 +1,9 @@
 #include "actors/runtime/actor_cluster.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <atomic>
 #include <caf/all.hpp>
 #include <caf/io/middleman.hpp>
@@ -87,11 +89,6 @@ double process_rss_bytes() {
   uint64_t size = 0, resident = 0;
   if (!(in >> size >> resident)) return 0;
   return double(resident) * double(::sysconf(_SC_PAGESIZE));
-}
-
-int64_t pages_from_limits(const limits& lim, const kv_layout& layout) {
-  if (lim.device_pages > 0) return lim.device_pages;
-  return (int64_t(lim.kv_cache_mb) * 1024 * 1024) / int64_t(layout.page_bytes());
 }
 
 /// The proxy for a role of other nodes, over all its nodes (what a local scheduler sends
@@ -235,28 +232,26 @@ actor_cluster::actor_cluster(std::shared_ptr<llama_model> model, actor_cluster_o
     throw tandem::error(
         error_kind::failed,
         fmt::format("context length {} is too small; set limits.max_context > 1", max_context_));
-  const int64_t pages = pages_from_limits(opt_.lim, layout);
-  if (pages < 1 || pages > (int64_t(1) << 30))
-    throw tandem::error(error_kind::failed,
-                        fmt::format("KV pool of {} pages ({} bytes each, {}) from limits.kv_cache_mb = {} / "
-                                    "device_pages = {}; give at least one page",
-                                    pages, layout.page_bytes(), layout.describe(), opt_.lim.kv_cache_mb,
-                                    opt_.lim.device_pages));
-  n_pages_ = static_cast<int32_t>(pages);
+  // The same sizing `tandem check-config` checks (size_kv_pools), so a checked config starts.
+  // Only a node with a worker or cache tier allocates pools (check-config checks those).
+  const bool holds_kv = opt_.roles.empty() ||
+                        std::find(opt_.roles.begin(), opt_.roles.end(), "worker") != opt_.roles.end() ||
+                        std::find(opt_.roles.begin(), opt_.roles.end(), "cache") != opt_.roles.end();
+  kv_sizing sizing;
   {
     const long ram_pages = ::sysconf(_SC_PHYS_PAGES), ram_page = ::sysconf(_SC_PAGESIZE);
     const uint64_t ram = ram_pages > 0 && ram_page > 0 ? uint64_t(ram_pages) * uint64_t(ram_page) : 0;
-    auto problems = validate_cache_config(opt_.cache, layout, n_pages_, ram);
-    if (!problems.empty()) {
-      std::string msg = "invalid cache settings:";
-      for (const auto& p : problems) msg += "\n  " + p;
+    sizing = size_kv_pools(opt_.lim, opt_.cache, layout, ram);
+    if (!sizing.ok() && holds_kv) {
+      std::string msg = sizing.problems.size() == 1 ? "invalid KV cache settings: " : "invalid KV cache settings:";
+      for (const auto& p : sizing.problems) msg += (sizing.problems.size() == 1 ? "" : "\n  ") + p;
       throw tandem::error(error_kind::failed, msg);
     }
   }
+  n_pages_ = static_cast<int32_t>(std::clamp<int64_t>(sizing.device_pages, 1, int64_t(1) << 30));
   const bool prefix_cache = opt_.lim.prefix_cache && opt_.cache.enabled;
-  const int32_t host_pages =
-      prefix_cache ? static_cast<int32_t>(cache_host_pages(opt_.cache, layout, n_pages_)) : 0;
-  const int64_t disk_pages = host_pages > 0 ? cache_disk_pages(opt_.cache, layout) : 0;
+  const int32_t host_pages = static_cast<int32_t>(sizing.host_pages);
+  const int64_t disk_pages = sizing.disk_pages;
   // Fail on an unusable disk directory now, before any actor (and the worker's thread) exists.
   if (disk_pages > 0) scan_page_files(opt_.cache.disk_dir, layout.fingerprint(), cache_disk_file_bytes(layout));
 
@@ -309,10 +304,14 @@ actor_cluster::actor_cluster(std::shared_ptr<llama_model> model, actor_cluster_o
   };
   s.supervisor = spawn_supervisor(*s.sys, std::move(sv), children_of(s), s.clk,
                                   make_actor_logger("supervisor", sink, opt_.log_level));
-  s.log->info("cluster up: model {} (kernels {}), {} KV pages of {} ({:.1f} MiB), context {}, prefix cache {}",
-              opt_.model_id, opt_.kernels, n_pages_, layout.describe(),
-              double(n_pages_) * double(layout.page_bytes()) / (1024.0 * 1024.0), max_context_,
-              opt_.lim.prefix_cache ? "on" : "off");
+  if (holds_kv)
+    s.log->info("cluster up: model {} (kernels {}), {} KV pages of {} ({:.1f} MiB), context {}, prefix cache {}",
+                opt_.model_id, opt_.kernels, n_pages_, layout.describe(),
+                double(n_pages_) * double(layout.page_bytes()) / (1024.0 * 1024.0), max_context_,
+                opt_.lim.prefix_cache ? "on" : "off");
+  else  // a router-only node: the KV pools live on its prefill and decode nodes
+    s.log->info("cluster up: model {} (tokenizer and limits only), no KV pool on this node (roles: {}), context {}",
+                opt_.model_id, fmt::join(opt_.roles, ", "), max_context_);
 }
 
 actor_cluster::~actor_cluster() { shutdown(); }
@@ -404,7 +403,7 @@ void actor_cluster::submit(completion_request req, event_callback cb) {
                  callback_box{std::move(cb), r.id, static_cast<int32_t>(r.prompt.size())});
 }
 
-void actor_cluster::abort(const std::string& request_id) {
+void actor_cluster::abort(const std::string& request_id, finish_reason why) {
   auto& s = *st_;
   std::shared_lock<std::shared_mutex> sl(s.submit_mu);
   if (s.stopped || s.unhealthy || !s.has("router")) return;
@@ -412,6 +411,7 @@ void actor_cluster::abort(const std::string& request_id) {
   caf::anon_send(s.router.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
                    auto a = env.initAbort();
                    a.setId(request_id);
+                   a.setStopString(why == finish_reason::stop);
                  }));
 }
 

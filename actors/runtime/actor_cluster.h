@@ -70,8 +70,9 @@ class actor_cluster {
 
   /// Thread-safe. Exactly one finished event per call, through `cb`.
   void submit(completion_request req, event_callback cb);
-  /// Thread-safe, best effort.
-  void abort(const std::string& request_id);
+  /// Thread-safe, best effort. `why` is the reason the request finishes with: abort (the
+  /// client's), or stop (the front end cut the text at a stop string).
+  void abort(const std::string& request_id, finish_reason why = finish_reason::abort);
   health_info health() const;
   stats_info stats() const;
   std::string metrics_text() const;

@@ -66,6 +66,9 @@ void embedded_cluster::submit(completion_request req, event_callback cb) {
   impl_->cluster->submit(std::move(req), std::move(cb));
 }
 void embedded_cluster::abort(const std::string& request_id) { impl_->cluster->abort(request_id); }
+void embedded_cluster::stop_at_stop_string(const std::string& request_id) {
+  impl_->cluster->abort(request_id, finish_reason::stop);
+}
 health_info embedded_cluster::health() const { return impl_->cluster->health(); }
 stats_info embedded_cluster::stats() const { return impl_->cluster->stats(); }
 std::string embedded_cluster::metrics_text() const { return impl_->cluster->metrics_text(); }

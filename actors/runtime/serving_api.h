@@ -120,6 +120,9 @@ class serving_api {
   virtual void submit(completion_request req, event_callback cb) = 0;
   /// Best effort: a running or queued request ends with reason `abort`.
   virtual void abort(const std::string& request_id) = 0;
+  /// The front end's text reached a stop string: the engine request ends like abort, but with
+  /// reason `stop` (what the client was told, and what the finish metrics count).
+  virtual void stop_at_stop_string(const std::string& request_id) { abort(request_id); }
   virtual health_info health() const = 0;
   virtual stats_info stats() const = 0;
   /// Prometheus text exposition of every metric of this node.

@@ -5,7 +5,8 @@
 # binary's path. Refuses an invalid config (check-config's messages are shown).
 #
 # usage: deploy/systemd/install-units.sh CONFIG NODE [--bin PATH] [--unit-dir DIR] [--env-dir DIR]
-#   --bin       tandem binary the units run (default: `command -v tandem`)
+#   --bin       tandem binary the units run (default: $TANDEM_BIN, this repository's build, or
+#               `tandem` on PATH, as deploy/find-tandem.sh finds it)
 #   --unit-dir  where the unit files go (default /etc/systemd/system)
 #   --env-dir   where NODE.env goes (default /etc/tandem/nodes)
 # Then: systemctl daemon-reload && systemctl enable --now tandem-node@NODE
@@ -30,8 +31,10 @@ done
 config=${args[0]} node=${args[1]}
 [[ -f $config ]] || { echo "install-units: config file $config not found" >&2; exit 2; }
 config=$(cd "$(dirname "$config")" && pwd)/$(basename "$config")
-bin=${bin:-$(command -v tandem || true)}
-[[ -n $bin && -x $bin ]] || { echo "install-units: no tandem binary; give --bin PATH" >&2; exit 2; }
+# shellcheck source=deploy/find-tandem.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../find-tandem.sh"
+if [[ -z $bin ]]; then bin=$(find_tandem) || { echo "install-units: give --bin PATH" >&2; exit 2; }; fi
+[[ -x $bin ]] || { echo "install-units: --bin $bin is not an executable; give the tandem binary" >&2; exit 2; }
 bin=$(realpath "$bin")
 
 if ! listing=$("$bin" check-config --list-nodes "$config"); then

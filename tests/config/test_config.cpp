@@ -292,10 +292,39 @@ TEST_CASE("check: valid configs pass and fill the config") {
     CHECK(f16.cfg.kv_cache_dtype == "f16");
   }
   SUBCASE("a model path on another machine is a note, not an error") {
-    auto c = check_cluster_config(one_node("[model]\npath = \"/nonexistent/model.gguf\"\n"), "t.toml", m);
+    std::string remote = one_node("[model]\npath = \"/nonexistent/model.gguf\"\n");
+    remote.replace(remote.find("127.0.0.1"), 9, "10.9.9.9");
+    auto c = check_cluster_config(remote, "t.toml", m);
     CHECK(c.ok());
     REQUIRE(c.notes.size() == 1);
     CHECK(c.notes[0].find("KV layout checks were skipped") != std::string::npos);
+  }
+  SUBCASE("a missing model file of a node on this machine is an error (serve would fail loading it)") {
+    auto c = check_cluster_config(one_node("[model]\npath = \"/nonexistent/model.gguf\"\n"), "t.toml", m);
+    CHECK_FALSE(c.ok());
+    CHECK(joined(c).find("model.path = \"/nonexistent/model.gguf\": no such file; node 'n0' runs on this "
+                         "machine and loads it: copy the model here or fix the path") != std::string::npos);
+    // The node named by --node is on this machine whatever its host says.
+    std::string remote = one_node("[model]\npath = \"/nonexistent/model.gguf\"\n");
+    remote.replace(remote.find("127.0.0.1"), 9, "10.9.9.9");
+    machine_info here = m;
+    here.node = "n0";
+    CHECK_FALSE(check_cluster_config(remote, "t.toml", here).ok());
+    here.node = "zz";
+    CHECK(joined(check_cluster_config(remote, "t.toml", here)).find("there is no node 'zz' (--node); use one of: n0") !=
+          std::string::npos);
+  }
+  SUBCASE("an unreadable model file is an error") {
+    e2e::temp_dir d;
+    fs::copy_file(model, d.path / "m.gguf");
+    fs::permissions(d.path / "m.gguf", fs::perms::none);
+    std::ifstream probe(d.path / "m.gguf");
+    if (!probe) {  // root reads it anyway
+      auto c = check_cluster_config(one_node("[model]\npath = \"" + (d.path / "m.gguf").string() + "\"\n"), "t.toml", m);
+      CHECK_FALSE(c.ok());
+      CHECK(joined(c).find("is not a usable GGUF model") != std::string::npos);
+    }
+    fs::permissions(d.path / "m.gguf", fs::perms::owner_all);
   }
 }
 
@@ -379,7 +408,7 @@ void write_file(const fs::path& p, const std::string& s) { std::ofstream(p) << s
 
 }  // namespace
 
-TEST_CASE("cli: check-config exits 0 valid, 1 invalid, 2 usage or I/O, serve --config refuses the same") {
+TEST_CASE("cli: check-config exits 0 valid, 78 invalid or unreadable, 64 usage, serve --config refuses the same") {
   e2e::temp_dir dir;
   write_file(dir.path / "ok.toml", one_node());
   write_file(dir.path / "bad.toml", one_node("", "page_size = 0\n"));
@@ -390,26 +419,39 @@ TEST_CASE("cli: check-config exits 0 valid, 1 invalid, 2 usage or I/O, serve --c
   CHECK(ok.out.find("ok (1 node: n0)") != std::string::npos);
 
   auto bad = run_tandem({"check-config", (dir.path / "bad.toml").string()}, dir.path);
-  CHECK(bad.code == 1);
+  CHECK(bad.code == 78);
   CHECK(bad.err.find("limits.page_size = 0: out of range 1 .. 4096") != std::string::npos);
 
-  CHECK(run_tandem({"check-config", (dir.path / "missing.toml").string()}, dir.path).code == 2);
-  CHECK(run_tandem({"check-config"}, dir.path).code == 2);
-  CHECK(run_tandem({"check-config", "--bogus", "x"}, dir.path).code == 2);
+  CHECK(run_tandem({"check-config", (dir.path / "missing.toml").string()}, dir.path).code == 78);
+  CHECK(run_tandem({"check-config"}, dir.path).code == 64);
+  CHECK(run_tandem({"check-config", "--bogus", "x"}, dir.path).code == 64);
 
   auto serve_bad = run_tandem({"serve", "--config", (dir.path / "bad.toml").string(), "--node", "n0"}, dir.path);
-  CHECK(serve_bad.code == 1);
+  CHECK(serve_bad.code == 78);
   CHECK(serve_bad.err.find("limits.page_size = 0: out of range 1 .. 4096") != std::string::npos);
   CHECK(serve_bad.err.find("the node was not started") != std::string::npos);
 
   auto part = run_tandem({"serve", "--config", (dir.path / "part.toml").string(), "--node", "p"}, dir.path);
-  CHECK(part.code == 1);
+  CHECK(part.code == 78);
   // A node with some roles starts (tests/e2e/test_pd.cpp); this config has no model.
-  CHECK(part.err.find("model.path is not set") != std::string::npos);
+  CHECK(part.err.find("model.path: is not set, and node 'p' needs it") != std::string::npos);
 
   auto unknown = run_tandem({"serve", "--config", (dir.path / "ok.toml").string(), "--node", "zz"}, dir.path);
-  CHECK(unknown.code == 1);
+  CHECK(unknown.code == 78);
   CHECK(unknown.err.find("use one of: n0") != std::string::npos);
+
+  // Usage errors: 64 (EX_USAGE), distinct from config errors and crashes.
+  CHECK(run_tandem({"serve", "--bogus"}, dir.path).code == 64);
+  CHECK(run_tandem({"serve", "--config", (dir.path / "ok.toml").string()}, dir.path).code == 64);
+  CHECK(run_tandem({"no-such-command"}, dir.path).code == 64);
+  auto help = run_tandem({"--help"}, dir.path);
+  CHECK(help.err.find("78  config error (EX_CONFIG)") != std::string::npos);
+
+  // A missing model file: check-config refuses it (78) instead of a note, as serve would fail.
+  write_file(dir.path / "nomodel.toml", one_node("[model]\npath = \"" + (dir.path / "none.gguf").string() + "\"\n"));
+  auto nomodel = run_tandem({"check-config", (dir.path / "nomodel.toml").string()}, dir.path);
+  CHECK(nomodel.code == 78);
+  CHECK(nomodel.err.find("none.gguf\": no such file; node 'n0' runs on this machine") != std::string::npos);
 }
 
 TEST_CASE("cli: serve --config runs the embedded cluster with the config's limits") {
@@ -443,15 +485,34 @@ TEST_CASE("cli: serve --config runs the embedded cluster with the config's limit
   CHECK(text.str().find("page_size=16 kv=f16") != std::string::npos);
 }
 
+namespace {
+
+/// An example config of deploy/ with its `path = "model.gguf"` pointed at a micro model, so
+/// the check runs in full (a node on this machine whose model is missing is an error).
+config_check check_example(const std::string& name, const fs::path& dir) {
+  std::ifstream in(std::string(TANDEM_SOURCE_DIR) + "/deploy/" + name);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string text = ss.str();
+  const std::string from = "path = \"model.gguf\"";
+  REQUIRE(text.find(from) != std::string::npos);
+  text.replace(text.find(from), from.size(), "path = \"" + e2e::write_micro_model(dir) + "\"");
+  return check_cluster_config(text, name, test_machine());
+}
+
+}  // namespace
+
 TEST_CASE("check: the example config in deploy/ is valid") {
-  auto c = check_cluster_config_file(std::string(TANDEM_SOURCE_DIR) + "/deploy/cluster.example.toml", test_machine());
+  e2e::temp_dir dir;
+  auto c = check_example("cluster.example.toml", dir.path);
   INFO(joined(c));
   CHECK(c.ok());
   CHECK(c.cfg.find_node("solo") != nullptr);
 }
 
 TEST_CASE("check: the PD example config in deploy/ is valid and spreads the roles over three nodes") {
-  auto c = check_cluster_config_file(std::string(TANDEM_SOURCE_DIR) + "/deploy/cluster.pd.example.toml", test_machine());
+  e2e::temp_dir dir;
+  auto c = check_example("cluster.pd.example.toml", dir.path);
   INFO(joined(c));
   CHECK(c.ok());
   REQUIRE(c.cfg.nodes.size() == 3);

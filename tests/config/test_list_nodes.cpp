@@ -69,23 +69,24 @@ TEST_CASE("cli: check-config --list-nodes prints one tab-separated line per vali
   auto ok = list_nodes(dir.path / "ok.toml", dir.path);
   INFO(ok.err);
   CHECK(ok.code == 0);
-  // name host numa_node roles http_port rpc_port admin_port page_size; unset keys have their defaults.
+  // name host numa_node roles http_port rpc_port admin_port page_size api_key_file; unset keys have their
+  // defaults, and page_size is the effective one (r and d inherit limits.page_size).
   CHECK(ok.out ==
-        "r\t10.0.0.1\t-1\trouter\t9080\t8081\t9082\t0\n"
-        "p\t10.0.0.2\t0\tprefill,cache,worker\t8080\t8081\t8082\t16\n"
-        "d\t10.0.0.3\t-1\tdecode,cache,worker\t8080\t7001\t8082\t0\n");
+        "r\t10.0.0.1\t-1\trouter\t9080\t8081\t9082\t16\t-\n"
+        "p\t10.0.0.2\t0\tprefill,cache,worker\t8080\t8081\t8082\t16\t-\n"
+        "d\t10.0.0.3\t-1\tdecode,cache,worker\t8080\t7001\t8082\t16\t-\n");
 
-  // The same file with a typo: exit 1, every problem on stderr, nothing on stdout a script could start.
+  // The same file with a typo: exit 78 (EX_CONFIG), every problem on stderr, nothing on stdout a script could start.
   std::string bad = three_nodes;
   bad.replace(bad.find("\"decode\""), 8, "\"decoder\"");
   std::ofstream(dir.path / "bad.toml") << bad;
   auto b = list_nodes(dir.path / "bad.toml", dir.path);
-  CHECK(b.code == 1);
+  CHECK(b.code == 78);
   CHECK(b.out.empty());
   CHECK(b.err.find("node[2].roles = \"decoder\": unknown role; did you mean 'decode'?") != std::string::npos);
   CHECK(b.err.find("no node has the role \"decode\"") != std::string::npos);
 
   auto missing = list_nodes(dir.path / "missing.toml", dir.path);
-  CHECK(missing.code == 2);
+  CHECK(missing.code == 78);
   CHECK(missing.out.empty());
 }

@@ -106,13 +106,49 @@ grep -qE '^b +127\.0\.0\.1 .* not running$' "$tmp/status2.out" || fail "--status
 "$launch" x --local --stop --run-dir "$run" >/dev/null || fail "--stop"
 ! alive "$pid_a" || fail "a (pid $pid_a) still runs after --stop"
 
-# 4. a node that cannot start (its model file is missing): named, its log shown, and the
-#    node started before it in this run is stopped again.
-node_config e $((base + 6)) "$tmp/missing.gguf"
+# 4. a node whose model file is missing: check-config refuses it, nothing starts. A node that
+#    passes the check but cannot start (it binds an address this machine does not have): named, its log shown, and the node
+#    started before it in this run is stopped again.
+node_config m $((base + 6)) "$tmp/missing.gguf"
+if "$launch" "$tmp/a.toml" "$tmp/m.toml" --local --run-dir "$tmp/run-nomodel" >"$tmp/nomodel.out" 2>&1; then fail "a config with a missing model was launched"; fi
+grep -q "missing.gguf\": no such file; node 'm' runs on this machine" "$tmp/nomodel.out" || fail "the missing model is not named"
+grep -q "is invalid (see above); nothing was started" "$tmp/nomodel.out" || fail "no refusal line for the missing model"
+[[ -z $(leftovers) ]] || fail "a config with a missing model started a process"
+node_config e $((base + 6))
+sed -i 's/^host = .*/host = "192.0.2.1"/' "$tmp/e.toml"  # TEST-NET-1: not an address of this machine
 if "$launch" "$tmp/a.toml" "$tmp/e.toml" --local --run-dir "$tmp/run-fail" --timeout 30 >"$tmp/fail.out" 2>&1; then fail "a broken node was reported started"; fi
-grep -q "node e (127.0.0.1) failed: exited" "$tmp/fail.out" || fail "the failed node is not named"
-grep -q -- "--- last lines of e's log" "$tmp/fail.out" && grep -q "missing.gguf" "$tmp/fail.out" || fail "the failed node's log tail is not shown"
+grep -q "node e (192.0.2.1) failed: exited" "$tmp/fail.out" || fail "the failed node is not named"
+grep -q -- "--- last lines of e's log" "$tmp/fail.out" || fail "the failed node's log tail is not shown"
 grep -q "a: stopped" "$tmp/fail.out" || fail "the node started before the failure was not stopped"
+
+# 4b. [security] api_key_file: the readiness checks read the key from the file the config
+#     names (no TANDEM_API_KEY exported), also where /health/ready itself needs the key.
+unset TANDEM_API_KEY
+openssl rand -hex 32 >"$tmp/keys" 2>/dev/null || head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$tmp/keys"
+chmod 600 "$tmp/keys"
+node_config k $((base + 6))
+printf '[security]\napi_key_file = "%s"\nauth_allowlist = ["/health"]\n' "$tmp/keys" >>"$tmp/k.toml"
+"$launch" "$tmp/k.toml" --local --run-dir "$tmp/run-key" --timeout 60 >"$tmp/key.out" 2>&1 || fail "a node with api_key_file did not start"
+grep -q "k is healthy" "$tmp/key.out" || fail "the node with api_key_file is not reported healthy"
+"$launch" x --local --status --run-dir "$tmp/run-key" >"$tmp/key-status.out" || fail "--status of a node with api_key_file"
+chmod 000 "$tmp/keys"
+if [[ ! -r $tmp/keys ]]; then  # (root reads it anyway)
+  if "$launch" x --local --status --run-dir "$tmp/run-key" >"$tmp/key-status2.out" 2>&1; then fail "--status passes without a readable key"; fi
+  grep -q "api_key_file = $tmp/keys, which is not readable here" "$tmp/key-status2.out" || fail "the unreadable key file is not named: $(cat "$tmp/key-status2.out")"
+fi
+chmod 600 "$tmp/keys"
+"$launch" x --local --stop --run-dir "$tmp/run-key" >/dev/null || fail "--stop of the node with api_key_file"
+
+# 4c. the binary: without TANDEM_BIN, a build of the repository the script is in, or PATH; a
+#     clear message when there is none.
+mkdir -p "$tmp/repo/build/dev/tools" "$tmp/bare"
+cp -r "$src/deploy" "$tmp/repo/"
+cp -r "$src/deploy" "$tmp/bare/"
+ln -s "$tandem" "$tmp/repo/build/dev/tools/tandem"
+(unset TANDEM_BIN && PATH=/usr/bin:/bin "$tmp/repo/deploy/launch-cluster.sh" "$tmp/a.toml" --local --status --run-dir "$tmp/run-bin" >"$tmp/bin.out" 2>&1) || true
+grep -q "not running" "$tmp/bin.out" || fail "launch-cluster does not find build/dev/tools/tandem of its repository: $(cat "$tmp/bin.out")"
+if (unset TANDEM_BIN && PATH=/usr/bin:/bin "$tmp/bare/deploy/launch-cluster.sh" "$tmp/a.toml" --local --status >"$tmp/nobin.out" 2>&1); then fail "launch-cluster ran without a tandem binary"; fi
+grep -q "no tandem binary found" "$tmp/nobin.out" && grep -q "cmake --install build/default" "$tmp/nobin.out" || fail "no clear message without a binary: $(cat "$tmp/nobin.out")"
 
 # 5. the ssh path: fake ssh/scp that run here, recording the hosts they were given.
 cat >"$tmp/fake-ssh" <<'SH'

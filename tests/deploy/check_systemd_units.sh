@@ -4,7 +4,8 @@
 # installed units pass `systemd-analyze verify` without a single warning (a broken copy does
 # not: the check can fail) and carry the crash-loop settings; their ExecStartPre fails on a bad
 # config with check-config's message; their ExecStart (as systemd expands it, run here) starts
-# a healthy node under numactl.
+# a healthy node under numactl; a config error (a missing model file) exits 78 from
+# ExecStartPre and from serve, which RestartPreventExitStatus= keeps from restarting.
 # usage: check_systemd_units.sh TANDEM_BINARY SOURCE_DIR. Exit 77 (skipped) only without
 # systemd-analyze (Debian's systemd package; deploy/install-deps.sh installs it).
 set -euo pipefail
@@ -108,7 +109,7 @@ ln -sf broken@.service "$units/broken@p.service"
 if verify broken@p.service >/dev/null; then fail "systemd-analyze verify accepts a broken unit: this check cannot fail"; fi
 rm "$units"/broken@*
 for want in '^Restart=on-failure$' '^StartLimitIntervalSec=[1-9]' '^StartLimitBurst=[1-9]' '^OnFailure=tandem-node-failed@%i.service$' \
-  "^ExecStartPre=$tandem check-config \\\${TANDEM_CONFIG}\$" '^LimitNOFILE=[1-9]' "^EnvironmentFile=$envs/%i.env\$"; do
+  "^ExecStartPre=$tandem check-config --node \\\${TANDEM_NODE} \\\${TANDEM_CONFIG}\$" '^RestartPreventExitStatus=64 78$' '^LimitNOFILE=[1-9]' "^EnvironmentFile=$envs/%i.env\$"; do
   grep -qE "$want" "$units/tandem-node@.service" || fail "tandem-node@.service has no line matching $want"
 done
 
@@ -125,6 +126,40 @@ sed -i "s|^TANDEM_CONFIG=.*|TANDEM_CONFIG=\"$tmp/bad.toml\"|" "$tmp/bad.env"
 if run_unit_cmd ExecStartPre "$tmp/bad.env" >"$tmp/pre.out" 2>&1; then fail "ExecStartPre passes a bad config"; fi
 grep -q "unknown role; did you mean 'decode'?" "$tmp/pre.out" || fail "ExecStartPre does not show check-config's message"
 run_unit_cmd ExecStartPre "$envs/solo.env" >"$tmp/pre-ok.out" 2>&1 || fail "ExecStartPre fails on a valid config"
+
+# 5. The restart decision of the unit, as systemd makes it (Restart=on-failure with
+#    RestartPreventExitStatus=, systemd.service(5)): a config error stops the unit at once, a
+#    crash is restarted (until the start limit). Simulated on the unit's own lines and the exit
+#    codes tandem gives, so it runs without a running systemd.
+restart_prevented() {  # CODE: is it in the unit's RestartPreventExitStatus=?
+  local c
+  for c in $(sed -n 's/^RestartPreventExitStatus=//p' "$units/tandem-node@.service"); do [[ $c == "$1" ]] && return 0; done
+  return 1
+}
+would_restart() {  # CODE (128+N = killed by signal N)
+  grep -qx 'Restart=on-failure' "$units/tandem-node@.service" || return 1
+  [[ $1 != 0 ]] && ! restart_prevented "$1"
+}
+sed "s|^path = .*|path = \"$tmp/missing.gguf\"|" "$tmp/solo.toml" >"$tmp/nomodel.toml"
+cp "$envs/solo.env" "$tmp/nomodel.env"
+sed -i "s|^TANDEM_CONFIG=.*|TANDEM_CONFIG=\"$tmp/nomodel.toml\"|" "$tmp/nomodel.env"
+code=0
+run_unit_cmd ExecStartPre "$tmp/nomodel.env" >"$tmp/nomodel-pre.out" 2>&1 || code=$?
+[[ $code == 78 ]] || fail "ExecStartPre on a missing model file exits $code, not 78 (EX_CONFIG)"
+grep -q "missing.gguf\": no such file; node 'solo' runs on this machine" "$tmp/nomodel-pre.out" || fail "ExecStartPre does not name the missing model"
+! would_restart "$code" || fail "the unit would restart after a config error (exit $code)"
+code=0
+run_unit_cmd ExecStart "$tmp/nomodel.env" >"$tmp/nomodel-serve.out" 2>&1 || code=$?
+[[ $code == 78 ]] || fail "serve on a missing model file exits $code, not 78"
+! would_restart "$code" || fail "the unit would restart after serve's config error (exit $code)"
+code=0
+run_unit_cmd ExecStartPre "$tmp/bad.env" >/dev/null 2>&1 || code=$?
+[[ $code == 78 ]] && ! would_restart "$code" || fail "an invalid config exits $code and the unit would restart"
+code=0
+(set -a && . "$envs/solo.env" && set +a && exec "$tandem" serve --config "$TANDEM_CONFIG" --node "$TANDEM_NODE" --bogus) >/dev/null 2>&1 || code=$?
+[[ $code == 64 ]] && ! would_restart "$code" || fail "a usage error exits $code and the unit would restart"
+would_restart 1 || fail "the unit would not restart a node whose supervisor gave up (exit 1)"
+would_restart 134 || fail "the unit would not restart a crash (SIGABRT)"
 run_unit_cmd ExecStart "$envs/solo.env" >"$tmp/solo.log" 2>&1 &
 pid=$!
 for _ in $(seq 1 300); do
@@ -141,4 +176,4 @@ tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q "serve --config $tmp/solo.toml --nod
 [[ $(awk '/^Cpus_allowed_list/ {print $2}' "/proc/$pid/status") == "$(cat /sys/devices/system/node/node0/cpulist)" ]] ||
   fail "the node is not bound to NUMA node 0's CPUs"
 grep -q 'bind:0' "/proc/$pid/numa_maps" 2>/dev/null || fail "the node's memory is not bound to NUMA node 0"
-echo "ok: env files, refusals, systemd-analyze verify, ExecStartPre/ExecStart under numactl"
+echo "ok: env files, refusals, systemd-analyze verify, no restart on exit 64/78, ExecStartPre/ExecStart under numactl"

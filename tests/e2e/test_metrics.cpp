@@ -5,6 +5,7 @@
 #include <map>
 #include <regex>
 #include <sstream>
+#include <thread>
 
 #include "tests/e2e/metrics_doc.h"
 #include "tests/e2e/process.h"
@@ -47,4 +48,45 @@ TEST_CASE("metrics: every metric a running node renders is in docs/metrics.md, a
   CHECK(rendered.count("tandem_http_requests_total") == 1);
   CHECK(resp.body.find("tandem_node_up{node=\"local\"} 1") != std::string::npos);
   CHECK(resp.body.find("tandem_prompt_tokens_total ") != std::string::npos);
+}
+
+TEST_CASE("metrics: a request ended by a stop string is counted as stop, not abort") {
+  temp_dir dir;
+  const std::string model = write_micro_model(dir.path);
+  server srv(model, (dir.path / "serve.log").string());
+  // The greedy text without a stop string, then a stop string from its first tokens: the front
+  // end cuts the text there and ends the engine request before it finished by itself.
+  auto full = test::post(srv.http_port, "/v1/completions",
+                         R"({"model":"m","prompt":"hello","max_tokens":24,"temperature":0})");
+  REQUIRE(full.status == 200);
+  std::smatch m;
+  REQUIRE(std::regex_search(full.body, m, std::regex(R"re("text":"([^"\\]*))re")));
+  const std::string text = m[1];
+  std::string stop;
+  for (size_t i = 0; i < text.size() / 3; ++i)
+    if (std::isalnum(static_cast<unsigned char>(text[i]))) {
+      stop = text.substr(i, 1);
+      break;
+    }
+  if (stop.empty()) {
+    MESSAGE("the micro model's text has no ASCII letter early on: " << text);
+    return;
+  }
+  auto cut = test::post(srv.http_port, "/v1/completions",
+                        R"({"model":"m","prompt":"hello","max_tokens":24,"temperature":0,"stop":")" + stop + R"("})");
+  REQUIRE(cut.status == 200);
+  CHECK(cut.body.find("\"finish_reason\":\"stop\"") != std::string::npos);
+  // The router counts the finish when the front end's end reaches it (asynchronously).
+  const std::regex stop_series(R"re(tandem_requests_finished_total\{[^}]*reason="stop"[^}]*\} ([0-9.]+))re");
+  const std::regex abort_series(R"re(tandem_requests_finished_total\{[^}]*reason="abort"[^}]*\} ([0-9.]+))re");
+  std::string body;
+  for (int i = 0; i < 50; ++i) {
+    body = test::get(srv.http_port, "/metrics").body;
+    if (std::regex_search(body, m, stop_series) && std::stod(m[1]) >= 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  INFO(body);
+  REQUIRE(std::regex_search(body, m, stop_series));
+  CHECK(std::stod(m[1]) >= 1);
+  CHECK_FALSE(std::regex_search(body, m, abort_series));
 }

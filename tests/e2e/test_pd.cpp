@@ -57,6 +57,17 @@ TEST_CASE("pd: router, prefill and decode processes give the single-process gree
     CHECK(got[i].status == 200);
     CHECK(got[i].text == want[i % prompts.size()].text);
   }
+  // The router-only node allocates no KV pool and its log says so; the others log theirs.
+  for (auto& node : pd.nodes) {
+    const std::string log = file_text(node.log);
+    INFO("node " << node.name << ":\n" << log);
+    if (node.name == "router") {
+      CHECK(log.find("no KV pool on this node") != std::string::npos);
+      CHECK(log.find("KV pages of") == std::string::npos);
+    } else {
+      CHECK(log.find("KV pages of") != std::string::npos);
+    }
+  }
   // The KV really crossed: every request's pages were sent by prefill and received by decode.
   const auto n = double(prompts.size() * 4);
   auto pm = test::get(pd.prefill().http, "/metrics").body;

@@ -7,7 +7,9 @@
 #include "kernels/base/error.h"
 #include "actors/config/cluster_config.h"
 #include "tools/tandem/commands.h"
+#include "actors/config/cache_table.h"
 #include "tools/tandem/config_report.h"
+#include "tools/tandem/exit_codes.h"
 #include "tools/tandem/flags.h"
 
 namespace tandem::cli {
@@ -20,13 +22,18 @@ void print_config_problems(const config_check& c) {
 int check_config(args a) {
   flags f;
   f.sw("list-nodes", "if valid, print one line per node instead of the summary (columns below)");
-  const char* usage = "usage: tandem check-config [--list-nodes] FILE\n"
-                      "  checks a cluster config (TOML; see docs/config.md) without starting anything.\n"
+  f.opt("node", "the node that runs on this machine: its model file must be readable here (as `serve --node` checks)");
+  const char* usage = "usage: tandem check-config [--list-nodes] [--node NAME] FILE\n"
+                      "  checks a cluster config (TOML; see docs/config.md) without starting anything: the same checks\n"
+                      "  and KV pool sizing `tandem serve --config FILE --node NAME` runs before it starts.\n"
+                      "  --node NAME: the node of this machine; without it, the nodes whose host is this machine.\n"
+                      "    The model file of a node on this machine must be readable here.\n"
                       "  --list-nodes: if the config is valid, print one line per node on stdout, fields separated\n"
                       "    by tabs: name host numa_node roles(comma-joined) http_port rpc_port admin_port page_size\n"
-                      "    (page_size 0 = limits.page_size). Fields may be appended later: read the first eight.\n"
+                      "    api_key_file (page_size: the node's effective one; api_key_file: [security]'s, - = auth off).\n"
+                      "    Fields may be appended later: read the first nine.\n"
                       "    Nothing is listed for an invalid config.\n"
-                      "  exit code: 0 valid, 1 invalid (every problem is printed), 2 usage or I/O error\n";
+                      "  exit code: 0 valid, 78 invalid or unreadable config (every problem is printed), 64 usage error\n";
   try {
     if (!f.parse(a)) {
       std::fputs(usage, stderr);
@@ -34,32 +41,33 @@ int check_config(args a) {
     }
   } catch (const tandem::error& e) {
     std::fprintf(stderr, "tandem check-config: %s\n%s", e.what(), usage);
-    return 2;
+    return exit_usage;
   }
   if (f.positional().size() != 1) {
     std::fprintf(stderr, "tandem check-config: expected one config file, got %zu arguments\n%s", f.positional().size(), usage);
-    return 2;
+    return exit_usage;
   }
   const std::string& path = f.positional()[0];
   config_check c;
   try {
-    c = check_cluster_config_file(path, machine_info::probe());
+    c = check_cluster_config_file(path, machine_info::probe(f.str("node")));
   } catch (const tandem::error& e) {
     std::fprintf(stderr, "tandem check-config: %s\n", e.what());
-    return 2;
+    return exit_config;
   }
   print_config_problems(c);
   if (!c.ok()) {
     std::fprintf(stderr, "%s: %zu problem%s; fix %s and check again\n", path.c_str(), c.errors.size(),
                  c.errors.size() == 1 ? "" : "s", c.errors.size() == 1 ? "it" : "them");
-    return 1;
+    return exit_config;
   }
   if (f.on("list-nodes")) {
     for (const auto& n : c.cfg.nodes) {
       std::string roles;
       for (const auto& r : n.roles) roles += (roles.empty() ? "" : ",") + r;
-      std::printf("%s\t%s\t%d\t%s\t%d\t%d\t%d\t%d\n", n.name.c_str(), n.host.c_str(), n.numa_node, roles.c_str(),
-                  n.http_port, n.rpc_port, n.admin_port, n.page_size);
+      std::printf("%s\t%s\t%d\t%s\t%d\t%d\t%d\t%d\t%s\n", n.name.c_str(), n.host.c_str(), n.numa_node, roles.c_str(),
+                  n.http_port, n.rpc_port, n.admin_port, n.effective_page_size(c.cfg.lim),
+                  c.cfg.api_key_file.empty() ? "-" : c.cfg.api_key_file.c_str());
     }
     return 0;
   }
@@ -67,7 +75,13 @@ int check_config(args a) {
   for (const auto& n : c.cfg.nodes) names += (names.empty() ? "" : ", ") + n.name;
   std::printf("%s: ok (%zu node%s: %s)\n", path.c_str(), c.cfg.nodes.size(), c.cfg.nodes.size() == 1 ? "" : "s",
               names.c_str());
-  return 0;
+  // Each node's effective cache settings ([cache] with its [node.cache] over it).
+  for (const auto& n : c.cfg.nodes) {
+    if (!n.has_role("cache")) continue;
+    std::printf("  node %s: cache: %s; page_size %d\n", n.name.c_str(), config_detail::describe_cache(n.cache).c_str(),
+                n.effective_page_size(c.cfg.lim));
+  }
+  return exit_ok;
 }
 
 }  // namespace tandem::cli

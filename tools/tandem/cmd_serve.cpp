@@ -23,6 +23,7 @@
 #include "kernels/tokenizer/tokenizer.h"
 #include "tools/tandem/commands.h"
 #include "tools/tandem/config_report.h"
+#include "tools/tandem/exit_codes.h"
 #include "tools/tandem/flags.h"
 #include "transport/auth/api_keys.h"
 #include "transport/chat/jinja.h"
@@ -36,13 +37,13 @@ namespace {
 
 int32_t positive_i32(const flags& f, const std::string& name) {
   int64_t v = f.num(name);
-  if (v <= 0 || v > INT32_MAX) throw tandem::error("flag --" + name + " = " + std::to_string(v) + " must be a positive 32-bit integer");
+  if (v <= 0 || v > INT32_MAX) throw usage_error("flag --" + name + " = " + std::to_string(v) + " must be a positive 32-bit integer");
   return static_cast<int32_t>(v);
 }
 
 int port_flag(const flags& f, const std::string& name) {
   int64_t v = f.num(name);
-  if (v < 0 || v > 65535) throw tandem::error("flag --" + name + " = " + std::to_string(v) + " is not a port; use 0..65535 (0 picks a free one)");
+  if (v < 0 || v > 65535) throw usage_error("flag --" + name + " = " + std::to_string(v) + " is not a port; use 0..65535 (0 picks a free one)");
   return static_cast<int>(v);
 }
 
@@ -109,28 +110,34 @@ void configure_from_file(const flags& f, cluster_options& co, front_end_options&
                            "rate-limit-rps", "rate-limit-burst", "router-policy", "device-pages", "router-migration",
                            "kernels", "kv-cache-dtype"})
     if (f.has(flag))
-      throw tandem::error(fmt::format("flag --{} conflicts with --config: the config file sets it; edit the file instead",
+      throw usage_error(fmt::format("flag --{} conflicts with --config: the config file sets it; edit the file instead",
                                       flag));
   std::string path = f.str("config");
-  config_check c = check_cluster_config_file(path, machine_info::probe());
+  if (!f.has("node")) throw usage_error("--config needs --node NAME: the [[node]] of the config this process runs");
+  config_check c;
+  try {
+    c = check_cluster_config_file(path, machine_info::probe(f.str("node")));
+  } catch (const tandem::error& e) {
+    throw config_error(e.what());
+  }
   // The same lines as `tandem check-config`; if any is an error, main's error line follows (exit 1).
   print_config_problems(c);
   if (!c.ok()) {
-    throw tandem::error(fmt::format("{}: {} problem{}; the node was not started (fix them and run `tandem check-config {}`)",
+    throw config_error(fmt::format("{}: {} problem{}; the node was not started (fix them and run `tandem check-config {}`)",
                                     path, c.errors.size(), c.errors.size() == 1 ? "" : "s", path));
   }
   std::string names;
   for (const auto& n : c.cfg.nodes) names += (names.empty() ? "" : ", ") + n.name;
-  if (!f.has("node")) throw tandem::error(fmt::format("--config needs --node NAME, one of: {}", names));
+  if (!f.has("node")) throw usage_error(fmt::format("--config needs --node NAME, one of: {}", names));
   const node_config* node = c.cfg.find_node(f.str("node"));
-  if (!node) throw tandem::error(fmt::format("--node {}: {} has no such node; use one of: {}", f.str("node"), path, names));
+  if (!node) throw config_error(fmt::format("--node {}: {} has no such node; use one of: {}", f.str("node"), path, names));
   if (!node->all_roles()) configure_partial_node(c.cfg, *node, co);
   if (c.cfg.model_path.empty())
-    throw tandem::error(fmt::format("{}: model.path is not set; add [model] path = \"FILE.gguf\"", path));
+    throw config_error(fmt::format("{}: model.path is not set; add [model] path = \"FILE.gguf\"", path));
   co.model_path = c.cfg.model_path;
   co.node_name = node->name;
   co.lim = c.cfg.lim;
-  co.cache = c.cfg.cache;
+  co.cache = node->cache;  // [cache] with the node's [node.cache] over it
   co.router_policy = c.cfg.router_policy;
   co.kernel_isa = c.cfg.kernel_isa;
   co.kv_cache_dtype = c.cfg.kv_cache_dtype;
@@ -149,7 +156,7 @@ void configure_from_file(const flags& f, cluster_options& co, front_end_options&
 /// the warning for a node reachable from the network without keys.
 void configure_security(const flags& f, front_end_options& fo) {
   if (f.has("config") && (f.has("api-key-file") || f.has("auth-allowlist")))
-    throw tandem::error("flags --api-key-file/--auth-allowlist conflict with --config: set [security] api_key_file and "
+    throw usage_error("flags --api-key-file/--auth-allowlist conflict with --config: set [security] api_key_file and "
                         "auth_allowlist in the file instead");
   if (f.has("api-key-file")) fo.keys = std::make_shared<api_keys>(api_keys::load_file(f.str("api-key-file")));
   if (f.has("auth-allowlist")) {
@@ -159,7 +166,7 @@ void configure_security(const flags& f, front_end_options& fo) {
       size_t e = std::min(list.find(',', p), list.size());
       std::string path = list.substr(p, e - p);
       if (!path.empty() && path[0] != '/')
-        throw tandem::error("flag --auth-allowlist: '" + path + "' is not an absolute path; use e.g. /health,/metrics");
+        throw usage_error("flag --auth-allowlist: '" + path + "' is not an absolute path; use e.g. /health,/metrics");
       if (!path.empty()) fo.auth_allowlist.push_back(path);
       p = e + 1;
     }
@@ -276,15 +283,15 @@ int serve(args a) {
   front_end_options fo;
   co.log_level = f.str("log-level");
   if (f.str("log-format") != "text" && f.str("log-format") != "json")
-    throw tandem::error("flag --log-format = '" + f.str("log-format") + "' is not a format; use text or json");
+    throw usage_error("flag --log-format = '" + f.str("log-format") + "' is not a format; use text or json");
   co.log_json = f.str("log-format") == "json";
   // The front ends log through spdlog's default logger: same format as the actors'.
   if (co.log_json) spdlog::default_logger()->set_formatter(make_json_log_formatter());
   if (f.has("config")) {
     configure_from_file(f, co, fo);
   } else {
-    if (f.has("node")) throw tandem::error("--node NAME needs --config FILE");
-    if (f.str("model").empty()) throw tandem::error("--model FILE is required (write one with `tandem make-model`)");
+    if (f.has("node")) throw usage_error("--node NAME needs --config FILE");
+    if (f.str("model").empty()) throw usage_error("--model FILE is required (write one with `tandem make-model`)");
     co.model_path = f.str("model");
     co.lim.threads = positive_i32(f, "threads");
     co.lim.page_size = positive_i32(f, "page-size");
@@ -296,7 +303,7 @@ int serve(args a) {
     auto non_negative_i32 = [&](const std::string& name) {
       int64_t v = f.num(name);
       if (v < 0 || v > INT32_MAX)
-        throw tandem::error("flag --" + name + " = " + std::to_string(v) + " must be an integer >= 0 (0 = off)");
+        throw usage_error("flag --" + name + " = " + std::to_string(v) + " must be an integer >= 0 (0 = off)");
       return static_cast<int32_t>(v);
     };
     co.lim.max_queue_wait_ms = non_negative_i32("max-queue-wait-ms");
@@ -308,10 +315,10 @@ int serve(args a) {
     co.kernel_isa = f.str("kernels");
     co.kv_cache_dtype = f.str("kv-cache-dtype");
     if (f.str("router-migration") != "on" && f.str("router-migration") != "off")
-      throw tandem::error("flag --router-migration = '" + f.str("router-migration") + "' is not a switch; use on or off");
+      throw usage_error("flag --router-migration = '" + f.str("router-migration") + "' is not a switch; use on or off");
     co.lim.router_migration = f.str("router-migration") == "on";
     int64_t body = f.num("max-body-bytes");
-    if (body <= 0) throw tandem::error("flag --max-body-bytes = " + std::to_string(body) + " must be > 0");
+    if (body <= 0) throw usage_error("flag --max-body-bytes = " + std::to_string(body) + " must be > 0");
     co.lim.max_body_bytes = body;
     fo.host = f.str("host");
     fo.http_port = port_flag(f, "port");
@@ -320,23 +327,23 @@ int serve(args a) {
     co.cache.host_ratio = f.real("host-ratio");
     co.cache.host_size_gb = f.real("host-size-gb");
     if (!parse_cache_write_policy(f.str("cache-write-policy"), co.cache.write_policy))
-      throw tandem::error("flag --cache-write-policy = '" + f.str("cache-write-policy") +
+      throw usage_error("flag --cache-write-policy = '" + f.str("cache-write-policy") +
                           "' is not a policy; use write_through, write_through_selective or write_back");
     co.cache.disk_dir = f.str("cache-disk-dir");
     co.cache.disk_size_gb = f.real("cache-disk-size-gb");
     const int64_t min_lb = f.num("min-load-back-tokens");
     if (min_lb < 0 || min_lb > INT32_MAX)
-      throw tandem::error("flag --min-load-back-tokens = " + std::to_string(min_lb) +
+      throw usage_error("flag --min-load-back-tokens = " + std::to_string(min_lb) +
                           " must be a token count >= 0 (0 = one page)");
     co.cache.min_load_back_tokens = static_cast<int32_t>(min_lb);
   }
   configure_security(f, fo);
   auto esc = std::make_shared<escalation>();
   configure_supervision(co, esc);
-  if (auto msg = co.lim.validate(); !msg.empty()) throw tandem::error(msg);
+  if (auto msg = co.lim.validate(); !msg.empty()) throw usage_error(msg);  // flags (--config is checked above)
   auto level = spdlog::level::from_str(co.log_level);
   if (level == spdlog::level::off && co.log_level != "off")
-    throw tandem::error("flag --log-level = '" + co.log_level + "' is not a level; use trace, debug, info, warn or error");
+    throw usage_error("flag --log-level = '" + co.log_level + "' is not a level; use trace, debug, info, warn or error");
   spdlog::set_level(level);
 
   fo.lim = co.lim;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/base/error.h"
+#include "tools/tandem/exit_codes.h"
 
 namespace tandem::cli {
 
@@ -24,7 +25,7 @@ class flags {
     specs_[name] = {help, "", false};
     return *this;
   }
-  /// Parses; throws tandem::error naming the bad flag. Returns false if --help was given.
+  /// Parses; throws usage_error naming the bad flag. Returns false if --help was given.
   bool parse(std::span<const std::string> a) {
     for (size_t i = 0; i < a.size(); ++i) {
       const std::string& s = a[i];
@@ -41,9 +42,9 @@ class flags {
         has_val = true;
       }
       auto it = specs_.find(name);
-      if (it == specs_.end()) throw tandem::error("unknown flag --" + name + "; known flags:\n" + help());
+      if (it == specs_.end()) throw usage_error("unknown flag --" + name + "; known flags:\n" + help());
       if (it->second.takes_value && !has_val) {
-        if (i + 1 >= a.size()) throw tandem::error("flag --" + name + " needs a value");
+        if (i + 1 >= a.size()) throw usage_error("flag --" + name + " needs a value");
         val = a[++i];
       } else if (!it->second.takes_value) {
         val = has_val ? val : "true";
@@ -71,7 +72,7 @@ class flags {
       if (used != v.size()) throw 0;
       return r;
     } catch (...) {
-      throw tandem::error("flag --" + name + " expects an integer, got '" + v + "'");
+      throw usage_error("flag --" + name + " expects an integer, got '" + v + "'");
     }
   }
   double real(const std::string& name) const {
@@ -82,7 +83,7 @@ class flags {
       if (used != v.size()) throw 0;
       return r;
     } catch (...) {
-      throw tandem::error("flag --" + name + " expects a number, got '" + v + "'");
+      throw usage_error("flag --" + name + " expects a number, got '" + v + "'");
     }
   }
   const std::vector<std::string>& positional() const { return positional_; }

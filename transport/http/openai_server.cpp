@@ -518,7 +518,12 @@ struct gen_state {
   }
   ~gen_state() {
     ch.close();
-    if (submitted && !engine_done) srv.api.abort(id);
+    if (submitted && !engine_done) {
+      if (text.stopped())
+        srv.api.stop_at_stop_string(id);  // finished as `stop`, not counted as an abort
+      else
+        srv.api.abort(id);
+    }
     --srv.in_flight;
   }
 

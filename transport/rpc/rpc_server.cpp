@@ -57,7 +57,12 @@ struct rpc_server::impl {
         : srv(s), sink(kj::mv(k)), text(s.api.tok(), std::move(stop)) {}
     ~stream_state() {
       ch.close();
-      if (!engine_done) srv.api.abort(id);
+      if (!engine_done) {
+        if (text.stopped())
+          srv.api.stop_at_stop_string(id);  // finished as `stop`, not counted as an abort
+        else
+          srv.api.abort(id);
+      }
     }
     impl& srv;
     api::TokenSink::Client sink;

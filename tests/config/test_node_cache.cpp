@@ -1,0 +1,154 @@
+// Per-node cache settings: a [node.cache] table over the cluster's [cache] (a prefill node with
+// a host tier, a decode node without), checked by the same rules, sized by the code serve runs,
+// and shown by `tandem check-config`.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "actors/config/cluster_config.h"
+#include "tests/e2e/process.h"
+#include "tests/transport/fake_api.h"
+
+using namespace tandem;
+namespace fs = std::filesystem;
+
+namespace {
+
+machine_info fixed_machine() {
+  machine_info m;
+  m.mem_total_bytes = 16ull << 30;
+  m.mem_available_bytes = 8ull << 30;
+  m.cpus = 8;
+  return m;
+}
+
+/// Router, prefill and decode on three hosts; `p_cache` / `d_cache` are the lines of each
+/// node's [node.cache] table ("" = none), `head` goes before the nodes.
+std::string pd(const std::string& head, const std::string& p_cache, const std::string& d_cache) {
+  std::string s = head +
+                  "\n[[node]]\nname = \"r\"\nhost = \"10.0.0.1\"\nroles = [\"router\"]\ncluster_port = 9000\n"
+                  "[[node]]\nname = \"p\"\nhost = \"10.0.0.2\"\nroles = [\"prefill\", \"cache\", \"worker\"]\n"
+                  "cluster_port = 9000\nkv_port = 9001\n";
+  if (!p_cache.empty()) s += "[node.cache]\n" + p_cache;
+  s += "\n[[node]]\nname = \"d\"\nhost = \"10.0.0.3\"\nroles = [\"decode\", \"cache\", \"worker\"]\ncluster_port = 9000\n";
+  if (!d_cache.empty()) s += "[node.cache]\n" + d_cache;
+  return s;
+}
+
+std::string joined(const config_check& c) {
+  std::string s;
+  for (const auto& e : c.errors) s += e + "\n";
+  for (const auto& n : c.notes) s += "note: " + n + "\n";
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("node cache: [node.cache] overrides the cluster's [cache] for that node only") {
+  const auto m = fixed_machine();
+  auto c = check_cluster_config(pd("[cache]\nhost_ratio = 2\nwrite_policy = \"write_back\"\n", "host_size_gb = 4\n",
+                                   "host_ratio = 0\n"),
+                                "t.toml", m);
+  INFO(joined(c));
+  REQUIRE(c.ok());
+  const auto* p = c.cfg.find_node("p");
+  const auto* d = c.cfg.find_node("d");
+  const auto* r = c.cfg.find_node("r");
+  // The host tier's size is one setting: host_size_gb replaces the inherited host_ratio.
+  CHECK(p->cache.host_size_gb == 4);
+  CHECK(p->cache.host_ratio == 0);
+  CHECK(p->cache.write_policy == cache_write_policy::write_back);  // inherited
+  CHECK(d->cache.host_ratio == 0);
+  CHECK(d->cache.host_size_gb == 0);
+  CHECK(r->cache.host_ratio == 2);  // no table: the cluster's
+  CHECK(c.cfg.cache.host_ratio == 2);
+}
+
+TEST_CASE("node cache: a node's table is checked by the cluster-level rules, named by node") {
+  const auto m = fixed_machine();
+  auto typo = check_cluster_config(pd("", "host_ration = 2\n", ""), "t.toml", m);
+  CHECK(joined(typo).find("node[1].cache.host_ration: unknown key; did you mean 'host_ratio'?") != std::string::npos);
+  auto both = check_cluster_config(pd("", "host_ratio = 1\nhost_size_gb = 1\n", ""), "t.toml", m);
+  CHECK(joined(both).find("node[1].cache.host_size_gb = 1: is exclusive with cache.host_ratio = 1") != std::string::npos);
+  auto disk = check_cluster_config(pd("", "", "disk_dir = \"/tmp\"\n"), "t.toml", m);
+  CHECK(joined(disk).find("node[2].cache.disk_dir = \"/tmp\": needs cache.disk_size_gb") != std::string::npos);
+  auto off = check_cluster_config(pd("[cache]\nhost_ratio = 2\n", "enabled = false\n", ""), "t.toml", m);
+  CHECK(joined(off).find("node[1].cache.enabled = false: turns prefix reuse off, but host/disk tiers are configured") !=
+        std::string::npos);
+  auto range = check_cluster_config(pd("", "host_ratio = -1\n", ""), "t.toml", m);
+  CHECK(joined(range).find("node[1].cache.host_ratio = -1: out of range") != std::string::npos);
+  // Only the decode node turns its tier off: the cluster's stays valid for the others.
+  auto ok = check_cluster_config(pd("[cache]\nhost_ratio = 2\n", "", "enabled = false\nhost_ratio = 0\n"), "t.toml", m);
+  INFO(joined(ok));
+  CHECK(ok.ok());
+}
+
+TEST_CASE("node cache: with the model, each node's tiers are sized by the code serve runs") {
+  e2e::temp_dir dir;
+  const std::string model = e2e::write_micro_model(dir.path);
+  const auto m = fixed_machine();
+  const std::string head = "[limits]\npage_size = 16\nkv_cache_mb = 1\n[model]\npath = \"" + model + "\"\n";
+  // A host tier smaller than one page (the micro model's 16-token page is 8 KiB) on p only.
+  auto tiny = check_cluster_config(pd(head, "host_size_gb = 0.000001\n", ""), "t.toml", m);
+  INFO(joined(tiny));
+  CHECK(joined(tiny).find("node 'p': cache.host_size_gb = 1e-06 is not supported for this model's KV layout") !=
+        std::string::npos);
+  CHECK(joined(tiny).find("node 'd'") == std::string::npos);
+  auto fine = check_cluster_config(pd(head, "host_size_gb = 0.01\n", "host_ratio = 0\n"), "t.toml", m);
+  INFO(joined(fine));
+  CHECK(fine.ok());
+}
+
+TEST_CASE("kv sizing: size_kv_pools gives the device, host and disk pages serve allocates") {
+  kv_layout layout;
+  layout.n_layers = 2;
+  layout.n_kv_heads = 1;
+  layout.head_dim = 64;
+  layout.page_size = 16;
+  const double page = double(layout.page_bytes());
+  REQUIRE(page > 0);
+  limits lim;
+  lim.kv_cache_mb = 1;
+  lim.device_pages = 0;
+  cache_config c;
+  c.host_ratio = 2;
+  auto k = size_kv_pools(lim, c, layout, 0);
+  CHECK(k.ok());
+  CHECK(k.device_pages == int64_t((1 << 20) / page));
+  CHECK(k.host_pages == 2 * k.device_pages);
+  CHECK(k.disk_pages == 0);
+  lim.prefix_cache = false;  // no prefix reuse: no tiers behind the pool
+  CHECK(size_kv_pools(lim, c, layout, 0).host_pages == 0);
+  lim.prefix_cache = true;
+  c.host_ratio = 0;
+  c.host_size_gb = page * 10 / (1024.0 * 1024.0 * 1024.0);  // ten pages' bytes
+  CHECK(size_kv_pools(lim, c, layout, 0).host_pages == 10);
+  lim.device_pages = 3;
+  CHECK(size_kv_pools(lim, c, layout, 0).device_pages == 3);
+  lim.device_pages = 0;
+  lim.kv_cache_mb = 0;
+  auto none = size_kv_pools(lim, c, layout, 0);
+  REQUIRE_FALSE(none.ok());
+  CHECK(none.problems[0].find("give at least one page") != std::string::npos);
+}
+
+TEST_CASE("cli: check-config shows each node's effective cache settings") {
+  e2e::temp_dir dir;
+  std::ofstream(dir.path / "pd.toml") << pd("[cache]\nhost_ratio = 2\n", "host_size_gb = 4\n", "host_ratio = 0\n");
+  const std::string err_path = (dir.path / "err.txt").string();
+  std::string out;
+  int code = -1;
+  {
+    e2e::child p({TANDEM_BINARY, "check-config", (dir.path / "pd.toml").string()}, {}, err_path);
+    out = p.read_all(std::chrono::seconds(30));
+    code = p.wait(std::chrono::seconds(30));
+  }
+  INFO(out);
+  CHECK(code == 0);
+  CHECK(out.find("  node p: cache: host 4 GiB, no disk tier, write_through_selective (2 hits); page_size 16") !=
+        std::string::npos);
+  CHECK(out.find("  node d: cache: no host tier, no disk tier") != std::string::npos);
+}
