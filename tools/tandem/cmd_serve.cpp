@@ -238,7 +238,9 @@ int serve(args a) {
            "step's attention reads; values rounded to 11 significant bits)",
            "f32")
       .opt("router-migration", "on: a stream whose decode node is lost continues on another; off: it ends with an error",
-           "on");
+           "on")
+      .opt("accept-any-model-name", "on: a request naming another model is served by this one; off: 404 model_not_found",
+           "off");
   if (!f.parse(a)) {
     std::fprintf(stderr, "usage: tandem serve --model FILE [options]\n       tandem serve --config FILE --node NAME\n%s",
                  f.help().c_str());
@@ -282,6 +284,10 @@ int serve(args a) {
     if (f.str("router-migration") != "on" && f.str("router-migration") != "off")
       throw tandem::error("flag --router-migration = '" + f.str("router-migration") + "' is not a switch; use on or off");
     co.lim.router_migration = f.str("router-migration") == "on";
+    if (f.str("accept-any-model-name") != "on" && f.str("accept-any-model-name") != "off")
+      throw tandem::error("flag --accept-any-model-name = '" + f.str("accept-any-model-name") +
+                          "' is not a switch; use on or off");
+    co.lim.accept_any_model_name = f.str("accept-any-model-name") == "on";
     int64_t body = f.num("max-body-bytes");
     if (body <= 0) throw tandem::error("flag --max-body-bytes = " + std::to_string(body) + " must be > 0");
     co.lim.max_body_bytes = body;
