@@ -21,6 +21,8 @@ TEST_CASE("request params: fields are classified per route") {
   CHECK(transport::classify_field("echo", false) == field_policy::refused);
   CHECK(transport::classify_field("echo", true) == field_policy::unknown);
   CHECK(transport::classify_field("top_logprobs", true) == field_policy::refused);
+  CHECK(transport::classify_field("presence_penalty", true) == field_policy::honoured);
+  CHECK(transport::classify_field("logit_bias", false) == field_policy::honoured);
   CHECK(transport::classify_field("no_such_thing", true) == field_policy::unknown);
 }
 
@@ -30,13 +32,13 @@ TEST_CASE("request params: neutral values of refused fields pass, others are nam
     "top_logprobs":null,"response_format":{"type":"text"},"tools":[],"tool_choice":"none","parallel_tool_calls":true,
     "user":"u","store":false,"metadata":{"a":"b"},"service_tier":"auto","messages":[]})");
   CHECK_FALSE(transport::check_fields(defaults, true).has_value());
-  auto e = transport::check_fields(json::parse(R"({"prompt":"a","repetition_penalty":1.1})"), false);
+  auto e = transport::check_fields(json::parse(R"({"prompt":"a","echo":true})"), false);
   REQUIRE(e.has_value());
-  CHECK(e->param == "repetition_penalty");
-  CHECK(e->message.find("send 1") != std::string::npos);
-  e = transport::check_fields(json::parse(R"({"prompt":"a","min_p":0.05})"), false);
+  CHECK(e->param == "echo");
+  CHECK(e->message.find("send false") != std::string::npos);
+  e = transport::check_fields(json::parse(R"({"messages":[],"top_logprobs":3})"), true);
   REQUIRE(e.has_value());
-  CHECK(e->param == "min_p");
+  CHECK(e->param == "top_logprobs");
   e = transport::check_fields(json::parse(R"({"prompt":"a","bogus":1})"), false);
   REQUIRE(e.has_value());
   CHECK(e->param == "bogus");
@@ -94,4 +96,24 @@ TEST_CASE("request params: model names") {
   auto r = post(s.http_port, "/v1/completions", R"({"prompt":"a","max_tokens":2,"model":"gpt-4o"})");
   REQUIRE(r.status == 200);
   CHECK(json::parse(r.body).find("model")->s == "fake-model");  // the answer names the model that answered
+}
+
+TEST_CASE("request params: penalties, min_p and logit_bias reach the engine request") {
+  server_fixture s;
+  auto r = post(s.http_port, "/v1/chat/completions",
+                R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":2,"presence_penalty":0.5,
+                    "frequency_penalty":-0.25,"repetition_penalty":1.3,"min_p":0.1,"logit_bias":{"7":-100,"65":2.5}})");
+  REQUIRE(r.status == 200);
+  REQUIRE(s.api.submitted().size() == 1);
+  const auto p = s.api.submitted()[0].sampling;  // submitted() returns a copy
+  CHECK(p.presence_penalty == 0.5f);
+  CHECK(p.frequency_penalty == -0.25f);
+  CHECK(p.repetition_penalty == 1.3f);
+  CHECK(p.min_p == 0.1f);
+  CHECK(p.logit_bias == std::vector<std::pair<int32_t, float>>{{7, -100.0f}, {65, 2.5f}});
+  CHECK(p.validate() == "");
+  r = post(s.http_port, "/v1/completions", R"({"prompt":"a","max_tokens":2,"stream":true,"presence_penalty":1})");
+  REQUIRE(r.status == 200);
+  REQUIRE(s.api.submitted().size() == 2);
+  CHECK(s.api.submitted()[1].sampling.presence_penalty == 1.0f);
 }

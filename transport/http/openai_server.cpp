@@ -805,6 +805,8 @@ kj::Promise<void> openai_server::impl::generate(route_id r, const std::string& t
   }
   parsed_request pr;
   parse_common(body, pr, chat);
+  if (auto fe = transport::parse_sampling_extras(body, pr.gen.sampling, api.tok().n_vocab()))
+    throw http_error{fe->status, fe->message, "invalid_request_error", fe->param, fe->code, std::nullopt};
   // A request without `model` uses the served one; another name is 404 unless the operator
   // accepts any (clients that hard-code a model name).
   if (auto* m = field(body, "model"); m && m->s != api.model_id() && !lim.accept_any_model_name)

@@ -1,6 +1,7 @@
 #include "transport/http/request_params.h"
 
 #include <algorithm>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -43,11 +44,11 @@ constexpr field_rule rules[] = {
     // refused (not honoured yet)
     {"logprobs", both, field_policy::refused, "false"},
     {"top_logprobs", chat_route, field_policy::refused, "0"},
-    {"presence_penalty", both, field_policy::refused, "0"},
-    {"frequency_penalty", both, field_policy::refused, "0"},
-    {"repetition_penalty", both, field_policy::refused, "1"},
-    {"min_p", both, field_policy::refused, "0"},
-    {"logit_bias", both, field_policy::refused, "{}"},
+    {"presence_penalty", both, field_policy::honoured, ""},
+    {"frequency_penalty", both, field_policy::honoured, ""},
+    {"repetition_penalty", both, field_policy::honoured, ""},
+    {"min_p", both, field_policy::honoured, ""},
+    {"logit_bias", both, field_policy::honoured, ""},
     {"response_format", both, field_policy::refused, "{\"type\":\"text\"}"},
     {"best_of", completions, field_policy::refused, "1"},
     {"echo", completions, field_policy::refused, "false"},
@@ -113,6 +114,55 @@ std::optional<param_error> check_fields(const json::value& body, bool chat) {
     std::string instead = r->neutral.empty() ? "remove it" : fmt::format("remove it or send {}", r->neutral);
     return param_error{m.first, fmt::format("'{}' is not supported by Tandem on {}; {} (docs/api.md lists every "
                                             "parameter)", m.first, route, instead)};
+  }
+  return std::nullopt;
+}
+
+std::optional<field_error> parse_sampling_extras(const json::value& body, sampling_params& s, int32_t n_vocab) {
+  auto number = [&](std::string_view name, float lo, float hi, bool lo_open, std::string_view off,
+                    float& out) -> std::optional<field_error> {
+    const json::value* v = body.find(name);
+    if (!v || v->k == json::kind::null) return std::nullopt;
+    if (v->k != json::kind::number)
+      return field_error{400, std::string(name), fmt::format("'{}' must be a number, got {}", name, json::kind_name(v->k)),
+                         "invalid_type"};
+    const double x = v->num;
+    if (!(lo_open ? x > lo : x >= lo) || !(x <= hi))
+      return field_error{422, std::string(name),
+                         fmt::format("{} = {} is out of range; use a value in {}{}, {}] ({} = off)", name, x,
+                                     lo_open ? "(" : "[", lo, hi, off),
+                         "invalid_value"};
+    out = static_cast<float>(x);
+    return std::nullopt;
+  };
+  if (auto e = number("presence_penalty", -2, 2, false, "0", s.presence_penalty)) return e;
+  if (auto e = number("frequency_penalty", -2, 2, false, "0", s.frequency_penalty)) return e;
+  if (auto e = number("repetition_penalty", 0, 2, true, "1", s.repetition_penalty)) return e;
+  if (auto e = number("min_p", 0, 1, false, "0", s.min_p)) return e;
+  const json::value* lb = body.find("logit_bias");
+  if (!lb || lb->k == json::kind::null) return std::nullopt;
+  if (lb->k != json::kind::object)
+    return field_error{400, "logit_bias", fmt::format("'logit_bias' must be an object of token id -> bias, got {}",
+                                                      json::kind_name(lb->k)), "invalid_type"};
+  if (lb->obj.size() > max_logit_bias_entries)
+    return field_error{422, "logit_bias", fmt::format("logit_bias has {} entries; at most {} are allowed",
+                                                      lb->obj.size(), max_logit_bias_entries), "invalid_value"};
+  for (const auto& m : lb->obj) {
+    // Keys are decimal token ids ("50256"), as OpenAI's.
+    int64_t id = -1;
+    if (!m.first.empty() && m.first.size() <= 10 &&
+        std::all_of(m.first.begin(), m.first.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      id = std::stoll(m.first);
+    if (id < 0 || id >= n_vocab)
+      return field_error{422, "logit_bias", fmt::format("logit_bias key '{}' is not a token id; ids are 0 to {}",
+                                                        m.first, n_vocab - 1), "invalid_value"};
+    if (m.second.k != json::kind::number)
+      return field_error{400, "logit_bias", fmt::format("logit_bias['{}'] must be a number, got {}", m.first,
+                                                        json::kind_name(m.second.k)), "invalid_type"};
+    if (!(m.second.num >= -100 && m.second.num <= 100))
+      return field_error{422, "logit_bias", fmt::format("logit_bias['{}'] = {} is out of range; use a value in [-100, 100]",
+                                                        m.first, m.second.num), "invalid_value"};
+    s.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(m.second.num));
   }
   return std::nullopt;
 }

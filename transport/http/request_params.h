@@ -31,6 +31,18 @@ bool is_neutral_value(std::string_view name, const json::value& v);
 /// naming it; nullopt when every field is honoured or advisory.
 std::optional<param_error> check_fields(const json::value& body, bool chat);
 
+/// A request field with the wrong JSON type (400, invalid_type) or out of range (422, invalid_value).
+struct field_error {
+  unsigned status;
+  std::string param;
+  std::string message;
+  std::string code;
+};
+
+/// Reads presence_penalty, frequency_penalty, repetition_penalty, min_p and logit_bias into
+/// `s`, checking types, ranges and (logit_bias) token ids against the vocabulary of `n_vocab`.
+std::optional<field_error> parse_sampling_extras(const json::value& body, sampling_params& s, int32_t n_vocab);
+
 /// max_tokens when the request sends none: what is left of the context after the prompt,
 /// bounded by limits.max_new_tokens (as vLLM). At least 1, so an over-long prompt still gets
 /// check_params' message naming the context.
