@@ -36,7 +36,7 @@ grep -q "http listening" "$log" || { cat "$log"; echo "quickstart: server did no
 echo "== POST /v1/completions"
 curl -sS --fail-with-body http://127.0.0.1:$port/v1/completions \
   -H 'Content-Type: application/json' \
-  -d '{"model":"tandem","prompt":"Once upon a time","max_tokens":16,"temperature":0}'
+  -d '{"prompt":"Once upon a time","max_tokens":16,"temperature":0}'
 echo
 echo "== tandem generate (Cap'n Proto RPC)"
 "$tandem" generate --host 127.0.0.1 --port "$rpc_port" --prompt "Once upon a time" --max-tokens 16

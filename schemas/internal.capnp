@@ -21,6 +21,16 @@ struct SamplingParams {
   topK @1 :Int32 = 0;
   topP @2 :Float32 = 1.0;
   seed @3 :UInt64 = 0;
+  presencePenalty @4 :Float32 = 0.0;    # OpenAI's, over the generated tokens
+  frequencyPenalty @5 :Float32 = 0.0;
+  repetitionPenalty @6 :Float32 = 1.0;  # HF/llama.cpp's, over prompt + generated
+  minP @7 :Float32 = 0.0;
+  logitBias @8 :List(LogitBias);
+}
+
+struct LogitBias {
+  token @0 :Int32;
+  bias @1 :Float32;
 }
 
 # A request accepted by the router, on its way to (or back to) the prefill scheduler.
@@ -137,6 +147,10 @@ struct SeqStep {
   sample @4 :Bool;            # sample a token from the last new token's logits
   sampling @5 :SamplingParams;
   tokenIndex @6 :Int32;       # index of the sampled token in the completion (seeds the sampler)
+  # What the penalties look at (empty unless the sampling sets them): the prompt (for
+  # repetitionPenalty only) and the tokens generated so far. Bounded by the context.
+  penaltyPrompt @7 :List(Int32);
+  penaltyGenerated @8 :List(Int32);
 }
 
 # Scheduler -> worker; the reply is a ForwardResult.

@@ -72,6 +72,9 @@ struct limits {
   // --- requests
   int32_t max_context = 0;               ///< 0 = the model's context length
   int32_t max_new_tokens = 4096;
+  /// A request naming a model this server does not serve is answered (with the served model)
+  /// instead of 404 model_not_found: for clients that hard-code a model name.
+  bool accept_any_model_name = false;
   int64_t max_body_bytes = 4 << 20;      ///< HTTP request body
   int32_t max_rpc_connections = 256;     ///< open Cap'n Proto RPC connections; more are closed at accept
   int32_t http_header_timeout_ms = 15000;  ///< a request head must arrive within this (slowloris): 408 after

@@ -4,17 +4,56 @@
 
 namespace tandem {
 
+sampling_params read_sampling(schema::SamplingParams::Reader sp) {
+  sampling_params p;
+  p.temperature = sp.getTemperature();
+  p.top_k = sp.getTopK();
+  p.top_p = sp.getTopP();
+  p.seed = sp.getSeed();
+  p.presence_penalty = sp.getPresencePenalty();
+  p.frequency_penalty = sp.getFrequencyPenalty();
+  p.repetition_penalty = sp.getRepetitionPenalty();
+  p.min_p = sp.getMinP();
+  auto lb = sp.getLogitBias();
+  p.logit_bias.reserve(lb.size());
+  for (auto e : lb) p.logit_bias.emplace_back(e.getToken(), e.getBias());
+  return p;
+}
+
+void write_sampling(schema::SamplingParams::Builder sp, const sampling_params& p) {
+  sp.setTemperature(p.temperature);
+  sp.setTopK(p.top_k);
+  sp.setTopP(p.top_p);
+  sp.setSeed(p.seed);
+  sp.setPresencePenalty(p.presence_penalty);
+  sp.setFrequencyPenalty(p.frequency_penalty);
+  sp.setRepetitionPenalty(p.repetition_penalty);
+  sp.setMinP(p.min_p);
+  if (!p.logit_bias.empty()) {
+    auto lb = sp.initLogitBias(static_cast<unsigned>(p.logit_bias.size()));
+    for (unsigned i = 0; i < lb.size(); ++i) {
+      lb[i].setToken(p.logit_bias[i].first);
+      lb[i].setBias(p.logit_bias[i].second);
+    }
+  }
+}
+
+void write_step_sampling(schema::SeqStep::Builder st, const seq_request& r) {
+  write_sampling(st.initSampling(), r.sampling);
+  const auto& p = r.sampling;
+  if (p.repetition_penalty != 1.0f) fill_list([&](unsigned n) { return st.initPenaltyPrompt(n); }, r.prompt);
+  if (p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f)
+    fill_list([&](unsigned n) { return st.initPenaltyGenerated(n); }, r.generated);
+  st.setTokenIndex(static_cast<int32_t>(r.generated.size()));
+}
+
 seq_request seq_request::read(schema::SubmitRequest::Reader r) {
   seq_request s;
   s.id = r.getId().cStr();
   s.prompt = to_vector(r.getPrompt());
   s.generated = to_vector(r.getGenerated());
   s.stop_tokens = to_vector(r.getStopTokens());
-  auto sp = r.getSampling();
-  s.sampling.temperature = sp.getTemperature();
-  s.sampling.top_k = sp.getTopK();
-  s.sampling.top_p = sp.getTopP();
-  s.sampling.seed = sp.getSeed();
+  s.sampling = read_sampling(r.getSampling());
   s.max_tokens = r.getMaxTokens();
   s.ignore_eos = r.getIgnoreEos();
   s.deadline_ms = r.getDeadlineMs();
@@ -30,11 +69,7 @@ void seq_request::write(schema::SubmitRequest::Builder b) const {
   fill_list([&](unsigned n) { return b.initPrompt(n); }, prompt);
   fill_list([&](unsigned n) { return b.initGenerated(n); }, generated);
   fill_list([&](unsigned n) { return b.initStopTokens(n); }, stop_tokens);
-  auto sp = b.initSampling();
-  sp.setTemperature(sampling.temperature);
-  sp.setTopK(sampling.top_k);
-  sp.setTopP(sampling.top_p);
-  sp.setSeed(sampling.seed);
+  write_sampling(b.initSampling(), sampling);
   b.setMaxTokens(max_tokens);
   b.setIgnoreEos(ignore_eos);
   b.setDeadlineMs(deadline_ms);

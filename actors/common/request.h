@@ -34,6 +34,13 @@ struct seq_request {
 };
 
 /// What the stop rules need to know about the model.
+/// The sampling parameters on the wire (router -> schedulers -> worker), both ways.
+sampling_params read_sampling(schema::SamplingParams::Reader sp);
+void write_sampling(schema::SamplingParams::Builder sp, const sampling_params& p);
+/// A forward step's sampling, token index and the history its penalties need (empty lists
+/// unless they are set).
+void write_step_sampling(schema::SeqStep::Builder st, const seq_request& r);
+
 struct model_facts {
   int32_t eos_id = -1;
   int32_t max_context = 0;

@@ -144,6 +144,7 @@ config_check check_cluster_config(const std::string& text, const std::string& so
     for (const auto& f : limits_i64_fields()) known.push_back(f.name);
     known.push_back("prefix_cache");
     known.push_back("decode_page_admission");
+    known.push_back("accept_any_model_name");
     ck.known_keys(*lim_t, "limits", known);
     for (const auto& f : limits_i32_fields()) {
       int64_t v = 0;
@@ -159,6 +160,7 @@ config_check check_cluster_config(const std::string& text, const std::string& so
     }
     ck.boolean(*lim_t, "limits", "prefix_cache", cfg.lim.prefix_cache);
     ck.boolean(*lim_t, "limits", "decode_page_admission", cfg.lim.decode_page_admission);
+    ck.boolean(*lim_t, "limits", "accept_any_model_name", cfg.lim.accept_any_model_name);
   }
   toml::position lim_pos = lim_t ? lim_t->pos : toml::position{1, 1};
 

@@ -569,12 +569,7 @@ void start_step(decode_actor_t* self) {
     st.setPos(d.kv_len);
     fill_list([&](unsigned k) { return st.initPages(k); }, d.pages);
     st.setSample(!d.prefilling || d.kv_len + n == static_cast<int32_t>(d.fill.size()));
-    auto sp = st.initSampling();
-    sp.setTemperature(d.req.sampling.temperature);
-    sp.setTopK(d.req.sampling.top_k);
-    sp.setTopP(d.req.sampling.top_p);
-    sp.setSeed(d.req.sampling.seed);
-    st.setTokenIndex(static_cast<int32_t>(d.req.generated.size()));
+    write_step_sampling(st, d.req);
     s.in_flight.emplace_back(d.req.id, n);
   }
   if (!s.peers.worker.gate->try_enter()) {

@@ -441,12 +441,9 @@ void start_batch(prefill_actor_t* self) {
     fill_list([&](unsigned n) { return st.initPages(n); }, std::span<const int32_t>(q.pages.data(), n_pages));
     const bool last = end == static_cast<int32_t>(q.tokens.size());
     st.setSample(last);
-    auto sp = st.initSampling();
-    sp.setTemperature(q.req.sampling.temperature);
-    sp.setTopK(q.req.sampling.top_k);
-    sp.setTopP(q.req.sampling.top_p);
-    sp.setSeed(q.req.sampling.seed);
-    st.setTokenIndex(static_cast<int32_t>(q.req.generated.size()));
+    // Only the sampling step needs the sampling (and the penalties their history).
+    if (last) write_step_sampling(st, q.req);
+    else st.setTokenIndex(static_cast<int32_t>(q.req.generated.size()));
     s.in_flight.emplace_back(q.req.id, counts[i]);
   }
   if (!s.peers.worker.gate->try_enter()) {

@@ -9,6 +9,7 @@
 
 #include "actors/cache_tier/page_file.h"
 #include "actors/common/metrics.h"
+#include "actors/common/request.h"
 #include "actors/common/wire.h"
 #include "kernels/model/sampler.h"
 
@@ -98,15 +99,14 @@ wire run_forward(worker_state& st, const wire& w) {
   size_t row = 0;
   for (unsigned i = 0; i < seqs.size(); ++i) {
     if (!batch[i].want_logits) continue;
-    auto sp = seqs[i].getSampling();
-    sampling_params p;
-    p.temperature = sp.getTemperature();
-    p.top_k = sp.getTopK();
-    p.top_p = sp.getTopP();
-    p.seed = token_seed(sp.getSeed(), seqs[i].getTokenIndex());
+    sampling_params p = read_sampling(seqs[i].getSampling());
+    p.seed = token_seed(p.seed, seqs[i].getTokenIndex());
     sampler smp(p);
     std::span<const float> lg(st.logits.data() + row * size_t(n_vocab), size_t(n_vocab));
-    out[i] = smp.sample(lg);
+    auto hp = seqs[i].getPenaltyPrompt();
+    auto hg = seqs[i].getPenaltyGenerated();
+    const std::vector<int32_t> prompt_hist = to_vector(hp), gen_hist = to_vector(hg);
+    out[i] = smp.sample(lg, {prompt_hist, gen_hist});
     ++row;
   }
   auto us =

@@ -16,7 +16,58 @@ std::string sampling_params::validate() const {
   if (top_k < 0) return fmt::format("top_k {} is out of range; use 0 (off) or a positive count", top_k);
   if (!(top_p > 0.0f && top_p <= 1.0f))
     return fmt::format("top_p {} is out of range; use a value in (0, 1] (1 = off)", top_p);
+  if (!(presence_penalty >= -2.0f && presence_penalty <= 2.0f))
+    return fmt::format("presence_penalty {} is out of range; use a value in [-2, 2] (0 = off)", presence_penalty);
+  if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f))
+    return fmt::format("frequency_penalty {} is out of range; use a value in [-2, 2] (0 = off)", frequency_penalty);
+  if (!(repetition_penalty > 0.0f && repetition_penalty <= 2.0f))
+    return fmt::format("repetition_penalty {} is out of range; use a value in (0, 2] (1 = off)", repetition_penalty);
+  if (!(min_p >= 0.0f && min_p <= 1.0f)) return fmt::format("min_p {} is out of range; use a value in [0, 1] (0 = off)", min_p);
+  if (logit_bias.size() > max_logit_bias_entries)
+    return fmt::format("logit_bias has {} entries; at most {} are allowed", logit_bias.size(), max_logit_bias_entries);
+  for (const auto& [id, b] : logit_bias) {
+    if (id < 0) return fmt::format("logit_bias token id {} is out of range; ids are >= 0", id);
+    if (!(b >= -100.0f && b <= 100.0f))
+      return fmt::format("logit_bias value {} for token {} is out of range; use a value in [-100, 100]", b, id);
+  }
   return {};
+}
+
+bool sampling_params::processes_logits() const {
+  return presence_penalty != 0.0f || frequency_penalty != 0.0f || repetition_penalty != 1.0f || min_p > 0.0f ||
+         !logit_bias.empty();
+}
+
+void apply_logit_processing(std::span<float> logits, const sampling_params& p, const token_history& h) {
+  const int64_t n = int64_t(logits.size());
+  auto in_row = [n](int32_t id) { return id >= 0 && id < n; };
+  for (const auto& [id, b] : p.logit_bias)
+    if (in_row(id)) logits[size_t(id)] += b;
+  if (p.repetition_penalty != 1.0f) {
+    // Each distinct token once (llama.cpp and HF penalize the set, not the count).
+    std::vector<int32_t> seen;
+    seen.reserve(h.prompt.size() + h.generated.size());
+    seen.insert(seen.end(), h.prompt.begin(), h.prompt.end());
+    seen.insert(seen.end(), h.generated.begin(), h.generated.end());
+    std::sort(seen.begin(), seen.end());
+    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+    for (int32_t id : seen) {
+      if (!in_row(id)) continue;
+      float& l = logits[size_t(id)];
+      l = l > 0.0f ? l / p.repetition_penalty : l * p.repetition_penalty;
+    }
+  }
+  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+    std::vector<int32_t> gen(h.generated.begin(), h.generated.end());
+    std::sort(gen.begin(), gen.end());
+    for (size_t i = 0; i < gen.size();) {
+      size_t j = i;
+      while (j < gen.size() && gen[j] == gen[i]) ++j;
+      if (in_row(gen[i]))
+        logits[size_t(gen[i])] -= float(j - i) * p.frequency_penalty + p.presence_penalty;
+      i = j;
+    }
+  }
 }
 
 sampler::sampler(const sampling_params& p) : p_(p), state_(p.seed) {
@@ -31,9 +82,22 @@ uint64_t sampler::next_u64() {
   return z ^ (z >> 31);
 }
 
-int32_t sampler::sample(std::span<const float> logits) {
+int32_t sampler::sample(std::span<const float> logits, const token_history& h) {
   if (logits.empty()) throw tandem::error("sampler: empty logits row; the model returned no vocabulary");
-  if (p_.temperature == 0.0f || p_.top_k == 1) {
+  if (!p_.processes_logits()) return draw(logits);
+  work_.assign(logits.begin(), logits.end());
+  apply_logit_processing(work_, p_, h);
+  if (p_.min_p > 0.0f && p_.temperature != 0.0f) {
+    // p_i >= min_p * p_max  <=>  l_i / T >= l_max / T + ln(min_p): cut the tail to -inf.
+    const float mx = work_[size_t(cpu::argmax(work_.data(), int64_t(work_.size())))];
+    const float cut = mx + p_.temperature * std::log(p_.min_p);
+    for (auto& l : work_)
+      if (l < cut) l = -INFINITY;
+  }
+  return draw(work_);
+}
+
+int32_t sampler::draw(std::span<const float> logits) {  if (p_.temperature == 0.0f || p_.top_k == 1) {
     // The first maximum (std::max_element's): ties go to the lowest id.
     return int32_t(cpu::argmax(logits.data(), int64_t(logits.size())));
   }

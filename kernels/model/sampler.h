@@ -1,20 +1,49 @@
 #pragma once
-/// Token sampling: greedy, temperature, top-k, top-p, seeded.
+/// Token sampling: greedy, temperature, top-k, top-p, min-p, seeded; logit bias and
+/// presence/frequency/repetition penalties over the sequence's tokens.
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tandem {
+
+/// Entries of one logit_bias map: bounds the per-token work of the bias.
+constexpr size_t max_logit_bias_entries = 1024;
 
 struct sampling_params {
   float temperature = 1.0f;  ///< 0 = greedy (argmax, ties to the lowest id)
   int32_t top_k = 0;         ///< 0 = off
   float top_p = 1.0f;        ///< 1 = off
   uint64_t seed = 0;
+  /// OpenAI's: subtracted once from the logit of every token generated so far. [-2, 2], 0 = off.
+  float presence_penalty = 0.0f;
+  /// OpenAI's: subtracted per occurrence in the generated tokens. [-2, 2], 0 = off.
+  float frequency_penalty = 0.0f;
+  /// HF/llama.cpp's: logits of tokens in prompt + generated are divided by it (multiplied when
+  /// negative). (0, 2], 1 = off.
+  float repetition_penalty = 1.0f;
+  /// Keeps tokens whose probability (after temperature) is at least min_p times the most
+  /// likely one's. [0, 1], 0 = off.
+  float min_p = 0.0f;
+  /// (token id, bias in [-100, 100]) added to the logits before everything else.
+  std::vector<std::pair<int32_t, float>> logit_bias;
   /// Empty if valid, else a message naming the parameter, its value and the valid range.
   std::string validate() const;
+  /// True when logits must be rewritten before the draw (bias, penalties or min_p set).
+  bool processes_logits() const;
 };
+
+/// The tokens a sequence's penalties look at.
+struct token_history {
+  std::span<const int32_t> prompt;
+  std::span<const int32_t> generated;
+};
+
+/// Adds logit_bias and applies the repetition, frequency and presence penalties to `logits`
+/// in place (ids outside the row are ignored: the front end validated them).
+void apply_logit_processing(std::span<float> logits, const sampling_params& p, const token_history& h);
 
 /// One sampler per sequence; the same seed and logits give the same tokens. Cheap to
 /// construct (the worker makes one per token from a per-token seed): the generator is
@@ -23,14 +52,16 @@ struct sampling_params {
 class sampler {
  public:
   explicit sampler(const sampling_params& p);
-  int32_t sample(std::span<const float> logits);
+  int32_t sample(std::span<const float> logits, const token_history& h = {});
 
  private:
   uint64_t next_u64();
+  int32_t draw(std::span<const float> logits);
   sampling_params p_;
   uint64_t state_;
   std::vector<std::pair<float, int32_t>> scratch_;
   std::vector<float> probs_;
+  std::vector<float> work_;  ///< the processed logits row
 };
 
 }  // namespace tandem

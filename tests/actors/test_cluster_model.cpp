@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "actors/runtime/embedded_cluster.h"
@@ -178,4 +179,46 @@ TEST_CASE("embedded_cluster: bad limits and a missing model fail with a message"
   o = micro_opts(true);
   o.model_path = "/nonexistent/model.gguf";
   CHECK_THROWS_AS(embedded_cluster::start(o), tandem::error);
+}
+
+TEST_CASE("embedded_cluster(micro): penalties and logit_bias travel to the worker's sampler") {
+  auto c = embedded_cluster::start(micro_opts(false));
+  auto base = make_req("plain", c->tok().encode("numbers 1 2 3 4 5 6 7 8 9 10", true), 24, 0.0f, 1);
+  auto plain = run(*c, {base}, true)[0];
+  REQUIRE(plain.size() == 24);
+  // A bias of -100 on the greedy first token changes it (prefill samples it).
+  auto biased = base;
+  biased.request_id = "biased";
+  biased.sampling.logit_bias = {{plain[0], -100.0f}};
+  auto b = run(*c, {biased}, true)[0];
+  CHECK(b[0] != plain[0]);
+  CHECK(std::find(b.begin(), b.end(), plain[0]) == b.end());  // every step (decode too) sees the bias
+  // A strong frequency penalty: no token repeats more than the unpenalized output's first token does.
+  auto pen = base;
+  pen.request_id = "penalized";
+  pen.sampling.frequency_penalty = 2.0f;
+  pen.sampling.presence_penalty = 2.0f;
+  pen.sampling.repetition_penalty = 2.0f;
+  auto p = run(*c, {pen}, true)[0];
+  REQUIRE(p.size() == 24);
+  auto max_repeats = [](std::vector<int32_t> v) {
+    std::sort(v.begin(), v.end());
+    int best = 0;
+    for (size_t i = 0; i < v.size();) {
+      size_t j = i;
+      while (j < v.size() && v[j] == v[i]) ++j;
+      best = std::max(best, int(j - i));
+      i = j;
+    }
+    return best;
+  };
+  INFO("plain repeats " << max_repeats(plain) << ", penalized " << max_repeats(p));
+  CHECK(p != plain);
+  CHECK(max_repeats(p) <= max_repeats(plain));
+  // min_p with sampling runs end to end.
+  auto mp = base;
+  mp.request_id = "min_p";
+  mp.sampling.temperature = 1.0f;
+  mp.sampling.min_p = 0.2f;
+  CHECK(run(*c, {mp}, true)[0].size() == 24);
 }

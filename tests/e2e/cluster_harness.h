@@ -137,7 +137,6 @@ class node_cluster {
 inline std::string completion_body(const std::string& prompt, int32_t max_tokens, bool stream = false) {
   json::writer w;
   w.begin_object()
-      .key("model").str("micro")
       .key("prompt").str(prompt)
       .key("max_tokens").num(max_tokens)
       .key("temperature").real(0)

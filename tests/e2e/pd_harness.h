@@ -164,7 +164,6 @@ struct pd_cluster {
 inline std::string body(const std::string& prompt, int32_t max_tokens, bool stream = false) {
   json::writer w;
   w.begin_object()
-      .key("model").str("micro")
       .key("prompt").str(prompt)
       .key("max_tokens").num(max_tokens)
       .key("temperature").real(0)

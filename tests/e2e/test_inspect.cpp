@@ -28,7 +28,7 @@ TEST_CASE("inspect: tandem inspect lists the actors and KV pool of a running nod
   temp_dir dir;
   const std::string model = write_micro_model(dir.path);
   server srv(model, (dir.path / "serve.log").string(), {"--admin-port", "0"});
-  REQUIRE(test::post(srv.http_port, "/v1/completions", R"({"model":"m","prompt":"hi","max_tokens":2})").status == 200);
+  REQUIRE(test::post(srv.http_port, "/v1/completions", R"({"prompt":"hi","max_tokens":2})").status == 200);
   std::string addr = "127.0.0.1:" + std::to_string(srv.admin_port);
 
   int code = -1;

@@ -19,9 +19,9 @@ TEST_CASE("metrics: every metric a running node renders is in docs/metrics.md, a
   const std::string model = write_micro_model(dir.path);
   server srv(model, (dir.path / "serve.log").string());
   // One finished request and one refused by the front end, so the per-event series exist.
-  auto ok = test::post(srv.http_port, "/v1/completions", R"({"model":"m","prompt":"hello","max_tokens":3})");
+  auto ok = test::post(srv.http_port, "/v1/completions", R"({"prompt":"hello","max_tokens":3})");
   REQUIRE(ok.status == 200);
-  auto bad = test::post(srv.http_port, "/v1/completions", R"({"model":"m","prompt":"hello","max_tokens":0})");
+  auto bad = test::post(srv.http_port, "/v1/completions", R"({"prompt":"hello","max_tokens":0})");
   CHECK(bad.status >= 400);
   auto resp = test::get(srv.http_port, "/metrics");
   REQUIRE(resp.status == 200);

@@ -84,7 +84,6 @@ struct fixture {
 std::string completion_body(const std::string& prompt) {
   json::writer w;
   w.begin_object()
-      .key("model").str("micro")
       .key("prompt").str(prompt)
       .key("max_tokens").num(max_tokens)
       .key("temperature").real(0)

@@ -58,7 +58,7 @@ pids+=($!)
 
 # One finished request, so the per-request series exist.
 curl -sf -X POST "http://127.0.0.1:$http_port/v1/completions" \
-  -H 'Content-Type: application/json' -d '{"model":"m","prompt":"hello","max_tokens":3}' >/dev/null || fail "completion request failed"
+  -H 'Content-Type: application/json' -d '{"prompt":"hello","max_tokens":3}' >/dev/null || fail "completion request failed"
 
 # prometheus: the shipped scrape config, pointed at this node, scraping every second.
 sed -e "s/127\.0\.0\.1:8080/127.0.0.1:$http_port/" -e "s/scrape_interval: 10s/scrape_interval: 1s/" \

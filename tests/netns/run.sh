@@ -126,7 +126,7 @@ prompts=("Once upon a time" "The quick brown fox" "hello")
 # client namespace.
 completion() {
   local body
-  body=$(jq -cn --arg p "$3" '{model: "m", prompt: $p, max_tokens: 16, temperature: 0}')
+  body=$(jq -cn --arg p "$3" '{prompt: $p, max_tokens: 16, temperature: 0}')
   in_client curl -sS --fail-with-body --max-time 20 -H "Content-Type: application/json" "${@:4}" "http://$1:$2/v1/completions" -d "$body" | jq -er '.choices[0].text'
 }
 health() { in_client curl -sf --max-time 2 "http://$1:$2/health" -o /dev/null; }
@@ -305,7 +305,7 @@ EOF
   link prefill down
   code=$(in_client curl -sS --max-time 30 -o "$tmp/pd-down.json" -w '%{http_code}' http://10.77.0.11:8080/v1/completions \
     -H "Content-Type: application/json" \
-    -d '{"model":"m","prompt":"hello","max_tokens":16,"temperature":0}') || fail "the router did not answer with prefill's link down"
+    -d '{"prompt":"hello","max_tokens":16,"temperature":0}') || fail "the router did not answer with prefill's link down"
   ((code >= 500)) || fail "with prefill's link down the router answered $code: $(cat "$tmp/pd-down.json")"
   msg=$(jq -er '.error.message' "$tmp/pd-down.json") || fail "no error message: $(cat "$tmp/pd-down.json")"
   echo "  prefill link down: HTTP $code: $msg"
@@ -341,7 +341,7 @@ EOF
     n=${order[f]}
     fpids=()
     for k in 0 1; do
-      body=$(jq -cn --arg p "${prompts[k]}" '{model: "m", prompt: $p, max_tokens: 16, temperature: 0}')
+      body=$(jq -cn --arg p "${prompts[k]}" '{prompt: $p, max_tokens: 16, temperature: 0}')
       in_client curl -sS --max-time 20 -o "$tmp/flap-$f-$k.json" -w '%{http_code}' -H "Content-Type: application/json" \
         http://10.77.0.11:8080/v1/completions -d "$body" >"$tmp/flap-$f-$k.code" 2>>"$tmp/flap-curl.log" &
       fpids+=($!)

@@ -161,7 +161,7 @@ TEST_CASE("http: a token whose text is held back still gets its SSE chunk, with 
 TEST_CASE("http: chat completions use the Llama-2 template, stream and non-stream") {
   server_fixture s;
   auto r = post(s.http_port, "/v1/chat/completions",
-                R"({"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}],"max_tokens":5})");
+                R"({"model":"fake-model","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}],"max_tokens":5})");
   REQUIRE(r.status == 200);
   auto j = body_json(r);
   CHECK(str_at(j, {"object"}) == "chat.completion");

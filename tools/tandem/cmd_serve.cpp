@@ -273,7 +273,9 @@ int serve(args a) {
            "on")
       .opt("chat-template-file",
            "a Jinja chat template that replaces the model's tokenizer.chat_template for /v1/chat/completions "
-           "(default: the model's, else the Llama-2 format; docs/api.md)");
+           "(default: the model's, else the Llama-2 format; docs/chat_templates.md)")
+      .opt("accept-any-model-name", "on: a request naming another model is served by this one; off: 404 model_not_found",
+           "off");
   if (!f.parse(a)) {
     std::fprintf(stderr, "usage: tandem serve --model FILE [options]\n       tandem serve --config FILE --node NAME\n%s",
                  f.help().c_str());
@@ -317,6 +319,10 @@ int serve(args a) {
     if (f.str("router-migration") != "on" && f.str("router-migration") != "off")
       throw usage_error("flag --router-migration = '" + f.str("router-migration") + "' is not a switch; use on or off");
     co.lim.router_migration = f.str("router-migration") == "on";
+    if (f.str("accept-any-model-name") != "on" && f.str("accept-any-model-name") != "off")
+      throw tandem::error("flag --accept-any-model-name = '" + f.str("accept-any-model-name") +
+                          "' is not a switch; use on or off");
+    co.lim.accept_any_model_name = f.str("accept-any-model-name") == "on";
     int64_t body = f.num("max-body-bytes");
     if (body <= 0) throw usage_error("flag --max-body-bytes = " + std::to_string(body) + " must be > 0");
     co.lim.max_body_bytes = body;

@@ -19,6 +19,7 @@
 #include "transport/http/framed_http_server.h"
 #include "transport/http/json.h"
 #include "transport/http/rate_limiter.h"
+#include "transport/http/request_params.h"
 #include "transport/http/tokenize_routes.h"
 
 namespace tandem {
@@ -129,6 +130,7 @@ struct parsed_request {
   generation_params gen;
   bool stream = false;
   bool include_usage = false;
+  bool max_tokens_set = false;  ///< else the default is what is left of the context
   std::vector<int32_t> prompt;
 };
 
@@ -140,9 +142,15 @@ void parse_common(const json::value& body, parsed_request& r, bool chat) {
     r.gen.sampling.top_k = *t == -1 ? 0 : clamp_i32(*t);
   }
   if (auto t = get_int(body, "seed")) r.gen.sampling.seed = static_cast<uint64_t>(*t);
+  // max_completion_tokens is OpenAI's newer name for max_tokens; both routes take either.
   std::optional<int64_t> mt = get_int(body, "max_tokens");
-  if (chat && !mt) mt = get_int(body, "max_completion_tokens");
-  if (mt) r.gen.max_tokens = clamp_i32(*mt);
+  if (auto mct = get_int(body, "max_completion_tokens")) {
+    if (mt && *mt != *mct)
+      throw http_error{422, fmt::format("max_tokens = {} and max_completion_tokens = {} disagree; send one of them", *mt, *mct),
+                       "invalid_request_error", "max_completion_tokens", "invalid_value", std::nullopt};
+    mt = mct;
+  }
+  if (mt) r.gen.max_tokens = clamp_i32(*mt), r.max_tokens_set = true;
   if (auto* s = field(body, "stop")) {
     if (s->k == json::kind::string) {
       r.gen.stop.push_back(s->s);
@@ -294,7 +302,7 @@ struct openai_server::impl {
     bool post = false;
     if (path == "/v1/completions") r = r_completions, post = true;
     else if (path == "/v1/chat/completions") r = r_chat, post = true;
-    else if (path == "/v1/models") r = r_models;
+    else if (path == "/v1/models" || path.starts_with("/v1/models/")) r = r_models;
     else if (path == "/health") r = r_health;
     else if (path == "/health/ready") r = r_ready;
     else if (path == "/metrics") r = r_metrics;
@@ -313,6 +321,19 @@ struct openai_server::impl {
                          "invalid_request_error", "", "method_not_allowed", std::nullopt},
                         r, post ? "POST" : "GET");
 
+    if (r == r_models && path != "/v1/models") {
+      // GET /v1/models/{id}: the served model, or 404 model_not_found.
+      std::string id = path.substr(std::string_view("/v1/models/").size());
+      if (id != api.model_id())
+        return send_error(response,
+                          {404, fmt::format("model '{}' is not served here; this server serves '{}'", id, api.model_id()),
+                           "invalid_request_error", "model", "model_not_found", std::nullopt},
+                          r);
+      json::writer w;
+      w.begin_object().key("id").str(api.model_id()).key("object").str("model").key("created").raw(unix_now_s());
+      w.key("owned_by").str("tandem").key("max_model_len").num(api.max_context()).end_object();
+      return send_body(response, 200, "application/json", w.take(), r);
+    }
     if (r == r_models) {
       json::writer w;
       w.begin_object().key("object").str("list").key("data").begin_array();
@@ -743,8 +764,20 @@ kj::Promise<void> openai_server::impl::generate(route_id r, const std::string& t
   if (body.k != json::kind::object)
     throw bad_request(fmt::format("the request body must be a JSON object, got {}", json::kind_name(body.k)), "", "invalid_type");
   const bool chat = r == r_chat;
+  if (auto pe = transport::check_fields(body, chat)) {
+    const bool unknown = transport::classify_field(pe->param, chat) == transport::field_policy::unknown;
+    throw http_error{422, pe->message, "invalid_request_error", pe->param,
+                     unknown ? "unknown_parameter" : "unsupported_parameter", std::nullopt};
+  }
   parsed_request pr;
   parse_common(body, pr, chat);
+  if (auto fe = transport::parse_sampling_extras(body, pr.gen.sampling, api.tok().n_vocab()))
+    throw http_error{fe->status, fe->message, "invalid_request_error", fe->param, fe->code, std::nullopt};
+  // A request without `model` uses the served one; another name is 404 unless the operator
+  // accepts any (clients that hard-code a model name).
+  if (auto* m = field(body, "model"); m && m->s != api.model_id() && !lim.accept_any_model_name)
+    throw http_error{404, fmt::format("model '{}' is not served here; this server serves '{}' (GET /v1/models)", m->s, api.model_id()),
+                     "invalid_request_error", "model", "model_not_found", std::nullopt};
   const tokenizer& tok = api.tok();
   auto invalid = [](std::string param, std::string msg) {
     return http_error{422, std::move(msg), "invalid_request_error", std::move(param), "invalid_value", std::nullopt};
@@ -781,6 +814,7 @@ kj::Promise<void> openai_server::impl::generate(route_id r, const std::string& t
       wrong_type("prompt", "a string or an array of token ids", *pv);
     }
   }
+  if (!pr.max_tokens_set) pr.gen.max_tokens = transport::default_max_tokens(pr.prompt.size(), api.max_context(), lim);
   if (auto pe = transport::check_params(pr.gen, pr.prompt.size(), api.max_context(), lim)) throw invalid(pe->param, pe->message);
 
   auto g = kj::heap<gen_state>(*this, tok, pr.gen.stop);

@@ -68,6 +68,40 @@ try {
   check(e instanceof OpenAI.APIError && e.status === 422 && /temperature/.test(e.message), `422 for temperature 5 (${e.message})`);
 }
 
+// A parameter Tandem does not honour is refused naming it, never silently ignored.
+try {
+  await client.completions.create({ ...params, prompt: "x", echo: true });
+  check(false, "echo is refused");
+} catch (e) {
+  check(e instanceof OpenAI.APIError && e.status === 422 && e.param === "echo", `422 naming echo (${e.message})`);
+}
+try {
+  await client.chat.completions.create({ ...params, model: "gpt-4o", messages });
+  check(false, "a model not served is refused");
+} catch (e) {
+  check(e instanceof OpenAI.APIError && e.status === 404 && e.code === "model_not_found", `404 model_not_found (${e.message})`);
+}
+const retrieved = await client.models.retrieve(model);
+check(retrieved.id === model, `models.retrieve returns the served model (${retrieved.id})`);
+
+// A logit_bias of -100 on the greedy first token changes it.
+const first = await client.completions.create({ ...params, prompt: [1, 10, 20], max_tokens: 1 });
+const tok = await fetch(`${baseURL.replace(/\/v1\/?$/, "")}/tokenize`, {
+  method: "POST", headers: { "Content-Type": "application/json" },
+  body: JSON.stringify({ content: first.choices[0].text, add_special: false }),
+}).then((r) => r.json());
+// SentencePiece may prefix the text with a space token: the generated token is the last one.
+const greedyId = tok.tokens?.[tok.tokens.length - 1];
+check(Number.isInteger(greedyId), `the greedy token re-tokenizes (${JSON.stringify(tok)})`);
+{
+  const biased = await client.completions.create({ ...params, prompt: [1, 10, 20], max_tokens: 1,
+                                                   logit_bias: { [greedyId]: -100 } });
+  check(biased.choices[0].text !== first.choices[0].text, `logit_bias -100 changes the greedy token (${JSON.stringify(first.choices[0].text)} -> ${JSON.stringify(biased.choices[0].text)})`);
+}
+const penalized = await client.chat.completions.create({ ...params, messages, max_tokens: 4, presence_penalty: 1.5,
+                                                          frequency_penalty: 1, min_p: 0.1 });
+check(typeof penalized.choices[0].message.content === "string", "penalties and min_p are accepted");
+
 if (failures) {
   console.error(`${failures} check(s) failed`);
   process.exit(1);
