@@ -57,7 +57,7 @@ TEST_CASE("metrics: a request ended by a stop string is counted as stop, not abo
   // The greedy text without a stop string, then a stop string from its first tokens: the front
   // end cuts the text there and ends the engine request before it finished by itself.
   auto full = test::post(srv.http_port, "/v1/completions",
-                         R"({"model":"m","prompt":"hello","max_tokens":24,"temperature":0})");
+                         R"({"prompt":"hello","max_tokens":24,"temperature":0})");
   REQUIRE(full.status == 200);
   std::smatch m;
   REQUIRE(std::regex_search(full.body, m, std::regex(R"re("text":"([^"\\]*))re")));
@@ -73,7 +73,7 @@ TEST_CASE("metrics: a request ended by a stop string is counted as stop, not abo
     return;
   }
   auto cut = test::post(srv.http_port, "/v1/completions",
-                        R"({"model":"m","prompt":"hello","max_tokens":24,"temperature":0,"stop":")" + stop + R"("})");
+                        R"({"prompt":"hello","max_tokens":24,"temperature":0,"stop":")" + stop + R"("})");
   REQUIRE(cut.status == 200);
   CHECK(cut.body.find("\"finish_reason\":\"stop\"") != std::string::npos);
   // The router counts the finish when the front end's end reaches it (asynchronously).
