@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "kernels/base/error.h"
+#include "kernels/gguf/half.h"
 
 namespace tandem::cpu {
 
@@ -194,29 +195,7 @@ float fp16_to_fp32(uint16_t h) {
   return f;
 }
 
-uint16_t fp32_to_fp16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  uint16_t sign = uint16_t((u >> 16) & 0x8000);
-  uint32_t abs = u & 0x7fffffffu;
-  if (abs >= 0x7f800000u) return sign | 0x7c00 | (abs > 0x7f800000u ? 0x200 | ((abs >> 13) & 0x3ff) : 0);
-  if (abs >= 0x477ff000u) return sign | 0x7c00;  // rounds to >= 65520: overflow
-  if (abs < 0x38800000u) {                       // below the smallest normal half
-    if (abs < 0x33000000u) return sign;          // < half of the smallest subnormal
-    uint32_t e = abs >> 23;
-    uint32_t m = (abs & 0x7fffff) | 0x800000;
-    const uint32_t shift = 126 - e;  // half subnormal = m * 2^(e - 150 + 24)
-    uint32_t r = m >> shift;
-    uint32_t rem = m & ((1u << shift) - 1);
-    uint32_t halfway = 1u << (shift - 1);
-    if (rem > halfway || (rem == halfway && (r & 1))) ++r;
-    return sign | uint16_t(r);
-  }
-  uint32_t r = ((abs - 0x38000000u) >> 13);
-  uint32_t rem = abs & 0x1fff;
-  if (rem > 0x1000 || (rem == 0x1000 && (r & 1))) ++r;
-  return sign | uint16_t(r);
-}
+uint16_t fp32_to_fp16(float f) { return gguf::fp32_to_fp16(f); }
 
 namespace {
 constexpr float fp16_max = 65504.0f;  // the largest finite half
@@ -246,13 +225,7 @@ void fp32_to_fp16_row(const float* in, uint16_t* out, int64_t n) {
     out[i] = fp32_to_fp16(std::isfinite(in[i]) ? std::clamp(in[i], -fp16_max, fp16_max) : in[i]);
 }
 
-uint16_t fp32_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
-  u += 0x7fff + ((u >> 16) & 1);
-  return uint16_t(u >> 16);
-}
+uint16_t fp32_to_bf16(float f) { return gguf::fp32_to_bf16(f); }
 
 void dequantize_row(ggml_type t, const void* row, float* out, int64_t n) {
   switch (t) {

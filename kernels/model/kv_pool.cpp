@@ -71,13 +71,16 @@ std::string kv_layout::describe() const {
   std::string s = fmt::format("layers={} kv_heads={} head_dim={} page_size={}", n_layers, n_kv_heads, head_dim,
                               page_size);
   if (dtype != kv_dtype::f32) s += fmt::format(" kv={}", to_string(dtype));
-  if (!components.empty()) {
-    s += " components=";
-    for (size_t i = 0; i < components.size(); ++i)
-      s += fmt::format("{}{}:{}x{}x{}", i ? "," : "", components[i].name, components[i].n_heads,
-                       components[i].head_dim, components[i].elem_bytes);
-  }
+  if (!components.empty()) s += " components=" + components_text();
   return s;
+}
+
+std::string kv_layout::components_text() const {
+  std::string out;
+  for (size_t i = 0; i < components.size(); ++i)
+    out += fmt::format("{}{}:{}x{}x{}", i ? "," : "", components[i].name, components[i].n_heads,
+                       components[i].head_dim, components[i].elem_bytes);
+  return out;
 }
 
 void kv_pool::init_shape() {

@@ -75,6 +75,8 @@ struct kv_layout {
   bool operator==(const kv_layout&) const = default;
   /// "layers=22 kv_heads=4 head_dim=64 page_size=16" (+ " kv=f16", " components=latent:1x576x4,...")
   std::string describe() const;
+  /// "latent:1x576x4,..." (name:heads x head_dim x bytes per element), "" for the standard pair.
+  std::string components_text() const;
 };
 
 /// Contiguous storage for `n_pages` pages. Page p, layer l starts at

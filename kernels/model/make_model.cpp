@@ -242,22 +242,7 @@ std::vector<uint8_t> encode(const std::vector<float>& x, ggml_type t) {
         std::memcpy(out.data() + 2 * i, &h, 2);
       }
       break;
-    case ggml_type::q8_0: {
-      // ggml's quantize_row_q8_0_ref
-      for (size_t blk = 0; blk < x.size() / q8_0_block; ++blk) {
-        const float* v = x.data() + blk * q8_0_block;
-        float amax = 0.0f;
-        for (int j = 0; j < q8_0_block; ++j) amax = std::max(amax, std::fabs(v[j]));
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        block_q8_0 b;
-        b.d = gguf::fp32_to_fp16(d);
-        for (int j = 0; j < q8_0_block; ++j) b.qs[j] = int8_t(std::roundf(v[j] * id));
-        std::memcpy(out.data() + blk * sizeof(block_q8_0), &b, sizeof b);
-      }
-      break;
-    }
-    default: out = cpu::quantize_rows(t, x.data(), 1, int64_t(x.size())); break;  // q4_0, k-quants
+    default: out = cpu::quantize_rows(t, x.data(), 1, int64_t(x.size())); break;  // q8_0, q4_0, k-quants
   }
   return out;
 }

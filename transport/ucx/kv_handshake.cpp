@@ -25,11 +25,7 @@ constexpr size_t header_bytes = 8;
 
 /// "latent:1x576x4,..." or "standard K/V".
 std::string components_text(const kv_layout& l) {
-  if (l.components.empty()) return "standard K/V";
-  std::string out;
-  for (const auto& c : l.components)
-    out += fmt::format("{}{}:{}x{}x{}", out.empty() ? "" : ",", c.name, c.n_heads, c.head_dim, c.elem_bytes);
-  return out;
+  return l.components.empty() ? "standard K/V" : l.components_text();
 }
 
 }  // namespace

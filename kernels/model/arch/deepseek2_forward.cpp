@@ -42,8 +42,6 @@ class deepseek2_model final : public arch::layered_model {
   const float* ffn_norm(int32_t l) const override { return layers_[size_t(l)].ffn_norm.data(); }
   void attention(int32_t l, kv_pool& pool, int64_t T) override;
   void ffn(int32_t l, int64_t T) override;
-  /// y = down(silu(gate x) * up x) for `rows` rows of input `x`.
-  void swiglu_ffn(weight_id gate, weight_id up, weight_id down, const float* x, int64_t rows, int64_t width, float* y);
 
   deepseek2_weights w_;
   std::vector<layer> layers_;
@@ -55,7 +53,7 @@ class deepseek2_model final : public arch::layered_model {
   // matmul and attention read contiguous rows.
   std::unique_ptr<backend::buffer> qa_, q_, kva_, lat_, kpe_, qpe_, qlat_, olat_, ov_, gate_, up_, head_in_, head_out_,
       router_, moe_in_, moe_out_, shared_;
-  std::vector<float> route_w_, router_host_;
+  std::vector<float> route_w_;
   std::vector<int32_t> route_e_, expert_rows_, moe_dest_;
   /// An expert with rows [first, first + rows) of the gathered MoE input.
   struct expert_group {
@@ -191,18 +189,6 @@ deepseek2_model::deepseek2_model(const deepseek2_weights& w, kv_dtype kv, std::u
     *buf = ops_->make_buffer();
 }
 
-void deepseek2_model::swiglu_ffn(weight_id gate, weight_id up, weight_id down, const float* x, int64_t rows,
-                                 int64_t width, float* y) {
-  backend::ops& o = *ops_;
-  float* g = gate_->floats(size_t(rows * width));
-  float* u = up_->floats(size_t(rows * width));
-  const weight_id ws[] = {gate, up};
-  float* const ys[] = {g, u};
-  o.matmul_many(ws, x, rows, ys);
-  o.swiglu(g, u, g, size_t(rows * width));
-  o.matmul(down, g, rows, y);
-}
-
 void deepseek2_model::build_rope(int64_t T) {
   const model_config& c = config_;
   rope_.build(plan_.positions.data(), T, c.rope_dims, c.rope_freq_base, false,
@@ -288,7 +274,7 @@ void deepseek2_model::ffn(int32_t l, int64_t T) {
   float* xn = xn_->floats(0);
   float* y = tmp_->floats(size_t(T * e));
   if (!L.moe) {
-    swiglu_ffn(L.gate, L.up, L.down, xn, T, c.n_ff, y);
+    arch::gated_ffn(o, L.gate, L.up, L.down, xn, T, c.n_ff, ffn_kind::silu, *gate_, *up_, y);
     return;
   }
   // Route every token, then run each expert once on the rows routed to it: a step reads only

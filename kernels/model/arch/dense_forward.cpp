@@ -165,19 +165,9 @@ void dense_model::attention(int32_t l, kv_pool& pool, int64_t T) {
 void dense_model::ffn(int32_t l, int64_t T) {
   const model_config& c = config_;
   const layer& L = layers_[size_t(l)];
-  backend::ops& o = *ops_;
-  float* gate = gate_->floats(size_t(T * c.n_ff));
-  float* up = up_->floats(size_t(T * c.n_ff));
-  const backend::weight_id gate_up_w[] = {L.ffn_gate, L.ffn_up};
-  float* const gate_up_y[] = {gate, up};
-  o.matmul_many(gate_up_w, xn_->floats(0), T, gate_up_y);
-  if (c.ffn == ffn_kind::gelu)
-    o.geglu(gate, up, gate, size_t(T * c.n_ff));
-  else
-    o.swiglu(gate, up, gate, size_t(T * c.n_ff));
   float* tmp = tmp_->floats(size_t(T * c.n_embd));
-  o.matmul(L.ffn_down, gate, T, tmp);
-  if (!L.ffn_post_norm.empty()) o.rms_norm(tmp, L.ffn_post_norm.data(), tmp, T, c.n_embd, c.rms_eps);
+  arch::gated_ffn(*ops_, L.ffn_gate, L.ffn_up, L.ffn_down, xn_->floats(0), T, c.n_ff, c.ffn, *gate_, *up_, tmp);
+  if (!L.ffn_post_norm.empty()) ops_->rms_norm(tmp, L.ffn_post_norm.data(), tmp, T, c.n_embd, c.rms_eps);
 }
 
 }  // namespace

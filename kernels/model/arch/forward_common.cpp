@@ -45,6 +45,21 @@ void output_logits(backend::ops& o, const batch_plan& plan, const float* x, floa
   if (!host) o.download(out, logits.size(), logits.data());
 }
 
+void gated_ffn(backend::ops& o, backend::weight_id gate, backend::weight_id up, backend::weight_id down, const float* x,
+               int64_t rows, int64_t width, ffn_kind act, backend::buffer& gate_buf, backend::buffer& up_buf,
+               float* y) {
+  float* g = gate_buf.floats(size_t(rows * width));
+  float* u = up_buf.floats(size_t(rows * width));
+  const backend::weight_id ws[] = {gate, up};
+  float* const ys[] = {g, u};
+  o.matmul_many(ws, x, rows, ys);
+  if (act == ffn_kind::gelu)
+    o.geglu(g, u, g, size_t(rows * width));
+  else
+    o.swiglu(g, u, g, size_t(rows * width));
+  o.matmul(down, g, rows, y);
+}
+
 layered_model::layered_model(const model_config& c, kv_dtype kv, std::unique_ptr<backend::ops> ops)
     : config_(c), kv_(kv), ops_(std::move(ops)) {
   for (auto* buf : {&x_, &xn_, &tmp_, &logits_}) *buf = ops_->make_buffer();

@@ -35,6 +35,12 @@ void output_logits(backend::ops& o, const batch_plan& plan, const float* x, floa
                    int64_t n_embd, backend::weight_id output, float softcap, backend::buffer& staging,
                    std::vector<float>& logits);
 
+/// y = down(act(gate x) * up x) for `rows` rows of x (width the FFN's hidden size): gate and
+/// up in one matmul_many through the scratch buffers, the activation SiLU or tanh-GELU.
+void gated_ffn(backend::ops& o, backend::weight_id gate, backend::weight_id up, backend::weight_id down, const float* x,
+               int64_t rows, int64_t width, ffn_kind act, backend::buffer& gate_buf, backend::buffer& up_buf,
+               float* y);
+
 /// A decoder whose forward pass is: embed the new tokens, then per layer x += attention(norm(x))
 /// and x += ffn(norm(x)), then the output head; an architecture supplies the parts, written
 /// against the backend op table.
