@@ -1,5 +1,5 @@
 // `tandem bench`: the mode dispatch and that each mode runs end to end and prints what it
-// promises (no timing is asserted; the numbers are for people, see tools/tandem/cmd_bench_*.cpp).
+// promises (no timing is asserted; the numbers are for people, see tools/bench/).
 #include <doctest/doctest.h>
 
 #include <array>

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "kernels/base/error.h"
-#include "tools/tandem/bench_modes.h"
+#include "tools/bench/modes.h"
 #include "tools/tandem/commands.h"
 
 namespace tandem::cli {

@@ -1,6 +1,6 @@
 // llama.cpp's prefill and decode speed on a GGUF file, through the reference script in a child
 // process (its stdout is `key value` lines; its stderr goes to ours, so its errors are seen).
-#include "tools/tandem/bench_llama_cpp.h"
+#include "tools/bench/llama_cpp.h"
 
 #include <fmt/format.h>
 #include <spawn.h>

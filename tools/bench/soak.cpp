@@ -32,9 +32,9 @@
 #include <vector>
 
 #include "kernels/base/error.h"
-#include "tools/tandem/bench_cluster.h"
-#include "tools/tandem/bench_load.h"
-#include "tools/tandem/bench_modes.h"
+#include "tools/bench/cluster.h"
+#include "tools/bench/load.h"
+#include "tools/bench/modes.h"
 #include "tools/tandem/flags.h"
 #include "transport/http/json.h"
 

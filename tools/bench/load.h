@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "kernels/base/error.h"
-#include "tools/tandem/bench_modes.h"
+#include "tools/bench/modes.h"
 #include "transport/http/json.h"
 
 namespace tandem::cli::load {

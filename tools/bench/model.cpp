@@ -20,8 +20,8 @@
 #include "kernels/gguf/gguf.h"
 #include "kernels/model/kv_pool.h"
 #include "kernels/model/llama.h"
-#include "tools/tandem/bench_llama_cpp.h"
-#include "tools/tandem/bench_modes.h"
+#include "tools/bench/llama_cpp.h"
+#include "tools/bench/modes.h"
 #include "tools/tandem/flags.h"
 
 namespace tandem::cli {

@@ -20,7 +20,7 @@
 #include "actors/common/metrics.h"
 #include "actors/runtime/actor_cluster.h"
 #include "kernels/model/llama.h"
-#include "tools/tandem/bench_modes.h"
+#include "tools/bench/modes.h"
 #include "tools/tandem/flags.h"
 
 namespace tandem::cli {

@@ -15,7 +15,7 @@
 #include "actors/runtime/embedded_cluster.h"
 #include "kernels/model/make_model.h"
 #include "kernels/tokenizer/tokenizer.h"
-#include "tools/tandem/bench_modes.h"
+#include "tools/bench/modes.h"
 #include "tools/tandem/commands.h"
 #include "tools/tandem/flags.h"
 

@@ -24,8 +24,8 @@
 
 #include "kernels/base/error.h"
 #include "actors/runtime/embedded_cluster.h"
-#include "tools/tandem/bench_load.h"
-#include "tools/tandem/bench_modes.h"
+#include "tools/bench/load.h"
+#include "tools/bench/modes.h"
 #include "tools/tandem/flags.h"
 #include "transport/http/json.h"
 #include "transport/rpc/front_end.h"
