@@ -24,7 +24,9 @@
 
 #include "kernels/base/error.h"
 #include "actors/runtime/embedded_cluster.h"
+#include "tools/bench/cluster.h"
 #include "tools/bench/load.h"
+#include "tools/bench/bench_flags.h"
 #include "tools/bench/modes.h"
 #include "tools/tandem/flags.h"
 #include "transport/http/json.h"
@@ -39,98 +41,7 @@ using namespace load;
 /// Goal: the bounded cluster refuses at most this share (%) of the 0.8x-load requests.
 constexpr double kMaxLoadRefusedPct = 1.0;
 
-/// An embedded cluster and its HTTP front end on a free port, on a thread of its own.
-class served_cluster {
- public:
-  served_cluster(const cluster_options& co) : cluster_(embedded_cluster::start(co)) {
-    front_end_options fo;
-    fo.http_port = 0;
-    fo.rpc_port = -1;
-    fo.lim = co.lim;
-    fe_ = std::make_unique<front_end>(*cluster_, fo);
-    std::promise<uint16_t> ready;
-    auto port = ready.get_future();
-    thread_ = std::thread([this, &ready] {
-      bool reported = false;
-      try {
-        fe_->run([&](const listener_info& l) {
-          if (l.what == "http") ready.set_value(l.port), reported = true;
-        });
-      } catch (...) {
-        if (!reported) ready.set_exception(std::current_exception());
-      }
-    });
-    try {
-      port_ = port.get();
-    } catch (...) {
-      thread_.join();
-      throw;
-    }
-  }
-  ~served_cluster() {
-    fe_->stop();
-    thread_.join();
-    fe_.reset();
-    cluster_.reset();
-  }
-  uint16_t port() const { return port_; }
-  embedded_cluster& cluster() { return *cluster_; }
-  /// The non-zero series of `name` ("labels value" lines) in the node's /metrics text.
-  std::string nonzero(const std::string& name) const {
-    std::istringstream in(cluster_->metrics_text());
-    std::string line, out;
-    while (std::getline(in, line))
-      if (line.rfind(name + "{", 0) == 0 && line.substr(line.rfind(' ') + 1) != "0")
-        out += (out.empty() ? "" : ", ") + line.substr(name.size());
-    return out;
-  }
-  /// A histogram's cumulative buckets (upper bound, count; the last is +Inf), its sum and count.
-  struct hist {
-    std::vector<std::pair<double, double>> buckets;
-    double sum = 0, count = 0;
-    /// The observations since `before` (same buckets): the upper bound of the bucket holding
-    /// quantile `q` (a bucket's resolution; +Inf as -1), and their mean.
-    double quantile_since(const hist& before, double q) const {
-      const double n = count - before.count;
-      if (n <= 0) return 0;
-      for (size_t i = 0; i < buckets.size(); ++i) {
-        const double c = buckets[i].second - (i < before.buckets.size() ? before.buckets[i].second : 0);
-        if (c >= q * n) return buckets[i].first;
-      }
-      return -1;
-    }
-    double mean_since(const hist& before) const {
-      const double n = count - before.count;
-      return n > 0 ? (sum - before.sum) / n : 0;
-    }
-  };
-  hist histogram(const std::string& name) const {
-    std::istringstream in(cluster_->metrics_text());
-    std::string line;
-    hist h;
-    const std::string b = name + "_bucket{le=\"";
-    while (std::getline(in, line)) {
-      const double v = std::strtod(line.c_str() + line.rfind(' ') + 1, nullptr);
-      if (line.rfind(b, 0) == 0) {
-        const std::string le = line.substr(b.size(), line.find('"', b.size()) - b.size());
-        h.buckets.emplace_back(le == "+Inf" ? -1.0 : std::strtod(le.c_str(), nullptr), v);
-      } else if (line.rfind(name + "_sum ", 0) == 0) {
-        h.sum = v;
-      } else if (line.rfind(name + "_count ", 0) == 0) {
-        h.count = v;
-      }
-    }
-    return h;
-  }
-  /// A metric's value summed over its series in the node's /metrics text (0 if absent).
-  double metric(const std::string& name) const { return metric_sum(cluster_->metrics_text(), name); }
-
- private:
-  std::unique_ptr<embedded_cluster> cluster_;
-  std::unique_ptr<front_end> fe_;
-  std::thread thread_;
-  uint16_t port_ = 0;
-};
+using served_cluster = bench_cluster;
 
 /// One load phase against one cluster.
 struct phase {
@@ -219,13 +130,8 @@ int bench_burst(args a) {
       .opt("timeout-s", "client-side timeout of one request", "60")
       .opt("seed", "seed of arrivals and prompts", "1")
       .opt("json", "write the results to this file");
-  if (!f.parse(a)) {
-    std::printf("usage: tandem bench burst --model FILE [options]\n\n%s", f.help().c_str());
-    return 0;
-  }
-  if (!f.positional().empty()) throw tandem::error("unexpected argument '" + f.positional().front() + "'");
-  const std::string model = f.str("model");
-  if (model.empty()) throw tandem::error("--model FILE is required (write one with tandem make-model)");
+  if (!parse_bench_flags(f, a, "burst --model FILE [options]")) return 0;
+  const std::string model = bench_model_path(f);
   const double cap_s = f.real("capacity-s"), load_s = f.real("load-s"), burst_s = f.real("burst-s");
   if (!(cap_s > 0) || !(load_s > 0) || !(burst_s > 0))
     throw tandem::error("--capacity-s, --load-s and --burst-s must be > 0 seconds");

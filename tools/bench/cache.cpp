@@ -15,6 +15,7 @@
 #include "actors/runtime/embedded_cluster.h"
 #include "kernels/model/make_model.h"
 #include "kernels/tokenizer/tokenizer.h"
+#include "tools/bench/bench_flags.h"
 #include "tools/bench/modes.h"
 #include "tools/tandem/commands.h"
 #include "tools/tandem/flags.h"
@@ -160,10 +161,7 @@ int bench_cache(args a) {
       .opt("cache-write-policy", "write_through, write_through_selective or write_back", "write_through")
       .opt("cache-disk-dir", "disk tier (L3) directory (default: a temp directory, removed at exit)")
       .opt("cache-disk-size-gb", "disk tier bound", "1");
-  if (!f.parse(a)) {
-    std::fprintf(stderr, "usage: tandem bench cache [options]\n%s", f.help().c_str());
-    return 0;
-  }
+  if (!parse_bench_flags(f, a, "cache [options]")) return 0;
   bench_params bp;
   bp.sessions = static_cast<int>(f.num("sessions"));
   bp.turns = static_cast<int>(f.num("turns"));

@@ -20,6 +20,7 @@
 #include "actors/common/metrics.h"
 #include "actors/runtime/actor_cluster.h"
 #include "kernels/model/llama.h"
+#include "tools/bench/bench_flags.h"
 #include "tools/bench/modes.h"
 #include "tools/tandem/flags.h"
 
@@ -152,12 +153,7 @@ int bench_control_plane(args a) {
       .opt("vocab", "vocabulary of the null model (sampling cost grows with it)", "256")
       .opt("scheduler-threads", "CAF scheduler threads", "2")
       .sw("json", "print one JSON object instead of text");
-  if (!f.parse(a)) {
-    std::printf("usage: tandem bench control-plane [options]   (also: tandem bench model --null)\n\n%s",
-                f.help().c_str());
-    return 0;
-  }
-  if (!f.positional().empty()) throw tandem::error("unexpected argument '" + f.positional().front() + "'");
+  if (!parse_bench_flags(f, a, "control-plane [options]   (also: tandem bench model --null)")) return 0;
   const int64_t requests = f.num("requests"), tokens = f.num("tokens"), prompt = f.num("prompt"),
                 batch = f.num("batch"), vocab = f.num("vocab"), sched = f.num("scheduler-threads");
   if (requests < 1 || requests > 4096 || tokens < 1 || tokens > 4096 || prompt < 1 || prompt > 4096 || batch < 1 ||

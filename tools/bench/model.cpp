@@ -21,6 +21,7 @@
 #include "kernels/model/kv_pool.h"
 #include "kernels/model/llama.h"
 #include "tools/bench/llama_cpp.h"
+#include "tools/bench/bench_flags.h"
 #include "tools/bench/modes.h"
 #include "tools/tandem/flags.h"
 
@@ -323,14 +324,8 @@ int bench_model(args a) {
       .opt("bandwidth-mb", "buffer of the bandwidth probe (well above the last-level cache)", "512")
       .sw("json", "print one JSON object instead of the table")
       .sw("null", "run the control-plane benchmark with a null model instead (see bench control-plane)");
-  if (!f.parse(a)) {
-    std::printf("usage: tandem bench model --model FILE [options]\n\n%s", f.help().c_str());
-    return 0;
-  }
-  if (!f.positional().empty())
-    throw tandem::error("unexpected argument '" + f.positional().front() + "': pass the model as --model FILE");
-  const std::string path = f.str("model");
-  if (path.empty()) throw tandem::error("missing --model FILE: make one with tandem make-model --preset small-110m");
+  if (!parse_bench_flags(f, a, "model --model FILE [options]")) return 0;
+  const std::string path = bench_model_path(f);
   const int64_t threads = f.num("threads"), prompt = f.num("prompt"), steps = f.num("steps"),
                 context = f.num("context"), bw_mb = f.num("bandwidth-mb");
   if (threads < 1 || threads > 1024) throw tandem::error("--threads must be in [1, 1024]");

@@ -38,6 +38,7 @@
 #include "actors/common/limits.h"
 #include "actors/runtime/embedded_cluster.h"
 #include "tools/bench/load.h"
+#include "tools/bench/bench_flags.h"
 #include "tools/bench/modes.h"
 #include "tools/tandem/flags.h"
 #include "transport/http/json.h"
@@ -137,12 +138,8 @@ int bench_serve(args a) {
       .opt("json", "write everything (summary and per-request records) to this file")
       .opt("svg", "write a plot of TTFT and E2E latency over arrival time to this file")
       .sw("compare-model", "also measure single-process batched decode (bench model) at batch --concurrency and print the ratio");
-  if (!f.parse(a)) {
-    std::printf("usage: tandem bench serve (--port P | --embedded --model FILE) (--rate R | --burst N | --concurrency N) [options]\n\n%s",
-                f.help().c_str());
+  if (!parse_bench_flags(f, a, "serve (--port P | --embedded --model FILE) (--rate R | --burst N | --concurrency N) [options]"))
     return 0;
-  }
-  if (!f.positional().empty()) throw tandem::error("unexpected argument '" + f.positional().front() + "'");
   options o;
   o.host = f.str("host");
   const int n_modes = int(f.has("rate")) + int(f.has("burst")) + int(f.has("concurrency"));

@@ -34,6 +34,7 @@
 #include "kernels/base/error.h"
 #include "tools/bench/cluster.h"
 #include "tools/bench/load.h"
+#include "tools/bench/bench_flags.h"
 #include "tools/bench/modes.h"
 #include "tools/tandem/flags.h"
 #include "transport/http/json.h"
@@ -312,13 +313,8 @@ int bench_soak(args a) {
       .opt("timeout-s", "client-side timeout of one request", "120")
       .opt("seed", "seed of arrivals and prompts", "1")
       .opt("json", "write the results to this file");
-  if (!f.parse(a)) {
-    std::printf("usage: tandem bench soak --model FILE [options]\n\n%s", f.help().c_str());
-    return 0;
-  }
-  if (!f.positional().empty()) throw tandem::error("unexpected argument '" + f.positional().front() + "'");
-  const std::string model = f.str("model");
-  if (model.empty()) throw tandem::error("--model FILE is required (write one with tandem make-model)");
+  if (!parse_bench_flags(f, a, "soak --model FILE [options]")) return 0;
+  const std::string model = bench_model_path(f);
   const double cap_s = f.real("capacity-s"), duration_s = f.real("duration-s"), warmup_s = f.real("warmup-s");
   const double overload = f.real("overload"), every_s = f.real("burst-every-s"), max_growth = f.real("max-rss-growth-pct");
   if (!(cap_s > 0) || !(duration_s > 0)) throw tandem::error("--capacity-s and --duration-s must be > 0 seconds");

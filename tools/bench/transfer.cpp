@@ -19,6 +19,7 @@
 
 #include "kernels/base/clock.h"
 #include "kernels/base/error.h"
+#include "tools/bench/bench_flags.h"
 #include "tools/tandem/commands.h"
 #include "tools/tandem/flags.h"
 #include "transport/ucx/kv_engine.h"
@@ -207,10 +208,7 @@ int bench_transfer(args a) {
       .opt("mode", "batched | per_layer | both", "both")
       .sw("heap-pool", "keep the KV pools in plain heap memory (not UCX-allocated): no shared memory transport")
       .opt("perftest-port", "port for the ucx_perftest comparison", "13377");
-  if (!f.parse(a)) {
-    fmt::print("tandem bench transfer [flags]\n{}", f.help());
-    return 0;
-  }
+  if (!parse_bench_flags(f, a, "transfer [options]")) return 0;
   std::vector<size_t> sizes;
   std::stringstream ss(f.str("sizes"));
   for (std::string s; std::getline(ss, s, ',');) {
