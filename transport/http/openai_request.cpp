@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "kernels/model/logprobs.h"
 #include "transport/http/openai_errors.h"
 
 namespace tandem::openai {
@@ -80,6 +81,41 @@ void parse_common(const json::value& body, parsed_request& r, bool chat) {
   }
   if (auto b = get_bool(body, "ignore_eos")) r.gen.ignore_eos = *b;
   if (auto* m = field(body, "model"); m && m->k != json::kind::string) wrong_type("model", "a string", *m);
+}
+
+void parse_output_options(const json::value& body, parsed_request& r, bool chat) {
+  auto invalid = [](std::string_view param, std::string msg) {
+    return http_error{422, std::move(msg), "invalid_request_error", std::string(param), "invalid_value", std::nullopt};
+  };
+  auto top_count = [&](std::string_view name) -> int32_t {
+    const int64_t n = *get_int(body, name);
+    if (n < 0 || n > max_top_logprobs)
+      throw invalid(name, fmt::format("{} = {} is out of range; use 0 to {}", name, n, max_top_logprobs));
+    return static_cast<int32_t>(n);
+  };
+  if (chat) {
+    const bool want = get_bool(body, "logprobs").value_or(false);
+    const auto* top = field(body, "top_logprobs");
+    const int32_t n = top ? top_count("top_logprobs") : 0;
+    if (n > 0 && !want)
+      throw invalid("top_logprobs", fmt::format("top_logprobs = {} needs logprobs: true; send both", n));
+    if (want) r.logprobs = n;
+    // Tool calls are parsed from the reply when tools are offered and not switched off.
+    const auto* tools = field(body, "tools");
+    const auto* choice = field(body, "tool_choice");
+    const bool none = choice && choice->k == json::kind::string && choice->s == "none";
+    r.parse_tools = tools && tools->k == json::kind::array && !tools->arr.empty() && !none;
+    return;
+  }
+  if (const auto* lp = field(body, "logprobs")) {
+    // Some clients send a boolean; true is the chosen token's log-probability alone.
+    if (lp->k == json::kind::boolean) r.logprobs = lp->b ? 0 : -1;
+    else r.logprobs = top_count("logprobs");
+  }
+  r.echo = get_bool(body, "echo").value_or(false);
+  if (r.echo && r.logprobs >= 0)
+    throw invalid("echo", "echo with logprobs would need the prompt's log-probabilities, which Tandem does not "
+                          "compute; send echo without logprobs, or logprobs without echo");
 }
 
 }  // namespace tandem::openai

@@ -28,9 +28,16 @@ struct parsed_request {
   bool include_usage = false;
   bool max_tokens_set = false;  ///< else the default is what is left of the context
   std::vector<int32_t> prompt;
+  int32_t logprobs = -1;      ///< top log-probabilities per token; -1 = none
+  bool echo = false;          ///< completions: the prompt's text before the completion
+  bool parse_tools = false;   ///< chat with tools (tool_choice not "none"): calls parsed from the reply
 };
 
 /// Sampling, max_tokens, stop, stream and model fields of `body` into `r`; throws http_error.
 void parse_common(const json::value& body, parsed_request& r, bool chat);
+
+/// logprobs/top_logprobs (chat: a boolean and a count; completions: a count), echo, and
+/// whether tool calls are parsed; throws http_error naming the field.
+void parse_output_options(const json::value& body, parsed_request& r, bool chat);
 
 }  // namespace tandem::openai

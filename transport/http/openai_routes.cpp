@@ -10,6 +10,7 @@
 
 #include "kernels/tokenizer/tokenizer.h"
 #include "transport/http/json.h"
+#include "transport/http/openai_choice.h"
 #include "transport/http/openai_request.h"
 #include "transport/http/openai_server_impl.h"
 #include "transport/http/openai_stream.h"
@@ -243,6 +244,7 @@ kj::Promise<void> openai_server::impl::generate(route_id r, const std::string& t
   }
   parsed_request pr;
   parse_common(body, pr, chat);
+  parse_output_options(body, pr, chat);
   if (auto fe = transport::parse_sampling_extras(body, pr.gen.sampling, api.tok().n_vocab()))
     throw http_error{fe->status, fe->message, "invalid_request_error", fe->param, fe->code, std::nullopt};
   // A request without `model` uses the served one; another name is 404 unless the operator
@@ -256,6 +258,7 @@ kj::Promise<void> openai_server::impl::generate(route_id r, const std::string& t
   };
   if (auto n = get_int(body, "n"); n && *n != 1) throw invalid("n", fmt::format("n = {} is not supported; only n = 1 is allowed", *n));
 
+  std::string echo;  // completions: the prompt's text, when echoed
   if (chat) {
     chat_request cr;
     try {
@@ -275,6 +278,7 @@ kj::Promise<void> openai_server::impl::generate(route_id r, const std::string& t
     if (p->k == json::kind::array && p->arr.size() == 1 && p->arr[0].k == json::kind::string) pv = &p->arr[0];
     if (pv->k == json::kind::string) {
       pr.prompt = tok.encode(pv->s, true);
+      if (pr.echo) echo = pv->s;
     } else if (pv->k == json::kind::array) {
       for (auto& e : pv->arr) {
         if (e.k != json::kind::number || !e.is_int) wrong_type("prompt", "a string or an array of token ids", e);
@@ -282,6 +286,7 @@ kj::Promise<void> openai_server::impl::generate(route_id r, const std::string& t
           throw invalid("prompt", fmt::format("prompt token id {} is out of range; ids are 0 to {}", e.i, tok.n_vocab() - 1));
         pr.prompt.push_back(static_cast<int32_t>(e.i));
       }
+      if (pr.echo) echo = tok.decode(pr.prompt);
     } else {
       wrong_type("prompt", "a string or an array of token ids", *pv);
     }
@@ -296,7 +301,12 @@ kj::Promise<void> openai_server::impl::generate(route_id r, const std::string& t
   g->model = api.model_id();
   g->created = unix_now_s();
   g->prompt_tokens = static_cast<int32_t>(pr.prompt.size());
+  g->logprobs = pr.logprobs;
+  g->echo = std::move(echo);
+  g->text_offset = utf8_chars(g->echo);
+  if (pr.parse_tools && tool_format != tool_call_format::none) g->tools = std::make_unique<tool_call_parser>(tool_format);
   auto req = transport::make_request(g->id, std::move(pr.prompt), pr.gen, tok, lim);
+  req.logprobs = pr.logprobs;
   g->deadline = req.deadline + std::chrono::milliseconds(std::min(2000, lim.request_timeout_ms));
   g->submitted = true;
   api.submit(std::move(req), g->ch.callback());
@@ -312,17 +322,7 @@ kj::Promise<void> openai_server::impl::generate(route_id r, const std::string& t
     auto work = collect(gs).then([this, &gs, &response, r]() -> kj::Promise<void> {
       if (gs.err) return send_error(response, from_engine(*gs.err, gs.reject_reason, gs.retry_after_ms), r);
       completion_tokens += gs.completion_tokens;
-      json::writer w;
-      w.begin_object();
-      write_head(w, gs, false);
-      w.key("choices").begin_array().begin_object().key("index").num(0);
-      if (gs.chat) w.key("message").begin_object().key("role").str("assistant").key("content").str(gs.full).end_object();
-      else w.key("text").str(gs.full);
-      w.key("logprobs").null().key("finish_reason").str(transport::finish_reason_name(gs.reason));
-      w.end_object().end_array();
-      write_usage(w, gs);
-      w.end_object();
-      return send_body(response, 200, "application/json", w.take(), r);
+      return send_body(response, 200, "application/json", response_json(gs), r);
     });
     return work.exclusiveJoin(kj::mv(disconnected)).attach(kj::mv(g));
   }

@@ -15,6 +15,7 @@
 #include <kj/compat/http.h>
 #include <kj/timer.h>
 
+#include "transport/chat/tool_call_parser.h"
 #include "transport/http/framed_http_server.h"
 #include "transport/http/generation.h"
 #include "transport/http/openai_errors.h"
@@ -96,6 +97,8 @@ struct openai_server::impl {
   transport::rate_limiter limiter;  ///< kj thread only
   /// Chat messages to prompt ids (the model's template, an override, or the Llama-2 fallback).
   std::unique_ptr<chat_prompter> chat_prompt;
+  /// How the template's model writes tool calls (from the template in use): parsed from replies.
+  tool_call_format tool_format = tool_call_format::none;
 
   std::map<std::pair<int, unsigned>, int64_t> requests;
   int64_t in_flight = 0, client_disconnects = 0, timeouts = 0, stream_events = 0, completion_tokens = 0,

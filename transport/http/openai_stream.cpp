@@ -7,6 +7,7 @@
 #include <kj/debug.h>
 #include <spdlog/spdlog.h>
 
+#include "transport/http/openai_choice.h"
 #include "transport/http/openai_server_impl.h"
 
 namespace tandem::openai {
@@ -30,6 +31,32 @@ gen_state::~gen_state() {
 
 std::string gen_state::consume_one(token_event& ev) {
   if (done) return "";
+  const int32_t before = text.tokens_consumed();
+  std::string delta = consume_text(ev);
+  // The log-probabilities of the tokens the text took (none past a stop string).
+  if (logprobs >= 0 && ev.logprobs.size() == ev.tokens.size()) {
+    const size_t n = std::min(ev.tokens.size(), static_cast<size_t>(std::max(0, text.tokens_consumed() - before)));
+    lps.insert(lps.end(), ev.logprobs.begin(), ev.logprobs.begin() + static_cast<std::ptrdiff_t>(n));
+  }
+  if (tools) {
+    auto r = tools->push(delta);
+    if (done && !err) {
+      auto f = tools->finish();
+      r.content += f.content;
+      for (auto& c : f.calls) r.calls.push_back(std::move(c));
+    }
+    for (auto& c : r.calls) calls.push_back(std::move(c));
+    delta = std::move(r.content);
+  }
+  return delta;
+}
+
+std::string gen_state::finish_name() const {
+  if (!calls.empty() && reason == finish_reason::stop) return "tool_calls";
+  return transport::finish_reason_name(reason);
+}
+
+std::string gen_state::consume_text(token_event& ev) {
   if (ev.prompt_tokens > 0) prompt_tokens = ev.prompt_tokens;
   cached_tokens = ev.cached_tokens;
   std::string delta = text.push(ev.tokens);
@@ -100,6 +127,19 @@ void write_head(json::writer& w, const gen_state& g, bool chunk) {
   w.key("created").raw(g.created).key("model").str(g.model);
 }
 
+/// "logprobs": the tokens' not written yet (then forgotten), or null when not asked for.
+void write_choice_logprobs(json::writer& w, gen_state& g) {
+  w.key("logprobs");
+  if (g.logprobs < 0) {
+    w.null();
+    return;
+  }
+  const tokenizer& tok = g.srv.api.tok();
+  if (g.chat) write_chat_logprobs(w, tok, g.lps);
+  else write_completion_logprobs(w, tok, g.lps, g.text_offset);
+  g.lps.clear();
+}
+
 /// One SSE chunk carrying `delta` (and the finish reason when `final`).
 std::string chunk_json(gen_state& g, const std::string& delta, bool final) {
   json::writer w;
@@ -110,16 +150,48 @@ std::string chunk_json(gen_state& g, const std::string& delta, bool final) {
     w.key("delta").begin_object();
     if (g.first_chunk) w.key("role").str("assistant");
     if (!final || !delta.empty() || g.first_chunk) w.key("content").str(delta);
+    if (g.calls_sent < g.calls.size()) {
+      w.key("tool_calls");
+      write_tool_calls(w, g.id, std::span<const parsed_tool_call>(g.calls).subspan(g.calls_sent), g.calls_sent, true);
+      g.calls_sent = g.calls.size();
+    }
     w.end_object();
   } else {
-    w.key("text").str(delta);
+    w.key("text").str(g.first_chunk ? g.echo + delta : delta);
   }
   g.first_chunk = false;
-  w.key("logprobs").null().key("finish_reason");
-  if (final) w.str(transport::finish_reason_name(g.reason));
+  write_choice_logprobs(w, g);
+  w.key("finish_reason");
+  if (final) w.str(g.finish_name());
   else w.null();
   w.end_object().end_array();
   if (g.include_usage) w.key("usage").null();
+  w.end_object();
+  return w.take();
+}
+
+std::string response_json(gen_state& g) {
+  json::writer w;
+  w.begin_object();
+  write_head(w, g, false);
+  w.key("choices").begin_array().begin_object().key("index").num(0);
+  if (g.chat) {
+    w.key("message").begin_object().key("role").str("assistant").key("content");
+    // A reply that is only calls has null content (the whitespace between calls is dropped).
+    if (!g.calls.empty() && g.full.find_first_not_of(" \t\r\n") == std::string::npos) w.null();
+    else w.str(g.full);
+    if (!g.calls.empty()) {
+      w.key("tool_calls");
+      write_tool_calls(w, g.id, g.calls, 0, false);
+    }
+    w.end_object();
+  } else {
+    w.key("text").str(g.echo + g.full);
+  }
+  write_choice_logprobs(w, g);
+  w.key("finish_reason").str(g.finish_name());
+  w.end_object().end_array();
+  write_usage(w, g);
   w.end_object();
   return w.take();
 }

@@ -9,6 +9,9 @@
 
 #include <kj/async-io.h>
 
+#include "kernels/model/logprobs.h"
+#include "transport/chat/tool_call_parser.h"
+
 #include "transport/http/generation.h"
 #include "transport/http/json.h"
 #include "transport/http/openai_server.h"
@@ -22,8 +25,11 @@ struct gen_state {
   gen_state(openai_server::impl& s, const tokenizer& tok, std::vector<std::string> stop);
   ~gen_state();
 
-  /// Consumes one event; returns its new text. Sets `done` when the response is complete.
+  /// Consumes one event; returns its new content (tool calls go to `calls`, log-probabilities
+  /// to `lps`). Sets `done` when the response is complete.
   std::string consume_one(token_event& ev);
+  /// consume_one's text part: the event's tokens through the text assembler.
+  std::string consume_text(token_event& ev);
   std::string consume(std::vector<token_event>& evs);
 
   /// Next events, or a synthetic timeout event once the deadline (plus a grace period in
@@ -45,6 +51,22 @@ struct gen_state {
   std::string full;
   bool first_chunk = true;
   kj::Own<kj::AsyncOutputStream> out;
+
+  // ---- what the choice carries beyond its text
+  /// Top log-probabilities per token (-1 = the request asked for none).
+  int32_t logprobs = -1;
+  /// Log-probabilities not written yet: the next chunk's, or the whole reply's.
+  std::vector<token_logprobs> lps;
+  int64_t text_offset = 0;  ///< completions logprobs: characters of the text written so far
+  /// Completions `echo`: the prompt's text, written before the first generated text.
+  std::string echo;
+  /// Chat with tools: the model's calls are parsed out of its text (null = no parsing).
+  std::unique_ptr<tool_call_parser> tools;
+  std::vector<parsed_tool_call> calls;  ///< every call parsed so far
+  size_t calls_sent = 0;                ///< streaming: calls already sent as deltas
+
+  /// The finish_reason to report ("tool_calls" when the reply ended with calls).
+  std::string finish_name() const;
 };
 
 /// "usage": prompt, completion and total tokens (and cached ones when any).
@@ -53,6 +75,8 @@ void write_usage(json::writer& w, const gen_state& g);
 void write_head(json::writer& w, const gen_state& g, bool chunk);
 /// One SSE chunk carrying `delta` (and the finish reason when `final`).
 std::string chunk_json(gen_state& g, const std::string& delta, bool final);
+/// The whole (non-streamed) response once `g` is done without an error.
+std::string response_json(gen_state& g);
 /// `json` as one SSE data event.
 std::string sse(const std::string& json);
 /// Consumes events until the response is complete, appending the text to `g.full`.
