@@ -197,6 +197,7 @@ TEST_CASE("tool calls http: a hermes reply becomes message.tool_calls with finis
   CHECK(name == "get");
   CHECK(args == R"({"city":"Paris"})");
   CHECK(finish == "tool_calls");
+  CHECK(get(s.http_port, "/metrics").body.find("\ntandem_http_tool_calls_total 2\n") != std::string::npos);
 }
 
 TEST_CASE("tool calls http: text stays content, and tool_choice none or no tools leaves the reply alone") {

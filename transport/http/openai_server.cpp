@@ -77,6 +77,8 @@ std::string openai_server::impl::metrics() const {
   out += fmt::format("tandem_http_rate_limit_clients {}\n", limiter.clients());
   head("tandem_http_stream_errors_total", "counter", "Streams that had started and ended with an in-band error event.");
   out += fmt::format("tandem_http_stream_errors_total {}\n", stream_errors);
+  head("tandem_http_tool_calls_total", "counter", "Tool calls parsed out of chat replies.");
+  out += fmt::format("tandem_http_tool_calls_total {}\n", tool_calls);
   head("tandem_http_stream_backlog_aborts_total", "counter",
        "Streams aborted because their client stopped reading (limits.http_stream_backlog_tokens, or the deadline).");
   out += fmt::format("tandem_http_stream_backlog_aborts_total {}\n", stream_backlog_aborts);

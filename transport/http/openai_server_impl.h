@@ -102,7 +102,7 @@ struct openai_server::impl {
 
   std::map<std::pair<int, unsigned>, int64_t> requests;
   int64_t in_flight = 0, client_disconnects = 0, timeouts = 0, stream_events = 0, completion_tokens = 0,
-          stream_errors = 0, stream_backlog_aborts = 0;
+          stream_errors = 0, stream_backlog_aborts = 0, tool_calls = 0;
   /// More Prometheus text for /metrics (the RPC front end's), on this kj thread.
   std::function<std::string()> extra_metrics;
   int64_t auth_failures = 0;

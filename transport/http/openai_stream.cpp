@@ -45,6 +45,7 @@ std::string gen_state::consume_one(token_event& ev) {
       r.content += f.content;
       for (auto& c : f.calls) r.calls.push_back(std::move(c));
     }
+    srv.tool_calls += static_cast<int64_t>(r.calls.size());
     for (auto& c : r.calls) calls.push_back(std::move(c));
     delta = std::move(r.content);
   }
