@@ -91,7 +91,7 @@ TEST_CASE("pd: router, prefill and decode processes give the single-process gree
     }
   }
   // The KV really crossed: every request's pages were sent by prefill and received by decode.
-  const auto n = double(prompts.size() * 4);
+  const auto n = double(prompts.size() * 4 + 1);  // + the logprobs request
   auto pm = test::get(pd.prefill().http, "/metrics").body;
   auto dm = test::get(pd.decode().http, "/metrics").body;
   CHECK(series(pm, "tandem_prefill_kv_sends_total") == n);
