@@ -54,7 +54,7 @@ constexpr field_rule rules[] = {
     {"echo", completions, field_policy::honoured, ""},
     {"suffix", completions, field_policy::refused, "\"\""},
     // Chat: rendered by the model's chat template (transport/chat); a model without one refuses
-    // them there, naming --chat-template-file. Tool calls come back as text until they are parsed.
+    // them there, naming --chat-template-file. The reply's calls are parsed (transport/chat/tool_call_parser.h).
     {"tools", chat_route, field_policy::honoured, ""},
     {"tools", completions, field_policy::refused, "[]"},
     {"tool_choice", both, field_policy::refused, "\"none\""},
