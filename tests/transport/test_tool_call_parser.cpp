@@ -99,6 +99,11 @@ TEST_CASE("tool calls: llama 3 JSON is a call only when the whole reply is one")
   CHECK(o.calls[0].arguments == R"({"city":"Paris"})");
   CHECK(o.calls[1].name == "now");
   auto tagged = parse_all_ways(tool_call_format::llama3_json, "<|python_tag|>{\"name\": \"f\", \"parameters\": {\"a\": 1.5}}");
+  // Found by fuzz_tool_calls: a tag after `;` split across pieces.
+  auto second_tagged = parse_all_ways(tool_call_format::llama3_json,
+                                      "{\"name\": \"f\", \"parameters\": {}}; <|python_tag|>{\"name\": \"g\", \"parameters\": {}}");
+  CHECK(second_tagged.calls.size() == 2);
+  CHECK(second_tagged.content.empty());
   REQUIRE(tagged.calls.size() == 1);
   CHECK(tagged.calls[0].arguments == R"({"a":1.5})");
   auto text = parse_all_ways(tool_call_format::llama3_json, "The answer is {\"name\": \"f\"}");
@@ -121,6 +126,15 @@ TEST_CASE("tool calls: mistral's [TOOL_CALLS] array, string arguments kept as wr
   CHECK(o.calls[0].arguments == R"({"q":"x\"y"})");
   CHECK(o.calls[1].name == "b");
   CHECK(o.calls[1].arguments == R"({"n": 2})");
+  // Found by fuzz_tool_calls: after a marker that is not followed by calls, or by JSON that is
+  // not calls, the text after it is still scanned for the next marker.
+  auto again = parse_all_ways(tool_call_format::mistral, "[TOOL_CALLS] x [TOOL_CALLS] [{\"name\": \"a\"}]");
+  CHECK(again.content == "[TOOL_CALLS] x ");
+  REQUIRE(again.calls.size() == 1);
+  CHECK(again.calls[0].arguments == "{}");
+  auto bad_then_good = parse_all_ways(tool_call_format::mistral, "[TOOL_CALLS] [1] [TOOL_CALLS] [{\"name\": \"b\"}]");
+  CHECK(bad_then_good.content == "[TOOL_CALLS] [1] ");
+  CHECK(bad_then_good.calls.size() == 1);
   auto plain = parse_all_ways(tool_call_format::mistral, "no calls [TOOL here");
   CHECK(plain.calls.empty());
   CHECK(plain.content == "no calls [TOOL here");

@@ -230,15 +230,28 @@ void tool_call_parser::step(result& r, bool at_end) {
           }
           i = skip_space(b, i + 1);
         }
-        if (format_ == tool_call_format::llama3_json && b.substr(i).starts_with(python_tag))
-          i = skip_space(b, i + python_tag.size());
+        if (format_ == tool_call_format::llama3_json) {
+          const std::string_view rest = b.substr(i);
+          if (!rest.empty() && rest.size() < python_tag.size() && python_tag.starts_with(rest)) {
+            if (at_end) give_up();  // may still become the tag: wait for more text
+            return;
+          }
+          if (rest.starts_with(python_tag)) i = skip_space(b, i + python_tag.size());
+        }
         if (i >= b.size()) {
           if (at_end) give_up();
           return;
         }
         if (b[i] != '{' && b[i] != '[') {
+          if (format_ == tool_call_format::mistral) {
+            // Not a call after all: the marker is text, and what follows is scanned again.
+            r.content.append(mistral_marker);
+            buf_.erase(0, mistral_marker.size());
+            mode_ = mode::text;
+            continue;
+          }
           give_up();
-          mode_ = format_ == tool_call_format::mistral ? mode::text : mode::plain;
+          mode_ = mode::plain;
           continue;
         }
         const size_t e = json_value_end(b, i);
@@ -250,8 +263,15 @@ void tool_call_parser::step(result& r, bool at_end) {
           return;
         }
         if (!take_calls(b.substr(i, e - i), r)) {
+          if (format_ == tool_call_format::mistral) {
+            // Not calls: the text up to the end of that JSON is content, the rest scanned again.
+            r.content.append(buf_, 0, e);
+            buf_.erase(0, e);
+            mode_ = mode::text;
+            continue;
+          }
           give_up();
-          mode_ = format_ == tool_call_format::mistral ? mode::text : mode::plain;
+          mode_ = mode::plain;
           continue;
         }
         buf_.erase(0, e);
