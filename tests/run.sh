@@ -13,8 +13,10 @@ for a in "$@"; do
 done
 
 jobs=$(nproc)
-# The openai npm client used by the end-to-end test (lock file committed; no network at test time).
-if [[ -f tests/e2e/openai/package-lock.json && ! -d tests/e2e/openai/node_modules ]]; then
+# The openai npm client, the AI SDK and LangChain used by the end-to-end tests (lock file
+# committed; no network at test time). Reinstalled when the lock file is newer than the install.
+if [[ -f tests/e2e/openai/package-lock.json && ( ! -f tests/e2e/openai/node_modules/.package-lock.json ||
+      tests/e2e/openai/package-lock.json -nt tests/e2e/openai/node_modules/.package-lock.json ) ]]; then
   (cd tests/e2e/openai && npm ci --no-audit --no-fund --loglevel=error)
 fi
 # llama.cpp as the reference implementation (tests/reference): node-llama-cpp's prebuilt CPU

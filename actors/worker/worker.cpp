@@ -10,7 +10,9 @@
 #include "actors/cache_tier/page_file.h"
 #include "actors/common/metrics.h"
 #include "actors/common/request.h"
+#include "actors/common/logprobs_wire.h"
 #include "actors/common/wire.h"
+#include "kernels/model/logprobs.h"
 #include "kernels/model/sampler.h"
 
 namespace tandem {
@@ -96,6 +98,7 @@ wire run_forward(worker_state& st, const wire& w) {
   auto t0 = std::chrono::steady_clock::now();
   st.model->forward(batch, *st.pool, st.logits);
   std::vector<int32_t> out(seqs.size(), -1);
+  std::vector<token_logprobs> lps;  // one per seq once any asked
   size_t row = 0;
   for (unsigned i = 0; i < seqs.size(); ++i) {
     if (!batch[i].want_logits) continue;
@@ -107,6 +110,10 @@ wire run_forward(worker_state& st, const wire& w) {
     auto hg = seqs[i].getPenaltyGenerated();
     const std::vector<int32_t> prompt_hist = to_vector(hp), gen_hist = to_vector(hg);
     out[i] = smp.sample(lg, {prompt_hist, gen_hist});
+    if (const int32_t top = seqs[i].getLogprobs(); top >= 0) {
+      lps.resize(seqs.size());
+      lps[i] = compute_logprobs(lg, p, {prompt_hist, gen_hist}, out[i], top);
+    }
     ++row;
   }
   auto us =
@@ -118,6 +125,7 @@ wire run_forward(worker_state& st, const wire& w) {
   return make_wire([&](schema::Envelope::Builder env2) {
     auto r = env2.initForwardResult();
     fill_list([&](unsigned n) { return r.initTokens(n); }, out);
+    write_logprobs([&](unsigned n) { return r.initLogprobs(n); }, lps);
     r.setElapsedUs(us);
   });
 }
