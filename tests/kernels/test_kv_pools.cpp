@@ -2,16 +2,21 @@
 // gemma2's sliding-window layers in a bounded window pool giving the same bits as full-context
 // pages.
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "kernels/base/error.h"
+#include "kernels/gguf/gguf.h"
 #include "kernels/model/arch/dense_forward.h"
 #include "kernels/model/kv_pools.h"
+#include "kernels/model/kv_pools_plan.h"
+#include "kernels/model/make_model.h"
 #include "tests/kernels/reference_model.h"
 
 using namespace tandem;
@@ -225,4 +230,80 @@ TEST_CASE("kv pools: a sequence's page tables grow per pool and give back dead w
                        doctest::Contains("3 pages of the window KV pool, which has 2"), tandem::error);
   CHECK_THROWS_WITH_AS(set.check_fits(std::vector<int32_t>{24, 3}, 100, 1), doctest::Contains("the full KV pool"),
                        tandem::error);
+}
+
+TEST_CASE("kv pools: a cached prefix is usable only with its window state, else shortened") {
+  const kv_pools_layout set{.pools = {kv_pool_spec{.name = "full", .page = kv_layout{1, 2, 8, 4}, .layers = {1}},
+                                      window_spec(6, 4)}};
+  // 5 full blocks (20 tokens) cached; the window pool released blocks 0..2.
+  auto have = [](std::vector<int> full, std::vector<int> window) {
+    return [=](size_t pool, int64_t b) {
+      const auto& v = pool == 0 ? full : window;
+      return b < int64_t(v.size()) && v[size_t(b)] != 0;
+    };
+  };
+  // P = 20: the next token at 20 reads 15..19, blocks 3 and 4: present.
+  CHECK(usable_prefix(set, 20, have({1, 1, 1, 1, 1}, {0, 0, 0, 1, 1})) == 20);
+  // Block 4 of the window is gone too: P = 20 fails, P = 16 needs blocks 2 and 3: 2 is gone;
+  // P = 12 needs 1, 2: gone ... down to 0.
+  CHECK(usable_prefix(set, 20, have({1, 1, 1, 1, 1}, {0, 0, 0, 1, 0})) == 0);
+  // Window blocks 1 and 2 kept: P = 12 works (reads 7..11).
+  CHECK(usable_prefix(set, 20, have({1, 1, 1, 1, 1}, {0, 1, 1, 0, 0})) == 12);
+  // A missing full block caps the prefix whatever the window holds.
+  CHECK(usable_prefix(set, 20, have({1, 1, 0, 1, 1}, {1, 1, 1, 1, 1})) == 8);
+  // Whole pages only; a single-pool set needs only its blocks.
+  CHECK(usable_prefix(set, 3, have({1}, {1})) == 0);
+  const kv_pools_layout one = kv_pools_layout::single(kv_layout{2, 2, 8, 4});
+  CHECK(usable_prefix(one, 22, have({1, 1, 1, 1, 1, 1}, {})) == 20);
+}
+
+TEST_CASE("kv pools: a byte budget splits across pools by their device bytes, whole pages, none is an error") {
+  kv_pool_spec full{.name = "full", .page = kv_layout{2, 2, 8, 4}, .layers = {1, 3}};
+  kv_pool_spec window = window_spec(32, 4);
+  window.page.n_layers = 2;
+  window.layers = {0, 2};
+  const kv_pools_layout set{.pools = {full, window}};
+  const size_t pb = full.page.page_bytes();
+  REQUIRE(window.page.page_bytes() == pb);
+  const std::vector<int64_t> device = {300, 100};  // the window pool is a quarter of the bytes
+  const pool_split s = split_pool_bytes(set, device, 40 * pb, "cache.host_size_gb");
+  REQUIRE(s.ok());
+  CHECK(s.pages == std::vector<int64_t>{30, 10});
+  CHECK(s.min_bytes == 4 * pb);  // W / 100 device pages = 400 pages' bytes / 100
+  const pool_split tight = split_pool_bytes(set, device, 4 * pb, "x");
+  CHECK(tight.ok());
+  CHECK(tight.pages == std::vector<int64_t>{3, 1});
+  const pool_split none = split_pool_bytes(set, device, 4 * pb - 1, "cache.host_size_gb = 0.0001");
+  CHECK_FALSE(none.ok());
+  CHECK(none.problem.find("window KV pool") != std::string::npos);
+  CHECK(none.problem.find(fmt::format("at least {} bytes", 4 * pb)) != std::string::npos);
+  // One pool: the whole budget in its pages.
+  const pool_split single = split_pool_bytes(kv_pools_layout::single(full.page), std::vector<int64_t>{10}, 7 * pb + 3, "x");
+  CHECK(single.pages == std::vector<int64_t>{7});
+}
+
+TEST_CASE("kv pools: a make-model gemma2 file (window 32) gives the same bits in pools past its window") {
+  for (const ggml_type t : {ggml_type::f16, ggml_type::q8_0}) {
+    CAPTURE(int(t));
+    const std::string path =
+        (std::filesystem::temp_directory_path() / fmt::format("tandem-test-kv-pools-{}.gguf", int(t))).string();
+    make_model_options opt;
+    opt.preset = "micro";
+    opt.arch = "gemma2";
+    opt.dtype = t;
+    write_random_llama(opt, path);
+    auto f = gguf::file::open(path);
+    auto model = llama_model::load(f, cpu_options{.threads = 2});
+    REQUIRE(model->config().sliding_window == 32);
+    const int32_t total = std::min(100, model->config().n_ctx);
+    REQUIRE(total > 64);
+    int32_t max_full = 0, after_full = 0, max_pooled = 0, after_pooled = 0;
+    const auto ref = run_sequence(*model, 16, total, 16, false, max_full, after_full);
+    const auto got = run_sequence(*model, 16, total, 16, true, max_pooled, after_pooled);
+    REQUIRE(got.size() == ref.size());
+    for (size_t i = 0; i < got.size(); ++i)
+      REQUIRE(std::memcmp(got[i].data(), ref[i].data(), got[i].size() * sizeof(float)) == 0);
+    CHECK(after_pooled <= 3);  // ceil(32 / 16) + 1
+    std::filesystem::remove(path);
+  }
 }
