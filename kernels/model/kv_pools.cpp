@@ -60,10 +60,11 @@ void kv_pools_layout::check_fits(std::span<const int32_t> capacity, int64_t toke
   for (size_t p = 0; p < pools.size() && p < capacity.size(); ++p) {
     const int32_t need = pools[p].max_pages(tokens, chunk);
     if (need > capacity[p])
-      throw tandem::error(error_kind::overloaded,
-                          fmt::format("a sequence of {} tokens needs {} pages of the {} KV pool, which has {}; "
-                                      "shorten the request or raise limits.kv_cache_mb / device_pages",
-                                      tokens, need, pools[p].name, capacity[p]));
+      throw tandem::error(
+          error_kind::overloaded,
+          fmt::format("a sequence of {} tokens needs {} pages of the {} KV pool, which has {}; "
+                      "shorten the request or raise limits.kv_cache_mb / device_pages",
+                      tokens, need, pools[p].name, capacity[p]));
   }
 }
 
@@ -77,21 +78,23 @@ void kv_pools_layout::check(int32_t n_layers) const {
   if (pools.empty()) throw tandem::error("KV layout set has no pools");
   std::vector<int> seen(size_t(std::max(0, n_layers)), 0);
   for (const kv_pool_spec& p : pools) {
-    if (!p.page.valid()) throw tandem::error(fmt::format("KV pool {} has an invalid page layout", p.describe()));
+    if (!p.page.valid())
+      throw tandem::error(fmt::format("KV pool {} has an invalid page layout", p.describe()));
     if (p.page.page_size != page_size())
       throw tandem::error(fmt::format("KV pool {} has page size {} but pool {} has {}; every pool shares one",
                                       p.name, p.page.page_size, pools.front().name, page_size()));
     if (int32_t(p.layers.size()) != p.page.n_layers || p.window_tokens < 0)
-      throw tandem::error(fmt::format("KV pool {} lists {} layers for a page of {}", p.describe(), p.layers.size(),
-                                      p.page.n_layers));
+      throw tandem::error(fmt::format("KV pool {} lists {} layers for a page of {}", p.describe(),
+                                      p.layers.size(), p.page.n_layers));
     for (int32_t l : p.layers) {
       if (l < 0 || l >= n_layers || seen[size_t(l)]++)
-        throw tandem::error(fmt::format("KV pool {}: layer {} is outside 0..{} or in two pools", p.name, l,
-                                        n_layers - 1));
+        throw tandem::error(
+            fmt::format("KV pool {}: layer {} is outside 0..{} or in two pools", p.name, l, n_layers - 1));
     }
   }
   for (int32_t l = 0; l < n_layers; ++l)
-    if (!seen[size_t(l)]) throw tandem::error(fmt::format("KV layout set {}: layer {} is in no pool", describe(), l));
+    if (!seen[size_t(l)])
+      throw tandem::error(fmt::format("KV layout set {}: layer {} is in no pool", describe(), l));
 }
 
 kv_pools::kv_pools(kv_pools_layout set, std::span<const int32_t> n_pages) : set_(std::move(set)) {
@@ -103,7 +106,8 @@ kv_pools::kv_pools(kv_pools_layout set, std::span<const int32_t> n_pages) : set_
   }
 }
 
-kv_pools::kv_pools(kv_pools_layout set, std::vector<kv_pool*> pools) : set_(std::move(set)), pools_(std::move(pools)) {
+kv_pools::kv_pools(kv_pools_layout set, std::vector<kv_pool*> pools)
+    : set_(std::move(set)), pools_(std::move(pools)) {
   if (pools_.size() != set_.pools.size())
     throw tandem::error(fmt::format("{} KV pools for a layout set of {}", pools_.size(), set_.pools.size()));
   for (size_t p = 0; p < pools_.size(); ++p)
@@ -124,10 +128,6 @@ void release_dead_blocks(const kv_pool_spec& spec, int64_t next_pos, std::vector
     }
 }
 
-}  // namespace tandem
-
-namespace tandem {
-
 int32_t seq_page_tables::needed(size_t p, int64_t end) const {
   const int64_t ps = set_->page_size();
   return int32_t(std::max<int64_t>(0, (end + ps - 1) / ps - int64_t(tables_[p].size())));
@@ -135,7 +135,8 @@ int32_t seq_page_tables::needed(size_t p, int64_t end) const {
 
 std::vector<std::vector<int32_t>> seq_page_tables::release_dead(int64_t next_pos) {
   std::vector<std::vector<int32_t>> freed(tables_.size());
-  for (size_t p = 0; p < tables_.size(); ++p) release_dead_blocks(set_->pools[p], next_pos, tables_[p], freed[p]);
+  for (size_t p = 0; p < tables_.size(); ++p)
+    release_dead_blocks(set_->pools[p], next_pos, tables_[p], freed[p]);
   return freed;
 }
 

@@ -16,10 +16,10 @@ namespace tandem {
 
 /// One pool of a layout set.
 struct kv_pool_spec {
-  std::string name = "full";   ///< "full" / "window": metric label, config and error text
-  kv_layout page;              ///< page geometry; page.n_layers == layers.size()
-  int32_t window_tokens = 0;   ///< 0: full context; > 0: a token at p reads only (p - window, p]
-  std::vector<int32_t> layers; ///< the model layers this pool holds, ascending
+  std::string name = "full";    ///< "full" / "window": metric label, config and error text
+  kv_layout page;               ///< page geometry; page.n_layers == layers.size()
+  int32_t window_tokens = 0;    ///< 0: full context; > 0: a token at p reads only (p - window, p]
+  std::vector<int32_t> layers;  ///< the model layers this pool holds, ascending
   bool operator==(const kv_pool_spec&) const = default;
 
   /// First block a step whose first new token is at `pos` reads (0 for a full pool).
@@ -84,10 +84,6 @@ class kv_pools {
 void release_dead_blocks(const kv_pool_spec& spec, int64_t next_pos, std::vector<int32_t>& table,
                          std::vector<int32_t>& freed);
 
-}  // namespace tandem
-
-namespace tandem {
-
 /// One sequence's page tables, one per pool of a layout set, indexed by block. Window pools
 /// hold -1 for the blocks released once out of the window. Plain bookkeeping for schedulers.
 class seq_page_tables {
@@ -96,7 +92,9 @@ class seq_page_tables {
   /// Pages pool p lacks for a step ending at position `end` (exclusive): blocks(end) - |table|.
   int32_t needed(size_t p, int64_t end) const;
   /// Appends freshly allocated pages to pool p's table (the next blocks in order).
-  void append(size_t p, std::span<const int32_t> pages) { tables_[p].insert(tables_[p].end(), pages.begin(), pages.end()); }
+  void append(size_t p, std::span<const int32_t> pages) {
+    tables_[p].insert(tables_[p].end(), pages.begin(), pages.end());
+  }
   /// Releases every window block the token at `next_pos` and later do not read; the freed
   /// page ids per pool (empty lists for full pools).
   std::vector<std::vector<int32_t>> release_dead(int64_t next_pos);

@@ -25,7 +25,8 @@ using namespace tandem::test;
 namespace {
 
 kv_pool_spec window_spec(int32_t window, int32_t ps) {
-  return kv_pool_spec{.name = "window", .page = kv_layout{1, 2, 8, ps}, .window_tokens = window, .layers = {0}};
+  return kv_pool_spec{
+      .name = "window", .page = kv_layout{1, 2, 8, ps}, .window_tokens = window, .layers = {0}};
 }
 
 /// Page ids of one pool handed out and taken back, as the cache tier's allocator does.
@@ -54,8 +55,9 @@ int32_t token_at(int32_t p) { return (p * 7 + 3) % 50; }
 /// Runs one sequence of `total` tokens (chunks of `chunk`, then one token per step) and returns
 /// every step's logits. pooled: the model's pool set, window pages released once dead and
 /// poisoned with NaN (a read of one would show); else one full-context pool of every layer.
-std::vector<std::vector<float>> run_sequence(llama_model& m, int32_t ps, int32_t total, int32_t chunk, bool pooled,
-                                             int32_t& max_window_pages, int32_t& window_pages_after_steps) {
+std::vector<std::vector<float>> run_sequence(llama_model& m, int32_t ps, int32_t total, int32_t chunk,
+                                             bool pooled, int32_t& max_window_pages,
+                                             int32_t& window_pages_after_steps) {
   const kv_pools_layout set = pooled ? m.pools_layout(ps) : kv_pools_layout::single(m.layout(ps));
   std::vector<int32_t> n_pages;
   for (const kv_pool_spec& s : set.pools) n_pages.push_back(s.max_pages(total, chunk));
@@ -87,7 +89,8 @@ std::vector<std::vector<float>> run_sequence(llama_model& m, int32_t ps, int32_t
         std::fill(f, f + pools[k].page_bytes() / sizeof(float), std::numeric_limits<float>::quiet_NaN());
         lists[k].give(p);
       }
-      if (set.pools[k].window_tokens > 0) window_pages_after_steps = std::max(window_pages_after_steps, lists[k].held);
+      if (set.pools[k].window_tokens > 0)
+        window_pages_after_steps = std::max(window_pages_after_steps, lists[k].held);
     }
   }
   max_window_pages = 0;
@@ -150,12 +153,13 @@ TEST_CASE("kv pools: every architecture but gemma2 keeps one full pool, gemma2 a
   const std::span<const int32_t> tables[] = {pages, pages};
   batch_seq s{toks, 0, pages, true, tables};
   std::vector<float> logits;
-  CHECK_THROWS_WITH_AS(gm->forward(std::span(&s, 1), wrong, logits), doctest::Contains("window=16"), tandem::error);
+  CHECK_THROWS_WITH_AS(gm->forward(std::span(&s, 1), wrong, logits), doctest::Contains("window=16"),
+                       tandem::error);
   s.pool_pages = {};
   // One page table for two pools is refused naming the pools.
   kv_pools two(set, std::vector<int32_t>{4, 4});
-  CHECK_THROWS_WITH_AS(gm->forward(std::span(&s, 1), two, logits), doctest::Contains("1 page tables for 2 KV pools"),
-                       tandem::error);
+  CHECK_THROWS_WITH_AS(gm->forward(std::span(&s, 1), two, logits),
+                       doctest::Contains("1 page tables for 2 KV pools"), tandem::error);
 }
 
 TEST_CASE("kv pools: gemma2's window pool holds at most ceil(W/ps)+1 pages and gives the full-context bits") {
@@ -204,8 +208,9 @@ TEST_CASE("kv pools: a pooled sequence's bits do not depend on its batch") {
 }
 
 TEST_CASE("kv pools: a sequence's page tables grow per pool and give back dead window blocks") {
-  const kv_pools_layout set{.pools = {kv_pool_spec{.name = "full", .page = kv_layout{1, 2, 8, 4}, .layers = {1}},
-                                      window_spec(6, 4)}};
+  const kv_pools_layout set{
+      .pools = {kv_pool_spec{.name = "full", .page = kv_layout{1, 2, 8, 4}, .layers = {1}},
+                window_spec(6, 4)}};
   seq_page_tables t(set);
   CHECK(t.needed(0, 9) == 3);
   CHECK(t.needed(1, 9) == 3);
@@ -228,13 +233,14 @@ TEST_CASE("kv pools: a sequence's page tables grow per pool and give back dead w
   set.check_fits(std::vector<int32_t>{25, 3}, 100, 1);
   CHECK_THROWS_WITH_AS(set.check_fits(std::vector<int32_t>{25, 2}, 100, 1),
                        doctest::Contains("3 pages of the window KV pool, which has 2"), tandem::error);
-  CHECK_THROWS_WITH_AS(set.check_fits(std::vector<int32_t>{24, 3}, 100, 1), doctest::Contains("the full KV pool"),
-                       tandem::error);
+  CHECK_THROWS_WITH_AS(set.check_fits(std::vector<int32_t>{24, 3}, 100, 1),
+                       doctest::Contains("the full KV pool"), tandem::error);
 }
 
 TEST_CASE("kv pools: a cached prefix is usable only with its window state, else shortened") {
-  const kv_pools_layout set{.pools = {kv_pool_spec{.name = "full", .page = kv_layout{1, 2, 8, 4}, .layers = {1}},
-                                      window_spec(6, 4)}};
+  const kv_pools_layout set{
+      .pools = {kv_pool_spec{.name = "full", .page = kv_layout{1, 2, 8, 4}, .layers = {1}},
+                window_spec(6, 4)}};
   // 5 full blocks (20 tokens) cached; the window pool released blocks 0..2.
   auto have = [](std::vector<int> full, std::vector<int> window) {
     return [=](size_t pool, int64_t b) {
@@ -257,7 +263,8 @@ TEST_CASE("kv pools: a cached prefix is usable only with its window state, else 
   CHECK(usable_prefix(one, 22, have({1, 1, 1, 1, 1, 1}, {})) == 20);
 }
 
-TEST_CASE("kv pools: a byte budget splits across pools by their device bytes, whole pages, none is an error") {
+TEST_CASE(
+    "kv pools: a byte budget splits across pools by their device bytes, whole pages, none is an error") {
   kv_pool_spec full{.name = "full", .page = kv_layout{2, 2, 8, 4}, .layers = {1, 3}};
   kv_pool_spec window = window_spec(32, 4);
   window.page.n_layers = 2;
@@ -278,7 +285,8 @@ TEST_CASE("kv pools: a byte budget splits across pools by their device bytes, wh
   CHECK(none.problem.find("window KV pool") != std::string::npos);
   CHECK(none.problem.find(fmt::format("at least {} bytes", 4 * pb)) != std::string::npos);
   // One pool: the whole budget in its pages.
-  const pool_split single = split_pool_bytes(kv_pools_layout::single(full.page), std::vector<int64_t>{10}, 7 * pb + 3, "x");
+  const pool_split single =
+      split_pool_bytes(kv_pools_layout::single(full.page), std::vector<int64_t>{10}, 7 * pb + 3, "x");
   CHECK(single.pages == std::vector<int64_t>{7});
 }
 
@@ -286,7 +294,8 @@ TEST_CASE("kv pools: a make-model gemma2 file (window 32) gives the same bits in
   for (const ggml_type t : {ggml_type::f16, ggml_type::q8_0}) {
     CAPTURE(int(t));
     const std::string path =
-        (std::filesystem::temp_directory_path() / fmt::format("tandem-test-kv-pools-{}.gguf", int(t))).string();
+        (std::filesystem::temp_directory_path() / fmt::format("tandem-test-kv-pools-{}.gguf", int(t)))
+            .string();
     make_model_options opt;
     opt.preset = "micro";
     opt.arch = "gemma2";
