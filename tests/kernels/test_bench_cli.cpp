@@ -50,6 +50,7 @@ TEST_CASE("bench cli: model mode reports prefill and every decode batch with the
   CHECK(out.find("{\"batch\":1,") != std::string::npos);
   CHECK(out.find("{\"batch\":3,") != std::string::npos);
   CHECK(out.find("\"roofline_fraction\":") != std::string::npos);
+  CHECK(out.find("\"kv_pools\":[{\"name\":\"full\"") != std::string::npos);  // a llama: one full pool
   std::tie(rc, out) = run("bench model --model " + model + " --batches 0");
   CHECK(rc == 1);
   CHECK(out.find("--batches expects") != std::string::npos);

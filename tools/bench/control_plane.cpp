@@ -51,7 +51,7 @@ class null_model final : public llama_model {
   }
   const model_config& config() const override { return cfg_; }
   kv_layout layout(int32_t page_size) const override { return kv_layout{1, 1, 4, page_size}; }
-  void forward(std::span<const batch_seq> batch, kv_pool&, std::vector<float>& logits) override {
+  void forward(std::span<const batch_seq> batch, kv_pools&, std::vector<float>& logits) override {
     const double t0 = thread_cpu_s();
     size_t n = 0;
     for (const auto& s : batch) n += s.want_logits ? 1 : 0;

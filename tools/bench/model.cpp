@@ -468,6 +468,21 @@ int bench_model(args a) {
   const kv_layout kv_per_page = model->layout(16);
   const size_t kv_bytes_per_token = kv_per_page.page_bytes() / size_t(kv_per_page.page_size);
   cmp_json += fmt::format(",\"arch\":\"{}\",\"kv_bytes_per_token\":{}", c.arch, kv_bytes_per_token);
+  // Per pool: a window pool's bytes per token stop growing at its window (a sequence holds
+  // at most ceil(W / page_size) + 1 of its pages).
+  const kv_pools_layout pools = model->pools_layout(16);
+  std::string pools_json, pools_text;
+  for (const kv_pool_spec& p : pools.pools) {
+    const size_t per_token = p.page.page_bytes() / size_t(p.page.page_size);
+    pools_json += fmt::format("{}{{\"name\":\"{}\",\"layers\":{},\"bytes_per_token\":{},\"window_tokens\":{}}}",
+                              pools_json.empty() ? "" : ",", p.name, p.layers.size(), per_token, p.window_tokens);
+    pools_text += fmt::format("{}{} {} B/token ({} layers{})", pools_text.empty() ? "" : ", ", p.name, per_token,
+                              p.layers.size(),
+                              p.window_tokens > 0 ? fmt::format(", at most {} pages a sequence",
+                                                                p.max_pages(int64_t(1) << 30, 1))
+                                                  : "");
+  }
+  cmp_json += fmt::format(",\"kv_pools\":[{}]", pools_json);
   if (json) {
     std::string d;
     for (const auto& r : dec)
@@ -490,8 +505,8 @@ int bench_model(args a) {
   }
   std::printf("model %s (%s weights): %d layers, %.1f MB of weights read per forward\n", c.name.c_str(),
               cost.weight_type.c_str(), c.n_layer, double(cost.step_bytes) / 1e6);
-  std::printf("architecture %s: KV cache %zu bytes per token (%s)\n", c.arch.c_str(), kv_bytes_per_token,
-              kv_per_page.describe().c_str());
+  std::printf("architecture %s: KV cache %zu bytes per token (%s); pools: %s\n", c.arch.c_str(), kv_bytes_per_token,
+              kv_per_page.describe().c_str(), pools_text.c_str());
   if (c.n_expert > 0)
     std::printf("experts: %d routed of %d (+%d shared) per MoE layer after %d dense; a step's weight bytes count the "
                 "routed ones\n",
