@@ -6,7 +6,8 @@
 // - 1e-5: elementwise and row-wise ops (expf/tanhf/rsqrtf against the CPU's polynomials);
 // - 1e-4: attention (another summation order and exp);
 // - 2e-4: f32 / f16 / bf16 matmuls (cuBLAS on hi + lo 16-bit parts of x for 16-bit weights);
-// - 2e-2: quantized matmuls (the CPU quantizes the activations to 8 bits, the GPU keeps f32).
+// - quantized matmuls (q4_0, q8_0, q4_K, q5_K, q6_K): the same bits (the GPU follows
+//   kernels/cpu/quant_matmul.h's recipe step for step), checked as 1e-6 and as bits.
 // Batch invariance is checked bit for bit: a row alone and inside a larger batch.
 #include <cuda_runtime_api.h>
 
@@ -75,7 +76,8 @@ void check_matmuls(pair& p) {
     p.gpu->matmul(gw, dx, rows, dy);
     const std::vector<float> got = to_host(dy, ref.size());
     const bool quant = t != ggml_type::f32 && t != ggml_type::f16 && t != ggml_type::bf16;
-    expect_close(fmt::format("matmul {} {}x{} batch {}", to_string(t), n, k, rows), got, ref, quant ? 2e-2f : 2e-4f);
+    expect_close(fmt::format("matmul {} {}x{} batch {}", to_string(t), n, k, rows), got, ref, quant ? 1e-6f : 2e-4f);
+    if (quant) expect_same(fmt::format("matmul {} as the cpu", to_string(t)), got.data(), ref.data(), ref.size() * 4);
     // Rows 0 and 65 alone: the bits they had in the batch of 70.
     for (int64_t r : {int64_t(0), int64_t(65)}) {
       p.gpu->matmul(gw, dx + r * k, 1, dy);

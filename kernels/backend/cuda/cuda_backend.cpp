@@ -124,7 +124,15 @@ class cuda_ops final : public ops {
     const device_weight& w = get(id);
     if (rows <= 0) return;
     if (w.type != ggml_type::f32 && w.type != ggml_type::f16 && w.type != ggml_type::bf16) {
-      check(k::matmul_quant(uint32_t(w.type), w.data, x, rows, y, w.rows, w.cols, stream_), "quantized matmul");
+      // The activations as the CPU quantizes them, then its recipe: the CPU's bits.
+      const int group = k::quant_group(uint32_t(w.type));
+      const int64_t kk = w.cols;
+      auto* base = static_cast<uint8_t*>(scratch_[0]->get(size_t(rows * kk) + size_t(rows * (kk / 32)) * 6 + 64));
+      auto* qs = reinterpret_cast<int8_t*>(base);
+      auto* d = reinterpret_cast<float*>(base + ((size_t(rows * kk) + 15) / 16) * 16);
+      auto* sums = reinterpret_cast<int16_t*>(d + rows * (kk / 32));
+      check(k::quantize_acts(x, rows, kk, group, qs, d, sums, stream_), "quantizing a matmul input");
+      check(k::matmul_quant(uint32_t(w.type), w.data, qs, d, sums, rows, y, w.rows, kk, stream_), "quantized matmul");
       return;
     }
     // Fixed chunks of k_matmul_rows rows: the same GEMM shape (so the same cuBLAS kernel and

@@ -42,10 +42,17 @@ cudaError_t kv_write(uint8_t* pool, size_t page_stride, size_t comp_offset, cons
 cudaError_t split_hi_lo(const float* x, int64_t rows, int64_t k, bool bf16, void* xs, int64_t stride, cudaStream_t s);
 /// y[r][i] = t[r][i] + t[rows + r][i] for r < used (t is [2 rows][n]).
 cudaError_t join_hi_lo(const float* t, int64_t rows, int64_t used, int64_t n, float* y, cudaStream_t s);
-/// y [batch][n] = W x for a quantized W [n][k] in ggml blocks (type: ggml type id of q4_0, q8_0,
-/// q4_K, q5_K or q6_K); one warp per weight row, each row's sum in a fixed order.
-cudaError_t matmul_quant(uint32_t type, const void* w, const float* x, int64_t batch, float* y, int64_t n, int64_t k,
-                         cudaStream_t s);
+/// The activation group of a quantized weight type (32 for q4_0 / q8_0, 256 for the k-quants).
+int quant_group(uint32_t type);
+/// kernels/cpu/quant_matmul.h's quantize_acts: x [batch][k] to int8 qs [batch][k] in groups of
+/// `group` with scales d [batch][k / group] and the sums of every 32 q (sums [batch][k / 32]).
+cudaError_t quantize_acts(const float* x, int64_t batch, int64_t k, int group, int8_t* qs, float* d, int16_t* sums,
+                          cudaStream_t s);
+/// y [batch][n] = W x for a quantized W [n][k] in ggml blocks (type: the ggml type id of q4_0,
+/// q8_0, q4_K, q5_K or q6_K) over quantize_acts' output, by kernels/cpu/quant_matmul.h's recipe:
+/// the same bits as the CPU's quant_matmul. One warp per (weight row, activation row).
+cudaError_t matmul_quant(uint32_t type, const void* w, const int8_t* qs, const float* d, const int16_t* sums,
+                         int64_t batch, float* y, int64_t n, int64_t k, cudaStream_t s);
 /// True for the ggml type ids matmul_quant computes.
 bool quant_supported(uint32_t type);
 

@@ -1,5 +1,5 @@
 // The CUDA backend's matmul helpers (kernels.h): the hi/lo split that lets cuBLAS's 16-bit GEMMs
-// see f32 activations, and the dequantizing matmul of the ggml block types.
+// see f32 activations, and the matmul of the ggml block types on int8 activations.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -46,18 +46,66 @@ __device__ __forceinline__ float half_at(const uint8_t* p) {
   return __half2float(__ushort_as_half(uint16_t(p[0] | p[1] << 8)));
 }
 
-// Element e of one block of each type (the layouts of kernels/tensor.h).
-template <uint32_t T>
-__device__ __forceinline__ float dequant(const uint8_t* b, int e);
+// ---- quantized matmul: kernels/cpu/quant_matmul.h's recipe, step for step, so the bits are
+// the CPU's: activations to int8 groups, exact integer dot products per weight block, and the
+// same floating-point steps in the same order (products rounded before each fma).
 
-template <>
-__device__ __forceinline__ float dequant<t_q8_0>(const uint8_t* b, int e) {
-  return half_at(b) * float(int8_t(b[2 + e]));
+// One warp per (activation row, group of `G` values): d = max|x| / 127, q = round-to-even of
+// x * 127 / max|x| clamped to [-127, 127], and the sum of every 32 q.
+template <int G>
+__global__ void quantize_acts_kernel(const float* x, int64_t k, int8_t* qs, float* d, int16_t* sums) {
+  const int64_t groups = k / G, b = blockIdx.x / groups, g = blockIdx.x % groups;
+  const int lane = threadIdx.x;
+  const float* v = x + b * k + g * G;
+  float amax = 0.0f;
+#pragma unroll
+  for (int j = 0; j < G / 32; ++j) amax = fmaxf(amax, fabsf(v[lane + 32 * j]));
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float id = amax > 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
+  if (lane == 0) d[b * groups + g] = __fdiv_rn(amax, 127.0f);
+  int8_t* q = qs + b * k + g * G;
+#pragma unroll
+  for (int j = 0; j < G / 32; ++j) {
+    const float r = __fsub_rn(__fadd_rn(__fmul_rn(v[lane + 32 * j], id), 12582912.0f), 12582912.0f);
+    const int qi = r >= 127.0f ? 127 : r <= -127.0f ? -127 : r == r ? int(r) : 0;
+    q[lane + 32 * j] = int8_t(qi);
+    int s = qi;
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) sums[b * (k / 32) + g * (G / 32) + j] = int16_t(s);
+  }
 }
-template <>
-__device__ __forceinline__ float dequant<t_q4_0>(const uint8_t* b, int e) {
-  const uint8_t q = b[2 + e % 16];
-  return half_at(b) * float((e < 16 ? q & 0xF : q >> 4) - 8);
+
+__device__ __forceinline__ int warp_isum(int v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// q4_0 / q8_0: 16 float lanes (threads 0-15), lane 8 (i % 2) + l of block i gets
+// fma(d * dx, s_l, lane), s_l the integer dot of elements 4l .. 4l + 3; then tree16.
+template <bool Q8>
+__device__ float dot_32(const uint8_t* w, const int8_t* x, const float* dx, int64_t nb, int t) {
+  constexpr int bytes = Q8 ? 34 : 18;
+  float lane = 0.0f;
+  for (int64_t i = 0; i < nb; i += 2) {
+    const int64_t blk = i + (t & 15) / 8;
+    if (t < 16 && blk < nb) {
+      const uint8_t* b = w + blk * bytes;
+      const int l = t & 7;
+      int s = 0;
+#pragma unroll
+      for (int e = 4 * l; e < 4 * l + 4; ++e) {
+        const int q = Q8 ? int(int8_t(b[2 + e])) : (e < 16 ? b[2 + e] & 0xF : b[2 + e - 16] >> 4) - 8;
+        s += q * int(x[32 * blk + e]);
+      }
+      lane = fmaf(__fmul_rn(half_at(b), dx[blk]), float(s), lane);
+    }
+  }
+  // tree16: t8[i] = a[i] + a[i + 8], t4[i] = t8[i] + t8[i + 4], (t4[0] + t4[2]) + (t4[1] + t4[3]).
+  const float t8 = __fadd_rn(lane, __shfl_down_sync(0xffffffffu, lane, 8));
+  const float t4 = __fadd_rn(t8, __shfl_down_sync(0xffffffffu, t8, 4));
+  const float a0 = __shfl_sync(0xffffffffu, t4, 0), a1 = __shfl_sync(0xffffffffu, t4, 1),
+              a2 = __shfl_sync(0xffffffffu, t4, 2), a3 = __shfl_sync(0xffffffffu, t4, 3);
+  return __fadd_rn(__fadd_rn(a0, a2), __fadd_rn(a1, a3));
 }
 
 __device__ __forceinline__ void k4_scale_min(int j, const uint8_t* q, int& sc, int& m) {
@@ -70,116 +118,94 @@ __device__ __forceinline__ void k4_scale_min(int j, const uint8_t* q, int& sc, i
   }
 }
 
-// q4_K: {d, dmin, scales[12], qs[128]}; q5_K: {d, dmin, scales[12], qh[32], qs[128]}.
+// q4_K / q5_K: per block acc = fma(d dx, isum, acc); acc = fma(-(dmin dx), msum, acc) with the
+// integer sums over the warp (exact in any order); every lane keeps the same acc.
 template <bool Q5>
-__device__ __forceinline__ float dequant_k4(const uint8_t* b, int e) {
-  const float d = half_at(b), dmin = half_at(b + 2);
-  int sc, m;
-  k4_scale_min(e / 32, b + 4, sc, m);
-  const uint8_t* qs = b + 16 + (Q5 ? 32 : 0);
-  const int g = e / 64, l = e % 32;
-  int q = e % 64 < 32 ? qs[32 * g + l] & 0xF : qs[32 * g + l] >> 4;
-  if (Q5 && (b[16 + e % 32] >> (e / 32) & 1)) q += 16;
-  return d * float(sc) * float(q) - dmin * float(m);
-}
-template <>
-__device__ __forceinline__ float dequant<t_q4_K>(const uint8_t* b, int e) {
-  return dequant_k4<false>(b, e);
-}
-template <>
-__device__ __forceinline__ float dequant<t_q5_K>(const uint8_t* b, int e) {
-  return dequant_k4<true>(b, e);
-}
-// q6_K: {ql[128], qh[64], scales[16] (int8), d}.
-template <>
-__device__ __forceinline__ float dequant<t_q6_K>(const uint8_t* b, int e) {
-  const int h = e / 128, r = e % 128, l = r % 32, k = r / 32;
-  const uint8_t lo = b[64 * h + 32 * (k % 2) + l];
-  const int low = k < 2 ? lo & 0xF : lo >> 4;
-  const int high = (b[128 + 32 * h + l] >> (2 * k)) & 3;
-  return half_at(b + 208) * float(int8_t(b[192 + e / 16])) * float((low | high << 4) - 32);
-}
-
-template <uint32_t T>
-struct block_info;
-template <>
-struct block_info<t_q8_0> {
-  static constexpr int elems = 32, bytes = 34;
-};
-template <>
-struct block_info<t_q4_0> {
-  static constexpr int elems = 32, bytes = 18;
-};
-template <>
-struct block_info<t_q4_K> {
-  static constexpr int elems = 256, bytes = 144;
-};
-template <>
-struct block_info<t_q5_K> {
-  static constexpr int elems = 256, bytes = 176;
-};
-template <>
-struct block_info<t_q6_K> {
-  static constexpr int elems = 256, bytes = 210;
-};
-
-constexpr int k_rows_per_block = 8;  // one warp per weight row
-
-// y[b0 + b][row] for b < B: lane handles elements lane, lane + 32, ... of every block, each
-// decoded once and used for the B activation rows; then the warp's sum in a fixed tree.
-template <uint32_t T, int B>
-__global__ void matmul_quant_kernel(const uint8_t* __restrict__ w, const float* __restrict__ x, int64_t b0,
-                                    float* __restrict__ y, int64_t n, int64_t k) {
-  using I = block_info<T>;
-  const int64_t row = int64_t(blockIdx.x) * k_rows_per_block + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  if (row >= n) return;
-  const int64_t nb = k / I::elems;
-  const uint8_t* wr = w + size_t(row) * size_t(nb) * I::bytes;
-  float acc[B];
+__device__ float dot_k4(const uint8_t* w, const int8_t* x, const float* dx, const int16_t* sums, int64_t nb, int t) {
+  constexpr int bytes = Q5 ? 176 : 144;
+  float acc = 0.0f;
+  for (int64_t i = 0; i < nb; ++i) {
+    const uint8_t* b = w + i * bytes;
+    const uint8_t* qs = b + 16 + (Q5 ? 32 : 0);
+    int isum = 0;
 #pragma unroll
-  for (int b = 0; b < B; ++b) acc[b] = 0.0f;
-  for (int64_t blk = 0; blk < nb; ++blk) {
-    const uint8_t* bp = wr + size_t(blk) * I::bytes;
-#pragma unroll
-    for (int j = 0; j < I::elems / 32; ++j) {
-      const int e = lane + 32 * j;
-      const float wv = dequant<T>(bp, e);
-      const int64_t col = blk * I::elems + e;
-#pragma unroll
-      for (int b = 0; b < B; ++b) acc[b] = fmaf(wv, x[size_t(b0 + b) * size_t(k) + size_t(col)], acc[b]);
+    for (int j = 0; j < 8; ++j) {
+      int sc, m;
+      k4_scale_min(j, b + 4, sc, m);
+      const int e = 32 * j + t, g = e / 64;
+      int q = e % 64 < 32 ? qs[32 * g + t] & 0xF : qs[32 * g + t] >> 4;
+      if (Q5) q += ((b[16 + t] >> j) & 1) << 4;
+      isum += sc * q * int(x[256 * i + e]);
     }
+    int msum = 0;
+    if (t < 8) {
+      int sc, m;
+      k4_scale_min(t, b + 4, sc, m);
+      msum = m * int(sums[8 * i + t]);
+    }
+    isum = warp_isum(isum);
+    msum = warp_isum(msum);
+    acc = fmaf(__fmul_rn(half_at(b), dx[i]), float(isum), acc);
+    acc = fmaf(-__fmul_rn(half_at(b + 2), dx[i]), float(msum), acc);
   }
+  return acc;
+}
+
+// q6_K: per block acc = fma(d dx, isum, acc), isum = sum_j sc_j sum (q - 32) x.
+__device__ float dot_q6_K(const uint8_t* w, const int8_t* x, const float* dx, int64_t nb, int t) {
+  float acc = 0.0f;
+  for (int64_t i = 0; i < nb; ++i) {
+    const uint8_t* b = w + i * 210;
+    int isum = 0;
 #pragma unroll
-  for (int b = 0; b < B; ++b) {
-    float v = acc[b];
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (lane == 0) y[size_t(b0 + b) * size_t(n) + size_t(row)] = v;
+    for (int m = 0; m < 8; ++m) {
+      const int e = t + 32 * m, h = e / 128, r = e % 128, l = r % 32, kk = r / 32;
+      const uint8_t lo = b[64 * h + 32 * (kk % 2) + l];
+      const int q = ((kk < 2 ? lo & 0xF : lo >> 4) | ((b[128 + 32 * h + l] >> (2 * kk)) & 3) << 4) - 32;
+      isum += int(int8_t(b[192 + e / 16])) * q * int(x[256 * i + e]);
+    }
+    isum = warp_isum(isum);
+    acc = fmaf(__fmul_rn(half_at(b + 208), dx[i]), float(isum), acc);
   }
+  return acc;
 }
 
-template <uint32_t T, int B>
-void launch_quant(const uint8_t* w, const float* x, int64_t b0, float* y, int64_t n, int64_t k, cudaStream_t s) {
-  const int64_t blocks = (n + k_rows_per_block - 1) / k_rows_per_block;
-  matmul_quant_kernel<T, B><<<unsigned(blocks), 32 * k_rows_per_block, 0, s>>>(w, x, b0, y, n, k);
+// ggml type ids -> block bytes and elements.
+__host__ __device__ constexpr int block_bytes(uint32_t t) {
+  return t == t_q8_0 ? 34 : t == t_q4_0 ? 18 : t == t_q4_K ? 144 : t == t_q5_K ? 176 : 210;
 }
+__host__ __device__ constexpr int block_elems(uint32_t t) { return t == t_q8_0 || t == t_q4_0 ? 32 : 256; }
 
-// The batch 8 rows at a time (registers), then the rest with an exact-size kernel: every
-// row's arithmetic is the same in each.
+constexpr int k_warps_per_block = 8;
+
+// One warp per (weight row, activation row): y[b][row].
 template <uint32_t T>
-void run_quant(const uint8_t* w, const float* x, int64_t batch, float* y, int64_t n, int64_t k, cudaStream_t s) {
-  int64_t b = 0;
-  for (; b + 8 <= batch; b += 8) launch_quant<T, 8>(w, x, b, y, n, k, s);
-  switch (batch - b) {
-    case 7: return launch_quant<T, 7>(w, x, b, y, n, k, s);
-    case 6: return launch_quant<T, 6>(w, x, b, y, n, k, s);
-    case 5: return launch_quant<T, 5>(w, x, b, y, n, k, s);
-    case 4: return launch_quant<T, 4>(w, x, b, y, n, k, s);
-    case 3: return launch_quant<T, 3>(w, x, b, y, n, k, s);
-    case 2: return launch_quant<T, 2>(w, x, b, y, n, k, s);
-    case 1: return launch_quant<T, 1>(w, x, b, y, n, k, s);
-    default: return;
-  }
+__global__ void quant_matmul_kernel(const uint8_t* __restrict__ w, const int8_t* __restrict__ qs,
+                                    const float* __restrict__ d, const int16_t* __restrict__ sums, int64_t batch,
+                                    float* __restrict__ y, int64_t n, int64_t k) {
+  const int64_t item = int64_t(blockIdx.x) * k_warps_per_block + (threadIdx.x >> 5);
+  if (item >= n * batch) return;
+  const int64_t row = item % n, b = item / n;
+  const int t = threadIdx.x & 31;
+  const int64_t nb = k / block_elems(T);
+  const uint8_t* wr = w + row * nb * block_bytes(T);
+  const int8_t* x = qs + b * k;
+  const float* dx = d + b * (k / block_elems(T));
+  float v;
+  if constexpr (T == t_q8_0 || T == t_q4_0)
+    v = dot_32<T == t_q8_0>(wr, x, dx, nb, t);
+  else if constexpr (T == t_q6_K)
+    v = dot_q6_K(wr, x, dx, nb, t);
+  else
+    v = dot_k4<T == t_q5_K>(wr, x, dx, sums + b * (k / 32), nb, t);
+  if (t == 0) y[b * n + row] = v;
+}
+
+template <uint32_t T>
+void run_quant(const uint8_t* w, const int8_t* qs, const float* d, const int16_t* sums, int64_t batch, float* y,
+               int64_t n, int64_t k, cudaStream_t s) {
+  const int64_t blocks = (n * batch + k_warps_per_block - 1) / k_warps_per_block;
+  quant_matmul_kernel<T><<<unsigned(blocks), 32 * k_warps_per_block, 0, s>>>(w, qs, d, sums, batch, y, n, k);
 }
 
 }  // namespace
@@ -207,16 +233,31 @@ bool quant_supported(uint32_t type) {
   return type == t_q4_0 || type == t_q8_0 || type == t_q4_K || type == t_q5_K || type == t_q6_K;
 }
 
-cudaError_t matmul_quant(uint32_t type, const void* w, const float* x, int64_t batch, float* y, int64_t n, int64_t k,
-                         cudaStream_t s) {
-  if (batch < 0 || n <= 0 || k <= 0) return cudaErrorInvalidValue;
+int quant_group(uint32_t type) { return block_elems(type); }
+
+cudaError_t quantize_acts(const float* x, int64_t batch, int64_t k, int group, int8_t* qs, float* d, int16_t* sums,
+                          cudaStream_t s) {
+  if (batch <= 0) return cudaSuccess;
+  if ((group != 32 && group != 256) || k % group != 0) return cudaErrorInvalidValue;
+  const int64_t blocks = batch * (k / group);
+  if (group == 32)
+    quantize_acts_kernel<32><<<unsigned(blocks), 32, 0, s>>>(x, k, qs, d, sums);
+  else
+    quantize_acts_kernel<256><<<unsigned(blocks), 32, 0, s>>>(x, k, qs, d, sums);
+  return cudaGetLastError();
+}
+
+cudaError_t matmul_quant(uint32_t type, const void* w, const int8_t* qs, const float* d, const int16_t* sums,
+                         int64_t batch, float* y, int64_t n, int64_t k, cudaStream_t s) {
+  if (batch < 0 || n <= 0 || k <= 0 || k % block_elems(type) != 0) return cudaErrorInvalidValue;
+  if (batch == 0) return cudaSuccess;
   const uint8_t* wb = static_cast<const uint8_t*>(w);
   switch (type) {
-    case t_q8_0: run_quant<t_q8_0>(wb, x, batch, y, n, k, s); break;
-    case t_q4_0: run_quant<t_q4_0>(wb, x, batch, y, n, k, s); break;
-    case t_q4_K: run_quant<t_q4_K>(wb, x, batch, y, n, k, s); break;
-    case t_q5_K: run_quant<t_q5_K>(wb, x, batch, y, n, k, s); break;
-    case t_q6_K: run_quant<t_q6_K>(wb, x, batch, y, n, k, s); break;
+    case t_q8_0: run_quant<t_q8_0>(wb, qs, d, sums, batch, y, n, k, s); break;
+    case t_q4_0: run_quant<t_q4_0>(wb, qs, d, sums, batch, y, n, k, s); break;
+    case t_q4_K: run_quant<t_q4_K>(wb, qs, d, sums, batch, y, n, k, s); break;
+    case t_q5_K: run_quant<t_q5_K>(wb, qs, d, sums, batch, y, n, k, s); break;
+    case t_q6_K: run_quant<t_q6_K>(wb, qs, d, sums, batch, y, n, k, s); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
