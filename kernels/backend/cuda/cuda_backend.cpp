@@ -73,14 +73,16 @@ class cuda_ops final : public ops {
     cudaDeviceProp prop{};
     check(cudaGetDeviceProperties(&prop, device_), "reading the device properties");
     name_ = prop.name;
+    staging_ = std::make_unique<cuda_detail::host_staging>(stream_, k_staging_bytes);
     scratch_.reserve(8);
-    for (int i = 0; i < 8; ++i) scratch_.push_back(std::make_unique<device_bytes>(stream_));
+    for (int i = 0; i < 8; ++i) scratch_.push_back(std::make_unique<device_bytes>(stream_, staging_.get()));
     vectors_ = std::make_unique<cuda_detail::host_vectors>(stream_);
   }
   ~cuda_ops() override {
     cudaStreamSynchronize(stream_);
     scratch_.clear();
     vectors_.reset();
+    staging_.reset();
     for (device_weight& w : weights_) cudaFree(w.data);
     cublasDestroy(blas_);
     cudaStreamDestroy(stream_);
@@ -177,8 +179,7 @@ class cuda_ops final : public ops {
     // prepared copy has another layout); the few rows a step needs cross once.
     rows_host_.resize(ids.size() * size_t(table.cols()));
     cpu::get_rows(table, ids, rows_host_.data());
-    check(cudaMemcpyAsync(out, rows_host_.data(), rows_host_.size() * sizeof(float), cudaMemcpyHostToDevice, stream_),
-          "copying embedding rows");
+    staging_->copy(out, rows_host_.data(), rows_host_.size() * sizeof(float));
   }
 
   void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) override {
@@ -311,6 +312,8 @@ class cuda_ops final : public ops {
   }
 
  private:
+  /// Pinned bytes host-to-device copies go through (a prefill's rope angles and descriptors).
+  static constexpr size_t k_staging_bytes = size_t(16) << 20;
   /// GEMM rows per cuBLAS call (the fixed shape that keeps rows independent of the batch).
   static constexpr int64_t k_matmul_rows = 64;
 
@@ -350,6 +353,7 @@ class cuda_ops final : public ops {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   std::vector<device_weight> weights_;
+  std::unique_ptr<cuda_detail::host_staging> staging_;
   /// Scratch areas by use: 0 matmul input, 1 matmul output, 2 rope angles, 3 row indices,
   /// 4 KV slots, 5 expert weights, 6 attention rows, 7 page tables.
   std::vector<std::unique_ptr<device_bytes>> scratch_;

@@ -13,6 +13,38 @@ void check(cudaError_t e, const char* what) {
   throw tandem::error(fmt::format("cuda backend: {}: {} ({})", what, cudaGetErrorString(e), cudaGetErrorName(e)));
 }
 
+host_staging::host_staging(cudaStream_t s, size_t bytes) : stream_(s) {
+  // Without pinned memory (a restricted host) every copy takes the pageable path instead.
+  if (cudaMallocHost(reinterpret_cast<void**>(&ring_), bytes) == cudaSuccess) {
+    cap_ = bytes;
+  } else {
+    cudaGetLastError();
+    ring_ = nullptr;
+  }
+}
+
+host_staging::~host_staging() {
+  if (ring_ != nullptr) {
+    cudaStreamSynchronize(stream_);
+    cudaFreeHost(ring_);
+  }
+}
+
+void host_staging::copy(void* dst, const void* host, size_t bytes) {
+  if (bytes == 0) return;
+  if (bytes > cap_) {  // larger than the ring: CUDA stages it (and waits for the stream)
+    check(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_), "copying to the device");
+    return;
+  }
+  if (pos_ + bytes > cap_) {
+    check(cudaStreamSynchronize(stream_), "waiting for the staged copies");
+    pos_ = 0;
+  }
+  std::memcpy(ring_ + pos_, host, bytes);
+  check(cudaMemcpyAsync(dst, ring_ + pos_, bytes, cudaMemcpyHostToDevice, stream_), "copying to the device");
+  pos_ += (bytes + 255) / 256 * 256;
+}
+
 device_bytes::~device_bytes() {
   if (p_ != nullptr) cudaFreeAsync(p_, stream_);
 }
@@ -31,8 +63,7 @@ void* device_bytes::get(size_t bytes) {
 
 void* device_bytes::upload(const void* host, size_t bytes) {
   void* d = get(bytes);
-  // From pageable memory the copy is staged before this returns, so the caller may reuse it.
-  if (bytes > 0) check(cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, stream_), "copying to the device");
+  staging_->copy(d, host, bytes);
   return d;
 }
 

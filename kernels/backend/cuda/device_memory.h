@@ -13,11 +13,30 @@ namespace tandem::backend::cuda_detail {
 /// Throws tandem::error "cuda backend: <what>: <CUDA's message>" unless e is cudaSuccess.
 void check(cudaError_t e, const char* what);
 
+/// A ring of pinned host memory that host-to-device copies go through: a copy from pageable
+/// memory waits for the stream (CUDA stages it synchronously), one from pinned memory does not,
+/// so the per-op descriptors (page tables, slots, rope angles) do not stall the queue. When the
+/// ring wraps it waits for the stream, so no queued copy still reads the part reused.
+class host_staging {
+ public:
+  host_staging(cudaStream_t s, size_t bytes);
+  ~host_staging();
+  host_staging(const host_staging&) = delete;
+  host_staging& operator=(const host_staging&) = delete;
+  /// Enqueues dst <- host (bytes) on the stream; `host` may be reused once this returns.
+  void copy(void* dst, const void* host, size_t bytes);
+
+ private:
+  cudaStream_t stream_;
+  uint8_t* ring_ = nullptr;
+  size_t cap_ = 0, pos_ = 0;
+};
+
 /// Device memory grown on demand on a stream (stream-ordered allocation, so a growth never
 /// frees memory a queued kernel still reads); contents survive only when no growth was needed.
 class device_bytes {
  public:
-  explicit device_bytes(cudaStream_t s) : stream_(s) {}
+  device_bytes(cudaStream_t s, host_staging* staging) : stream_(s), staging_(staging) {}
   ~device_bytes();
   device_bytes(const device_bytes&) = delete;
   device_bytes& operator=(const device_bytes&) = delete;
@@ -27,6 +46,7 @@ class device_bytes {
 
  private:
   cudaStream_t stream_;
+  host_staging* staging_;
   void* p_ = nullptr;
   size_t cap_ = 0;
 };
