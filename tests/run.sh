@@ -34,8 +34,11 @@ ctest --preset dev -j "$jobs" --timeout 600
 # machine runs is the one checked here.
 if [[ -x /usr/local/cuda/bin/nvcc ]]; then
   tests/gpu/prepare-deps.sh >/dev/null
+  # ccache where installed: the standalone build compiles the CPU kernels and model code again.
+  launch=()
+  command -v ccache >/dev/null && launch=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
   cmake -S tests/gpu -B build/gpu-ci -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_DISABLE_FIND_PACKAGE_fmt=TRUE -DTANDEM_GPU_DEPS="$PWD/build/gpu-deps" >/dev/null
+    -DCMAKE_DISABLE_FIND_PACKAGE_fmt=TRUE -DTANDEM_GPU_DEPS="$PWD/build/gpu-deps" "${launch[@]}" >/dev/null
   cmake --build build/gpu-ci -j "$jobs" --target test_cuda_ops test_cuda_backend
 fi
 
