@@ -28,8 +28,8 @@ cmake --preset dev >/dev/null
 cmake --build --preset dev -j "$jobs"
 ctest --preset dev -j "$jobs" --timeout 600
 
-# CUDA kernels and the CUDA backend must compile for sm_90 wherever nvcc exists (they run only on a GPU machine:
-# tests/gpu/run.sh). Built as there: tests/gpu on its own, with fmt header-only from the copy
+# CUDA kernels and the CUDA backend must compile for sm_90 wherever nvcc exists (they run only
+# on a GPU machine: tests/gpu/run.sh). Built as there: tests/gpu on its own, with fmt header-only from the copy
 # prepare-deps.sh makes (the installed fmt is not looked for), so the script a lent GPU
 # machine runs is the one checked here.
 if [[ -x /usr/local/cuda/bin/nvcc ]]; then
