@@ -113,6 +113,13 @@ void check_matmuls(pair& p) {
                                               std::memcmp(a.data(), c.data() + 3 * n, size_t(n) * 4) == 0);
 }
 
+/// A device-to-device copy finished before the backend's own stream (which does not wait for
+/// the legacy stream) reads it.
+void copy_d2d(void* dst, const void* src, size_t bytes) {
+  cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice);
+  cudaDeviceSynchronize();
+}
+
 /// Runs `cpu_op` on host copies and `gpu_op` on device copies of `ins`, then compares output 0.
 template <class F, class G>
 void compare(const std::string& what, std::vector<std::vector<float>> ins, size_t out_n, float tol, F cpu_op,
@@ -150,22 +157,22 @@ void check_elementwise(pair& p) {
   };
   compare("softcap 2.5", {x}, N, 1e-5f, copy_then([&](auto&, float* o) { c.softcap(o, N, 2.5f); }),
           [&](auto& d, float* o) {
-            cudaMemcpy(o, d[0], N * 4, cudaMemcpyDeviceToDevice);
+            copy_d2d(o, d[0], N * 4);
             g.softcap(o, N, 2.5f);
           });
   compare("add", {x, y}, N, 0.0f, copy_then([&](auto& i, float* o) { c.add(o, i[1].data(), int64_t(N)); }),
           [&](auto& d, float* o) {
-            cudaMemcpy(o, d[0], N * 4, cudaMemcpyDeviceToDevice);
+            copy_d2d(o, d[0], N * 4);
             g.add(o, d[1], int64_t(N));
           });
   compare("scale", {x}, N, 0.0f, copy_then([&](auto&, float* o) { c.scale(o, int64_t(N), 0.37f); }),
           [&](auto& d, float* o) {
-            cudaMemcpy(o, d[0], N * 4, cudaMemcpyDeviceToDevice);
+            copy_d2d(o, d[0], N * 4);
             g.scale(o, int64_t(N), 0.37f);
           });
   compare("add_bias", {x}, N, 0.0f, copy_then([&](auto&, float* o) { c.add_bias(o, w.data(), rows, n); }),
           [&](auto& d, float* o) {
-            cudaMemcpy(o, d[0], N * 4, cudaMemcpyDeviceToDevice);
+            copy_d2d(o, d[0], N * 4);
             g.add_bias(o, w.data(), rows, n);
           });
   compare("copy_rows", {x}, N, 0.0f, [&](auto& i, float* o) { c.copy_rows(i[0].data() + 7, n, o, n / 2, rows, 100); },
@@ -184,7 +191,7 @@ void check_elementwise(pair& p) {
     t.build(pos.data(), rows, 64, 10000.0f, neox);
     compare(neox ? "rope neox" : "rope normal", {x}, size_t(rows * 6 * 64), 1e-5f,
             copy_then([&](auto&, float* o) { c.rope(o, t, 6); }), [&](auto& d, float* o) {
-              cudaMemcpy(o, d[0], size_t(rows * 6 * 64) * 4, cudaMemcpyDeviceToDevice);
+              copy_d2d(o, d[0], size_t(rows * 6 * 64) * 4);
               g.rope(o, t, 6);
             });
   }

@@ -384,7 +384,10 @@ device_kv_pool::device_kv_pool(const kv_layout& layout, int32_t n_pages, int32_t
     throw tandem::error(fmt::format("cuda backend: the device lacks {} bytes for a KV pool of {} pages of {} ({}); "
                                     "lower the page count",
                                     bytes, n_pages, layout.describe(), cudaGetErrorString(e)));
+  // cudaMemset may still run when it returns, and the backend's stream does not wait for the
+  // legacy stream: finish it here, or it could overwrite the first KV writes.
   check(cudaMemset(memory_, 0, bytes), "zeroing the KV pool");
+  check(cudaDeviceSynchronize(), "zeroing the KV pool");
   pool_ = std::make_unique<kv_pool>(layout, n_pages, memory_, bytes);
 }
 
