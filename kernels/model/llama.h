@@ -4,6 +4,7 @@
 /// (prefill chunks and decode steps mixed). A sequence's results do not depend on what
 /// else is in the batch: per-row arithmetic is the same for batch 1 and batch N.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -17,6 +18,10 @@
 #include "kernels/tensor.h"
 
 namespace tandem {
+
+namespace backend {
+class ops;
+}  // namespace backend
 
 /// How RoPE pairs the elements of a head: `normal` rotates adjacent pairs (x[2i], x[2i+1])
 /// (Llama, DeepSeek), `neox` rotates the halves (x[i], x[i + head_dim/2]) (Qwen2/3, Gemma,
@@ -101,6 +106,9 @@ struct cpu_options {
   int32_t threads = 1;
   cpu_isa isa = cpu_isa::best;  ///< kernel path; an unsupported one is rejected at construction
   kv_dtype kv = kv_dtype::f32;   ///< element type of the K/V cache the model writes and reads
+  /// The backend to run on instead of the CPU backend of these options (e.g. the CUDA backend,
+  /// kernels/backend/cuda); empty: the CPU backend.
+  std::function<std::unique_ptr<backend::ops>()> make_backend;
 };
 
 class llama_model {

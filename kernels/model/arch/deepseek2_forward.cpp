@@ -343,7 +343,7 @@ std::unique_ptr<llama_model> make_deepseek2_model(const deepseek2_weights& w, kv
 }
 
 std::unique_ptr<llama_model> make_cpu_deepseek2(const deepseek2_weights& w, const cpu_options& opt) {
-  return make_deepseek2_model(w, opt.kv, backend::make_cpu_backend(opt));
+  return make_deepseek2_model(w, opt.kv, opt.make_backend ? opt.make_backend() : backend::make_cpu_backend(opt));
 }
 
 }  // namespace tandem

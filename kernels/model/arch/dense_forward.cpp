@@ -180,7 +180,7 @@ std::unique_ptr<llama_model> make_dense_model(const llama_weights& w, kv_dtype k
 }
 
 std::unique_ptr<llama_model> make_cpu_llama(const llama_weights& w, const cpu_options& opt) {
-  return make_dense_model(w, opt.kv, backend::make_cpu_backend(opt));
+  return make_dense_model(w, opt.kv, opt.make_backend ? opt.make_backend() : backend::make_cpu_backend(opt));
 }
 
 }  // namespace tandem
