@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <caf/all.hpp>
 
+#include "actors/common/drain_mode.h"
 #include "actors/common/metrics.h"
 #include "actors/common/wire.h"
 #include "actors/router/router_state.h"
@@ -87,7 +88,7 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
   // and alerts see the series before the first rejection.
   for (const char* r : {"malformed", "shutdown", "invalid", "duplicate_id", "inflight_full", "prefill_mailbox", "deadline",
                         "queue_requests", "queue_tokens", "queue_wait", "queue_timeout", "decode_pages", "decode_queue", "no_target",
-                        "target_lost"})
+                        "target_lost", "draining"})
     st.rejected_by_reason[r] = 0;
   for (const char* r : {"budget", "deadline", "no_target"}) st.migration_failures[r] = 0;
   self->delayed_send(self, std::chrono::milliseconds(opt.lim.router_heartbeat_ms), heartbeat_atom::value);
@@ -105,7 +106,7 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
           if (env.isEvent()) {
             on_event(self, env.getEvent());
           } else if (env.isCredit()) {
-            s.on_credit(env.getCredit());
+            if (s.on_credit(env.getCredit())) query_prefills(self);
           } else if (env.isRequeue()) {
             on_requeue(self, w, env.getRequeue());
           } else if (env.isAbort()) {
@@ -152,6 +153,13 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
         };
         for (const auto& p : s.prefills) ask(p.t);
         for (const auto& d : s.decodes) ask(d.t);
+      },
+      [self](drain_atom, bool on) -> bool {
+        // This node drains: new submissions are refused; the in-flight table empties.
+        auto& s = self->state;
+        s.draining = on;
+        s.log->info("router {}", on ? "drains: new requests are refused" : "takes requests again");
+        return true;
       },
       [self](retry_atom, const std::string& id) { on_retry(self, id); },
       [self](heartbeat_atom) { on_heartbeat(self); },

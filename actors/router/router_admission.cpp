@@ -91,8 +91,8 @@ placement router_state::place(const seq_request& r, const std::vector<int>& avoi
     l.queued_requests = p.queued_requests();
     l.queued_tokens = p.backlog_tokens();
     loads.push_back(l);
-    const bool up =
-        p.health.healthy(now, start_ms) && p.breaker.would_allow(now) && !p.live.lost && !in(never_prefill, i);
+    const bool up = p.health.healthy(now, start_ms) && p.breaker.would_allow(now) && !p.live.lost && !p.draining &&
+                    !in(never_prefill, i);
     ok.push_back(up);
     any = any || up;
   }
@@ -105,7 +105,8 @@ placement router_state::place(const seq_request& r, const std::vector<int>& avoi
     for (size_t i = 0; i < prefills.size(); ++i) {
       const auto& p = prefills[i];
       if (p.live.lost) why += fmt::format("; {} lost: {}", p.t.name, p.live.lost_why);
-      only_late = only_late || (!p.live.lost && p.breaker.would_allow(now) && !in(never_prefill, i));
+      else if (p.draining) why += fmt::format("; {} is draining", p.t.name);
+      only_late = only_late || (!p.live.lost && !p.draining && p.breaker.would_allow(now) && !in(never_prefill, i));
     }
     if (only_late) {
       // A scheduler too busy to send credits in time is overloaded, not disconnected: 503
@@ -118,8 +119,8 @@ placement router_state::place(const seq_request& r, const std::vector<int>& avoi
       return out;
     }
     out.err = tandem::error(error_kind::disconnected,
-                            fmt::format("no healthy prefill target of {}{} (stale credits, open circuit breakers "
-                                        "or lost{}); retry on another node",
+                            fmt::format("no healthy prefill target of {}{} (stale credits, open circuit breakers, "
+                                        "draining or lost{}); retry on another node",
                                         prefills.size(), never_prefill.empty() ? "" : " that this request did not lose",
                                         why));
     return out;
@@ -132,12 +133,35 @@ placement router_state::place(const seq_request& r, const std::vector<int>& avoi
     for (bool b : pref) left = left || b;
     if (left) ok = pref;  // a fresh target if there is one, else the same again
   }
+  // The decode targets that can take work at all; a prefill target is chosen only if its node
+  // reaches one of them (a decode node that restarted is not reachable from every prefill node
+  // at once: each redials it on its own back-off).
+  std::vector<bool> dok;
+  bool any_decode = false;
+  for (size_t i = 0; i < decodes.size(); ++i) {
+    dok.push_back(decode_eligible(decodes[i], now) && !in(never_decode, i));
+    any_decode = any_decode || dok.back();
+  }
   std::optional<placement> first_no;
   int32_t cached = 0;
   for (size_t k = 0; k < prefills.size(); ++k) {
     int t = policy->choose_prefill(tokens, loads, ok, &cached);
     if (t < 0) break;
     auto no = check_prefill(prefills[size_t(t)], n, continuation);
+    if (!no && any_decode) {
+      bool reach = false;
+      for (size_t i = 0; i < decodes.size() && !reach; ++i) reach = dok[i] && reaches(prefills[size_t(t)], decodes[i]);
+      if (!reach) {
+        placement un;
+        un.reason = "no_target";
+        un.retry_after_ms = 1000;
+        un.err = tandem::error(error_kind::overloaded,
+                               fmt::format("prefill target {} does not reach a healthy decode target yet (its node "
+                                           "is reconnecting to them); retry after {} ms",
+                                           prefills[size_t(t)].t.name, un.retry_after_ms));
+        no = std::move(un);
+      }
+    }
     if (!no) {
       out.prefill = t;
       break;
@@ -148,14 +172,12 @@ placement router_state::place(const seq_request& r, const std::vector<int>& avoi
   if (out.prefill < 0) return *first_no;
   if (!decodes.empty()) {
     std::vector<target_load> dl;
-    std::vector<bool> dok;
+    std::vector<bool> dreach = dok;
     for (size_t i = 0; i < decodes.size(); ++i) {
-      const auto& d = decodes[i];
-      dl.push_back(d.load);
-      dok.push_back(d.health.healthy(now, start_ms) && d.breaker.would_allow(now) && !d.live.lost &&
-                    !in(never_decode, i));
+      dl.push_back(decodes[i].load);
+      dreach[i] = dok[i] && reaches(prefills[size_t(out.prefill)], decodes[i]);
     }
-    const int d = policy->choose_decode(dl, dok);
+    const int d = policy->choose_decode(dl, dreach);
     if (d < 0) {
       out.prefill = -1;
       out.reason = "no_target";
@@ -166,6 +188,7 @@ placement router_state::place(const seq_request& r, const std::vector<int>& avoi
       std::string names;
       for (const auto& d : decodes) {
         if (d.live.lost) why += fmt::format("; {} lost: {}", d.t.name, d.live.lost_why);
+        else if (d.draining) why += fmt::format("; {} is draining", d.t.name);
         all_lost = all_lost && d.live.lost;
         names += (names.empty() ? "" : ", ") + d.t.name;
       }
@@ -173,7 +196,8 @@ placement router_state::place(const seq_request& r, const std::vector<int>& avoi
         why = fmt::format("; no decode node is reachable (down: {}; {})", names, decodes.front().live.lost_why);
       bool only_late = false;  // as for prefill: a decode target late with credits is busy
       for (size_t i = 0; i < decodes.size(); ++i)
-        only_late = only_late || (!decodes[i].live.lost && decodes[i].breaker.would_allow(now) && !in(never_decode, i));
+        only_late = only_late || (!decodes[i].live.lost && !decodes[i].draining && decodes[i].breaker.would_allow(now) &&
+                                  !in(never_decode, i));
       if (only_late) {
         out.err = tandem::error(
             error_kind::overloaded,
@@ -323,6 +347,14 @@ void on_submit(router_actor_t* self, const wire& w, event_callback cb) {
     s.reject(r.id, cb,
              tandem::error(error_kind::disconnected, "the cluster is shutting down; retry on another node"),
              "shutdown", prompt_len);
+    return;
+  }
+  if (s.draining) {
+    s.reject(r.id, cb,
+             tandem::error(error_kind::disconnected,
+                           "this router node is draining (tandem inspect --drain); send requests to another router "
+                           "node, or undrain it with tandem inspect --undrain"),
+             "draining", prompt_len);
     return;
   }
   auto bad = s.validate(r);

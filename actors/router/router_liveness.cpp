@@ -16,35 +16,45 @@ bool router_state::heard(liveness& l, const std::string& name, int64_t now) {
   l.heard_ms = std::max(l.heard_ms, now);
   if (!l.lost) return false;
   l.lost = false;
+  l.back_ms = now;
   log->info("target {} answers again; new requests may go there", name);
   return true;
 }
 
-/// A lost target that answers again is a fresh start: the breaker that its lost requests
-void router_state::on_credit(schema::Credit::Reader c) {
+bool router_state::on_credit(schema::Credit::Reader c) {
   const std::string name = c.getTarget().cStr();
   const int64_t now = clk->now_ms();
   if (std::string(c.getRole().cStr()) == "decode") {
     for (auto& d : decodes) {
       if (d.t.name != name) continue;
       d.health.on_credit(now);
-      if (heard(d.live, d.t.name, now)) back(d);
-      if (c.getSeq() <= d.last_seq) return;
+      const bool came_back = heard(d.live, d.t.name, now);
+      if (came_back) back(d);
+      if (c.getSeq() <= d.last_seq) return came_back;
       d.last_seq = c.getSeq();
       d.load.free_pages = c.getFreePages();
       d.load.running_seqs = c.getRunningSeqs();
       d.load.waiting_seqs = c.getWaitingSeqs();
       d.load.max_running_seqs = c.getMaxRunningSeqs();
-      return;
+      if (d.draining != c.getDraining())
+        log->info("target {} {}", d.t.name, c.getDraining() ? "drains: no new requests go there" : "takes requests again");
+      d.draining = c.getDraining();
+      return came_back;
     }
-    return;
+    return false;
   }
   for (auto& p : prefills) {
     if (p.t.name != name) continue;
     p.health.on_credit(now);
     if (heard(p.live, p.t.name, now)) back(p);
-    if (c.getSeq() <= p.last_seq) return;  // reordered: an older view
+    if (c.getSeq() <= p.last_seq) return false;  // reordered: an older view
     p.last_seq = c.getSeq();
+    p.credit_ms = now;
+    if (p.draining != c.getDraining())
+      log->info("target {} {}", p.t.name, c.getDraining() ? "drains: no new requests go there" : "takes requests again");
+    p.draining = c.getDraining();
+    p.unreachable.clear();
+    for (auto u : c.getUnreachable()) p.unreachable.emplace_back(u.cStr());
     p.load.queued_requests = c.getQueuedRequests();
     p.load.queued_tokens = c.getQueuedTokens();
     p.load.prefill_tokens_per_s = c.getTokensPerS();
@@ -55,8 +65,43 @@ void router_state::on_credit(schema::Credit::Reader c) {
       p.in_transit_tokens -= p.in_transit.front();
       p.in_transit.pop_front();
     }
-    return;
+    return false;
   }
+  return false;
+}
+
+bool router_state::reaches(const prefill_target& p, const decode_target& d) const {
+  if (std::find(p.unreachable.begin(), p.unreachable.end(), d.t.name) != p.unreachable.end()) return false;
+  return d.live.back_ms < 0 || p.credit_ms >= d.live.back_ms;
+}
+
+bool router_state::decode_eligible(const decode_target& d, int64_t now) const {
+  return d.health.healthy(now, start_ms) && d.breaker.would_allow(now) && !d.live.lost && !d.draining;
+}
+
+int32_t router_state::holds(int i, bool decode) const {
+  int32_t n = 0;
+  for (const auto& [id, e] : table) {
+    if (decode) n += e.decode == i ? 1 : 0;
+    else n += e.prefill == i && !is_at_decode(e) ? 1 : 0;
+  }
+  return n;
+}
+
+void query_credit(router_actor_t* self, const bounded_actor& a, int32_t holds) {
+  // A target with messages still waiting (an earlier query among them) answers when it gets
+  // to them, or is gone: one query at a time keeps a dead target's mailbox bounded.
+  if (!a || a.gate->depth() > 0) return;
+  a.gate->enter_control();
+  self->send(a.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
+               auto q = env.initCreditQuery();
+               q.setFrom("router");
+               q.setHolds(holds);
+             }));
+}
+
+void query_prefills(router_actor_t* self) {
+  for (const auto& p : self->state.prefills) query_credit(self, p.t.actor);
 }
 
 /// Marks a target lost (node down, or silent): no new request goes there until it answers again.
@@ -164,19 +209,18 @@ void on_node_down(router_actor_t* self, const std::string& what, const std::stri
 void on_heartbeat(router_actor_t* self) {
   auto& s = self->state;
   const int64_t now = s.clk->now_ms();
-  auto query = [&](const bounded_actor& a) {
-    // A target with messages still waiting (an earlier query among them) answers when it gets
-    // to them, or is gone: one query at a time keeps a dead target's mailbox bounded.
-    if (!a || a.gate->depth() > 0) return;
-    a.gate->enter_control();
-    self->send(a.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
-                 env.initCreditQuery().setFrom("router");
-               }));
-  };
-  for (auto& p : s.prefills)
-    if (p.health.age_ms(now, s.start_ms) >= s.opt.lim.router_heartbeat_ms) query(p.t.actor);
-  for (auto& d : s.decodes)
-    if (d.health.age_ms(now, s.start_ms) >= s.opt.lim.router_heartbeat_ms) query(d.t.actor);
+  // A draining target is told each heartbeat how many requests the router still has there:
+  // at 0 it reports drained.
+  for (size_t i = 0; i < s.prefills.size(); ++i) {
+    const auto& p = s.prefills[i];
+    if (p.draining) query_credit(self, p.t.actor, s.holds(int(i), false));
+    else if (p.health.age_ms(now, s.start_ms) >= s.opt.lim.router_heartbeat_ms) query_credit(self, p.t.actor);
+  }
+  for (size_t i = 0; i < s.decodes.size(); ++i) {
+    const auto& d = s.decodes[i];
+    if (d.draining) query_credit(self, d.t.actor, s.holds(int(i), true));
+    else if (d.health.age_ms(now, s.start_ms) >= s.opt.lim.router_heartbeat_ms) query_credit(self, d.t.actor);
+  }
   self->delayed_send(self, std::chrono::milliseconds(s.opt.lim.router_heartbeat_ms), heartbeat_atom::value);
 }
 

@@ -61,6 +61,8 @@ wire router_stats(router_state& s) {
   for (const auto& p : s.prefills) {
     target_metrics(p.t.name, p.health, p.breaker, p.routed, p.live);
     auto l = fmt::format("target=\"{}\"", p.t.name);
+    m.push_back({"router_target_draining", l, p.draining ? 1.0 : 0.0, "gauge",
+                 "1 while the target drains (tandem inspect --drain): no new requests go there"});
     m.push_back({"router_target_queued_tokens", l, double(p.backlog_tokens()), "gauge",
                  "Prompt tokens ahead of a new request at the prefill target (credits + in transit)"});
     m.push_back({"router_target_queue_wait_ms", l,
@@ -69,24 +71,35 @@ wire router_stats(router_state& s) {
   }
   for (const auto& d : s.decodes) {
     target_metrics(d.t.name, d.health, d.breaker, d.routed, d.live);
+    m.push_back({"router_target_draining", fmt::format("target=\"{}\"", d.t.name), d.draining ? 1.0 : 0.0, "gauge",
+                 "1 while the target drains (tandem inspect --drain): no new requests go there"});
     m.push_back({"router_target_free_pages", fmt::format("target=\"{}\"", d.t.name), double(d.load.free_pages),
                  "gauge", "KV pages free or evictable at the decode target's last allocation (-1 = unknown)"});
   }
   // Readiness (actors/runtime/readiness.h): a role with targets and none of them live
   // means every request fails, whatever the process's own health.
-  auto live_count = [&](const auto& targets) {
-    int n = 0;
-    for (const auto& t : targets) n += t.health.healthy(now, s.start_ms) && !t.live.lost ? 1 : 0;
-    return double(n);
+  // Routable only: not draining, and a decode target only once a live prefill target reaches it
+  // (a restarted decode node is not routable while the prefill nodes are still redialing it).
+  auto live_prefill = [&](const prefill_target& p) {
+    return p.health.healthy(now, s.start_ms) && !p.live.lost && !p.draining;
   };
+  double live_p = 0, live_d = 0;
+  for (const auto& p : s.prefills) live_p += live_prefill(p) ? 1 : 0;
+  for (const auto& d : s.decodes) {
+    bool reached = false;
+    for (const auto& p : s.prefills) reached = reached || (live_prefill(p) && s.reaches(p, d));
+    live_d += d.health.healthy(now, s.start_ms) && !d.live.lost && !d.draining && reached ? 1 : 0;
+  }
   m.push_back({"router_targets", "role=\"prefill\"", double(s.prefills.size()), "gauge",
                "Targets the router routes to, by role"});
   m.push_back({"router_targets", "role=\"decode\"", double(s.decodes.size()), "gauge",
                "Targets the router routes to, by role"});
-  m.push_back({"router_live_targets", "role=\"prefill\"", live_count(s.prefills), "gauge",
-               "Targets with fresh credits that are not lost, by role"});
-  m.push_back({"router_live_targets", "role=\"decode\"", live_count(s.decodes), "gauge",
-               "Targets with fresh credits that are not lost, by role"});
+  m.push_back({"router_live_targets", "role=\"prefill\"", live_p, "gauge",
+               "Routable targets (fresh credits, not lost, not draining; decode: reached by a live prefill target), by role"});
+  m.push_back({"router_live_targets", "role=\"decode\"", live_d, "gauge",
+               "Routable targets (fresh credits, not lost, not draining; decode: reached by a live prefill target), by role"});
+  m.push_back({"router_draining", "", s.draining ? 1.0 : 0.0, "gauge",
+               "1 while this router drains (tandem inspect --drain): new requests are refused"});
   for (const auto& [r, n] : s.rejected_by_reason)
     m.push_back({"rejections_total", fmt::format("actor=\"router\",reason=\"{}\"", r), double(n),
                  "counter", "Requests refused or ended early, by reason"});

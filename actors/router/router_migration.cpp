@@ -124,15 +124,18 @@ void on_requeue(router_actor_t* self, const wire& w, schema::SubmitRequest::Read
   if (e.state == "retrying") return;
   const std::string id = it->first;
   int t = -1;
-  const auto usable = [&](int i) {
+  const auto usable = [&](int i, bool draining_too) {
     return !s.prefills[size_t(i)].live.lost && s.prefills[size_t(i)].t.actor &&
+           (draining_too || !s.prefills[size_t(i)].draining) &&
            std::find(e.lost_prefill.begin(), e.lost_prefill.end(), i) == e.lost_prefill.end();
   };
   const int n = static_cast<int>(s.prefills.size());
-  for (int k = 0; k < n && t < 0; ++k) {
-    const int i = (std::max(e.prefill, 0) + k) % n;
-    if (usable(i)) t = i;
-  }
+  // A draining target only when no other is left: it still finishes what it was given.
+  for (bool draining_too : {false, true})
+    for (int k = 0; k < n && t < 0; ++k) {
+      const int i = (std::max(e.prefill, 0) + k) % n;
+      if (usable(i, draining_too)) t = i;
+    }
   if (t < 0) {
     const auto& p = s.prefills[size_t(std::clamp(e.prefill, 0, n - 1))];
     e.state = "preempted";

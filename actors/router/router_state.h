@@ -32,6 +32,7 @@ struct liveness {
   bool lost = false;
   std::string lost_why;
   int64_t lost_total = 0;
+  int64_t back_ms = -1;  ///< when it answered again after it was lost (-1: never lost)
 };
 
 /// A prefill target as the router sees it: its last credit plus what was sent since.
@@ -47,6 +48,9 @@ struct prefill_target {
   circuit_breaker breaker;
   int64_t routed = 0;
   liveness live;
+  bool draining = false;                 ///< its credits say so: no new work goes there
+  int64_t credit_ms = -1;                ///< when its last (in-order) credit arrived
+  std::vector<std::string> unreachable;  ///< decode targets its node cannot reach (its last credit)
 
   int64_t queued_requests() const { return load.queued_requests + int64_t(in_transit.size()); }
   int64_t queued_tokens() const { return load.queued_tokens + in_transit_tokens; }
@@ -62,6 +66,7 @@ struct decode_target {
   circuit_breaker breaker;
   int64_t routed = 0;
   liveness live;
+  bool draining = false;  ///< its credits say so: no new work goes there
 };
 
 /// One stage event, read off the wire (kept while an earlier one is missing).
@@ -126,6 +131,7 @@ struct router_state {
   uint64_t next_order = 1;
   bool tick_pending = false;
   bool stopped = false;
+  bool draining = false;  ///< this node drains: new submissions are refused, the table empties
   int64_t requests_total = 0, tokens_generated = 0, prompt_tokens_total = 0;
   std::unordered_map<std::string, int64_t> finished_by_reason;
   std::unordered_map<std::string, int64_t> rejected_by_reason;
@@ -174,7 +180,19 @@ struct router_state {
     t.breaker.on_success();
     t.last_seq = 0;
   }
-  void on_credit(schema::Credit::Reader c);
+  /// Applies a target's credit; true if it brought a lost decode target back (the prefill
+  /// targets are then asked for fresh credits: it is routable once they reach it).
+  bool on_credit(schema::Credit::Reader c);
+  /// Whether prefill target `p` can hand off to decode target `d` now: its node reaches it
+  /// (its last credit does not list it unreachable) and, if `d` was lost and is back, `p`
+  /// reported after that (its node may still be redialing `d`, up to 2 s).
+  bool reaches(const prefill_target& p, const decode_target& d) const;
+  /// A decode target that can take new work at all: credits fresh, breaker closed, not lost,
+  /// not draining.
+  bool decode_eligible(const decode_target& d, int64_t now) const;
+  /// Requests in the table that still need target `i` (a draining target reports drained
+  /// once this is 0): at a prefill target until they leave it, at a decode target until they end.
+  int32_t holds(int i, bool decode) const;
   std::string validate(const seq_request& r) const;
 };
 
@@ -208,8 +226,12 @@ void mark_lost(router_state& s, liveness& l, const std::string& name, const std:
 void check_silence(router_actor_t* self, int64_t now);
 /// (node_down_atom, what, why): that role, target or node is unreachable.
 void on_node_down(router_actor_t* self, const std::string& what, const std::string& why);
-/// Credit queries to targets whose credits are older than a heartbeat.
+/// Credit queries to targets whose credits are older than a heartbeat, and to every draining one.
 void on_heartbeat(router_actor_t* self);
+/// Asks a target for a credit now (one query at a time); `holds` >= 0 for a draining target.
+void query_credit(router_actor_t* self, const bounded_actor& a, int32_t holds = -1);
+/// Asks every prefill target for a credit (a decode target came back: which of them reach it).
+void query_prefills(router_actor_t* self);
 
 // router_migration.cpp
 /// Ends `id` with `disconnected`: `cause` and what the client can do.

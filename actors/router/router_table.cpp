@@ -217,8 +217,17 @@ void on_event(router_actor_t* self, schema::TokenEvent::Reader r) {
     const bool retryable = err.kind() == error_kind::overloaded || err.kind() == error_kind::disconnected;
     const bool at_decode = e.state == "decode" && e.decode >= 0;
     if (err.kind() == error_kind::disconnected) {
-      if (at_decode) s.decodes[size_t(e.decode)].breaker.on_failure(now);
-      else s.prefills[size_t(e.prefill)].breaker.on_failure(now);
+      // Counted against the node that failed: a decode node its prefill could not reach
+      // (a refused handoff arrives in state "decode") is not chosen again for this request.
+      if (at_decode) {
+        s.decodes[size_t(e.decode)].breaker.on_failure(now);
+        bool other = false;  // with no other decode target, the retry may find this one reachable again
+        for (size_t i = 0; i < s.decodes.size(); ++i)
+          other = other || (int(i) != e.decode && s.decode_eligible(s.decodes[i], now));
+        if (other) e.lost_decode.push_back(e.decode);
+      } else {
+        s.prefills[size_t(e.prefill)].breaker.on_failure(now);
+      }
     }
     if (retryable && e.retries < s.opt.lim.router_max_retries) {
       backoff_policy b{s.opt.lim.router_max_retries, s.opt.lim.router_retry_base_ms, s.opt.lim.router_retry_max_ms};
