@@ -6,13 +6,17 @@
 //  - Restart under load: a decode node killed and restarted while clients keep sending: zero
 //    failed requests (its streams move to the other decode node; the restarted node is routed
 //    to only once the prefill node reaches it again).
+//  - A prefill node that dies while a decode node holds handoffs parked for pages (their KV
+//    still on the prefill node): they end at node-down, not when pages free up.
 #include <doctest/doctest.h>
+#include <signal.h>
 
 #include <atomic>
 #include <chrono>
 #include <thread>
 
 #include "tests/e2e/cluster_harness.h"
+#include "tests/e2e/pd_harness.h"
 #include "tests/e2e/process.h"
 #include "transport/http/json.h"
 
@@ -196,4 +200,54 @@ TEST_CASE("drain: a decode node restarted under load fails no request") {
   CHECK(failures.empty());
   CHECK(ok > 16);
   MESSAGE("decode node restarted under load: " << ok.load() << " requests, " << failures.size() << " failed");
+}
+
+TEST_CASE("drain: handoffs parked for decode pages end at node-down when their prefill node dies") {
+  temp_dir dir;
+  const std::string model = std::string(TANDEM_SHARED_MODELS) + "/r15m-f16.gguf";
+  REQUIRE(std::filesystem::exists(model));
+  // A decode pool of a few long prompts: the handoffs beyond it wait for pages (parked), their
+  // KV on the prefill node, while the first ones decode slowly.
+  pd_options o;
+  o.policy = "recompute";
+  o.kv_cache_mb = 6;
+  o.extra_limits = "decode_page_admission = false\nmax_decode_waiting_seqs = -1\nrouter_heartbeat_ms = 250\n";
+  pd_cluster pd(model, dir.path, o);
+  INFO(pd.logs());
+  std::string prompt;
+  for (int i = 0; i < 40; ++i) prompt += "the cat sat on ";
+  std::vector<streamed> got(5);
+  std::vector<clk::time_point> ended(got.size());
+  std::vector<std::thread> ts;
+  for (size_t i = 0; i < got.size(); ++i)
+    ts.emplace_back([&, i] {
+      got[i] = stream(pd.router().http, prompt, 60);
+      ended[i] = clk::now();
+    });
+  auto dm = poll_metrics(pd.decode().http,
+                         [](const std::string& m) { return series(m, "tandem_decode_kv_page_waiting_requests") >= 1; });
+  INFO("decode metrics:\n" << dm);
+  REQUIRE(series(dm, "tandem_decode_kv_page_waiting_requests") >= 1);
+  ::kill(pd.prefill().proc->pid(), SIGKILL);
+  const auto killed_at = clk::now();
+  dm = poll_metrics(pd.decode().http,
+                    [](const std::string& m) { return series(m, "tandem_decode_kv_page_waiting_requests") == 0; });
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(clk::now() - killed_at).count();
+  CHECK(series(dm, "tandem_decode_kv_page_waiting_requests") == 0);
+  for (auto& t : ts) t.join();
+  int64_t last_failed_ms = 0;
+  int failed = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO("request " << i << ": " << got[i].status << " " << got[i].body.substr(got[i].body.size() > 400 ? got[i].body.size() - 400 : 0));
+    if (got[i].ok()) continue;  // its KV was on the decode node already: it finished
+    ++failed;
+    last_failed_ms = std::max<int64_t>(
+        last_failed_ms, std::chrono::duration_cast<std::chrono::milliseconds>(ended[i] - killed_at).count());
+  }
+  MESSAGE("prefill node killed with handoffs parked: parked ones gone after " << took << " ms, " << failed
+                                                                                << " requests ended, the last "
+                                                                                << last_failed_ms << " ms after the kill");
+  CHECK(failed >= 1);
+  CHECK(took <= 1000);            // node-down, not the end of a decoding sequence (seconds here)
+  CHECK(last_failed_ms <= 1500);  // and the client hears it then
 }
