@@ -508,11 +508,14 @@ std::vector<stats_snapshot> actor_cluster::snapshots(bool include_worker) const 
   up.metrics.push_back({"node_up", node, all_answered ? 1.0 : 0.0, "gauge",
                         "1 if every actor of the node answered the last stats round, else 0"});
   {
-    const stats_snapshot* router = nullptr;
-    for (const auto& x : out)
+    const stats_snapshot *router = nullptr, *prefill = nullptr;
+    for (const auto& x : out) {
       if (x.actor == "router") router = &x;
+      if (x.actor == "prefill" && s.has("prefill")) prefill = &x;
+    }
     const auto phase = node_drain_phase(s.draining, s.has("router"), s.has("prefill"), s.has("decode"), out);
-    const bool ready = node_readiness(all_answered && !unhealthy, "", router).ready && phase == drain_phase::serving;
+    const bool ready = node_readiness(all_answered && !unhealthy, "", router).ready && phase == drain_phase::serving &&
+                       handoff_readiness(prefill, static_cast<int>(s.links.with_role("decode").size())).ready;
     up.metrics.push_back({"node_drain_state", node, double(static_cast<int>(phase)), "gauge",
                           "Drain of the node (tandem inspect --drain): 0 serving, 1 draining, 2 drained (safe to stop)"});
     up.metrics.push_back({"node_ready", node, ready ? 1.0 : 0.0, "gauge",
@@ -592,12 +595,15 @@ health_info actor_cluster::health() const {
   std::string why;
   std::optional<stats_snapshot> router;  // its view of the targets decides readiness
   std::vector<stats_snapshot> snaps;     // while draining: what the actors still hold
+  std::optional<stats_snapshot> prefill;  // which decode nodes its handoffs reach
   for (const auto& actor : actors) {
     const auto* a = &actor;
     const bool is_router = a->handle == s.router.handle;
+    const bool is_prefill = s.has("prefill") && a->handle == s.prefill.handle;
     self->request(a->handle, std::chrono::milliseconds(opt_.query_timeout_ms), stats_atom::value)
         .receive([&](const wire& w) {
                    if (is_router) router = read_stats(w);
+                   if (is_prefill) prefill = read_stats(w);
                    if (s.draining) snaps.push_back(is_router ? *router : read_stats(w));
                  },
                  [&](caf::error& e) {
@@ -611,6 +617,11 @@ health_info actor_cluster::health() const {
   auto r = node_readiness(ok, h.status, router ? &*router : nullptr);
   h.ready = r.ready;
   h.ready_status = r.reason;
+  if (auto hr = handoff_readiness(prefill ? &*prefill : nullptr, static_cast<int>(s.links.with_role("decode").size()));
+      ok && !hr.ready) {
+    h.ready_status = h.ready ? hr.reason : h.ready_status + "; " + hr.reason;
+    h.ready = false;
+  }
   if (const auto phase = node_drain_phase(s.draining, s.has("router"), s.has("prefill"), s.has("decode"), snaps);
       ok && phase != drain_phase::serving) {
     h.ready = false;
