@@ -26,10 +26,12 @@ using clk = std::chrono::steady_clock;
 
 namespace {
 
-/// Room for 40 streams over two decode nodes without a refusal; heartbeats of 250 ms.
+/// Room for 40 streams over two decode nodes without a refusal. The default heartbeat (1 s):
+/// a decode node that takes over a killed one's streams on a loaded 2-core machine can be
+/// silent for a few hundred ms, which a short heartbeat would count as lost.
 std::string head(const std::string& model) {
   return "[limits]\npage_size = 16\nkv_cache_mb = 64\nmax_running_seqs = 32\nmax_decode_waiting_seqs = -1\n"
-         "router_heartbeat_ms = 250\n\n[model]\npath = \"" +
+         "\n[model]\npath = \"" +
          model + "\"\n\n[cache]\nenabled = false\n\n[transfer]\nfailure_policy = \"recompute\"\ntimeout_ms = 5000\n\n"
          "[router]\npolicy = \"round_robin\"\nmigration = true\n";
 }
@@ -211,7 +213,7 @@ TEST_CASE("drain: handoffs parked for decode pages end at node-down when their p
   pd_options o;
   o.policy = "recompute";
   o.kv_cache_mb = 6;
-  o.extra_limits = "decode_page_admission = false\nmax_decode_waiting_seqs = -1\nrouter_heartbeat_ms = 250\n";
+  o.extra_limits = "decode_page_admission = false\nmax_decode_waiting_seqs = -1\n";
   pd_cluster pd(model, dir.path, o);
   INFO(pd.logs());
   std::string prompt;
