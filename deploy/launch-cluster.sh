@@ -176,7 +176,8 @@ healthy() {
     code=${body##*$'\n'}
     body=${body%$'\n'*}
     [[ $code == 200 ]] && return 0
-    if [[ $body == *'"status":"degraded"'* ]]; then
+    if [[ $body == *'"status":"degraded"'* || $body == *'"status":"draining"'* || $body == *'"status":"drained"'* ]]; then
+      # A draining node's reason starts with "draining:" / "drained:" (tandem inspect --drain).
       echo "degraded: $(printf '%s' "$body" | sed -E 's/.*"reason":"(([^"\\]|\\.)*)".*/\1/')"
     else
       echo "GET http://$h:$port/health/ready answers $code: $body"
@@ -196,7 +197,7 @@ healthy() {
       return 1
     fi
     [[ $body == *'"ready":true'* ]] && return 0
-    if [[ $body == *'"state":"degraded"'* ]]; then
+    if [[ $body == *'"state":"degraded"'* || $body == *'"state":"draining"'* || $body == *'"state":"drained"'* ]]; then
       echo "degraded: $(printf '%s' "$body" | sed -E 's/.*"ready_status":"(([^"\\]|\\.)*)".*/\1/')"
     else
       echo "its admin interface $h:$port does not report healthy"

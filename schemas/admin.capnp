@@ -44,9 +44,14 @@ struct NodeReport {
   # Healthy but not ready is shown as "degraded" with readyStatus as the reason.
   ready @8 :Bool;
   readyStatus @9 :Text;
+  # Drain (`tandem inspect --drain`): "" serving, "draining" (no new work; finishing what it
+  # holds) or "drained" (holds nothing and no router routes here: safe to stop).
+  drain @10 :Text;
 }
 
 interface Admin {
   # A snapshot of the node; `maxRequests` bounds the in-flight list (oldest first).
   inspect @0 (maxRequests :Int32 = 1000) -> (report :NodeReport, requestsOmitted :Int32);
+  # Drain (`on`) or undrain the node; the report after the change.
+  drain @1 (on :Bool) -> (report :NodeReport);
 }

@@ -308,6 +308,9 @@ struct Histogram {
 
 struct StatsQuery {
   from @0 :Text;
+  # As a creditQuery to a draining target: the requests the router still has there, once it
+  # saw the target's draining credit (-1: it has not). 0 lets the target report drained.
+  holds @1 :Int32 = -1;
 }
 
 struct StatsReply {
@@ -334,6 +337,8 @@ struct Credit {
   waitingSeqs @11 :Int32;     # decode: handed off, waiting for a batch slot
   maxRunningSeqs @12 :Int32;  # decode: limits.max_running_seqs
   activeTokens @13 :Int64;    # prefill: prompt tokens admitted past the queue and not computed yet
+  draining @14 :Bool;         # the node is draining (tandem inspect --drain): route no new work here
+  unreachable @15 :List(Text);  # prefill: decode targets ("node/decode") its node cannot reach now
 }
 
 struct Envelope {

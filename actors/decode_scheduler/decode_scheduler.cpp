@@ -8,10 +8,12 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "actors/common/drain_mode.h"
 #include "actors/common/kv_layout_wire.h"
 #include "actors/common/logprobs_wire.h"
 #include "actors/common/metrics.h"
 #include "actors/common/wire.h"
+#include "actors/router/router.h"
 #include "actors/worker/kv_port.h"
 
 namespace tandem {
@@ -77,6 +79,7 @@ struct decode_state {
   uint64_t local_handoffs = 0;         ///< handoffs taken from this node's prefill (no transfer)
   uint64_t prefill_told_handoffs = 0;  ///< local_handoffs as last sent to that prefill
   std::unordered_map<std::string, int64_t> rejected;
+  drain_mode drain;  ///< tandem inspect --drain: no new work routed here; finish what is held
   /// The last `handoff_window` handoffs taken ("node/seq"), to recognize a link's late copies.
   static constexpr size_t handoff_window = 4096;
   std::unordered_set<std::string> taken_handoffs;
@@ -141,6 +144,7 @@ struct decode_state {
       c.setWaitingSeqs(static_cast<int32_t>(waiting.size() + page_waiting.size()));
       c.setMaxRunningSeqs(opt.lim.max_running_seqs);
       c.setReceived(local_handoffs);
+      c.setDraining(drain.draining());
     });
     if (to_prefill) {
       prefill_told_handoffs = local_handoffs;
@@ -851,6 +855,29 @@ void on_abort(decode_actor_t* self, const std::string& id, int32_t hops) {
   }
 }
 
+/// A prefill node went down (this node's prefill proxy saw it): the handoffs whose KV is still
+/// there (parked for pages, or arriving) fail now by the transfer policy (recompute through the
+/// router, or an error), at node-down instead of when their transfer times out.
+void on_source_down(decode_actor_t* self, const std::string& node, const std::string& why) {
+  auto& s = self->state;
+  for (auto it = s.page_waiting.begin(); it != s.page_waiting.end();) {
+    if (it->source_node != node) {
+      ++it;
+      continue;
+    }
+    dseq d = std::move(*it);
+    it = s.page_waiting.erase(it);
+    transfer_failed(self, std::move(d), why);
+  }
+  for (auto& [tid, d] : s.receiving) {
+    if (d.source_node != node || d.aborted) continue;
+    const uint64_t t = tid;  // the worker answers with a failed kvDone: the policy applies there
+    self->send(s.peers.worker.handle, kv_atom::value,
+               make_wire([&](schema::Envelope::Builder env) { env.initKvAbort().setTransferId(t); }));
+  }
+  s.send_credit(false);
+}
+
 caf::behavior decode_actor(decode_actor_t* self, scheduler_options opt, std::shared_ptr<mailbox_gate> gate,
                            std::shared_ptr<const cluster_clock> clk, std::shared_ptr<spdlog::logger> log) {
   auto& st = self->state;
@@ -879,9 +906,10 @@ caf::behavior decode_actor(decode_actor_t* self, scheduler_options opt, std::sha
             on_local_submit(self, seq_request::read(env.getSubmit()));
           else if (env.isAbort())
             on_abort(self, env.getAbort().getId().cStr(), env.getAbort().getHops());
-          else if (env.isCreditQuery())
+          else if (env.isCreditQuery()) {
+            s.drain.on_query(env.getCreditQuery().getHolds());
             s.send_credit(true);
-          else
+          } else
             s.log->error("decode: unexpected message dropped");
         } catch (const tandem::error& e) {
           s.log->error("decode: {}", e.what());
@@ -900,9 +928,20 @@ caf::behavior decode_actor(decode_actor_t* self, scheduler_options opt, std::sha
           self->state.log->error("decode: bad KV transfer answer: {}", e.what());
         }
       },
+      [self](node_down_atom, const std::string& role, const std::string& target, const std::string& why) {
+        if (role == "prefill") on_source_down(self, target.substr(0, target.rfind('/')), why);
+      },
+      [self](node_up_atom, const std::string&, const std::string&) {},
+      [self](drain_atom, bool on) -> bool {
+        self->state.drain.set(on);
+        self->state.send_credit(true);  // the router stops (or resumes) routing here
+        return true;
+      },
       [self](stats_atom) -> wire {
         auto& s = self->state;
         std::vector<metric_sample> m = {
+            {"drain_router_clear", "actor=\"decode\"", s.drain.router_clear() ? 1.0 : 0.0, "gauge",
+             "1 while draining once the router routes nothing here any more, else 0"},
             {"decode_running_requests", "", double(s.running.size()), "gauge",
              "Sequences in the decode batch"},
             {"decode_running_tokens", "", double(s.running_tokens()), "gauge",

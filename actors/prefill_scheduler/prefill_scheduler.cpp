@@ -5,13 +5,16 @@
 #include <algorithm>
 #include <caf/all.hpp>
 #include <deque>
+#include <set>
 #include <unordered_map>
 
+#include "actors/common/drain_mode.h"
 #include "actors/common/kv_layout_wire.h"
 #include "actors/common/logprobs_wire.h"
 #include "actors/common/metrics.h"
 #include "actors/common/wire.h"
 #include "actors/prefill_scheduler/drain_meter.h"
+#include "actors/router/router.h"
 #include "actors/worker/kv_port.h"
 
 namespace tandem {
@@ -77,6 +80,8 @@ struct prefill_state {
   int64_t queued_tokens_high_water = 0;
   int32_t queued_requests_high_water = 0;
   int64_t credits_sent = 0;
+  drain_mode drain_ctl;  ///< tandem inspect --drain (not the queue's drain rate above)
+  std::set<std::string> unreachable_decode;  ///< decode targets the node's decode proxy cannot reach
   std::unordered_map<std::string, int64_t> rejected;
   // --- the decode scheduler sharing the worker (opt.shares_worker), from its credits
   int32_t decode_running = 0, decode_waiting = 0, decode_max_running = 0;
@@ -132,6 +137,10 @@ struct prefill_state {
       c.setFreeTokens(std::max<int64_t>(0, opt.lim.max_queued_tokens - queued_tokens));
       c.setTokensPerS(tokens_per_s);
       c.setFreePages(-1);
+      c.setDraining(drain_ctl.draining());
+      auto u = c.initUnreachable(static_cast<unsigned>(unreachable_decode.size()));
+      unsigned i = 0;
+      for (const auto& d : unreachable_decode) u.set(i++, d);
     }));
   }
 
@@ -591,9 +600,10 @@ caf::behavior prefill_actor(prefill_actor_t* self, scheduler_options opt, std::s
             on_submit(self, seq_request::read(env.getRequeue()), true);
           else if (env.isAbort())
             on_abort(self, env.getAbort().getId().cStr(), env.getAbort().getHops());
-          else if (env.isCreditQuery())
+          else if (env.isCreditQuery()) {
+            s.drain_ctl.on_query(env.getCreditQuery().getHolds());
             s.send_credit(true);
-          else if (env.isCredit() && env.getCredit().getRole() == "decode") {
+          } else if (env.isCredit() && env.getCredit().getRole() == "decode") {
             // The decode scheduler on this worker: a step held back for it may go now.
             auto c = env.getCredit();
             s.decode_running = c.getRunningSeqs();
@@ -622,9 +632,27 @@ caf::behavior prefill_actor(prefill_actor_t* self, scheduler_options opt, std::s
         self->state.retry_wait = false;
         pump(self);
       },
+      [self](drain_atom, bool on) -> bool {
+        self->state.drain_ctl.set(on);
+        self->state.send_credit(true);  // the router stops (or resumes) routing here
+        return true;
+      },
+      // The node's decode proxy lost (or regained) a decode node: the router must not pair
+      // this prefill target with it until it is back (Credit.unreachable).
+      [self](node_down_atom, const std::string&, const std::string& target, const std::string&) {
+        if (self->state.unreachable_decode.insert(target).second) self->state.send_credit(true);
+      },
+      [self](node_up_atom, const std::string&, const std::string& target) {
+        if (self->state.unreachable_decode.erase(target)) self->state.send_credit(true);
+      },
       [self](stats_atom) -> wire {
         auto& s = self->state;
         std::vector<metric_sample> m = {
+            {"drain_router_clear", "actor=\"prefill\"", s.drain_ctl.router_clear() ? 1.0 : 0.0, "gauge",
+             "1 while draining once the router routes nothing here any more, else 0"},
+            {"prefill_unreachable_decode_targets", "", double(s.unreachable_decode.size()), "gauge",
+             "Decode nodes this node's KV handoffs cannot reach now (the router pairs no request of this "
+             "prefill target with them)"},
             {"prefill_queued_requests", "", double(s.waiting.size()), "gauge",
              "Requests waiting for prefill"},
             {"prefill_queued_requests_bound", "", double(s.opt.lim.max_queued_requests), "gauge",

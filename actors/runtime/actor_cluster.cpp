@@ -18,12 +18,14 @@
 
 #include "actors/cache_tier/cache_tier.h"
 #include "actors/cache_tier/page_file.h"
+#include "actors/common/drain_mode.h"
 #include "actors/common/logging.h"
 #include "actors/common/metrics.h"
 #include "actors/common/wire.h"
 #include "actors/decode_scheduler/decode_scheduler.h"
 #include "actors/prefill_scheduler/prefill_scheduler.h"
 #include "actors/router/router.h"
+#include "actors/runtime/node_drain.h"
 #include "actors/runtime/readiness.h"
 #include "actors/supervisor/supervisor.h"
 #include "actors/worker/worker.h"
@@ -57,6 +59,7 @@ struct actor_cluster::state {
   /// Set once by the supervisor's escalation; submissions then fail fast. Guarded by submit_mu.
   std::string unhealthy_why;
   std::atomic<bool> unhealthy{false};
+  std::atomic<bool> draining{false};  ///< tandem inspect --drain (re-applied to restarted actors)
 
   /// Multi-node: this node's ingress and the other nodes (empty for one process).
   node_links links;
@@ -99,7 +102,8 @@ bounded_actor remote_role(actor_cluster::state& s, const actor_cluster_options& 
   auto targets = s.links.with_role(role);
   if (targets.empty()) return {};
   return spawn_remote_proxy(*s.sys, role, std::move(targets), bound, false,
-                            make_actor_logger("proxy_" + role, s.sink, opt.log_level));
+                            make_actor_logger("proxy_" + role, s.sink, opt.log_level), "",
+                            (role == "decode" && s.has("prefill")) || (role == "prefill" && s.has("decode")));
 }
 
 /// The router's targets for `role`: the local scheduler (named `node/role`, as its credits),
@@ -205,6 +209,9 @@ void spawn_set(actor_cluster::state& s, const actor_cluster_options& opt, int32_
     if (a->handle && (a != &s.router || !s.has("router"))) caf::anon_send(a->handle, peers_atom::value, peers);
   send_peers_to_proxies(s, peers);
   if (s.links.ingress) caf::anon_send(s.links.ingress, peers_atom::value, peers);
+  if (s.draining)  // restarted while draining: the new actors drain too
+    for (auto [role, a] : {std::pair{"router", &s.router}, std::pair{"prefill", &s.prefill}, std::pair{"decode", &s.decode}})
+      if (s.has(role) && a->handle) caf::anon_send(a->handle, drain_atom::value, true);
 }
 
 std::vector<supervised_child> children_of(actor_cluster::state& s) {
@@ -502,10 +509,16 @@ std::vector<stats_snapshot> actor_cluster::snapshots(bool include_worker) const 
   up.metrics.push_back({"node_up", node, all_answered ? 1.0 : 0.0, "gauge",
                         "1 if every actor of the node answered the last stats round, else 0"});
   {
-    const stats_snapshot* router = nullptr;
-    for (const auto& x : out)
+    const stats_snapshot *router = nullptr, *prefill = nullptr;
+    for (const auto& x : out) {
       if (x.actor == "router") router = &x;
-    const bool ready = node_readiness(all_answered && !unhealthy, "", router).ready;
+      if (x.actor == "prefill" && s.has("prefill")) prefill = &x;
+    }
+    const auto phase = node_drain_phase(s.draining, s.has("router"), s.has("prefill"), s.has("decode"), out);
+    const bool ready = node_readiness(all_answered && !unhealthy, "", router).ready && phase == drain_phase::serving &&
+                       handoff_readiness(prefill, static_cast<int>(s.links.with_role("decode").size())).ready;
+    up.metrics.push_back({"node_drain_state", node, double(static_cast<int>(phase)), "gauge",
+                          "Drain of the node (tandem inspect --drain): 0 serving, 1 draining, 2 drained (safe to stop)"});
     up.metrics.push_back({"node_ready", node, ready ? 1.0 : 0.0, "gauge",
                           "1 if the node can serve (GET /health/ready 200): its actors answer and its router has a "
                           "live target of every role, else 0"});
@@ -582,12 +595,17 @@ health_info actor_cluster::health() const {
   bool ok = true;
   std::string why;
   std::optional<stats_snapshot> router;  // its view of the targets decides readiness
+  std::vector<stats_snapshot> snaps;     // while draining: what the actors still hold
+  std::optional<stats_snapshot> prefill;  // which decode nodes its handoffs reach
   for (const auto& actor : actors) {
     const auto* a = &actor;
     const bool is_router = a->handle == s.router.handle;
+    const bool is_prefill = s.has("prefill") && a->handle == s.prefill.handle;
     self->request(a->handle, std::chrono::milliseconds(opt_.query_timeout_ms), stats_atom::value)
         .receive([&](const wire& w) {
                    if (is_router) router = read_stats(w);
+                   if (is_prefill) prefill = read_stats(w);
+                   if (s.draining) snaps.push_back(is_router ? *router : read_stats(w));
                  },
                  [&](caf::error& e) {
                    ok = false;
@@ -600,6 +618,17 @@ health_info actor_cluster::health() const {
   auto r = node_readiness(ok, h.status, router ? &*router : nullptr);
   h.ready = r.ready;
   h.ready_status = r.reason;
+  if (auto hr = handoff_readiness(prefill ? &*prefill : nullptr, static_cast<int>(s.links.with_role("decode").size()));
+      ok && !hr.ready) {
+    h.ready_status = h.ready ? hr.reason : h.ready_status + "; " + hr.reason;
+    h.ready = false;
+  }
+  if (const auto phase = node_drain_phase(s.draining, s.has("router"), s.has("prefill"), s.has("decode"), snaps);
+      ok && phase != drain_phase::serving) {
+    h.ready = false;
+    h.ready_status = drain_status(phase, opt_.node_name);
+    h.drain = to_string(phase);
+  }
   return h;
 }
 
@@ -650,6 +679,7 @@ node_report actor_cluster::inspect() const {
   r.status = h.status;
   r.ready = h.ready;
   r.ready_status = h.ready_status;
+  r.drain = h.drain;
   r.uptime_ms = h.uptime_ms;
   if (s.stopped || !s.sys) return r;
   auto snaps = snapshots(true);
@@ -704,6 +734,30 @@ node_report actor_cluster::inspect() const {
     r.pools.push_back(p);
   }
   return r;
+}
+
+node_report actor_cluster::drain(bool on) {
+  auto& s = *st_;
+  if (s.stopped || !s.sys) throw tandem::error(error_kind::disconnected, "the node is shut down; nothing to drain");
+  std::vector<std::pair<std::string, bounded_actor>> actors;
+  {
+    std::shared_lock<std::shared_mutex> sl(s.submit_mu);
+    s.draining = on;
+    for (auto [role, a] : {std::pair{"router", &s.router}, std::pair{"prefill", &s.prefill}, std::pair{"decode", &s.decode}})
+      if (s.has(role) && a->handle) actors.emplace_back(role, *a);
+  }
+  caf::scoped_actor self{*s.sys};
+  std::string failed;
+  for (const auto& [role, a] : actors)
+    self->request(a.handle, std::chrono::milliseconds(opt_.query_timeout_ms), drain_atom::value, on)
+        .receive([](bool) {}, [&, role = role](caf::error& e) { failed += fmt::format(" {}: {};", role, s.sys->render(e)); });
+  if (!failed.empty())
+    throw tandem::error(error_kind::disconnected, fmt::format("node {}: actors did not take the {} ({}); retry",
+                                                              opt_.node_name, on ? "drain" : "undrain", failed));
+  s.log->warn("node {} {}", opt_.node_name,
+              on ? "drains: no new requests are routed here; it reports drained once it holds none"
+                 : "takes requests again (undrained)");
+  return inspect();
 }
 
 std::string actor_cluster::metrics_text() const { return render_prometheus(snapshots()); }

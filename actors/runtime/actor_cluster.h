@@ -78,6 +78,8 @@ class actor_cluster {
   std::string metrics_text() const;
   /// Actors, in-flight requests and KV pools, for `tandem inspect`.
   node_report inspect() const;
+  /// Starts (`on`) or ends draining this node's router and schedulers (actors/runtime/node_drain.h).
+  node_report drain(bool on);
   /// Sets limits.max_queue_wait_ms (0 = off) in this node's running router; returns the bound
   /// it replaced. Throws tandem::error if `ms` < 0 or this node has no router.
   int32_t set_max_queue_wait_ms(int32_t ms);

@@ -76,6 +76,7 @@ const tokenizer& embedded_cluster::tok() const { return *impl_->tok; }
 std::string embedded_cluster::model_id() const { return impl_->model_id; }
 int32_t embedded_cluster::max_context() const { return impl_->cluster->max_context(); }
 node_report embedded_cluster::inspect() const { return impl_->cluster->inspect(); }
+node_report embedded_cluster::drain(bool on) { return impl_->cluster->drain(on); }
 int32_t embedded_cluster::set_max_queue_wait_ms(int32_t ms) { return impl_->cluster->set_max_queue_wait_ms(ms); }
 
 }  // namespace tandem

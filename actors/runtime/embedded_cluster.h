@@ -48,6 +48,7 @@ class embedded_cluster : public serving_api {
   std::string model_id() const override;
   int32_t max_context() const override;
   node_report inspect() const override;
+  node_report drain(bool on) override;
   /// Retunes the queue-wait bound (limits.max_queue_wait_ms, 0 = off) of the running router;
   /// returns the bound it replaced. Throws tandem::error if `ms` < 0 or no router runs here.
   int32_t set_max_queue_wait_ms(int32_t ms);

@@ -24,4 +24,13 @@ readiness node_readiness(bool alive, const std::string& status, const stats_snap
   return {true, "ready"};
 }
 
+readiness handoff_readiness(const stats_snapshot* prefill, int decode_nodes) {
+  if (!prefill || decode_nodes <= 0) return {true, "ready"};
+  const double unreachable = prefill->value("prefill_unreachable_decode_targets");
+  if (unreachable < decode_nodes) return {true, "ready"};
+  return {false, fmt::format("this prefill node reaches none of its {} decode node(s) (its links are down or being "
+                             "redialed): its prefills have nowhere to hand off until one is back; start or reconnect one",
+                             decode_nodes)};
+}
+
 }  // namespace tandem

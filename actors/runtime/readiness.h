@@ -21,4 +21,9 @@ struct readiness {
 /// not ready; so does a node that is not alive.
 readiness node_readiness(bool alive, const std::string& status, const stats_snapshot* router);
 
+/// A node with the prefill role whose KV handoffs can reach none of its `decode_nodes` decode
+/// nodes (its prefill scheduler's `prefill_unreachable_decode_targets`, from its decode proxy):
+/// not ready, naming why. `prefill` null (no prefill role here) or `decode_nodes` 0: ready.
+readiness handoff_readiness(const stats_snapshot* prefill, int decode_nodes);
+
 }  // namespace tandem

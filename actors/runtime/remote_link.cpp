@@ -39,11 +39,14 @@ void bounce(const peer_set& peers, const wire& w, const tandem::error& e) {
     } else
       return;
     const std::string id = r.getId().cStr();
+    // A refused handoff is the decode side's failure (state "decode"): the router counts it
+    // against the decode node it names, and the request may continue on another one.
     if (peers.router) {
       peers.router.gate->enter_control();
       caf::anon_send(peers.router.handle, wire_atom::value,
                      make_event(id, {}, finish_reason::error, &e, static_cast<int32_t>(r.getPrompt().size()),
-                                r.getCachedTokens(), "refused", static_cast<int32_t>(r.getGenerated().size())));
+                                r.getCachedTokens(), handoff ? "decode" : "refused",
+                                static_cast<int32_t>(r.getGenerated().size())));
     }
     if (handoff && peers.prefill) {
       peers.prefill.gate->enter_control();
@@ -159,6 +162,10 @@ struct proxy_state {
   size_t next = 0;
   int64_t bounced = 0;
   bool notify_router = false;
+  /// Tell this node's scheduler on the other side of the KV handoff (prefill for a decode
+  /// proxy, decode for a prefill proxy) which nodes of the role are down and up.
+  bool notify_local = false;
+  const bounded_actor& local_peer() const { return role == "decode" ? peers.prefill : peers.decode; }
   static inline const char* name = "proxy";
 
   proxy_target* pick(bool round_robin) {
@@ -190,9 +197,11 @@ std::string handoff_target(schema::Envelope::Reader env) {
 }
 
 caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, std::string role, std::vector<remote_node> targets,
-                          std::shared_ptr<mailbox_gate> gate, bool notify_router, std::shared_ptr<spdlog::logger> log) {
+                          std::shared_ptr<mailbox_gate> gate, bool notify_router, std::shared_ptr<spdlog::logger> log,
+                          bool notify_local) {
   auto& st = self->state;
   st.notify_router = notify_router;
+  st.notify_local = notify_local;
   st.role = std::move(role);
   st.gate = std::move(gate);
   st.log = std::move(log);
@@ -212,6 +221,9 @@ caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, std::string ro
         // The router routes to this node by name: it stops choosing it and ends what it held.
         caf::anon_send(s.peers.router.handle, node_down_atom::value, s.role, t.node.name + "/" + s.role,
                        fmt::format("{} node {} is down ({})", s.role, t.node.name, self->system().render(dm.reason)));
+      if (s.notify_local && s.local_peer())
+        caf::anon_send(s.local_peer().handle, node_down_atom::value, s.role, t.node.name + "/" + s.role,
+                       fmt::format("{} node {} is down", s.role, t.node.name));
       // A node that went down may come back (restarted by systemd or by hand, or a link that
       // recovers): dial it again with backoff, for as long as this proxy lives.
       t.redial_ms = redial_first_ms;
@@ -254,6 +266,8 @@ caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, std::string ro
                                 t.node.name, t.node.host, t.node.cluster_port, s.role);
                     if (s.notify_router && s.peers.router)
                       caf::anon_send(s.peers.router.handle, node_up_atom::value, s.role, t.node.name + "/" + s.role);
+                    if (s.notify_local && s.local_peer())
+                      caf::anon_send(s.local_peer().handle, node_up_atom::value, s.role, t.node.name + "/" + s.role);
                   };
                   if (a.address() != t.node.ingress.address()) {
                     up();  // a restarted node: a new ingress
@@ -388,9 +402,9 @@ node_links link_nodes(caf::actor_system& sys, const std::string& node, const std
 
 bounded_actor spawn_remote_proxy(caf::actor_system& sys, const std::string& role, std::vector<remote_node> targets,
                                  int32_t bound, bool notify_router, std::shared_ptr<spdlog::logger> log,
-                                 const std::string& name) {
+                                 const std::string& name, bool notify_local) {
   auto gate = std::make_shared<mailbox_gate>(name.empty() ? role : name, bound);
-  auto h = sys.spawn(proxy_actor, role, std::move(targets), gate, notify_router, std::move(log));
+  auto h = sys.spawn(proxy_actor, role, std::move(targets), gate, notify_router, std::move(log), notify_local);
   return bounded_actor{h, gate};
 }
 

@@ -58,10 +58,15 @@ node_links link_nodes(caf::actor_system& sys, const std::string& node, const std
 /// of its targets goes down (node_down_atom with the target "node/role", router.h), so the
 /// router routes around it and ends the requests it held at once.
 /// `name` names its mailbox gate and stats (default: `role`); per-node proxies of one role
-/// need distinct names.
+/// need distinct names. With `notify_local`, the scheduler of this node on the other side of
+/// the KV handoff hears the same down/up notices (node_down_atom / node_up_atom with the target
+/// "node/role"): a prefill scheduler passes its unreachable decode nodes on to the router
+/// (Credit.unreachable: a decode node is routable only once the prefill nodes reach it again);
+/// a decode scheduler fails at once, by policy, the handoffs whose KV was on a prefill node
+/// that died.
 bounded_actor spawn_remote_proxy(caf::actor_system& sys, const std::string& role, std::vector<remote_node> targets,
                                  int32_t bound, bool notify_router, std::shared_ptr<spdlog::logger> log,
-                                 const std::string& name = "");
+                                 const std::string& name = "", bool notify_local = false);
 
 /// Answers an envelope that cannot be delivered: a submission or requeue gets an error event
 /// to the router; a handoff an error event and an abort of the source's send to the prefill.

@@ -64,6 +64,7 @@ struct health_info {
   int64_t uptime_ms = 0;
   bool ready = true;
   std::string ready_status = "ready";  ///< "ready" or the reason it is not (actors/runtime/readiness.h)
+  std::string drain;  ///< "" (serving), "draining" or "drained" (tandem inspect --drain); not ready unless ""
 };
 
 struct stats_info {
@@ -112,6 +113,7 @@ struct node_report {
   int64_t uptime_ms = 0;
   bool ready = false;        ///< can serve (health_info::ready); healthy but not ready = "degraded"
   std::string ready_status;  ///< "ready" or why not
+  std::string drain;         ///< "" (serving), "draining" or "drained" (health_info::drain)
   std::vector<actor_report> actors;
   std::vector<request_report> requests;
   std::vector<pool_report> pools;
@@ -140,6 +142,12 @@ class serving_api {
   /// The node's actors, in-flight requests and KV pools (`tandem inspect`).
   virtual node_report inspect() const {
     throw tandem::error(error_kind::unimplemented, "this node does not implement inspect");
+  }
+  /// Drains the node (`on`: no new work routed here; it finishes what it holds, then reports
+  /// "drained") or takes it back into service; the report after the change.
+  virtual node_report drain(bool on) {
+    (void)on;
+    throw tandem::error(error_kind::unimplemented, "this node does not implement drain");
   }
 };
 

@@ -43,3 +43,16 @@ TEST_CASE("readiness: a node is ready when alive and its router has a live targe
   CHECK(!r.ready);
   CHECK(r.reason == "escalated: worker failed 4 times");
 }
+
+TEST_CASE("readiness: a prefill node that reaches none of its decode nodes is not ready, one that reaches some is") {
+  stats_snapshot p;
+  p.actor = "prefill";
+  p.metrics = {{"prefill_unreachable_decode_targets", "", 2, "gauge", ""}};
+  auto r = handoff_readiness(&p, 2);
+  CHECK(!r.ready);
+  CHECK(r.reason.find("reaches none of its 2 decode node(s)") != std::string::npos);
+  p.metrics[0].value = 1;
+  CHECK(handoff_readiness(&p, 2).ready);
+  CHECK(handoff_readiness(nullptr, 2).ready);  // no prefill role here
+  CHECK(handoff_readiness(&p, 0).ready);       // every decode is local (or none)
+}

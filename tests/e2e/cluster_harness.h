@@ -122,6 +122,21 @@ class node_cluster {
     ::kill(n.proc->pid(), SIGKILL);
     n.proc->wait(std::chrono::seconds(10));
   }
+  /// Starts a killed node again: same config and ports; its log goes on in `<log>.restart.log`.
+  /// Waits for its listening lines.
+  void restart(const std::string& name, const std::map<std::string, std::string>& env = {}) {
+    auto& n = node(name);
+    n.proc.reset();
+    n.log += ".restart.log";
+    n.proc = std::make_unique<child>(
+        std::vector<std::string>{TANDEM_BINARY, "serve", "--config", config_, "--node", n.name, "--log-level", "info"},
+        env, n.log);
+    for (int seen = 0; seen < 3;) {
+      auto line = n.proc->read_line(std::chrono::seconds(30));
+      if (!line) throw std::runtime_error("node " + n.name + " did not print its listening lines again:\n" + logs());
+      if (line->find(" listening on 127.0.0.1:") != std::string::npos) ++seen;
+    }
+  }
   /// Every node's log, for INFO on failure.
   std::string logs() const {
     std::string s;

@@ -18,9 +18,11 @@ namespace tandem::cli {
 
 namespace {
 
-/// "healthy" (ready to serve), "degraded" (alive but cannot serve: see readyStatus) or "UNHEALTHY".
+/// "healthy" (ready to serve), "draining"/"drained" (tandem inspect --drain), "degraded" (alive
+/// but cannot serve: see readyStatus) or "UNHEALTHY".
 const char* node_state(admin::NodeReport::Reader r) {
   if (!r.getHealthy()) return "UNHEALTHY";
+  if (r.getDrain().size()) return r.getDrain().cStr();
   return r.getReady() ? "healthy" : "degraded";
 }
 
@@ -34,6 +36,7 @@ std::string to_json(admin::NodeReport::Reader r, int32_t omitted) {
   w.key("state").str(node_state(r));
   w.key("status").str(r.getStatus().cStr());
   w.key("ready_status").str(r.getReadyStatus().cStr());
+  w.key("drain").str(r.getDrain().cStr());
   w.key("uptime_ms").num(r.getUptimeMs());
   w.key("actors").begin_array();
   for (auto a : r.getActors()) {
@@ -112,8 +115,11 @@ int inspect(args a) {
       .opt("watch", "repeat every SECONDS until interrupted (or --count reports)", "0")
       .opt("count", "with --watch: stop after this many reports (0 = until interrupted)", "0")
       .opt("max-requests", "in-flight requests to list (oldest first)", "50")
-      .opt("api-key-file", "file whose first key is sent to the node (default: $TANDEM_API_KEY)");
-  const char* usage = "usage: tandem inspect HOST:PORT [--json] [--watch SECONDS] [--count N]\n"
+      .opt("api-key-file", "file whose first key is sent to the node (default: $TANDEM_API_KEY)")
+      .sw("drain", "drain the node first: no new work is routed to it, it finishes what it holds, then reports "
+                   "drained (safe to stop); a restart or --undrain takes it back")
+      .sw("undrain", "take a draining or drained node back into service first");
+  const char* usage = "usage: tandem inspect HOST:PORT [--json] [--watch SECONDS] [--count N] [--drain | --undrain]\n"
                       "  HOST:PORT is the node's admin port (admin_port in the config, --admin-port of serve)\n";
   if (!f.parse(a)) {
     std::fprintf(stderr, "%s%s", usage, f.help().c_str());
@@ -138,6 +144,7 @@ int inspect(args a) {
   if (watch < 0) throw tandem::error("--watch SECONDS must be >= 0");
   if (max_requests < 0 || max_requests > 100000) throw tandem::error("--max-requests must be in 0..100000");
   bool json = f.on("json");
+  if (f.on("drain") && f.on("undrain")) throw tandem::error("--drain and --undrain exclude each other; give one");
   std::string key = client_api_key(f.str("api-key-file"));
 
   try {
@@ -146,6 +153,16 @@ int inspect(args a) {
     auto gate = client.getMain<auth::Gate>().authenticateRequest();
     gate.setKey(key);
     auto admin = gate.send().wait(ws).getCap().castAs<admin::Admin>();
+    if (f.on("drain") || f.on("undrain")) {
+      auto req = admin.drainRequest();
+      req.setOn(f.on("drain"));
+      auto resp = req.send().wait(ws);
+      if (watch <= 0) {
+        std::string out = json ? to_json(resp.getReport(), 0) + "\n" : to_text(resp.getReport(), 0);
+        std::fputs(out.c_str(), stdout);
+        return 0;
+      }
+    }
     for (int64_t n = 1;; ++n) {
       auto req = admin.inspectRequest();
       req.setMaxRequests(static_cast<int32_t>(max_requests));

@@ -84,7 +84,8 @@ kj::Promise<void> openai_server::impl::handle(kj::HttpMethod method, kj::StringP
     auto h = api.health();
     const bool ready = h.ok && h.ready;
     json::writer w;
-    w.begin_object().key("status").str(!h.ok ? "unhealthy" : ready ? "ready" : "degraded").key("ready").boolean(ready);
+    w.begin_object().key("status").str(!h.ok ? "unhealthy" : ready ? "ready" : !h.drain.empty() ? h.drain : "degraded");
+    w.key("ready").boolean(ready);
     w.key("reason").str(!h.ok ? h.status : h.ready_status).key("uptime_ms").num(h.uptime_ms);
     w.key("model").str(api.model_id()).end_object();
     return send_body(response, ready ? 200 : 503, "application/json", w.take(), r);

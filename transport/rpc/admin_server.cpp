@@ -25,7 +25,25 @@ struct admin_server::impl {
         KJ_FAIL_REQUIRE("inspect failed", e.what());
       }
       auto res = ctx.getResults();
-      auto o = res.initReport();
+      res.setRequestsOmitted(fill(res.initReport(), r, max_requests));
+      return kj::READY_NOW;
+    }
+
+    /// Authenticated like inspect (the connection passed the Gate with an API key).
+    kj::Promise<void> drain(DrainContext ctx) override {
+      node_report r;
+      try {
+        r = srv_.api.drain(ctx.getParams().getOn());
+      } catch (const tandem::error& e) {
+        KJ_FAIL_REQUIRE("drain failed", e.what());
+      }
+      fill(ctx.getResults().initReport(), r, 0);
+      return kj::READY_NOW;
+    }
+
+   private:
+    /// Writes `r` with at most `max_requests` in-flight requests; returns how many were left out.
+    static int32_t fill(admin::NodeReport::Builder o, const node_report& r, int32_t max_requests) {
       o.setNode(r.node);
       o.setModelId(r.model_id);
       o.setHealthy(r.healthy);
@@ -33,6 +51,7 @@ struct admin_server::impl {
       o.setUptimeMs(r.uptime_ms);
       o.setReady(r.ready);
       o.setReadyStatus(r.ready_status);
+      o.setDrain(r.drain);
       auto actors = o.initActors(static_cast<unsigned>(r.actors.size()));
       for (unsigned i = 0; i < r.actors.size(); ++i) {
         const auto& a = r.actors[i];
@@ -57,7 +76,7 @@ struct admin_server::impl {
         b.setPromptTokens(q.prompt_tokens);
         b.setCompletionTokens(q.completion_tokens);
       }
-      res.setRequestsOmitted(static_cast<int32_t>(r.requests.size() - n));
+      const auto omitted = static_cast<int32_t>(r.requests.size() - n);
       auto pools = o.initPools(static_cast<unsigned>(r.pools.size()));
       for (unsigned i = 0; i < r.pools.size(); ++i) {
         const auto& p = r.pools[i];
@@ -69,10 +88,9 @@ struct admin_server::impl {
         b.setPagesEvictable(p.pages_evictable);
         b.setBytes(p.bytes);
       }
-      return kj::READY_NOW;
+      return omitted;
     }
 
-   private:
     impl& srv_;
   };
 
