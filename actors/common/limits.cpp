@@ -27,6 +27,7 @@ std::string limits::validate() const {
            positive("max_prefill_batch_seqs", max_prefill_batch_seqs, "use e.g. 8"),
            positive("page_size", page_size, "use 16 tokens per page"),
            positive("max_new_tokens", max_new_tokens, "use e.g. 4096"),
+           positive("max_grammar_bytes", max_grammar_bytes, "use e.g. 65536"),
            positive("max_body_bytes", max_body_bytes, "use e.g. 4194304 (4 MiB)"),
            positive("http_header_timeout_ms", http_header_timeout_ms, "use e.g. 15000 (15 s)"),
            positive("http_max_head_bytes", http_max_head_bytes, "use e.g. 65536 (64 KiB)"),

@@ -20,6 +20,7 @@ const std::vector<i32_field>& limits_i32_fields() {
       {"kv_cache_mb", &limits::kv_cache_mb, 0, "use e.g. 256"},
       {"max_context", &limits::max_context, 0, "use 0 for the model's context length"},
       {"max_new_tokens", &limits::max_new_tokens, 1, "use e.g. 4096"},
+      {"max_grammar_bytes", &limits::max_grammar_bytes, 1, "use e.g. 65536"},
       {"max_rpc_connections", &limits::max_rpc_connections, 1, "use e.g. 256"},
       {"http_header_timeout_ms", &limits::http_header_timeout_ms, 1, "use e.g. 15000 (15 s)"},
       {"http_max_head_bytes", &limits::http_max_head_bytes, 1, "use e.g. 65536 (64 KiB, at most 65536)"},

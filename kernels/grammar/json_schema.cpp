@@ -367,7 +367,9 @@ grammar compile_grammar(const grammar_spec& spec, const schema_limits& lim) {
     case grammar_kind::none:
       break;
   }
-  throw tandem::error(error_kind::failed, "compile_grammar: the request has no grammar");
+  throw tandem::error(error_kind::failed, fmt::format("compile_grammar: grammar kind {} is not json_object (1) or "
+                                                      "json_schema (2); is this node older than the sender?",
+                                                      int(spec.kind)));
 }
 
 }  // namespace tandem::grammar
