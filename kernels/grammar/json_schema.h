@@ -18,7 +18,8 @@
 /// title, description, default, examples, $schema, $id, $comment, deprecated, readOnly,
 /// writeOnly, strict. Any other keyword (pattern, format, minimum, ...) is refused with an
 /// error naming it and where it is. Whitespace between tokens is bounded (at most a newline
-/// and 20 spaces/tabs) so a sampler cannot wander in it; numbers have at most 16 integer digits.
+/// and 20 spaces/tabs) so a sampler cannot wander in it; numbers have at most 16 integer digits
+/// and a 2-digit exponent (every one fits a double).
 #include <string_view>
 
 #include "kernels/grammar/grammar.h"

@@ -108,7 +108,7 @@ std::pair<uint32_t, uint32_t> automaton::step(uint32_t id, uint8_t b) {
   const uint64_t key = (uint64_t(id) << 8) | b;
   auto it = memo_.find(key);
   if (it != memo_.end()) return it->second;
-  if (memo_pool_.size() >= lim_.max_memo) {
+  if (memo_.size() >= lim_.max_memo || memo_pool_.size() >= 4 * lim_.max_memo) {
     memo_.clear();
     memo_pool_.clear();
   }
@@ -181,7 +181,8 @@ const std::vector<uint64_t>& automaton::mask(const state& s) {
     return it->second;
   }
   ++stats_.mask_misses;
-  if (masks_.size() >= lim_.max_masks) masks_.clear();
+  const size_t mask_bytes = (size_t(vocab_->n_vocab()) + 63) / 64 * 8 + key.size() + 64;
+  if ((masks_.size() + 1) * mask_bytes > lim_.max_mask_bytes) masks_.clear();
   std::vector<uint64_t> bits;
   compute_mask(s, bits);
   return masks_.emplace(std::move(key), std::move(bits)).first->second;
@@ -189,12 +190,20 @@ const std::vector<uint64_t>& automaton::mask(const state& s) {
 
 int64_t apply_mask(std::span<float> logits, const std::vector<uint64_t>& mask) {
   int64_t allowed = 0;
-  for (size_t i = 0; i < logits.size(); ++i) {
-    const bool ok = (i >> 6) < mask.size() && ((mask[i >> 6] >> (i & 63)) & 1);
-    if (ok)
-      ++allowed;
-    else
-      logits[i] = -INFINITY;
+  const size_t n = logits.size();
+  for (size_t w = 0; w * 64 < n; ++w) {
+    const uint64_t bits = w < mask.size() ? mask[w] : 0;
+    const size_t end = std::min(n, w * 64 + 64);
+    if (bits == ~uint64_t(0) && end == w * 64 + 64) {
+      allowed += 64;
+      continue;
+    }
+    for (size_t i = w * 64; i < end; ++i) {
+      if ((bits >> (i & 63)) & 1)
+        ++allowed;
+      else
+        logits[i] = -INFINITY;
+    }
   }
   return allowed;
 }

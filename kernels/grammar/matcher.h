@@ -49,10 +49,11 @@ class token_trie {
 };
 
 /// Bounds of one automaton's tables.
+/// Bounds of one automaton's tables (a few tens of MiB at most).
 struct automaton_limits {
-  size_t max_stacks = size_t(1) << 20;  ///< interned stacks; beyond, advancing throws
-  size_t max_masks = 2048;              ///< cached masks (n_vocab bits each); cleared when full
-  size_t max_memo = size_t(1) << 22;    ///< memoized transitions (ids); cleared when full
+  size_t max_stacks = size_t(1) << 18;       ///< interned stacks; beyond, advancing throws
+  size_t max_mask_bytes = size_t(8) << 20;   ///< cached masks (n_vocab bits each); cleared when full
+  size_t max_memo = size_t(1) << 18;         ///< memoized transitions; cleared when full
 };
 
 /// A set of stacks, sorted; contains 0 (the empty stack) when the grammar is complete.

@@ -18,7 +18,7 @@
 namespace tandem::grammar {
 
 struct session_limits {
-  size_t max_grammars = 64;    ///< compiled automata kept
+  size_t max_grammars = 16;    ///< compiled automata kept (each bounded by `tables`)
   size_t max_seqs = 4096;      ///< per-sequence matchers kept
   schema_limits schema;
   automaton_limits tables;

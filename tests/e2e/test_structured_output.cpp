@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "tests/e2e/pd_harness.h"
 #include "tests/e2e/process.h"
 #include "tests/transport/fake_api.h"
 #include "transport/http/json.h"
@@ -55,14 +56,14 @@ std::string invalid_reason(const json::value& v) {
   return "";
 }
 
-struct choice {
+struct structured_choice {
   int status = 0;
   std::string text, finish_reason, raw;
 };
 
-choice complete(uint16_t port, const std::string& path, const std::string& body) {
+structured_choice ask(uint16_t port, const std::string& path, const std::string& body) {
   auto resp = test::post(port, path, body);
-  choice c;
+  structured_choice c;
   c.status = resp.status;
   c.raw = resp.body;
   if (resp.status != 200) return c;
@@ -90,7 +91,7 @@ TEST_CASE("structured output: 50 seeded json_schema requests at temperature 1 al
         fmt::format(R"({{"prompt":"Describe a pet as JSON:","max_tokens":400,"temperature":1,"seed":{},
                         "response_format":{{"type":"json_schema","json_schema":{{"name":"pet","strict":true,"schema":{}}}}}}})",
                     seed, schema);
-    const choice c = complete(f.srv.http_port, "/v1/completions", body);
+    const structured_choice c = ask(f.srv.http_port, "/v1/completions", body);
     REQUIRE_MESSAGE(c.status == 200, c.raw);
     INFO("seed ", seed, ": ", c.text);
     CHECK(c.finish_reason == "stop");  // EOS is the only token once the document is complete
@@ -105,7 +106,7 @@ TEST_CASE("structured output: 50 seeded json_schema requests at temperature 1 al
       R"({{"messages":[{{"role":"user","content":"a pet"}}],"max_tokens":400,"temperature":1,"seed":3,
           "response_format":{{"type":"json_schema","json_schema":{{"name":"pet","schema":{}}}}}}})",
       schema);
-  const choice c = complete(f.srv.http_port, "/v1/chat/completions", chat);
+  const structured_choice c = ask(f.srv.http_port, "/v1/chat/completions", chat);
   REQUIRE_MESSAGE(c.status == 200, c.raw);
   CHECK(invalid_reason(json::parse(c.text)) == "");
   // The worker's metrics count the masked steps.
@@ -119,7 +120,7 @@ TEST_CASE("structured output: json_object outputs parse as objects, and bad sche
   for (int seed = 1; seed <= 10; ++seed) {
     const std::string body = fmt::format(
         R"({{"prompt":"JSON:","max_tokens":300,"temperature":1,"seed":{},"response_format":{{"type":"json_object"}}}})", seed);
-    const choice c = complete(f.srv.http_port, "/v1/completions", body);
+    const structured_choice c = ask(f.srv.http_port, "/v1/completions", body);
     REQUIRE_MESSAGE(c.status == 200, c.raw);
     INFO("seed ", seed, ": ", c.text);
     if (c.finish_reason != "stop") continue;  // a long document cut by max_tokens is a prefix
@@ -130,7 +131,7 @@ TEST_CASE("structured output: json_object outputs parse as objects, and bad sche
   }
   MESSAGE(stopped, " of 10 json_object documents completed within max_tokens");
   // llama-server's top-level json_schema on /v1/completions.
-  const choice c = complete(f.srv.http_port, "/v1/completions",
+  const structured_choice c = ask(f.srv.http_port, "/v1/completions",
                             fmt::format(R"({{"prompt":"x","max_tokens":400,"seed":5,"json_schema":{}}})", schema));
   REQUIRE_MESSAGE(c.status == 200, c.raw);
   CHECK(invalid_reason(json::parse(c.text)) == "");
@@ -140,4 +141,29 @@ TEST_CASE("structured output: json_object outputs parse as objects, and bad sche
   CHECK(bad.status == 422);
   CHECK(bad.body.find("'pattern'") != std::string::npos);
   CHECK(bad.body.find("response_format") != std::string::npos);
+}
+
+TEST_CASE("structured output: across a KV handoff the decode node rebuilds the grammar state from the generated tokens") {
+  temp_dir dir;
+  const std::string model = std::string(TANDEM_SHARED_MODELS) + "/r15m-f16.gguf";
+  REQUIRE(std::filesystem::exists(model));
+  pd_cluster pd(model, dir.path, "fail", false);
+  INFO(pd.logs());
+  for (int seed = 1; seed <= 6; ++seed) {
+    const std::string body =
+        fmt::format(R"({{"prompt":"A pet:","max_tokens":400,"temperature":1,"seed":{},
+                        "response_format":{{"type":"json_schema","json_schema":{{"name":"pet","schema":{}}}}}}})",
+                    seed, schema);
+    const structured_choice c = ask(pd.router().http, "/v1/completions", body);
+    REQUIRE_MESSAGE(c.status == 200, c.raw);
+    INFO("seed ", seed, ": ", c.text);
+    CHECK(c.finish_reason == "stop");
+    json::value v;
+    REQUIRE_NOTHROW(v = json::parse(c.text));
+    CHECK(invalid_reason(v) == "");
+  }
+  // The decode worker never saw these sequences' first token: it replayed each one's history.
+  const auto dm = test::get(pd.decode().http, "/metrics").body;
+  CHECK(series(dm, "tandem_worker_grammar_replays_total") >= 6);
+  CHECK(series(dm, "tandem_worker_grammar_steps_total") > 6);
 }
