@@ -56,6 +56,7 @@ automaton::automaton(grammar g, std::shared_ptr<const token_trie> vocab, automat
     : g_(std::move(g)), vocab_(std::move(vocab)), lim_(lim) {
   nodes_.push_back({0, 0});
   levels_.resize(vocab_->max_depth() + 1);
+  memo_.resize(size_t(1) << 12);
 }
 
 uint32_t automaton::intern(uint32_t pos, uint32_t parent) {
@@ -104,13 +105,24 @@ state automaton::initial() {
   return s;
 }
 
+automaton::memo_slot* automaton::memo_find(uint64_t key) {
+  const size_t mask = memo_.size() - 1;
+  for (size_t i = size_t((key * 0x9E3779B97F4A7C15ull) >> 20) & mask;; i = (i + 1) & mask)
+    if (memo_[i].key == key || memo_[i].key == ~uint64_t(0)) return &memo_[i];
+}
+
 std::pair<uint32_t, uint32_t> automaton::step(uint32_t id, uint8_t b) {
   const uint64_t key = (uint64_t(id) << 8) | b;
-  auto it = memo_.find(key);
-  if (it != memo_.end()) return it->second;
-  if (memo_.size() >= lim_.max_memo || memo_pool_.size() >= 4 * lim_.max_memo) {
-    memo_.clear();
+  if (memo_slot* s = memo_find(key); s->key == key) return {s->off, s->len};
+  if (memo_used_ >= lim_.max_memo || memo_pool_.size() >= 4 * lim_.max_memo) {
+    std::fill(memo_.begin(), memo_.end(), memo_slot{});
+    memo_used_ = 0;
     memo_pool_.clear();
+  } else if (2 * (memo_used_ + 1) > memo_.size()) {
+    std::vector<memo_slot> old(memo_.size() * 2);
+    old.swap(memo_);
+    for (const auto& s : old)
+      if (s.key != ~uint64_t(0)) *memo_find(s.key) = s;
   }
   scratch_.clear();
   const stack_node n = nodes_[id];
@@ -119,7 +131,8 @@ std::pair<uint32_t, uint32_t> automaton::step(uint32_t id, uint8_t b) {
   scratch_.erase(std::unique(scratch_.begin(), scratch_.end()), scratch_.end());
   std::pair<uint32_t, uint32_t> r{uint32_t(memo_pool_.size()), uint32_t(scratch_.size())};
   memo_pool_.insert(memo_pool_.end(), scratch_.begin(), scratch_.end());
-  memo_.emplace(key, r);
+  *memo_find(key) = {key, r.first, r.second};
+  ++memo_used_;
   return r;
 }
 

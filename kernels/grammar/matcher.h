@@ -95,8 +95,16 @@ class automaton {
   };
   std::vector<stack_node> nodes_;  ///< nodes_[0]: the empty stack
   std::unordered_map<uint64_t, uint32_t> intern_;
-  std::unordered_map<uint64_t, std::pair<uint32_t, uint32_t>> memo_;
+  /// (stack, byte) -> memo_pool_ range, open addressing with linear probing: the lookup every
+  /// trie node of a mask walk makes (std::unordered_map's node chasing doubled the walk).
+  struct memo_slot {
+    uint64_t key = ~uint64_t(0);  ///< empty
+    uint32_t off = 0, len = 0;
+  };
+  std::vector<memo_slot> memo_;  ///< a power of two, at most half full
+  size_t memo_used_ = 0;
   std::vector<uint32_t> memo_pool_;
+  memo_slot* memo_find(uint64_t key);
   std::unordered_map<std::string, std::vector<uint64_t>> masks_;
   std::vector<state> levels_;  ///< scratch of compute_mask, one state per trie depth
   state scratch_;
