@@ -396,6 +396,8 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
                      "Grammar states rebuilt from a sequence's generated tokens (after a KV handoff, a recompute)"});
         m.push_back({"worker_grammar_compiles_total", "", double(gc.compiles), "counter",
                      "Grammars compiled (a bounded cache keeps them per spec)"});
+        m.push_back({"worker_grammar_rebuilds_total", "", double(gc.rebuilds), "counter",
+                     "Grammar automata dropped and rebuilt because their stack table filled up"});
         m.push_back({"worker_grammar_sequences", "", double(s.grammars ? s.grammars->n_seqs() : 0), "gauge",
                      "Per-sequence grammar states held (bounded; least recently used out first)"});
         m.push_back({"worker_grammar_mask_seconds_total", "", double(s.grammar_us) / 1e6, "counter",

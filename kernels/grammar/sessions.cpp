@@ -43,6 +43,23 @@ std::shared_ptr<automaton> grammar_sessions::automaton_for(const grammar_spec& s
 void grammar_sessions::constrain(const std::string& id, const grammar_spec& spec, std::span<const int32_t> generated,
                                  std::span<float> logits) {
   ++stats_.steps;
+  try {
+    constrain_once(id, spec, generated, logits);
+  } catch (const tandem::error& e) {
+    if (e.kind() != error_kind::overloaded) throw;
+    ++stats_.rebuilds;
+    drop(key_of(spec));
+    constrain_once(id, spec, generated, logits);
+  }
+}
+
+void grammar_sessions::drop(const std::string& key) {
+  grammars_.erase(key);
+  for (auto it = seqs_.begin(); it != seqs_.end();) it = it->second.key == key ? seqs_.erase(it) : std::next(it);
+}
+
+void grammar_sessions::constrain_once(const std::string& id, const grammar_spec& spec,
+                                      std::span<const int32_t> generated, std::span<float> logits) {
   const std::string key = key_of(spec);
   auto it = seqs_.find(id);
   const bool reuse = it != seqs_.end() && it->second.key == key && it->second.tokens.size() <= generated.size() &&

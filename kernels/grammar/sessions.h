@@ -29,7 +29,9 @@ class grammar_sessions {
   grammar_sessions(std::shared_ptr<const token_trie> vocab, session_limits lim = {});
   /// Sets the logits of the tokens `spec` does not allow after `generated` to -inf (EOS stays
   /// only when the output is complete). Throws tandem::error when the spec does not compile,
-  /// `generated` breaks the grammar, or no token is allowed.
+  /// `generated` breaks the grammar, or no token is allowed. An automaton whose stack table
+  /// filled up (its interned stacks only grow) is dropped and rebuilt once: its sequences
+  /// replay on the fresh one.
   void constrain(const std::string& id, const grammar_spec& spec, std::span<const int32_t> generated,
                  std::span<float> logits);
   /// The sequence sampled `token` (its next step's `generated` ends with it): advance now.
@@ -37,12 +39,16 @@ class grammar_sessions {
   /// The automaton of `spec` (compiled on first use).
   std::shared_ptr<automaton> automaton_for(const grammar_spec& spec);
   struct counters {
-    int64_t compiles = 0, replays = 0, replayed_tokens = 0, steps = 0;
+    int64_t compiles = 0, replays = 0, replayed_tokens = 0, steps = 0, rebuilds = 0;
   };
   const counters& stats() const { return stats_; }
   size_t n_seqs() const { return seqs_.size(); }
 
  private:
+  void constrain_once(const std::string& id, const grammar_spec& spec, std::span<const int32_t> generated,
+                      std::span<float> logits);
+  /// Forgets the automaton of `key` and every sequence on it.
+  void drop(const std::string& key);
   struct seq_entry {
     std::string key;  ///< the spec's cache key
     std::unique_ptr<matcher> m;

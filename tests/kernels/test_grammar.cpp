@@ -303,3 +303,45 @@ TEST_CASE("grammar: sessions mask, advance per token and replay a sequence they 
   CHECK_THROWS_WITH_AS(gs.constrain("c", spec, bad, logits), doctest::Contains("request c"), tandem::error);
   CHECK(gs.n_seqs() <= 2);
 }
+
+TEST_CASE("grammar: a full stack table is an overloaded error, and sessions rebuild the automaton once") {
+  auto vocab = toy_vocab();
+  const std::string doc = R"({"a":[[[[{"b":[[[1]]]}]]]]})";
+  {
+    automaton a(json_object_grammar(), vocab, {.max_stacks = 8});
+    try {
+      accepts_text(a, doc);
+      FAIL("no error");
+    } catch (const tandem::error& e) {
+      CHECK(e.kind() == error_kind::overloaded);
+    }
+  }
+  // Each sequence alone fits the table; all of them together do not: the sessions drop the
+  // full automaton and replay on a fresh one instead of failing.
+  grammar_spec spec{grammar_kind::json_object, ""};
+  auto find = [&](std::string_view s) {
+    for (int32_t i = 0; i < vocab->n_vocab(); ++i)
+      if (vocab->bytes(i) == s) return i;
+    return -1;
+  };
+  std::vector<std::vector<int32_t>> gens;
+  for (int n = 0; n < 12; ++n) {
+    std::vector<int32_t> gen{find("{\"")};
+    for (int k = 0; k <= n; ++k) gen.push_back(find("a"));  // a different key each: different stacks
+    gen.push_back(find("\":"));
+    for (int d = 0; d < 1 + n % 4; ++d) gen.push_back(find("["));
+    gens.push_back(gen);
+  }
+  std::vector<float> logits(size_t(vocab->n_vocab()));
+  size_t need = 0;
+  for (const auto& g : gens) {
+    grammar_sessions one(vocab);
+    one.constrain("x", spec, g, logits);
+    need = std::max(need, one.automaton_for(spec)->n_stacks());
+  }
+  session_limits lim;
+  lim.tables.max_stacks = need + 8;
+  grammar_sessions gs(vocab, lim);
+  for (size_t n = 0; n < gens.size(); ++n) CHECK_NOTHROW(gs.constrain("s" + std::to_string(n), spec, gens[n], logits));
+  CHECK(gs.stats().rebuilds > 0);
+}
