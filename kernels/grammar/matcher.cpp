@@ -211,6 +211,10 @@ int64_t apply_mask(std::span<float> logits, const std::vector<uint64_t>& mask) {
       allowed += 64;
       continue;
     }
+    if (bits == 0) {  // the common word in a constrained state
+      std::fill(logits.begin() + ptrdiff_t(w * 64), logits.begin() + ptrdiff_t(end), -INFINITY);
+      continue;
+    }
     for (size_t i = w * 64; i < end; ++i) {
       if ((bits >> (i & 63)) & 1)
         ++allowed;
