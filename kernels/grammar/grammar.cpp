@@ -78,7 +78,10 @@ uint32_t grammar_builder::set_index(const byte_set& s) {
   return uint32_t(g_.sets.size() - 1);
 }
 
-void grammar_builder::add_alt(uint32_t r, const std::vector<element>& seq) { pending_[r].push_back(seq); }
+void grammar_builder::add_alt(uint32_t r, const std::vector<element>& seq) {
+  pending_[r].push_back(seq);
+  n_elements_ += seq.size() + 1;
+}
 
 void grammar_builder::lower_alts(uint32_t r, const expr& e) {
   const std::string base = g_.rule_names[r];  // a copy: lowering declares rules

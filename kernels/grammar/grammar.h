@@ -77,7 +77,8 @@ class grammar_builder {
   }
   /// Throws tandem::error if a rule is undefined or the grammar is left-recursive.
   grammar finish(uint32_t root);
-  size_t n_elements() const { return g_.elems.size(); }
+  /// Elements lowered so far (bounds a compiler's output before `finish`).
+  size_t n_elements() const { return n_elements_; }
 
  private:
   uint32_t set_index(const byte_set& s);
@@ -89,6 +90,7 @@ class grammar_builder {
   grammar g_;
   std::vector<std::vector<std::vector<element>>> pending_;  ///< per rule, its alternatives
   std::vector<bool> defined_;
+  size_t n_elements_ = 0;
 };
 
 }  // namespace tandem::grammar

@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <random>
 #include <string>
@@ -344,4 +346,15 @@ TEST_CASE("grammar: a full stack table is an overloaded error, and sessions rebu
   grammar_sessions gs(vocab, lim);
   for (size_t n = 0; n < gens.size(); ++n) CHECK_NOTHROW(gs.constrain("s" + std::to_string(n), spec, gens[n], logits));
   CHECK(gs.stats().rebuilds > 0);
+}
+
+TEST_CASE("grammar: a schema that lowers to too many elements is refused") {
+  std::string many = R"({"type":"object","properties":{)";
+  for (int i = 0; i < 40; ++i) many += fmt::format(R"({}"p{}":{{"type":"string","maxLength":1000}})", i ? "," : "", i);
+  many += "}}";
+  schema_limits lim;
+  lim.max_elements = 20000;
+  CHECK_THROWS_WITH_AS(compile_json_schema(many, lim), doctest::Contains("more than 20000 grammar elements"),
+                       tandem::error);
+  CHECK_NOTHROW(compile_json_schema(R"({"type":"string","maxLength":1000})", lim));
 }
