@@ -9,18 +9,28 @@
 
 namespace tandem::grammar {
 
+struct json_member;
+
 struct json_doc {
   enum class kind : uint8_t { null, boolean, number, string, array, object };
   kind k = kind::null;
   bool b = false;
   std::string s;  ///< string value, or a number's source text
   std::vector<json_doc> arr;
-  std::vector<std::pair<std::string, json_doc>> obj;
+  /// In document order. (A struct, not std::pair: a pair of the incomplete json_doc does not
+  /// compile with clang and libstdc++.)
+  std::vector<json_member> obj;
   const json_doc* find(std::string_view key) const;
   /// Compact JSON text (strings escaped as JSON requires).
   std::string dump() const;
   /// Throws tandem::error naming the offset on bad input; nesting bounded by `max_depth`.
   static json_doc parse(std::string_view text, int max_depth = 64);
+};
+
+struct json_member {
+  json_member(std::string k, json_doc v) : first(std::move(k)), second(std::move(v)) {}
+  std::string first;
+  json_doc second;
 };
 
 /// `s` as a JSON string literal, quotes included.
