@@ -57,6 +57,7 @@ struct SubmitRequest {
   cachedTokens @9 :Int32;     # prompt tokens served from the prefix cache at first prefill
   transferRetries @10 :Int32; # re-prefills after failed KV transfers (bounds the recompute policy)
   decodeTarget @11 :Text;     # the decode target the router paired with the prefill ("" = the prefill's own)
+  logprobs @12 :Int32 = -1;   # log-probabilities per sampled token with this many top entries; -1 = none
 }
 
 # Where KV pages live; a cross-node version ships pages between pools using these fields.
@@ -159,6 +160,7 @@ struct SeqStep {
   # repetitionPenalty only) and the tokens generated so far. Bounded by the context.
   penaltyPrompt @7 :List(Int32);
   penaltyGenerated @8 :List(Int32);
+  logprobs @9 :Int32 = -1;    # return the sampled token's log-probability and this many top ones; -1 = none
 }
 
 # Scheduler -> worker; the reply is a ForwardResult.
@@ -172,6 +174,15 @@ struct ForwardResult {
   error @1 :Error;            # set when `failed` is true
   failed @2 :Bool;
   elapsedUs @3 :Int64;
+  logprobs @4 :List(TokenLogprobs);  # one per seq when any seq asked (token -1 where it did not); else empty
+}
+
+# A sampled token's log-probability and the most likely alternatives (kernels/model/logprobs.h).
+struct TokenLogprobs {
+  token @0 :Int32;
+  logprob @1 :Float32;
+  topTokens @2 :List(Int32);     # most likely first
+  topLogprobs @3 :List(Float32);
 }
 
 # Compatibility names of the design: a prefill batch is a ForwardBatch of prefill chunks.
@@ -200,6 +211,7 @@ struct TokenEvent {
   firstIndex @8 :Int32;       # index in the completion of tokens[0] (tokens generated before
                               # this event): the router orders the events of different stages
                               # (links), drops duplicates and holds back after a gap
+  logprobs @9 :List(TokenLogprobs);  # parallel to tokens when the request asked for them
 }
 
 # Router -> prefill -> decode (-> prefill ...): drop the request and free its pages.

@@ -13,8 +13,10 @@ for a in "$@"; do
 done
 
 jobs=$(nproc)
-# The openai npm client used by the end-to-end test (lock file committed; no network at test time).
-if [[ -f tests/e2e/openai/package-lock.json && ! -d tests/e2e/openai/node_modules ]]; then
+# The openai npm client, the AI SDK and LangChain used by the end-to-end tests (lock file
+# committed; no network at test time). Reinstalled when the lock file is newer than the install.
+if [[ -f tests/e2e/openai/package-lock.json && ( ! -f tests/e2e/openai/node_modules/.package-lock.json ||
+      tests/e2e/openai/package-lock.json -nt tests/e2e/openai/node_modules/.package-lock.json ) ]]; then
   (cd tests/e2e/openai && npm ci --no-audit --no-fund --loglevel=error)
 fi
 # llama.cpp as the reference implementation (tests/reference): node-llama-cpp's prebuilt CPU
@@ -28,15 +30,18 @@ cmake --preset dev >/dev/null
 cmake --build --preset dev -j "$jobs"
 ctest --preset dev -j "$jobs" --timeout 600
 
-# CUDA kernels must compile for sm_90 wherever nvcc exists (they run only on a GPU machine:
-# tests/gpu/run.sh). Built as there: tests/gpu on its own, with fmt header-only from the copy
+# CUDA kernels and the CUDA backend must compile for sm_90 wherever nvcc exists (they run only
+# on a GPU machine: tests/gpu/run.sh). Built as there: tests/gpu on its own, with fmt header-only from the copy
 # prepare-deps.sh makes (the installed fmt is not looked for), so the script a lent GPU
 # machine runs is the one checked here.
 if [[ -x /usr/local/cuda/bin/nvcc ]]; then
   tests/gpu/prepare-deps.sh >/dev/null
+  # ccache where installed: the standalone build compiles the CPU kernels and model code again.
+  launch=()
+  command -v ccache >/dev/null && launch=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
   cmake -S tests/gpu -B build/gpu-ci -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_DISABLE_FIND_PACKAGE_fmt=TRUE -DTANDEM_GPU_DEPS="$PWD/build/gpu-deps" >/dev/null
-  cmake --build build/gpu-ci -j "$jobs" --target test_cuda_ops
+    -DCMAKE_DISABLE_FIND_PACKAGE_fmt=TRUE -DTANDEM_GPU_DEPS="$PWD/build/gpu-deps" "${launch[@]}" >/dev/null
+  cmake --build build/gpu-ci -j "$jobs" --target test_cuda_ops test_cuda_backend
 fi
 
 # libFuzzer targets (clang): replay the committed corpus, then fuzz each target 15 s (the whole step stays under ~4 min on 2 cores).

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "actors/common/logprobs_wire.h"
+
 namespace tandem {
 
 sampling_params read_sampling(schema::SamplingParams::Reader sp) {
@@ -55,6 +57,7 @@ void write_step_sampling(schema::SeqStep::Builder st, const seq_request& r) {
   if (p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || p.grammar.active())
     fill_list([&](unsigned n) { return st.initPenaltyGenerated(n); }, r.generated);
   st.setTokenIndex(static_cast<int32_t>(r.generated.size()));
+  st.setLogprobs(r.logprobs);
 }
 
 seq_request seq_request::read(schema::SubmitRequest::Reader r) {
@@ -71,6 +74,7 @@ seq_request seq_request::read(schema::SubmitRequest::Reader r) {
   s.cached_tokens = r.getCachedTokens();
   s.transfer_retries = r.getTransferRetries();
   s.decode_target = r.getDecodeTarget().cStr();
+  s.logprobs = r.getLogprobs();
   return s;
 }
 
@@ -87,6 +91,7 @@ void seq_request::write(schema::SubmitRequest::Builder b) const {
   b.setCachedTokens(cached_tokens);
   b.setTransferRetries(transfer_retries);
   if (!decode_target.empty()) b.setDecodeTarget(decode_target);
+  b.setLogprobs(logprobs);
 }
 
 std::vector<int32_t> seq_request::all_tokens() const {
@@ -139,7 +144,7 @@ finish_reason from_schema(schema::FinishReason r) {
 
 wire make_event(const std::string& id, const std::vector<int32_t>& tokens, finish_reason reason,
                 const tandem::error* err, int32_t prompt_tokens, int32_t cached_tokens,
-                const std::string& state, int32_t first_index) {
+                const std::string& state, int32_t first_index, std::span<const token_logprobs> logprobs) {
   return make_wire([&](schema::Envelope::Builder env) {
     auto e = env.initEvent();
     e.setId(id);
@@ -151,6 +156,7 @@ wire make_event(const std::string& id, const std::vector<int32_t>& tokens, finis
     e.setCachedTokens(cached_tokens);
     e.setState(state);
     e.setFirstIndex(first_index);
+    write_logprobs([&](unsigned n) { return e.initLogprobs(n); }, logprobs);
   });
 }
 

@@ -8,6 +8,7 @@
 
 #include "actors/common/wire.h"
 #include "actors/runtime/serving_api.h"
+#include "kernels/model/logprobs.h"
 #include "kernels/model/sampler.h"
 
 namespace tandem {
@@ -25,6 +26,7 @@ struct seq_request {
   int32_t cached_tokens = 0;
   int32_t transfer_retries = 0;  ///< re-prefills after failed KV transfers
   std::string decode_target;  ///< the router's choice of decode target ("" = the prefill's own)
+  int32_t logprobs = -1;      ///< top log-probabilities per sampled token (-1 = none; 0 = the token's own)
 
   static seq_request read(schema::SubmitRequest::Reader r);
   void write(schema::SubmitRequest::Builder b) const;
@@ -54,9 +56,10 @@ finish_reason apply_token(seq_request& r, int32_t token, const model_facts& m);
 
 /// A TokenEvent envelope. `first_index`: index in the completion of tokens[0], i.e. how many
 /// tokens the request generated before these (r.generated.size() - tokens.size()).
+/// `logprobs`: parallel to `tokens` when the request asked for them.
 wire make_event(const std::string& id, const std::vector<int32_t>& tokens, finish_reason reason,
                 const tandem::error* err, int32_t prompt_tokens, int32_t cached_tokens,
-                const std::string& state, int32_t first_index);
+                const std::string& state, int32_t first_index, std::span<const token_logprobs> logprobs = {});
 
 schema::FinishReason to_schema(finish_reason r);
 finish_reason from_schema(schema::FinishReason r);

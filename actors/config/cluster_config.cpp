@@ -19,7 +19,7 @@
 
 #include "actors/config/cache_table.h"
 #include "actors/config/config_checker.h"
-#include "actors/config/limits_table.h"
+#include "actors/common/limits_table.h"
 #include "actors/config/toml.h"
 #include "kernels/cpu/amx.h"
 #include "kernels/cpu/isa.h"
@@ -38,8 +38,6 @@ using config_detail::article_type;
 using config_detail::fmt_gib;
 using config_detail::gib;
 
-using config_detail::limits_i32_fields;
-using config_detail::limits_i64_fields;
 
 /// [security]: the key file must exist and be private (the same rules `tandem serve` enforces
 /// when it reads the keys); allowlisted paths are absolute.
@@ -140,27 +138,20 @@ config_check check_cluster_config(const std::string& text, const std::string& so
   const value* lim_t = ck.table(root, "limits");
   if (lim_t) {
     std::vector<std::string> known;
-    for (const auto& f : limits_i32_fields()) known.push_back(f.name);
-    for (const auto& f : limits_i64_fields()) known.push_back(f.name);
-    known.push_back("prefix_cache");
-    known.push_back("decode_page_admission");
-    known.push_back("accept_any_model_name");
+    for (const auto& f : limit_fields()) known.push_back(f.key);
     ck.known_keys(*lim_t, "limits", known);
-    for (const auto& f : limits_i32_fields()) {
+    for (const auto& f : limit_fields()) {
+      if (!f.is_integer()) {
+        bool b = false;
+        if (ck.boolean(*lim_t, "limits", f.key, b)) f.set(cfg.lim, b);
+        continue;
+      }
       int64_t v = 0;
-      int64_t hi = std::string(f.name) == "page_size" ? 4096 : INT32_MAX;
-      if (ck.integer(*lim_t, "limits", f.name, f.lo, hi, f.fix, v)) {
-        cfg.lim.*f.member = int32_t(v);
-        if (std::string(f.name) == "threads") limits_threads_set = true;
+      if (ck.integer(*lim_t, "limits", f.key, f.min, f.max, f.fix, v)) {
+        f.set(cfg.lim, v);
+        if (std::string(f.key) == "threads") limits_threads_set = true;
       }
     }
-    for (const auto& f : limits_i64_fields()) {
-      int64_t v = 0;
-      if (ck.integer(*lim_t, "limits", f.name, 1, INT64_MAX, f.fix, v)) cfg.lim.*f.member = v;
-    }
-    ck.boolean(*lim_t, "limits", "prefix_cache", cfg.lim.prefix_cache);
-    ck.boolean(*lim_t, "limits", "decode_page_admission", cfg.lim.decode_page_admission);
-    ck.boolean(*lim_t, "limits", "accept_any_model_name", cfg.lim.accept_any_model_name);
   }
   toml::position lim_pos = lim_t ? lim_t->pos : toml::position{1, 1};
 

@@ -1,9 +1,8 @@
 #pragma once
-/// A strict subset of TOML 1.0, enough for cluster configs: `[table]` and `[a.b]` headers,
-/// arrays of tables `[[node]]`, bare and quoted keys, basic and literal strings, decimal/hex
-/// integers, floats, booleans and (nested, multi-line) arrays. Everything else (inline
-/// tables, dotted keys, multi-line strings, dates) is rejected with its line and column,
-/// so a config never means something other than what it says.
+/// TOML 1.0 as Debian's toml++ reads it, converted to a tree that keeps each key's and value's
+/// line and column (for the checker's messages) and each table's keys in file order. Dates
+/// and times, which no config key takes, are refused at their position. Syntax errors are
+/// parse_error "<source>:<line>:<column>: <why>".
 #include <cstdint>
 #include <memory>
 #include <string>

@@ -9,6 +9,7 @@
 #include <unordered_set>
 
 #include "actors/common/kv_layout_wire.h"
+#include "actors/common/logprobs_wire.h"
 #include "actors/common/metrics.h"
 #include "actors/common/wire.h"
 #include "actors/worker/kv_port.h"
@@ -92,12 +93,12 @@ struct decode_state {
     return (d.kv_len + 1 + page_size() - 1) / page_size() - static_cast<int32_t>(d.pages.size());
   }
   void emit(const dseq& d, const std::vector<int32_t>& toks, finish_reason reason, const tandem::error* err,
-            const char* state) {
+            const char* state, std::span<const token_logprobs> lps = {}) {
     peers.router.gate->enter_control();
     caf::anon_send(peers.router.handle, wire_atom::value,
                    make_event(d.req.id, toks, reason, err, static_cast<int32_t>(d.req.prompt.size()),
                               d.req.cached_tokens, state,
-                              static_cast<int32_t>(d.req.generated.size() - toks.size())));
+                              static_cast<int32_t>(d.req.generated.size() - toks.size()), lps));
   }
   void free_pages(const std::string& id, std::vector<int32_t>& pages) {
     if (pages.empty()) return;
@@ -485,6 +486,7 @@ void on_step_done(decode_actor_t* self, const wire* w, const tandem::error* tran
   s.in_flight.clear();
   std::vector<int32_t> sampled;
   std::optional<tandem::error> err = read_forward_result(w, transport_err, sampled);
+  const std::vector<token_logprobs> lps = w && !err ? read_forward_logprobs(*w) : std::vector<token_logprobs>{};
   for (size_t i = 0; i < batch.size(); ++i) {
     auto it = std::find_if(s.running.begin(), s.running.end(),
                            [&](const dseq& d) { return d.req.id == batch[i].first; });
@@ -514,7 +516,10 @@ void on_step_done(decode_actor_t* self, const wire* w, const tandem::error* tran
     auto reason = apply_token(it->req, tok, s.opt.model);
     std::vector<int32_t> out;
     if (reason == finish_reason::none || reason == finish_reason::length) out.push_back(tok);
-    s.emit(*it, out, reason, nullptr, "decode");
+    // The token's log-probabilities travel with it (none for a stop token, which is not emitted).
+    std::span<const token_logprobs> lp;
+    if (!out.empty() && it->req.logprobs >= 0 && i < lps.size()) lp = std::span<const token_logprobs>(&lps[i], 1);
+    s.emit(*it, out, reason, nullptr, "decode", lp);
     if (reason != finish_reason::none) {
       // Cache prompt ++ generated (the next turn of a conversation starts with them) before
       // the pages go back; the cache takes its own references.

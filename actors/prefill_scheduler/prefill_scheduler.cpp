@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "actors/common/kv_layout_wire.h"
+#include "actors/common/logprobs_wire.h"
 #include "actors/common/metrics.h"
 #include "actors/common/wire.h"
 #include "actors/prefill_scheduler/drain_meter.h"
@@ -151,9 +152,9 @@ struct prefill_state {
     caf::anon_send(peers.router.handle, wire_atom::value, w);
   }
   void emit_event(const pseq& s, const std::vector<int32_t>& toks, finish_reason reason,
-                  const tandem::error* err, const char* state) {
+                  const tandem::error* err, const char* state, std::span<const token_logprobs> lps = {}) {
     emit(make_event(s.req.id, toks, reason, err, static_cast<int32_t>(s.req.prompt.size()),
-                    s.req.cached_tokens, state, static_cast<int32_t>(s.req.generated.size() - toks.size())));
+                    s.req.cached_tokens, state, static_cast<int32_t>(s.req.generated.size() - toks.size()), lps));
   }
   void free_pages(const std::string& id, std::vector<int32_t>& pages) {
     if (pages.empty()) return;
@@ -286,7 +287,7 @@ void on_acquired(prefill_actor_t* self, const wire& w) {
   }
 }
 
-void finish_prefill(prefill_actor_t* self, pseq& q, int32_t token) {
+void finish_prefill(prefill_actor_t* self, pseq& q, int32_t token, const token_logprobs* lp) {
   auto& s = self->state;
   const int32_t computed = q.computed;
   // Cache the full pages of what was computed before ownership moves on.
@@ -303,12 +304,15 @@ void finish_prefill(prefill_actor_t* self, pseq& q, int32_t token) {
   auto reason = apply_token(q.req, token, s.opt.model);
   std::vector<int32_t> out;
   if (reason == finish_reason::none || reason == finish_reason::length) out.push_back(token);
+  // The token's log-probabilities travel with it (none for a stop token, which is not emitted).
+  std::span<const token_logprobs> lps;
+  if (lp && !out.empty() && q.req.logprobs >= 0) lps = std::span<const token_logprobs>(lp, 1);
   if (reason != finish_reason::none) {
     s.free_pages(q.req.id, q.pages);
-    s.emit_event(q, out, reason, nullptr, "prefill");
+    s.emit_event(q, out, reason, nullptr, "prefill", lps);
     return;
   }
-  s.emit_event(q, out, finish_reason::none, nullptr, "decode");
+  s.emit_event(q, out, finish_reason::none, nullptr, "decode", lps);
   if (!s.peers.decode.gate->try_enter()) {
     s.fail(q, s.peers.decode.gate->overloaded_error(), "decode_mailbox");
     return;
@@ -383,6 +387,7 @@ void on_forward_done(prefill_actor_t* self, const wire* w, const tandem::error* 
   s.in_flight.clear();
   std::vector<int32_t> sampled;
   std::optional<tandem::error> err = read_forward_result(w, transport_err, sampled);
+  const std::vector<token_logprobs> lps = w && !err ? read_forward_logprobs(*w) : std::vector<token_logprobs>{};
   for (size_t i = 0; i < batch.size(); ++i) {
     auto it = std::find_if(s.active.begin(), s.active.end(),
                            [&](const pseq& q) { return q.req.id == batch[i].first; });
@@ -400,7 +405,7 @@ void on_forward_done(prefill_actor_t* self, const wire* w, const tandem::error* 
     it->computed += batch[i].second;
     s.prompt_tokens_computed += batch[i].second;
     if (it->computed == static_cast<int32_t>(it->tokens.size())) {
-      finish_prefill(self, *it, i < sampled.size() ? sampled[i] : -1);
+      finish_prefill(self, *it, i < sampled.size() ? sampled[i] : -1, i < lps.size() ? &lps[i] : nullptr);
       s.active.erase(it);
     }
   }

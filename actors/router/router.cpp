@@ -10,6 +10,7 @@
 #include <optional>
 #include <unordered_map>
 
+#include "actors/common/logprobs_wire.h"
 #include "actors/common/metrics.h"
 #include "actors/common/wire.h"
 
@@ -104,6 +105,7 @@ struct decode_target {
 /// One stage event, read off the wire (kept while an earlier one is missing).
 struct stage_event {
   std::vector<int32_t> tokens;
+  std::vector<token_logprobs> logprobs;  ///< parallel to tokens when the request asked
   bool finished = false;
   finish_reason reason = finish_reason::none;
   std::optional<tandem::error> err;
@@ -689,6 +691,8 @@ bool deliver_in_order(router_state& s, std::unordered_map<std::string, entry>::i
   const auto skip = static_cast<size_t>(std::max(0, e.completion_tokens - first));
   if (skip >= ev.tokens.size()) ev.tokens.clear();
   else ev.tokens.erase(ev.tokens.begin(), ev.tokens.begin() + static_cast<std::ptrdiff_t>(skip));
+  if (ev.logprobs.size() > ev.tokens.size())  // a duplicate's log-probabilities go with its tokens
+    ev.logprobs.erase(ev.logprobs.begin(), ev.logprobs.end() - static_cast<std::ptrdiff_t>(ev.tokens.size()));
   const int64_t now = s.clk->now_ms();
   if (!ev.tokens.empty()) {
     if (e.first_token_ms < 0) {
@@ -706,6 +710,7 @@ bool deliver_in_order(router_state& s, std::unordered_map<std::string, entry>::i
   token_event out;
   out.request_id = it->first;
   out.tokens = std::move(ev.tokens);
+  out.logprobs = std::move(ev.logprobs);
   out.finished = ev.finished;
   out.reason = ev.reason;
   out.err = std::move(ev.err);
@@ -922,6 +927,8 @@ void on_event(router_actor_t* self, schema::TokenEvent::Reader r) {
   if (r.getCachedTokens() > 0 && e.migrations == 0) e.cached_tokens = r.getCachedTokens();
   stage_event ev;
   ev.tokens = to_vector(r.getTokens());
+  if (r.hasLogprobs()) ev.logprobs = read_logprobs(r.getLogprobs());
+  if (ev.logprobs.size() != ev.tokens.size()) ev.logprobs.clear();  // all or nothing: they pair by position
   ev.finished = r.getFinished();
   ev.reason = from_schema(r.getReason());
   if (ev.reason == finish_reason::error) ev.err = read_error(r.getError());
@@ -938,6 +945,7 @@ void on_event(router_actor_t* self, schema::TokenEvent::Reader r) {
       if (first <= e.completion_tokens && !ev.tokens.empty()) {
         stage_event part;
         part.tokens = std::move(ev.tokens);
+        part.logprobs = std::move(ev.logprobs);
         if (deliver_in_order(s, it, first, std::move(part))) return;
       }
       const bool decode_side = e.state == "decode" && e.decode >= 0;

@@ -389,6 +389,7 @@ void actor_cluster::submit(completion_request req, event_callback cb) {
   r.sampling = req.sampling;
   r.max_tokens = req.max_tokens;
   r.ignore_eos = req.ignore_eos;
+  r.logprobs = req.logprobs;
   if (req.deadline != std::chrono::steady_clock::time_point::max()) {
     // The API deadline is steady_clock; the cluster clock may be another (tests): carry the remaining time.
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(req.deadline -

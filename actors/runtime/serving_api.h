@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/base/error.h"
+#include "kernels/model/logprobs.h"
 #include "kernels/model/sampler.h"
 
 namespace tandem {
@@ -23,6 +24,9 @@ struct completion_request {
   int32_t max_tokens = 16;
   std::vector<int32_t> stop_tokens;  ///< generation ends when one is produced (EOS by default)
   bool ignore_eos = false;
+  /// Log-probabilities per generated token with this many top alternatives (0..max_top_logprobs);
+  /// -1 = none (kernels/model/logprobs.h says which distribution).
+  int32_t logprobs = -1;
   /// Absolute deadline; the request ends with an `overloaded`/timeout error past it.
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
 };
@@ -34,6 +38,7 @@ enum class finish_reason : uint8_t { none = 0, stop = 1, length = 2, abort = 3, 
 struct token_event {
   std::string request_id;
   std::vector<int32_t> tokens;  ///< new tokens since the previous event
+  std::vector<token_logprobs> logprobs;  ///< parallel to tokens when the request asked for them
   bool finished = false;
   finish_reason reason = finish_reason::none;
   std::optional<tandem::error> err;  ///< set iff reason == error

@@ -10,7 +10,9 @@
 #include "actors/cache_tier/page_file.h"
 #include "actors/common/metrics.h"
 #include "actors/common/request.h"
+#include "actors/common/logprobs_wire.h"
 #include "actors/common/wire.h"
+#include "kernels/model/logprobs.h"
 #include "kernels/model/sampler.h"
 
 namespace tandem {
@@ -98,6 +100,7 @@ wire run_forward(worker_state& st, const wire& w) {
   auto t0 = std::chrono::steady_clock::now();
   st.model->forward(batch, *st.pool, st.logits);
   std::vector<int32_t> out(seqs.size(), -1);
+  std::vector<token_logprobs> lps;  // one per seq once any asked
   size_t row = 0;
   for (unsigned i = 0; i < seqs.size(); ++i) {
     if (!batch[i].want_logits) continue;
@@ -120,6 +123,10 @@ wire run_forward(worker_state& st, const wire& w) {
     }
     out[i] = smp.sample(lg, {prompt_hist, gen_hist});
     if (p.grammar.active()) st.grammars->accepted(id, out[i]);
+    if (const int32_t top = seqs[i].getLogprobs(); top >= 0) {
+      lps.resize(seqs.size());
+      lps[i] = compute_logprobs(lg, p, {prompt_hist, gen_hist}, out[i], top);
+    }
     ++row;
   }
   auto us =
@@ -131,6 +138,7 @@ wire run_forward(worker_state& st, const wire& w) {
   return make_wire([&](schema::Envelope::Builder env2) {
     auto r = env2.initForwardResult();
     fill_list([&](unsigned n) { return r.initTokens(n); }, out);
+    write_logprobs([&](unsigned n) { return r.initLogprobs(n); }, lps);
     r.setElapsedUs(us);
   });
 }

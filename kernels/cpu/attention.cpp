@@ -156,13 +156,14 @@ const T* k_base(const kv_pool& pool, int32_t page, int32_t layer) {
   else return pool.k16(page, layer);
 }
 
+// Rows before `from` are left unset and their pages unread (a window pool releases them).
 template <class T>
 void k_rows(const kv_pool& pool, int32_t layer, std::span<const int32_t> pages, int kvh, int64_t len,
-            std::vector<const T*>& rows) {
+            std::vector<const T*>& rows, int64_t from = 0) {
   const kv_layout& L = pool.layout();
   const size_t stride = size_t(L.n_kv_heads) * L.head_dim;
   rows.resize(size_t(len));
-  for (int64_t p0 = 0, pg = 0; p0 < len; p0 += L.page_size, ++pg) {
+  for (int64_t pg = from / L.page_size, p0 = pg * L.page_size; p0 < len; p0 += L.page_size, ++pg) {
     const T* base = k_base<T>(pool, pages[size_t(pg)], layer) + size_t(kvh) * L.head_dim;
     const int64_t end = std::min<int64_t>(L.page_size, len - p0);
     for (int64_t j = 0; j < end; ++j) rows[size_t(p0 + j)] = base + size_t(j) * stride;
@@ -457,9 +458,9 @@ void attention_row(const float* qh, int64_t len, int kvh, const kv_pool& pool, i
       return wide.data();
     }
   };
-  k_rows(pool, layer, pages, kvh, len, rows);
   // A sliding window reads only the last `window` positions (the row's own included).
   const int64_t p0 = ap.window > 0 ? std::max<int64_t>(0, len - ap.window) : 0, n = len - p0;
+  k_rows(pool, layer, pages, kvh, len, rows, p0);
   for (int64_t p = 0; p < n; ++p) att[p] = dot(qh, row(rows[size_t(p0 + p)]), hd, isa) * scale;
   if (ap.softcap > 0.0f) softcap(att, size_t(n), ap.softcap);
   softmax(att, size_t(n), isa);

@@ -172,71 +172,81 @@ TANDEM_Q256 inline float tree16_pair(__m256 lo, __m256 hi) {
   return _mm_cvtss_f32(h);
 }
 
-// q4_0: one block a step; even blocks in acc[..][0] (lanes 0-7 of the recipe), odd in [1].
-template <int R, int B>
-TANDEM_Q256 void tile_q4_0(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, int64_t b0) {
-  const int64_t nb = w.cols() / q4_0_block, n = w.rows();
-  const block_q4_0* rows[R];
-  for (int r = 0; r < R; ++r) rows[r] = reinterpret_cast<const block_q4_0*>(w.row(r0 + r));
-  __m256 acc[R][B][2];
-  for (int r = 0; r < R; ++r)
-    for (int b = 0; b < B; ++b) acc[r][b][0] = acc[r][b][1] = _mm256_setzero_ps();
-  const __m256i ones = _mm256_set1_epi16(1), eights = _mm256_set1_epi8(8), nib = _mm256_set1_epi8(0x0F);
-  const int64_t ahead = B == 1 && R > 1 ? (reinterpret_cast<const char*>(rows[1]) - reinterpret_cast<const char*>(rows[0])) * R : 0;
-  for (int64_t i = 0; i < nb; ++i) {
-    const int half = int(i % 2);
-    __m256i xv[B], xo[B];
-#pragma GCC unroll 4
-    for (int b = 0; b < B; ++b) {
-      xv[b] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q(b0 + b) + q4_0_block * i));
-      xo[b] = _mm256_maddubs_epi16(eights, xv[b]);
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      if (ahead != 0 && i % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(rows[r] + i) + ahead, _MM_HINT_T0);
-      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[r][i].qs));
-      const __m256i wv = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), nib);
-      const float dw = _cvtsh_ss(rows[r][i].d);
-#pragma GCC unroll 4
-      for (int b = 0; b < B; ++b) {
-        const __m256i s = _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(wv, xv[b]), xo[b]), ones);
-        const __m256 dd = _mm256_set1_ps(dw * a.scale(b0 + b)[i]);
-        acc[r][b][half] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(s), acc[r][b][half]);
-      }
-    }
+// The two 32-element block types as policies of the shared tile below: what an activation
+// register needs besides its bytes, how a block's weights load, and the exact int32 dot
+// products of 4-element groups.
+//
+// q4_0: nibbles w in 0..15 stand for w - 8; maddubs(w, x) - maddubs(8, x) is the signed product.
+struct q4_0_blocks {
+  using block = block_q4_0;
+  static constexpr int64_t elems = q4_0_block;
+  static constexpr int64_t prefetch_every = 2;  // two 18-byte blocks per line
+  struct x_reg {
+    __m256i v, offset;
+  };
+  TANDEM_Q256 static x_reg prep(__m256i xv) { return {xv, _mm256_maddubs_epi16(_mm256_set1_epi8(8), xv)}; }
+  struct w_reg {
+    __m256i v;
+  };
+  TANDEM_Q256 static w_reg load(const block& p) {
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p.qs));
+    return {_mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F))};
   }
-  for (int r = 0; r < R; ++r)
-    for (int b = 0; b < B; ++b) y[(b0 + b) * n + r0 + r] = tree16_pair(acc[r][b][0], acc[r][b][1]);
-}
+  TANDEM_Q256 static __m256i dot(const w_reg& w, const x_reg& x) {
+    return _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(w.v, x.v), x.offset), _mm256_set1_epi16(1));
+  }
+};
 
-// q8_0: q4_0's lanes with signed weights: |w| times x with w's sign (maddubs takes an unsigned
-// and a signed operand; |w| <= 128 and |x| <= 127 keep each pair sum inside int16).
-template <int R, int B>
-TANDEM_Q256 void tile_q8_0(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, int64_t b0) {
-  const int64_t nb = w.cols() / q8_0_block, n = w.rows();
-  const block_q8_0* rows[R];
-  for (int r = 0; r < R; ++r) rows[r] = reinterpret_cast<const block_q8_0*>(w.row(r0 + r));
+// q8_0: |w| times x with w's sign (maddubs takes an unsigned and a signed operand; |w| <= 128
+// and |x| <= 127 keep each pair sum inside int16).
+struct q8_0_blocks {
+  using block = block_q8_0;
+  static constexpr int64_t elems = q8_0_block;
+  static constexpr int64_t prefetch_every = 1;
+  struct x_reg {
+    __m256i v;
+  };
+  TANDEM_Q256 static x_reg prep(__m256i xv) { return {xv}; }
+  struct w_reg {
+    __m256i v, abs;
+  };
+  TANDEM_Q256 static w_reg load(const block& p) {
+    const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.qs));
+    return {wv, _mm256_sign_epi8(wv, wv)};
+  }
+  TANDEM_Q256 static __m256i dot(const w_reg& w, const x_reg& x) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w.abs, _mm256_sign_epi8(x.v, w.v)), _mm256_set1_epi16(1));
+  }
+};
+
+// R weight rows x B activation rows of a 32-element block type, one block a step; even blocks
+// in acc[..][0] (lanes 0-7 of the recipe), odd in [1].
+template <class P, int R, int B>
+TANDEM_Q256 void tile_blocks(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, int64_t b0) {
+  using block = typename P::block;
+  const int64_t nb = w.cols() / P::elems, n = w.rows();
+  const block* rows[R];
+  for (int r = 0; r < R; ++r) rows[r] = reinterpret_cast<const block*>(w.row(r0 + r));
   __m256 acc[R][B][2];
   for (int r = 0; r < R; ++r)
     for (int b = 0; b < B; ++b) acc[r][b][0] = acc[r][b][1] = _mm256_setzero_ps();
-  const __m256i ones = _mm256_set1_epi16(1);
   const int64_t ahead = B == 1 && R > 1 ? (reinterpret_cast<const char*>(rows[1]) - reinterpret_cast<const char*>(rows[0])) * R : 0;
   for (int64_t i = 0; i < nb; ++i) {
     const int half = int(i % 2);
-    __m256i xv[B];
+    typename P::x_reg xr[B];
 #pragma GCC unroll 4
-    for (int b = 0; b < B; ++b) xv[b] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q(b0 + b) + q8_0_block * i));
+    for (int b = 0; b < B; ++b)
+      xr[b] = P::prep(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q(b0 + b) + P::elems * i)));
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      if (ahead != 0) _mm_prefetch(reinterpret_cast<const char*>(rows[r] + i) + ahead, _MM_HINT_T0);
-      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[r][i].qs));
-      const __m256i aw = _mm256_sign_epi8(wv, wv);
+      if (ahead != 0 && i % P::prefetch_every == 0)
+        _mm_prefetch(reinterpret_cast<const char*>(rows[r] + i) + ahead, _MM_HINT_T0);
+      const typename P::w_reg wr = P::load(rows[r][i]);
       const float dw = _cvtsh_ss(rows[r][i].d);
 #pragma GCC unroll 4
       for (int b = 0; b < B; ++b) {
-        const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv[b], wv)), ones);
         const __m256 dd = _mm256_set1_ps(dw * a.scale(b0 + b)[i]);
-        acc[r][b][half] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(s), acc[r][b][half]);
+        acc[r][b][half] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(P::dot(wr, xr[b])), acc[r][b][half]);
       }
     }
   }
@@ -246,8 +256,8 @@ TANDEM_Q256 void tile_q8_0(const tensor_view& w, const quant_acts& a, float* y, 
 
 template <ggml_type T, int R, int B>
 TANDEM_Q256 void tile(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, int64_t b0) {
-  if constexpr (T == ggml_type::q4_0) tile_q4_0<R, B>(w, a, y, r0, b0);
-  else if constexpr (T == ggml_type::q8_0) tile_q8_0<R, B>(w, a, y, r0, b0);
+  if constexpr (T == ggml_type::q4_0) tile_blocks<q4_0_blocks, R, B>(w, a, y, r0, b0);
+  else if constexpr (T == ggml_type::q8_0) tile_blocks<q8_0_blocks, R, B>(w, a, y, r0, b0);
   else tile_k<T, R, B>(w, a, y, r0, b0);
 }
 

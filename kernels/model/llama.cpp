@@ -16,6 +16,17 @@ kv_layout model_kv_layout(const model_config& c, int32_t page_size, kv_dtype dty
                    .dtype = dtype};
 }
 
+kv_pools_layout model_pools_layout(const model_config& c, int32_t page_size, kv_dtype dtype) {
+  const kv_layout all = model_kv_layout(c, page_size, dtype);
+  kv_pool_spec full{.name = "full", .page = all}, window{.name = "window", .page = all};
+  window.window_tokens = c.sliding_window;
+  for (int32_t l = 0; l < c.n_layer; ++l) (c.is_swa_layer(l) ? window : full).layers.push_back(l);
+  if (window.layers.empty() || full.layers.empty()) return kv_pools_layout::single(all);
+  full.page.n_layers = int32_t(full.layers.size());
+  window.page.n_layers = int32_t(window.layers.size());
+  return kv_pools_layout{.pools = {std::move(full), std::move(window)}};
+}
+
 std::unique_ptr<llama_model> llama_model::load(const gguf::file& f, const cpu_options& opt) {
   return arch::load(f, opt);
 }

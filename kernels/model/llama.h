@@ -4,6 +4,7 @@
 /// (prefill chunks and decode steps mixed). A sequence's results do not depend on what
 /// else is in the batch: per-row arithmetic is the same for batch 1 and batch N.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -12,10 +13,15 @@
 #include "kernels/cpu/isa.h"
 #include "kernels/gguf/gguf.h"
 #include "kernels/model/kv_pool.h"
+#include "kernels/model/kv_pools.h"
 #include "kernels/model/rope_scaling.h"
 #include "kernels/tensor.h"
 
 namespace tandem {
+
+namespace backend {
+class ops;
+}  // namespace backend
 
 /// How RoPE pairs the elements of a head: `normal` rotates adjacent pairs (x[2i], x[2i+1])
 /// (Llama, DeepSeek), `neox` rotates the halves (x[i], x[i + head_dim/2]) (Qwen2/3, Gemma,
@@ -76,12 +82,23 @@ struct model_config {
 /// check-config both size pools with it. Throws tandem::error for an f16 cache on MLA.
 kv_layout model_kv_layout(const model_config& c, int32_t page_size, kv_dtype dtype);
 
+/// The pools a model of config `c` keeps: one "full" pool of model_kv_layout's geometry holding
+/// the full-context layers and, when some layers slide (gemma2), a "window" pool holding those
+/// with window_tokens = c.sliding_window. The model and check-config both size pools with it.
+kv_pools_layout model_pools_layout(const model_config& c, int32_t page_size, kv_dtype dtype);
+
 /// One sequence's part of a batch.
 struct batch_seq {
   std::span<const int32_t> tokens;  ///< new tokens to run now
   int32_t pos = 0;                  ///< position of tokens[0]; KV of [0, pos) is already in its pages
   std::span<const int32_t> pages;   ///< page table covering positions [0, pos + tokens.size())
   bool want_logits = true;          ///< produce logits of the last new token
+  /// One page table per pool of a multi-pool layout set (pool p's pages at [p]); empty: `pages`
+  /// is pool 0's and the set has one pool. A window pool's table may hold -1 for blocks the
+  /// step does not read (kv_pool_spec::first_live_block).
+  std::span<const std::span<const int32_t>> pool_pages = {};
+  /// Pool p's page table.
+  std::span<const int32_t> pages_of(size_t p) const { return pool_pages.empty() ? pages : pool_pages[p]; }
 };
 
 /// Options for the CPU backend.
@@ -89,6 +106,9 @@ struct cpu_options {
   int32_t threads = 1;
   cpu_isa isa = cpu_isa::best;  ///< kernel path; an unsupported one is rejected at construction
   kv_dtype kv = kv_dtype::f32;   ///< element type of the K/V cache the model writes and reads
+  /// The backend to run on instead of the CPU backend of these options (e.g. the CUDA backend,
+  /// kernels/backend/cuda); empty: the CPU backend.
+  std::function<std::unique_ptr<backend::ops>()> make_backend;
 };
 
 class llama_model {
@@ -100,11 +120,22 @@ class llama_model {
   virtual ~llama_model() = default;
 
   virtual const model_config& config() const = 0;
-  /// The KV layout this model needs for a given page size.
+  /// The KV layout of one pool holding every layer (full context) for a given page size.
   virtual kv_layout layout(int32_t page_size) const = 0;
+  /// The pools this model keeps its KV in: one full pool for most architectures; gemma2 adds
+  /// a window pool for its sliding-window layers. forward() also takes the single-pool set
+  /// of layout() (sliding layers then mask full-context pages).
+  virtual kv_pools_layout pools_layout(int32_t page_size) const {
+    return kv_pools_layout::single(layout(page_size));
+  }
   /// Runs the batch; writes the new tokens' K/V into their pages and returns one row of
   /// n_vocab logits per sequence with want_logits, in batch order.
-  virtual void forward(std::span<const batch_seq> batch, kv_pool& pool, std::vector<float>& logits) = 0;
+  virtual void forward(std::span<const batch_seq> batch, kv_pools& pools, std::vector<float>& logits) = 0;
+  /// forward() over the single-pool set of one pool of layout().
+  void forward(std::span<const batch_seq> batch, kv_pool& pool, std::vector<float>& logits) {
+    kv_pools one(pool);
+    forward(batch, one, logits);
+  }
 };
 
 }  // namespace tandem

@@ -66,7 +66,8 @@ class fake_model : public llama_model {
   }
   const model_config& config() const override { return cfg_; }
   kv_layout layout(int32_t page_size) const override { return kv_layout{1, 1, 4, page_size}; }
-  void forward(std::span<const batch_seq> batch, kv_pool& pool, std::vector<float>& logits) override {
+  void forward(std::span<const batch_seq> batch, kv_pools& pools, std::vector<float>& logits) override {
+    kv_pool& pool = pools[0];
     if (gate_) gate_->on_forward();
     const int32_t ps = pool.layout().page_size;
     const int32_t V = cfg_.n_vocab;

@@ -468,3 +468,28 @@ TEST_CASE("router admission: arrivals at 0.8x capacity are not refused, a 3x bur
   CHECK(burst.max_ttft_ms <= int64_t(1.5 * l.max_queue_wait_ms));
   CHECK(r.col.duplicate_finishes == 0);
 }
+
+TEST_CASE("router: log-probabilities stay paired with their tokens through reordering and duplicates") {
+  rig r(small_limits(), 1);
+  r.submit("lp", 8);
+  REQUIRE(r.boxes[0]->wait_submits(1));
+  auto lp = [](std::vector<int32_t> ts) {
+    std::vector<token_logprobs> v;
+    for (int32_t t : ts) v.push_back({t, -float(t), {{t, -float(t)}}});
+    return v;
+  };
+  r.send(make_event("lp", {10}, finish_reason::none, nullptr, 0, 0, "prefill", 0, lp({10})));
+  r.send(make_event("lp", {12}, finish_reason::none, nullptr, 0, 0, "decode", 2, lp({12})));  // early: held back
+  r.send(make_event("lp", {10, 11}, finish_reason::none, nullptr, 0, 0, "decode", 0, lp({10, 11})));  // 10 again
+  r.send(make_event("lp", {13}, finish_reason::length, nullptr, 0, 0, "decode", 3, lp({13})));
+  REQUIRE(r.col.wait_finished(1));
+  CHECK(r.col.tokens("lp") == std::vector<int32_t>{10, 11, 12, 13});
+  std::lock_guard lk(r.col.m);
+  for (const auto& ev : r.col.events["lp"]) {
+    REQUIRE(ev.logprobs.size() == ev.tokens.size());
+    for (size_t i = 0; i < ev.tokens.size(); ++i) {
+      CHECK(ev.logprobs[i].token == ev.tokens[i]);
+      CHECK(ev.logprobs[i].logprob == -float(ev.tokens[i]));
+    }
+  }
+}

@@ -41,6 +41,7 @@ struct node_spec {
   std::string name;
   std::vector<std::string> roles;
   std::map<std::string, std::string> env;
+  std::string toml = {};  ///< appended after the node's keys, e.g. a [node.cache] table
 };
 
 /// A started node: its ports, its log (stderr) and its process.
@@ -87,7 +88,7 @@ class node_cluster {
       cfg += "\n[[node]]\nname = \"" + n.name + "\"\nhost = \"127.0.0.1\"\nroles = [" + roles +
              "]\nhttp_port = " + std::to_string(n.http) + "\nrpc_port = " + std::to_string(n.rpc) +
              "\nadmin_port = " + std::to_string(n.admin) + "\ncluster_port = " + std::to_string(n.cluster) + "\n" +
-             (n.kv ? "kv_port = " + std::to_string(n.kv) + "\n" : "");
+             (n.kv ? "kv_port = " + std::to_string(n.kv) + "\n" : "") + sp.toml;
       nodes_.push_back(std::move(n));
     }
     config_ = (dir / "cluster.toml").string();

@@ -46,6 +46,28 @@ TEST_CASE("pd: router, prefill and decode processes give the single-process gree
     CHECK(got.text == want[i].text);
     CHECK(got.finish_reason == want[i].finish_reason);
   }
+  // Log-probabilities cross the nodes with their tokens (the first from the prefill node, the
+  // rest from the decode node) and equal the single process's.
+  {
+    json::writer w;
+    w.begin_object().key("prompt").str(prompts[0]).key("max_tokens").num(6).key("temperature").real(0);
+    w.key("logprobs").num(2).end_object();
+    const std::string lp_body = w.take();
+    auto one = test::post(single.http_port, "/v1/completions", lp_body);
+    auto split = test::post(pd.router().http, "/v1/completions", lp_body);
+    INFO(one.body << "\n" << split.body);
+    REQUIRE(one.status == 200);
+    REQUIRE(split.status == 200);
+    auto lp = [](const std::string& b) { return *json::parse(b).find("choices")->arr.at(0).find("logprobs"); };
+    const json::value a = lp(one.body), b = lp(split.body);
+    REQUIRE(a.find("tokens")->arr.size() == 6);
+    REQUIRE(b.find("tokens")->arr.size() == 6);
+    for (size_t i = 0; i < 6; ++i) {
+      CHECK(a.find("tokens")->arr[i].s == b.find("tokens")->arr[i].s);
+      CHECK(a.find("token_logprobs")->arr[i].num == doctest::Approx(b.find("token_logprobs")->arr[i].num).epsilon(1e-4));
+      CHECK(b.find("top_logprobs")->arr[i].obj.size() >= 1);
+    }
+  }
   // Concurrent: the same prompts, three times over, all at once (batched on both sides).
   std::vector<completion> got(prompts.size() * 3);
   std::vector<std::thread> ts;
@@ -69,7 +91,7 @@ TEST_CASE("pd: router, prefill and decode processes give the single-process gree
     }
   }
   // The KV really crossed: every request's pages were sent by prefill and received by decode.
-  const auto n = double(prompts.size() * 4);
+  const auto n = double(prompts.size() * 4 + 1);  // + the logprobs request
   auto pm = test::get(pd.prefill().http, "/metrics").body;
   auto dm = test::get(pd.decode().http, "/metrics").body;
   CHECK(series(pm, "tandem_prefill_kv_sends_total") == n);

@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
-# GPU checks (needs an NVIDIA GPU + CUDA at /usr/local/cuda): builds the CUDA kernels for
-# sm_90 and runs their tests against the CPU kernels, then prints each kernel's achieved
-# bandwidth as GB/s and as a fraction of the card's peak. Exits non-zero on any mismatch.
-# Takes well under 3 minutes on an H200 (most of it is the build).
+# GPU checks, one command: tests/gpu/run.sh (needs an NVIDIA GPU + CUDA at /usr/local/cuda or
+# nvcc on PATH). Builds tests/gpu on its own for sm_90 and runs, in one go:
+#  1. test_cuda_ops: the kernels of kernels/cuda against the CPU kernels, with each kernel's
+#     bandwidth as GB/s and as a fraction of the card's peak;
+#  2. test_cuda_backend: the CUDA backend (kernels/backend/cuda) against the CPU backend op by
+#     op (stated tolerances, batch invariance bit for bit), greedy 16 tokens of make-model
+#     presets of every architecture equal to the CPU's, decode tokens/s of small-110m at batch
+#     1 and 32, and paged decode attention and page copies as fractions of the measured
+#     device-to-device copy bandwidth.
+# Exits non-zero on any mismatch. A few minutes on an H100 (most of it the build).
 #
 # It builds tests/gpu on its own (not the whole project): the lent GPU machines have CUDA,
 # CMake and a compiler but none of Debian's packages. Where fmt is not installed it uses the
-# headers tests/gpu/prepare-deps.sh copied into build/gpu-deps (run that first, here, and carry
-# build/gpu-deps along).
+# headers tests/gpu/prepare-deps.sh copied into build/gpu-deps: run that first, here, and
+# carry build/gpu-deps along (the device tool: carry ["build/gpu-deps"], command
+# "tests/gpu/run.sh").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 nvcc=/usr/local/cuda/bin/nvcc
@@ -17,6 +24,11 @@ args=(-DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_BUILD_TYPE=Release)
 command -v ninja >/dev/null && args+=(-G Ninja)
 [[ -d build/gpu-deps ]] && args+=(-DTANDEM_GPU_DEPS="$PWD/build/gpu-deps")
 cmake -S tests/gpu -B build/gpu "${args[@]}" >/dev/null
-cmake --build build/gpu -j "$(nproc)" --target test_cuda_ops
+cmake --build build/gpu -j "$(nproc)" --target test_cuda_ops test_cuda_backend
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
-timeout 150 ./build/gpu/test_cuda_ops
+status=0
+timeout 150 ./build/gpu/test_cuda_ops || status=1
+models=$(mktemp -d)
+trap 'rm -rf "$models"' EXIT
+timeout 300 ./build/gpu/test_cuda_backend "$models" || status=1
+exit $status

@@ -96,6 +96,11 @@ while IFS= read -r expr; do
   if ! out=$(curl -s "$api/query" --data-urlencode "query=$q") || ! grep -q '"status":"success"' <<<"$out"; then
     echo "FAIL: dashboard query does not evaluate: $expr: $out"
     status=1
+  elif grep -qE '"(NaN|\+Inf|-Inf)"' <<<"$out"; then
+    # This node has no host or disk tier and little traffic: a ratio over an unconfigured tier
+    # or an idle window must show nothing, not NaN (guard the divisor with "> 0").
+    echo "FAIL: dashboard query gives NaN/Inf on an idle node without host/disk tiers: $expr: $out"
+    status=1
   fi
 done < <(jq -r '.. | objects | select(has("expr")) | .expr' "$dash")
 [[ $(jq -r '.. | objects | select(has("expr")) | .expr' "$dash" | wc -l) -gt 20 ]] || fail "found too few dashboard queries"

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/backend/cpu_backend.h"
 #include "kernels/model/arch/dense_forward.h"
 #include "kernels/gguf/gguf.h"
 #include "kernels/model/arch/registry.h"
@@ -247,4 +248,31 @@ TEST_CASE("arch: unknown architectures and inconsistent metadata are refused nam
   make_model_options bad = opt;
   bad.arch = "gpt-j";
   CHECK_THROWS_WITH(write_random_llama(bad, path), doctest::Contains("use llama, qwen2, qwen3, gemma2 or deepseek2"));
+}
+
+TEST_CASE("arch: cpu_options::make_backend builds the backend a loaded model runs on") {
+  // The CUDA backend comes in this way (tests/gpu); here a CPU backend stands in for it, and
+  // the model must run on it with the bits of the default backend of the same options.
+  for (const char* a : {"llama", "deepseek2"}) {
+    CAPTURE(a);
+    const std::string path = temp_path(std::string("hook-") + a + ".gguf");
+    make_model_options opt;
+    opt.preset = "micro";
+    opt.arch = a;
+    write_random_llama(opt, path);
+    auto f = gguf::file::open(path);
+    int made = 0;
+    cpu_options co{.threads = 1};
+    co.make_backend = [&made] {
+      ++made;
+      return backend::make_cpu_backend(cpu_options{.threads = 1});
+    };
+    auto hooked = arch::load(f, co);
+    auto plain = arch::load(f, cpu_options{.threads = 1});
+    CHECK(made == 1);
+    std::vector<float> a_last, b_last;
+    CHECK(greedy(*hooked, {1, 20, 30}, 4, a_last) == greedy(*plain, {1, 20, 30}, 4, b_last));
+    CHECK(a_last == b_last);
+    std::filesystem::remove(path);
+  }
 }

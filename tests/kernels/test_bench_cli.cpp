@@ -1,5 +1,5 @@
 // `tandem bench`: the mode dispatch and that each mode runs end to end and prints what it
-// promises (no timing is asserted; the numbers are for people, see tools/tandem/cmd_bench_*.cpp).
+// promises (no timing is asserted; the numbers are for people, see tools/bench/).
 #include <doctest/doctest.h>
 
 #include <array>
@@ -50,6 +50,7 @@ TEST_CASE("bench cli: model mode reports prefill and every decode batch with the
   CHECK(out.find("{\"batch\":1,") != std::string::npos);
   CHECK(out.find("{\"batch\":3,") != std::string::npos);
   CHECK(out.find("\"roofline_fraction\":") != std::string::npos);
+  CHECK(out.find("\"kv_pools\":[{\"name\":\"full\"") != std::string::npos);  // a llama: one full pool
   std::tie(rc, out) = run("bench model --model " + model + " --batches 0");
   CHECK(rc == 1);
   CHECK(out.find("--batches expects") != std::string::npos);

@@ -45,7 +45,7 @@ class flaky_model final : public llama_model {
   explicit flaky_model(world& w) : w_(w) {}
   const model_config& config() const override { return inner_.config(); }
   kv_layout layout(int32_t page_size) const override { return inner_.layout(page_size); }
-  void forward(std::span<const batch_seq> batch, kv_pool& pool, std::vector<float>& logits) override;
+  void forward(std::span<const batch_seq> batch, kv_pools& pools, std::vector<float>& logits) override;
 
  private:
   world& w_;
@@ -438,7 +438,7 @@ struct world : gate_fault {
   }
 };
 
-void flaky_model::forward(std::span<const batch_seq> batch, kv_pool& pool, std::vector<float>& logits) {
+void flaky_model::forward(std::span<const batch_seq> batch, kv_pools& pool, std::vector<float>& logits) {
   if (w_.rng.chance(w_.f.forward_fail)) {
     ++w_.faults;
     w_.note(fmt::format("fault: forward pass of {} sequence(s) fails", batch.size()));

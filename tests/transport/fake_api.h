@@ -191,6 +191,12 @@ class fake_api final : public serving_api {
       token_event e;
       e.request_id = j.req.request_id;
       e.tokens = std::move(t);
+      if (j.req.logprobs >= 0)  // token id k at -0.25, then k+1, k+2, ... one nat apart
+        for (int32_t id : e.tokens) {
+          token_logprobs lp{id, -0.25f, {}};
+          for (int32_t k = 0; k < j.req.logprobs; ++k) lp.top.push_back({id + k, -0.25f - float(k)});
+          e.logprobs.push_back(std::move(lp));
+        }
       e.prompt_tokens = static_cast<int32_t>(j.req.prompt.size());
       e.completion_tokens = n;
       return e;

@@ -18,9 +18,11 @@ TEST_CASE("request params: fields are classified per route") {
   CHECK(transport::classify_field("messages", true) == field_policy::honoured);
   CHECK(transport::classify_field("user", true) == field_policy::advisory);
   CHECK(transport::classify_field("metadata", false) == field_policy::advisory);
-  CHECK(transport::classify_field("echo", false) == field_policy::refused);
+  CHECK(transport::classify_field("echo", false) == field_policy::honoured);
+  CHECK(transport::classify_field("suffix", false) == field_policy::refused);
   CHECK(transport::classify_field("echo", true) == field_policy::unknown);
-  CHECK(transport::classify_field("top_logprobs", true) == field_policy::refused);
+  CHECK(transport::classify_field("top_logprobs", true) == field_policy::honoured);
+  CHECK(transport::classify_field("best_of", false) == field_policy::refused);
   CHECK(transport::classify_field("presence_penalty", true) == field_policy::honoured);
   CHECK(transport::classify_field("logit_bias", false) == field_policy::honoured);
   CHECK(transport::classify_field("no_such_thing", true) == field_policy::unknown);
@@ -32,13 +34,13 @@ TEST_CASE("request params: neutral values of refused fields pass, others are nam
     "top_logprobs":null,"response_format":{"type":"text"},"tools":[],"tool_choice":"none","parallel_tool_calls":true,
     "user":"u","store":false,"metadata":{"a":"b"},"service_tier":"auto","messages":[]})");
   CHECK_FALSE(transport::check_fields(defaults, true).has_value());
-  auto e = transport::check_fields(json::parse(R"({"prompt":"a","echo":true})"), false);
+  auto e = transport::check_fields(json::parse(R"({"prompt":"a","best_of":2})"), false);
   REQUIRE(e.has_value());
-  CHECK(e->param == "echo");
-  CHECK(e->message.find("send false") != std::string::npos);
-  e = transport::check_fields(json::parse(R"({"messages":[],"top_logprobs":3})"), true);
+  CHECK(e->param == "best_of");
+  CHECK(e->message.find("send 1") != std::string::npos);
+  e = transport::check_fields(json::parse(R"({"prompt":"a","suffix":"b"})"), false);
   REQUIRE(e.has_value());
-  CHECK(e->param == "top_logprobs");
+  CHECK(e->param == "suffix");
   e = transport::check_fields(json::parse(R"({"prompt":"a","bogus":1})"), false);
   REQUIRE(e.has_value());
   CHECK(e->param == "bogus");

@@ -21,6 +21,7 @@
 #include "actors/runtime/actor_cluster.h"
 #include "actors/runtime/embedded_cluster.h"
 #include "kernels/tokenizer/tokenizer.h"
+#include "actors/common/limits_table.h"
 #include "tools/tandem/commands.h"
 #include "tools/tandem/config_report.h"
 #include "tools/tandem/exit_codes.h"
@@ -35,10 +36,43 @@ namespace tandem::cli {
 
 namespace {
 
-int32_t positive_i32(const flags& f, const std::string& name) {
-  int64_t v = f.num(name);
-  if (v <= 0 || v > INT32_MAX) throw usage_error("flag --" + name + " = " + std::to_string(v) + " must be a positive 32-bit integer");
-  return static_cast<int32_t>(v);
+/// The flags of the limits that `tandem serve --model` takes (limits_table.h's serve_flag),
+/// with the table's meaning and default; --threads defaults to the physical cores instead.
+void declare_limit_flags(flags& f) {
+  for (const auto& l : limit_fields()) {
+    if (!l.serve_flag) continue;
+    std::string def = l.boolean ? "off" : l.default_text();
+    if (std::string(l.key) == "threads") def = std::to_string(physical_cores());
+    std::string help = l.meaning;
+    if (l.boolean) help = "on: " + help + "; off: not";
+    f.opt(l.serve_flag, help, def);
+  }
+}
+
+/// Reads those flags into `lim`, each checked against the table's bounds (message names the flag).
+void read_limit_flags(const flags& f, limits& lim) {
+  for (const auto& l : limit_fields()) {
+    if (!l.serve_flag) continue;
+    const std::string name = l.serve_flag;
+    if (l.boolean) {
+      const std::string v = f.str(name);
+      if (v != "on" && v != "off") throw usage_error("flag --" + name + " = '" + v + "' is not a switch; use on or off");
+      l.set(lim, v == "on");
+      continue;
+    }
+    const int64_t v = f.num(name);
+    if (v < l.min || v > l.max)
+      throw usage_error(fmt::format("flag --{} = {} must be {}; {}", name, v, l.range_text(), l.fix));
+    l.set(lim, v);
+  }
+}
+
+/// Every limit flag: with --config the file sets them.
+std::vector<std::string> limit_flag_names() {
+  std::vector<std::string> r;
+  for (const auto& l : limit_fields())
+    if (l.serve_flag) r.emplace_back(l.serve_flag);
+  return r;
 }
 
 int port_flag(const flags& f, const std::string& name) {
@@ -103,12 +137,12 @@ void configure_partial_node(const cluster_config& cfg, const node_config& node, 
 /// Fills the options from the node `--node` of the config `--config`, after every check of
 /// `tandem check-config`; exits 1 with the same messages if the config is invalid.
 void configure_from_file(const flags& f, cluster_options& co, front_end_options& fo) {
-  for (const char* flag : {"model", "host", "port", "rpc-port", "admin-port", "threads", "page-size", "kv-cache-mb", "max-running-seqs",
-                           "max-queued-requests", "max-body-bytes", "host-ratio", "host-size-gb",
+  std::vector<std::string> file_set = limit_flag_names();
+  for (const char* flag : {"model", "host", "port", "rpc-port", "admin-port", "host-ratio", "host-size-gb",
                            "cache-write-policy", "cache-disk-dir", "cache-disk-size-gb", "min-load-back-tokens",
-                           "max-queued-tokens", "max-queue-wait-ms", "queue-timeout-ms", "request-timeout-ms",
-                           "rate-limit-rps", "rate-limit-burst", "router-policy", "device-pages", "router-migration",
-                           "kernels", "kv-cache-dtype"})
+                           "router-policy", "router-migration", "kernels", "kv-cache-dtype"})
+    file_set.emplace_back(flag);
+  for (const auto& flag : file_set)
     if (f.has(flag))
       throw usage_error(fmt::format("flag --{} conflicts with --config: the config file sets it; edit the file instead",
                                       flag));
@@ -234,13 +268,6 @@ int serve(args a) {
       .opt("port", "HTTP port (OpenAI API); 0 picks a free port", "8080")
       .opt("rpc-port", "Cap'n Proto RPC port; 0 picks a free port", "8081")
       .opt("admin-port", "admin port for `tandem inspect`; 0 picks a free port (default: no admin port)")
-      .opt("threads", "kernel threads of the worker; defaults to the physical cores hwloc finds",
-           std::to_string(physical_cores()))
-      .opt("page-size", "tokens per KV page", "16")
-      .opt("kv-cache-mb", "KV cache size in MiB", "256")
-      .opt("max-running-seqs", "decode batch size", "32")
-      .opt("max-queued-requests", "requests waiting for prefill before new ones get 503", "256")
-      .opt("max-body-bytes", "largest HTTP request body", "4194304")
       .opt("log-level", "trace, debug, info, warn, error", "info")
       .opt("log-format", "text, or json: one object per line with ts, level, actor, request_id, msg", "text")
       .opt("config", "cluster config file (TOML, see docs/config.md); checked like `tandem check-config` first")
@@ -253,13 +280,6 @@ int serve(args a) {
       .opt("min-load-back-tokens", "shorter host/disk hits are recomputed (0 = one page)", "0")
       .opt("api-key-file", "API keys, one per line (chmod 600); every HTTP route but --auth-allowlist, the RPC and the admin port then need one")
       .opt("auth-allowlist", "comma-separated HTTP paths served without a key", "/health,/health/ready")
-      .opt("max-queued-tokens", "prompt tokens waiting for prefill before new requests get 503", "262144")
-      .opt("max-queue-wait-ms", "503 when the estimated prefill queue wait would exceed this (0 = off)", "0")
-      .opt("queue-timeout-ms", "504 for a request still queued this long (0 = off)", "0")
-      .opt("request-timeout-ms", "deadline of every request", "600000")
-      .opt("rate-limit-rps", "per-client (bearer token, else address) requests/s before 429 (0 = off)", "0")
-      .opt("rate-limit-burst", "per-client bucket size (0 = --rate-limit-rps)", "0")
-      .opt("device-pages", "KV pages of the device pool (0 = from --kv-cache-mb)", "0")
       .opt("router-policy", "round_robin, power_of_two or cache_aware", "round_robin")
       .opt("kernels",
            "CPU kernel path: best (the widest vector path), scalar, avx2, avx512, or amx (f16/bf16 matmuls on "
@@ -273,9 +293,8 @@ int serve(args a) {
            "on")
       .opt("chat-template-file",
            "a Jinja chat template that replaces the model's tokenizer.chat_template for /v1/chat/completions "
-           "(default: the model's, else the Llama-2 format; docs/chat_templates.md)")
-      .opt("accept-any-model-name", "on: a request naming another model is served by this one; off: 404 model_not_found",
-           "off");
+           "(default: the model's, else the Llama-2 format; docs/chat_templates.md)");
+  declare_limit_flags(f);
   if (!f.parse(a)) {
     std::fprintf(stderr, "usage: tandem serve --model FILE [options]\n       tandem serve --config FILE --node NAME\n%s",
                  f.help().c_str());
@@ -295,37 +314,13 @@ int serve(args a) {
     if (f.has("node")) throw usage_error("--node NAME needs --config FILE");
     if (f.str("model").empty()) throw usage_error("--model FILE is required (write one with `tandem make-model`)");
     co.model_path = f.str("model");
-    co.lim.threads = positive_i32(f, "threads");
-    co.lim.page_size = positive_i32(f, "page-size");
-    co.lim.kv_cache_mb = positive_i32(f, "kv-cache-mb");
-    co.lim.max_running_seqs = positive_i32(f, "max-running-seqs");
-    co.lim.max_queued_requests = positive_i32(f, "max-queued-requests");
-    co.lim.max_queued_tokens = f.num("max-queued-tokens");
-    co.lim.request_timeout_ms = positive_i32(f, "request-timeout-ms");
-    auto non_negative_i32 = [&](const std::string& name) {
-      int64_t v = f.num(name);
-      if (v < 0 || v > INT32_MAX)
-        throw usage_error("flag --" + name + " = " + std::to_string(v) + " must be an integer >= 0 (0 = off)");
-      return static_cast<int32_t>(v);
-    };
-    co.lim.max_queue_wait_ms = non_negative_i32("max-queue-wait-ms");
-    co.lim.queue_timeout_ms = non_negative_i32("queue-timeout-ms");
-    co.lim.rate_limit_rps = non_negative_i32("rate-limit-rps");
-    co.lim.rate_limit_burst = non_negative_i32("rate-limit-burst");
-    co.lim.device_pages = non_negative_i32("device-pages");
+    read_limit_flags(f, co.lim);
     co.router_policy = f.str("router-policy");
     co.kernel_isa = f.str("kernels");
     co.kv_cache_dtype = f.str("kv-cache-dtype");
     if (f.str("router-migration") != "on" && f.str("router-migration") != "off")
       throw usage_error("flag --router-migration = '" + f.str("router-migration") + "' is not a switch; use on or off");
     co.lim.router_migration = f.str("router-migration") == "on";
-    if (f.str("accept-any-model-name") != "on" && f.str("accept-any-model-name") != "off")
-      throw tandem::error("flag --accept-any-model-name = '" + f.str("accept-any-model-name") +
-                          "' is not a switch; use on or off");
-    co.lim.accept_any_model_name = f.str("accept-any-model-name") == "on";
-    int64_t body = f.num("max-body-bytes");
-    if (body <= 0) throw usage_error("flag --max-body-bytes = " + std::to_string(body) + " must be > 0");
-    co.lim.max_body_bytes = body;
     fo.host = f.str("host");
     fo.http_port = port_flag(f, "port");
     fo.rpc_port = port_flag(f, "rpc-port");

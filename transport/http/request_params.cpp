@@ -44,18 +44,18 @@ constexpr field_rule rules[] = {
     {"prompt_cache_key", both, field_policy::advisory, ""},
     {"safety_identifier", both, field_policy::advisory, ""},
     // refused (not honoured yet)
-    {"logprobs", both, field_policy::refused, "false"},
-    {"top_logprobs", chat_route, field_policy::refused, "0"},
+    {"logprobs", both, field_policy::honoured, ""},
+    {"top_logprobs", chat_route, field_policy::honoured, ""},
     {"presence_penalty", both, field_policy::honoured, ""},
     {"frequency_penalty", both, field_policy::honoured, ""},
     {"repetition_penalty", both, field_policy::honoured, ""},
     {"min_p", both, field_policy::honoured, ""},
     {"logit_bias", both, field_policy::honoured, ""},
     {"best_of", completions, field_policy::refused, "1"},
-    {"echo", completions, field_policy::refused, "false"},
+    {"echo", completions, field_policy::honoured, ""},
     {"suffix", completions, field_policy::refused, "\"\""},
     // Chat: rendered by the model's chat template (transport/chat); a model without one refuses
-    // them there, naming --chat-template-file. Tool calls come back as text until they are parsed.
+    // them there, naming --chat-template-file. The reply's calls are parsed (transport/chat/tool_call_parser.h).
     {"tools", chat_route, field_policy::honoured, ""},
     {"tools", completions, field_policy::refused, "[]"},
     {"tool_choice", both, field_policy::refused, "\"none\""},

@@ -39,9 +39,9 @@ std::vector<float> optional_vector_weight(const tensor_view& t, const std::strin
   return vector_weight(t, name, n);
 }
 
-size_t check_batch(std::span<const batch_seq> batch, const model_config& c, const kv_pool& pool,
+size_t check_batch(std::span<const batch_seq> batch, const model_config& c, const kv_pools& pools,
                    std::vector<int32_t>& tokens, std::vector<int32_t>& positions) {
-  const int32_t ps = pool.layout().page_size;
+  const int32_t ps = pools.set().page_size();
   tokens.clear();
   positions.clear();
   size_t n_logits = 0;
@@ -54,16 +54,25 @@ size_t check_batch(std::span<const batch_seq> batch, const model_config& c, cons
     if (c.n_ctx > 0 && end > c.n_ctx)
       throw tandem::error(fmt::format("batch sequence {}: positions up to {} exceed the context length {}", s, end,
                                       c.n_ctx));
-    if (int64_t(b.pages.size()) * ps < end)
-      throw tandem::error(fmt::format("batch sequence {}: {} pages of {} tokens cannot hold {} positions; "
-                                      "allocate more pages",
-                                      s, b.pages.size(), ps, end));
-    // Every page attention reads ([0, end)), not only the ones written now.
-    for (int64_t i = 0; i < (end + ps - 1) / ps; ++i) {
-      const int32_t page = b.pages[size_t(i)];
-      if (page < 0 || page >= pool.n_pages())
-        throw tandem::error(fmt::format("batch sequence {}: page id {} is outside the pool of {} pages", s, page,
-                                        pool.n_pages()));
+    if (b.pool_pages.empty() ? pools.size() != 1 : b.pool_pages.size() != pools.size())
+      throw tandem::error(fmt::format("batch sequence {}: {} page tables for {} KV pools ({})", s,
+                                      b.pool_pages.empty() ? 1 : b.pool_pages.size(), pools.size(),
+                                      pools.set().describe()));
+    for (size_t p = 0; p < pools.size(); ++p) {
+      const std::span<const int32_t> table = b.pages_of(p);
+      const kv_pool_spec& spec = pools.set().pools[p];
+      const kv_pool& pool = pools[p];
+      if (int64_t(table.size()) * ps < end)
+        throw tandem::error(fmt::format("batch sequence {}: {} pages of {} tokens cannot hold {} positions; "
+                                        "allocate more pages",
+                                        s, table.size(), ps, end));
+      // Every page attention reads ([first live block, end)), not only the ones written now.
+      for (int64_t i = spec.first_live_block(b.pos); i < (end + ps - 1) / ps; ++i) {
+        const int32_t page = table[size_t(i)];
+        if (page < 0 || page >= pool.n_pages())
+          throw tandem::error(fmt::format("batch sequence {}: page id {} is outside the {} pool of {} pages", s,
+                                          page, spec.name, pool.n_pages()));
+      }
     }
     for (size_t i = 0; i < b.tokens.size(); ++i) {
       if (b.tokens[i] < 0 || b.tokens[i] >= c.n_vocab)

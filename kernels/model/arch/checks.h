@@ -25,10 +25,11 @@ std::vector<float> vector_weight(const tensor_view& t, const std::string& name, 
 std::vector<float> optional_vector_weight(const tensor_view& t, const std::string& name, int64_t n);
 
 /// Throws tandem::error naming the sequence when a position is negative or beyond the context,
-/// a sequence wants logits without new tokens, its pages cannot hold its positions or lie
-/// outside `pool`, or a token id is outside the vocabulary. Fills `tokens` and `positions` with
-/// the batch's new tokens in order and returns how many sequences want logits.
-size_t check_batch(std::span<const batch_seq> batch, const model_config& c, const kv_pool& pool,
+/// a sequence wants logits without new tokens, it has not one page table per pool, its pages
+/// cannot hold its positions or (those the step reads) lie outside their pool, or a token id is
+/// outside the vocabulary. Fills `tokens` and `positions` with the batch's new tokens in order
+/// and returns how many sequences want logits.
+size_t check_batch(std::span<const batch_seq> batch, const model_config& c, const kv_pools& pools,
                    std::vector<int32_t>& tokens, std::vector<int32_t>& positions);
 
 }  // namespace tandem::arch

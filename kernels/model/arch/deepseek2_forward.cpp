@@ -40,7 +40,7 @@ class deepseek2_model final : public arch::layered_model {
   void build_rope(int64_t T) override;
   const float* attn_norm(int32_t l) const override { return layers_[size_t(l)].attn_norm.data(); }
   const float* ffn_norm(int32_t l) const override { return layers_[size_t(l)].ffn_norm.data(); }
-  void attention(int32_t l, kv_pool& pool, int64_t T) override;
+  void attention(int32_t l, const arch::layer_kv& kv, int64_t T) override;
   void ffn(int32_t l, int64_t T) override;
 
   deepseek2_weights w_;
@@ -195,7 +195,8 @@ void deepseek2_model::build_rope(int64_t T) {
               rope_freqs_.empty() ? nullptr : rope_freqs_.data(), &c.yarn, rope_magnitude_);
 }
 
-void deepseek2_model::attention(int32_t l, kv_pool& pool, int64_t T) {
+void deepseek2_model::attention(int32_t l, const arch::layer_kv& kv, int64_t T) {
+  kv_pool& pool = kv.pool;  // one pool holds every layer (pools_layout is the single set)
   const model_config& c = config_;
   const layer& L = layers_[size_t(l)];
   backend::ops& o = *ops_;
@@ -228,7 +229,7 @@ void deepseek2_model::attention(int32_t l, kv_pool& pool, int64_t T) {
   float* row = kva;
   o.copy_rows(lat, kvr, row, lat_w, T, kvr);
   o.copy_rows(kpe, rd, row + kvr, lat_w, T, rd);
-  o.kv_write(pool, l, 0, plan_.slots, row, lat_w);
+  o.kv_write(pool, kv.layer, 0, plan_.slots[kv.index], row, lat_w);
   // Per head: q_pe roped, q_nope absorbed into latent space through W_UK (head-major), every
   // head's small matmul in one call.
   float* qpe = qpe_->floats(size_t(H * T * rd));
@@ -252,10 +253,10 @@ void deepseek2_model::attention(int32_t l, kv_pool& pool, int64_t T) {
                                         .q_pe = qpe + off * rd,
                                         .n_tokens = int64_t(b->tokens.size()),
                                         .pos0 = b->pos,
-                                        .pages = b->pages,
+                                        .pages = b->pages_of(kv.index),
                                         .out = olat + off * kvr});
     }
-  o.mla_attention(calls_, int32_t(kvr), int32_t(rd), kq_scale_, pool, l);
+  o.mla_attention(calls_, int32_t(kvr), int32_t(rd), kq_scale_, pool, kv.layer);
   // Per head: back out of latent space through W_UV (one call), then the output projection.
   float* ov = ov_->floats(size_t(T * H * vd));
   float* head_out = head_out_->floats(size_t(H * T * vd));
@@ -342,7 +343,7 @@ std::unique_ptr<llama_model> make_deepseek2_model(const deepseek2_weights& w, kv
 }
 
 std::unique_ptr<llama_model> make_cpu_deepseek2(const deepseek2_weights& w, const cpu_options& opt) {
-  return make_deepseek2_model(w, opt.kv, backend::make_cpu_backend(opt));
+  return make_deepseek2_model(w, opt.kv, opt.make_backend ? opt.make_backend() : backend::make_cpu_backend(opt));
 }
 
 }  // namespace tandem

@@ -32,7 +32,7 @@ class dense_model final : public arch::layered_model {
   void build_rope(int64_t T) override;
   const float* attn_norm(int32_t l) const override { return layers_[size_t(l)].attn_norm.data(); }
   const float* ffn_norm(int32_t l) const override { return layers_[size_t(l)].ffn_norm.data(); }
-  void attention(int32_t l, kv_pool& pool, int64_t T) override;
+  void attention(int32_t l, const arch::layer_kv& kv, int64_t T) override;
   void ffn(int32_t l, int64_t T) override;
 
   llama_weights w_;
@@ -121,7 +121,7 @@ void dense_model::build_rope(int64_t T) {
               rope_freqs_.empty() ? nullptr : rope_freqs_.data(), &c.yarn, yarn_rope_magnitude(c.yarn, false));
 }
 
-void dense_model::attention(int32_t l, kv_pool& pool, int64_t T) {
+void dense_model::attention(int32_t l, const arch::layer_kv& kv, int64_t T) {
   const model_config& c = config_;
   const layer& L = layers_[size_t(l)];
   backend::ops& o = *ops_;
@@ -147,16 +147,19 @@ void dense_model::attention(int32_t l, kv_pool& pool, int64_t T) {
   // versus (q.k) * scale shows); the kernel then multiplies by 1.
   if (c.attn_scale > 0.0f) o.scale(q, T * qd, c.attn_scale);
   // K and V of every new position into its page slot, then every sequence's attention at once.
-  o.kv_write(pool, l, 0, plan_.slots, k, kd);
-  o.kv_write(pool, l, 1, plan_.slots, v, kd);
+  o.kv_write(kv.pool, kv.layer, 0, plan_.slots[kv.index], k, kd);
+  o.kv_write(kv.pool, kv.layer, 1, plan_.slots[kv.index], v, kd);
   attn_.clear();
   for (const auto& [t0, b] : plan_.starts)
-    attn_.push_back(backend::attention_seq{
-        .q = q + t0 * qd, .n_tokens = int64_t(b->tokens.size()), .pos0 = b->pos, .pages = b->pages, .out = att + t0 * qd});
+    attn_.push_back(backend::attention_seq{.q = q + t0 * qd,
+                                           .n_tokens = int64_t(b->tokens.size()),
+                                           .pos0 = b->pos,
+                                           .pages = b->pages_of(kv.index),
+                                           .out = att + t0 * qd});
   const backend::attention_params ap{.scale = c.attn_scale > 0.0f ? 1.0f : 0.0f,
                                      .softcap = c.attn_softcap,
                                      .window = c.is_swa_layer(l) ? c.sliding_window : 0};
-  o.attention(attn_, c.n_head, pool, l, ap);
+  o.attention(attn_, c.n_head, kv.pool, kv.layer, ap);
   float* tmp = tmp_->floats(size_t(T * c.n_embd));
   o.matmul(L.attn_output, att, T, tmp);
   if (!L.attn_post_norm.empty()) o.rms_norm(tmp, L.attn_post_norm.data(), tmp, T, c.n_embd, c.rms_eps);
@@ -177,7 +180,7 @@ std::unique_ptr<llama_model> make_dense_model(const llama_weights& w, kv_dtype k
 }
 
 std::unique_ptr<llama_model> make_cpu_llama(const llama_weights& w, const cpu_options& opt) {
-  return make_dense_model(w, opt.kv, backend::make_cpu_backend(opt));
+  return make_dense_model(w, opt.kv, opt.make_backend ? opt.make_backend() : backend::make_cpu_backend(opt));
 }
 
 }  // namespace tandem

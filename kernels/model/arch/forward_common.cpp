@@ -7,23 +7,22 @@
 
 namespace tandem::arch {
 
-void plan_batch(std::span<const batch_seq> batch, const model_config& c, const kv_pool& pool, const kv_layout& want,
-                batch_plan& plan) {
-  const kv_layout& have = pool.layout();
-  if (!(have == want))
-    throw tandem::error(
-        fmt::format("KV pool layout {} does not match the model's {}", have.describe(), want.describe()));
-  check_batch(batch, c, pool, plan.tokens, plan.positions);
-  const int32_t ps = have.page_size;
-  plan.slots.clear();
+void plan_batch(std::span<const batch_seq> batch, const model_config& c, const kv_pools& pools, batch_plan& plan) {
+  check_batch(batch, c, pools, plan.tokens, plan.positions);
+  const int32_t ps = pools.set().page_size();
+  plan.slots.resize(pools.size());
+  for (auto& s : plan.slots) s.clear();
   plan.starts.clear();
   plan.last.clear();
   int64_t t0 = 0;
   for (const batch_seq& b : batch) {
     if (!b.tokens.empty()) plan.starts.emplace_back(t0, &b);
-    for (size_t i = 0; i < b.tokens.size(); ++i) {
-      const int32_t p = b.pos + int32_t(i);
-      plan.slots.push_back(backend::kv_slot{b.pages[size_t(p / ps)], p % ps});
+    for (size_t k = 0; k < pools.size(); ++k) {
+      const std::span<const int32_t> table = b.pages_of(k);
+      for (size_t i = 0; i < b.tokens.size(); ++i) {
+        const int32_t p = b.pos + int32_t(i);
+        plan.slots[k].push_back(backend::kv_slot{table[size_t(p / ps)], p % ps});
+      }
     }
     t0 += int64_t(b.tokens.size());
     if (b.want_logits) plan.last.push_back(int32_t(t0 - 1));
@@ -65,9 +64,18 @@ layered_model::layered_model(const model_config& c, kv_dtype kv, std::unique_ptr
   for (auto* buf : {&x_, &xn_, &tmp_, &logits_}) *buf = ops_->make_buffer();
 }
 
-void layered_model::forward(std::span<const batch_seq> batch, kv_pool& pool, std::vector<float>& logits) {
+void layered_model::forward(std::span<const batch_seq> batch, kv_pools& pools, std::vector<float>& logits) {
   const model_config& c = config_;
-  plan_batch(batch, c, pool, layout(pool.layout().page_size), plan_);
+  const kv_pools_layout& have = pools.set();
+  const int32_t ps = have.page_size();
+  if (!(have == pools_layout(ps)) && !(have == kv_pools_layout::single(layout(ps))))
+    throw tandem::error(fmt::format("KV pool set {} does not match the model's {}", have.describe(),
+                                    pools_layout(ps).describe()));
+  layer_pool_.assign(size_t(c.n_layer), {0, 0});
+  for (size_t p = 0; p < have.pools.size(); ++p)
+    for (size_t i = 0; i < have.pools[p].layers.size(); ++i)
+      layer_pool_[size_t(have.pools[p].layers[i])] = {p, int32_t(i)};
+  plan_batch(batch, c, pools, plan_);
   logits.assign(plan_.last.size() * size_t(c.n_vocab), 0.0f);
   const int64_t T = plan_.n_tokens();
   if (T == 0) return;
@@ -80,7 +88,8 @@ void layered_model::forward(std::span<const batch_seq> batch, kv_pool& pool, std
   build_rope(T);  // the same angles for every layer
   for (int32_t l = 0; l < c.n_layer; ++l) {
     o.rms_norm(x, attn_norm(l), xn, T, e, c.rms_eps);
-    attention(l, pool, T);
+    const auto [p, pl] = layer_pool_[size_t(l)];
+    attention(l, layer_kv{pools[p], p, pl}, T);
     o.add(x, tmp_->floats(0), T * e);
     o.rms_norm(x, ffn_norm(l), xn, T, e, c.rms_eps);
     ffn(l, T);

@@ -13,20 +13,26 @@
 
 namespace tandem::arch {
 
-/// A checked batch, flattened: the new tokens in order with their positions and KV slots, the
-/// flat index of each sequence's first new token, and the rows whose logits are wanted.
+/// A checked batch, flattened: the new tokens in order with their positions and KV slots (one
+/// list per pool), the flat index of each sequence's first new token, and the rows whose logits
+/// are wanted.
 struct batch_plan {
   std::vector<int32_t> tokens, positions;
-  std::vector<backend::kv_slot> slots;
+  std::vector<std::vector<backend::kv_slot>> slots;  ///< [pool][new token]
   std::vector<std::pair<int64_t, const batch_seq*>> starts;  ///< sequences with new tokens
   std::vector<int32_t> last;                                 ///< last token of each wanting logits
   int64_t n_tokens() const { return int64_t(tokens.size()); }
 };
 
-/// Refuses a pool whose layout is not `want` (naming both) and a bad batch (check_batch);
-/// fills `plan` (its vectors reused between calls).
-void plan_batch(std::span<const batch_seq> batch, const model_config& c, const kv_pool& pool, const kv_layout& want,
-                batch_plan& plan);
+/// Refuses a bad batch (check_batch); fills `plan` (its vectors reused between calls).
+void plan_batch(std::span<const batch_seq> batch, const model_config& c, const kv_pools& pools, batch_plan& plan);
+
+/// Where one layer's KV lives: its pool, the pool's index in the set, the layer's index in it.
+struct layer_kv {
+  kv_pool& pool;
+  size_t index;
+  int32_t layer;
+};
 
 /// The output head: the final norm of the planned rows of `x` ([tokens][n_embd]) into `xn`,
 /// the output matmul into `logits` (one row per plan.last entry; through `staging` when the
@@ -48,7 +54,13 @@ class layered_model : public llama_model {
  public:
   const model_config& config() const override { return config_; }
   kv_layout layout(int32_t page_size) const override { return model_kv_layout(config_, page_size, kv_); }
-  void forward(std::span<const batch_seq> batch, kv_pool& pool, std::vector<float>& logits) final;
+  kv_pools_layout pools_layout(int32_t page_size) const override {
+    return model_pools_layout(config_, page_size, kv_);
+  }
+  using llama_model::forward;
+  /// Takes the pools of pools_layout() or the single pool of layout(); refuses any other set
+  /// naming both.
+  void forward(std::span<const batch_seq> batch, kv_pools& pools, std::vector<float>& logits) final;
 
  protected:
   layered_model(const model_config& c, kv_dtype kv, std::unique_ptr<backend::ops> ops);
@@ -58,8 +70,8 @@ class layered_model : public llama_model {
   /// Layer l's norm weights before attention and before the FFN.
   virtual const float* attn_norm(int32_t l) const = 0;
   virtual const float* ffn_norm(int32_t l) const = 0;
-  /// Layer l's attention of xn_ (the normed input) into tmp_ (T rows each).
-  virtual void attention(int32_t l, kv_pool& pool, int64_t T) = 0;
+  /// Layer l's attention of xn_ (the normed input) into tmp_ (T rows each), its KV in `kv`.
+  virtual void attention(int32_t l, const layer_kv& kv, int64_t T) = 0;
   /// Layer l's FFN of xn_ into tmp_.
   virtual void ffn(int32_t l, int64_t T) = 0;
 
@@ -77,6 +89,7 @@ class layered_model : public llama_model {
   std::unique_ptr<backend::buffer> x_, xn_, tmp_, logits_;
   backend::rope_table rope_;
   batch_plan plan_;
+  std::vector<std::pair<size_t, int32_t>> layer_pool_;  ///< per layer: pool index, layer in it
 };
 
 }  // namespace tandem::arch

@@ -70,11 +70,35 @@ try {
 
 // A parameter Tandem does not honour is refused naming it, never silently ignored.
 try {
-  await client.completions.create({ ...params, prompt: "x", echo: true });
-  check(false, "echo is refused");
+  await client.completions.create({ ...params, prompt: "x", suffix: "y" });
+  check(false, "suffix is refused");
 } catch (e) {
-  check(e instanceof OpenAI.APIError && e.status === 422 && e.param === "echo", `422 naming echo (${e.message})`);
+  check(e instanceof OpenAI.APIError && e.status === 422 && e.param === "suffix", `422 naming suffix (${e.message})`);
 }
+const echoed = await client.completions.create({ ...params, prompt: "Hello world", echo: true });
+check(echoed.choices[0].text === "Hello world" + c.choices[0].text, `echo prepends the prompt (${JSON.stringify(echoed.choices[0].text)})`);
+
+// logprobs: the same distribution sampling used; at temperature 0 the first top entry is the chosen token.
+const lpChat = await client.chat.completions.create({ ...params, messages, logprobs: true, top_logprobs: 3 });
+const content = lpChat.choices[0].logprobs?.content ?? [];
+check(content.length === lpChat.usage.completion_tokens || lpChat.choices[0].finish_reason === "stop",
+      `chat logprobs: one entry per token (${content.length} for ${lpChat.usage.completion_tokens})`);
+check(content.length > 0 && content.every((e) => e.top_logprobs.length === 3 && e.top_logprobs[0].token === e.token &&
+                                               e.top_logprobs[0].logprob === e.logprob && e.logprob <= 0),
+      "chat logprobs: at temperature 0 top_logprobs[0] is the chosen token, with its logprob");
+check(content.every((e) => e.top_logprobs.every((t, i) => i === 0 || t.logprob <= e.top_logprobs[i - 1].logprob)),
+      "chat logprobs: top_logprobs are most likely first");
+check(content.every((e) => !e.token.startsWith("bytes:")) ? content.map((e) => e.token).join("") === lpChat.choices[0].message.content : true,
+      "chat logprobs: the tokens spell the content");
+let lpStreamed = [];
+for await (const chunk of await client.chat.completions.create({ ...params, messages, logprobs: true, top_logprobs: 3, stream: true }))
+  for (const ch of chunk.choices) lpStreamed.push(...(ch.logprobs?.content ?? []));
+check(JSON.stringify(lpStreamed) === JSON.stringify(content), "chat logprobs: streamed equal the non-streamed ones");
+const lpc = await client.completions.create({ ...params, prompt: "Hello world", logprobs: 2 });
+const clp = lpc.choices[0].logprobs;
+check(clp && clp.tokens.length === lpc.usage.completion_tokens && clp.token_logprobs.length === clp.tokens.length &&
+      clp.top_logprobs.every((m, i) => Object.keys(m).length >= 1 && Object.values(m)[0] === clp.token_logprobs[i]) &&
+      clp.text_offset[0] === 0, `completions logprobs: tokens, token_logprobs, top_logprobs, text_offset (${JSON.stringify(clp).slice(0, 200)})`);
 try {
   await client.chat.completions.create({ ...params, model: "gpt-4o", messages });
   check(false, "a model not served is refused");
