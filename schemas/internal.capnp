@@ -26,6 +26,14 @@ struct SamplingParams {
   repetitionPenalty @6 :Float32 = 1.0;  # HF/llama.cpp's, over prompt + generated
   minP @7 :Float32 = 0.0;
   logitBias @8 :List(LogitBias);
+  # What the output must match (response_format, tool calls): each worker compiles it and
+  # masks every step (kernels/grammar); steps then carry penaltyGenerated to replay the state.
+  grammar @9 :GrammarSpec;
+}
+
+struct GrammarSpec {
+  kind @0 :UInt8;             # tandem::grammar_kind: 0 none, 1 json_object, 2 json_schema
+  source @1 :Text;            # the JSON schema for json_schema
 }
 
 struct LogitBias {

@@ -72,6 +72,8 @@ struct limits {
   // --- requests
   int32_t max_context = 0;               ///< 0 = the model's context length
   int32_t max_new_tokens = 4096;
+  /// Bytes of a request's response_format JSON schema (compiled by every worker that samples it).
+  int32_t max_grammar_bytes = 65536;
   /// A request naming a model this server does not serve is answered (with the served model)
   /// instead of 404 model_not_found: for clients that hard-code a model name.
   bool accept_any_model_name = false;

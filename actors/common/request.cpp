@@ -19,6 +19,11 @@ sampling_params read_sampling(schema::SamplingParams::Reader sp) {
   auto lb = sp.getLogitBias();
   p.logit_bias.reserve(lb.size());
   for (auto e : lb) p.logit_bias.emplace_back(e.getToken(), e.getBias());
+  if (sp.hasGrammar()) {
+    auto g = sp.getGrammar();
+    p.grammar.kind = grammar_kind(g.getKind());  // an unknown kind fails at the worker's compile
+    p.grammar.source = g.getSource().cStr();
+  }
   return p;
 }
 
@@ -38,13 +43,18 @@ void write_sampling(schema::SamplingParams::Builder sp, const sampling_params& p
       lb[i].setBias(p.logit_bias[i].second);
     }
   }
+  if (p.grammar.active()) {
+    auto g = sp.initGrammar();
+    g.setKind(uint8_t(p.grammar.kind));
+    g.setSource(p.grammar.source);
+  }
 }
 
 void write_step_sampling(schema::SeqStep::Builder st, const seq_request& r) {
   write_sampling(st.initSampling(), r.sampling);
   const auto& p = r.sampling;
   if (p.repetition_penalty != 1.0f) fill_list([&](unsigned n) { return st.initPenaltyPrompt(n); }, r.prompt);
-  if (p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f)
+  if (p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || p.grammar.active())
     fill_list([&](unsigned n) { return st.initPenaltyGenerated(n); }, r.generated);
   st.setTokenIndex(static_cast<int32_t>(r.generated.size()));
   st.setLogprobs(r.logprobs);

@@ -166,6 +166,7 @@ void spawn_set(actor_cluster::state& s, const actor_cluster_options& opt, int32_
   wo.page_size = opt.lim.page_size;
   wo.mailbox_bound = opt.lim.worker_mailbox;
   wo.fail_at_start = opt.worker_fails_at_start;
+  wo.grammar_vocab = opt.grammar_vocab;
   wo.host_pages = s.host_pages;
   if (s.disk_pages > 0) wo.disk_dir = opt.cache.disk_dir;
   s.worker = spawn_worker(*s.sys, s.model, wo, make_actor_logger("worker", s.sink, opt.log_level));

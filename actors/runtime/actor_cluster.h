@@ -18,6 +18,7 @@
 #include "actors/router/router_policy.h"
 #include "actors/runtime/serving_api.h"
 #include "actors/worker/kv_port.h"
+#include "kernels/grammar/matcher.h"
 #include "kernels/model/llama.h"
 
 namespace tandem {
@@ -29,6 +30,8 @@ struct actor_cluster_options {
   std::string kernels = "cpu";                 ///< the model's kernel path, for the start-up log line
   std::string node_name = "local";             ///< `node` label of the node health metrics
   int32_t eos_id = -1;
+  /// The vocabulary the worker masks with for response_format (kernels/grammar); null = none.
+  std::shared_ptr<const grammar::token_trie> grammar_vocab;
   std::string log_level = "info";
   bool log_json = false;
   std::shared_ptr<spdlog::sinks::sink> sink;   ///< default: stderr

@@ -7,6 +7,7 @@
 #include "actors/runtime/actor_cluster.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/gguf/gguf.h"
+#include "kernels/grammar/vocab.h"
 #include "kernels/model/llama.h"
 #include "kernels/tokenizer/tokenizer.h"
 
@@ -47,6 +48,7 @@ std::unique_ptr<embedded_cluster> embedded_cluster::start(const cluster_options&
   ao.kernels = fmt::format("{}, {} thread{}", cpu::to_string(cpu::resolve_isa(co.isa)), co.threads,
                            co.threads == 1 ? "" : "s");
   ao.eos_id = p->tok->eos_id();
+  ao.grammar_vocab = grammar::make_grammar_vocab(*p->tok);
   ao.log_level = opt.log_level;
   ao.log_json = opt.log_json;
   ao.node_name = opt.node_name;

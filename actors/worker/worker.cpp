@@ -44,6 +44,8 @@ struct worker_state {
   std::shared_ptr<spdlog::logger> log;
   worker_options opt;
   std::vector<float> logits;
+  std::unique_ptr<grammar::grammar_sessions> grammars;  ///< with opt.grammar_vocab
+  int64_t grammar_us = 0;  ///< time spent masking
   int64_t batches = 0, tokens = 0, failures = 0;
   histogram forward_ms{"worker_forward_ms", "Worker forward pass time (ms)", histogram::latency_ms_buckets()};
   static inline const char* name = "worker";
@@ -109,7 +111,18 @@ wire run_forward(worker_state& st, const wire& w) {
     auto hp = seqs[i].getPenaltyPrompt();
     auto hg = seqs[i].getPenaltyGenerated();
     const std::vector<int32_t> prompt_hist = to_vector(hp), gen_hist = to_vector(hg);
+    const std::string id = seqs[i].getId().cStr();
+    if (p.grammar.active()) {
+      if (!st.grammars)
+        throw tandem::error(error_kind::failed, fmt::format("request {}: this worker was started without the model's "
+                                                            "vocabulary, so it cannot apply response_format", id));
+      auto g0 = std::chrono::steady_clock::now();
+      st.grammars->constrain(id, p.grammar, gen_hist,
+                             std::span<float>(st.logits.data() + row * size_t(n_vocab), size_t(n_vocab)));
+      st.grammar_us += std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - g0).count();
+    }
     out[i] = smp.sample(lg, {prompt_hist, gen_hist});
+    if (p.grammar.active()) st.grammars->accepted(id, out[i]);
     if (const int32_t top = seqs[i].getLogprobs(); top >= 0) {
       lps.resize(seqs.size());
       lps[i] = compute_logprobs(lg, p, {prompt_hist, gen_hist}, out[i], top);
@@ -228,6 +241,8 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
   st.opt = opt;
   st.gate = std::move(gate);
   st.log = std::move(log);
+  if (opt.grammar_vocab)
+    st.grammars = std::make_unique<grammar::grammar_sessions>(opt.grammar_vocab, opt.grammar_limits);
   if (opt.fail_at_start)
     throw tandem::error(error_kind::failed,
                         fmt::format("worker of pool {} failed at start (injected: TANDEM_WORKER_FAULT=start)", opt.pool_id));
@@ -382,6 +397,19 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
             {"worker_cache_copy_failures_total", "", double(s.copy_failures), "counter",
              "Cache tier page copy ops that failed (bad checksum, missing file, I/O)"},
         };
+        const grammar::grammar_sessions::counters gc = s.grammars ? s.grammars->stats() : grammar::grammar_sessions::counters{};
+        m.push_back({"worker_grammar_steps_total", "", double(gc.steps), "counter",
+                     "Sampling steps masked by a response_format grammar"});
+        m.push_back({"worker_grammar_replays_total", "", double(gc.replays), "counter",
+                     "Grammar states rebuilt from a sequence's generated tokens (after a KV handoff, a recompute)"});
+        m.push_back({"worker_grammar_compiles_total", "", double(gc.compiles), "counter",
+                     "Grammars compiled (a bounded cache keeps them per spec)"});
+        m.push_back({"worker_grammar_rebuilds_total", "", double(gc.rebuilds), "counter",
+                     "Grammar automata dropped and rebuilt because their stack table filled up"});
+        m.push_back({"worker_grammar_sequences", "", double(s.grammars ? s.grammars->n_seqs() : 0), "gauge",
+                     "Per-sequence grammar states held (bounded; least recently used out first)"});
+        m.push_back({"worker_grammar_mask_seconds_total", "", double(s.grammar_us) / 1e6, "counter",
+                     "Time spent computing and applying grammar masks"});
         for (auto& x : s.extra_metrics) m.push_back(std::move(x));
         s.extra_metrics.clear();
         return make_stats_wire("worker", m, {&s.forward_ms});

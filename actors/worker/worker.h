@@ -14,6 +14,7 @@
 #include "actors/common/bounded_mailbox.h"
 #include "actors/common/limits.h"
 #include "actors/worker/kv_port.h"
+#include "kernels/grammar/sessions.h"
 #include "kernels/model/llama.h"
 
 namespace tandem {
@@ -37,6 +38,10 @@ struct worker_options {
   /// Test hook: the worker throws as it starts (tests/e2e/test_faults.cpp: supervision of a
   /// worker that crashes at start).
   bool fail_at_start = false;
+  /// The model's vocabulary for grammar-constrained sampling (response_format); without it a
+  /// request with a grammar fails naming the missing vocabulary.
+  std::shared_ptr<const grammar::token_trie> grammar_vocab;
+  grammar::session_limits grammar_limits;
 };
 
 /// Seed of the sampler of one token: depends only on the request seed and the token's index

@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/grammar/grammar_spec.h"
+
 namespace tandem {
 
 /// Entries of one logit_bias map: bounds the per-token work of the bias.
@@ -29,6 +31,8 @@ struct sampling_params {
   float min_p = 0.0f;
   /// (token id, bias in [-100, 100]) added to the logits before everything else.
   std::vector<std::pair<int32_t, float>> logit_bias;
+  /// The output must match this (applied by the worker as a mask before the draw).
+  grammar_spec grammar;
   /// Empty if valid, else a message naming the parameter, its value and the valid range.
   std::string validate() const;
   /// True when logits must be rewritten before the draw (bias, penalties or min_p set).

@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 secs=${1:-20}
-targets=(http rpc wire gguf kv jinja tool_calls)
+targets=(http rpc wire gguf kv jinja tool_calls grammar)
 build=build/fuzz
 start=$(date +%s)
 

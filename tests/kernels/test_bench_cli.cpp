@@ -92,3 +92,16 @@ TEST_CASE("bench cli: control-plane mode generates every token and reports CPU p
   CHECK(rc == 0);
   CHECK(out.find("us CPU per generated token") != std::string::npos);
 }
+
+TEST_CASE("bench cli: grammar mode prints the mask time per step next to the forward step") {
+  const std::string model = std::string(TANDEM_SHARED_MODELS) + "/r15m-q8_0.gguf";
+  auto [rc, out] = run("bench grammar --model " + model + " --batch 4 --steps 20 --context 4");
+  REQUIRE_MESSAGE(rc == 0, out);
+  CHECK(out.find("vocabulary 32000 tokens") != std::string::npos);
+  CHECK(out.find("mask per step (batch 4)") != std::string::npos);
+  CHECK(out.find("forward decode step (batch 4") != std::string::npos);
+  CHECK(out.find("mask / forward: mean") != std::string::npos);
+  std::tie(rc, out) = run("bench grammar");
+  CHECK(rc == 1);
+  CHECK(out.find("missing --model FILE") != std::string::npos);
+}

@@ -24,6 +24,7 @@ constexpr mode modes[] = {
     {"transfer", bench_transfer, "KV page transfer bandwidth over UCX vs memcpy (and ucx_perftest)"},
     {"serve", bench_serve, "HTTP load generator against a server: TTFT/TPOT/ITL, goodput, rejections"},
     {"burst", bench_burst, "3x-capacity burst against unbounded queues and Tandem's bounds: admitted p99 TTFT, rejections"},
+    {"grammar", bench_grammar, "response_format mask time per step at batch 16 vs the model's forward step (ratio)"},
     {"soak", bench_soak, "3x capacity for 60 s: RSS growth, mailbox and queue high water vs bounds, one answer per request"},
 };
 

@@ -19,6 +19,7 @@ int bench_cache(args a);          ///< prefix reuse across tiers (bench_cache.cp
 int bench_transfer(args a);       ///< KV page transfer over UCX (bench_transfer.cpp)
 int bench_serve(args a);          ///< HTTP load generator: TTFT/ITL/goodput (cmd_bench_serve.cpp)
 int bench_burst(args a);          ///< the overload incident: unbounded vs bounded under a 3x burst (cmd_bench_burst.cpp)
+int bench_grammar(args a);        ///< grammar mask per step vs the forward step (grammar.cpp)
 int bench_soak(args a);           ///< sustained overload: bounded RSS, mailboxes and answers (cmd_bench_soak.cpp)
 /// The model settings a benchmark runs with: [model] kernels and kv_cache_dtype names.
 struct bench_model_setup {

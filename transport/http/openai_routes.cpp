@@ -15,6 +15,7 @@
 #include "transport/http/openai_server_impl.h"
 #include "transport/http/openai_stream.h"
 #include "transport/http/request_params.h"
+#include "transport/http/response_format.h"
 #include "transport/http/tokenize_routes.h"
 
 namespace tandem {
@@ -247,6 +248,8 @@ kj::Promise<void> openai_server::impl::generate(route_id r, const std::string& t
   parse_common(body, pr, chat);
   parse_output_options(body, pr, chat);
   if (auto fe = transport::parse_sampling_extras(body, pr.gen.sampling, api.tok().n_vocab()))
+    throw http_error{fe->status, fe->message, "invalid_request_error", fe->param, fe->code, std::nullopt};
+  if (auto fe = transport::parse_response_format(body, chat, pr.gen.sampling.grammar, lim))
     throw http_error{fe->status, fe->message, "invalid_request_error", fe->param, fe->code, std::nullopt};
   // A request without `model` uses the served one; another name is 404 unless the operator
   // accepts any (clients that hard-code a model name).

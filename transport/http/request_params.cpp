@@ -34,6 +34,8 @@ constexpr field_rule rules[] = {
     {"n", both, field_policy::honoured, ""},  // n = 1 only: other values are refused where parsed
     {"prompt", completions, field_policy::honoured, ""},
     {"messages", chat_route, field_policy::honoured, ""},
+    {"response_format", both, field_policy::honoured, ""},  // transport/http/response_format.h
+    {"json_schema", completions, field_policy::honoured, ""},  // llama-server's
     // advisory: bookkeeping for OpenAI's own platform, meaningless to a self-hosted server
     {"user", both, field_policy::advisory, ""},
     {"metadata", both, field_policy::advisory, ""},
@@ -49,7 +51,6 @@ constexpr field_rule rules[] = {
     {"repetition_penalty", both, field_policy::honoured, ""},
     {"min_p", both, field_policy::honoured, ""},
     {"logit_bias", both, field_policy::honoured, ""},
-    {"response_format", both, field_policy::refused, "{\"type\":\"text\"}"},
     {"best_of", completions, field_policy::refused, "1"},
     {"echo", completions, field_policy::honoured, ""},
     {"suffix", completions, field_policy::refused, "\"\""},

@@ -126,6 +126,22 @@ const penalized = await client.chat.completions.create({ ...params, messages, ma
                                                           frequency_penalty: 1, min_p: 0.1 });
 check(typeof penalized.choices[0].message.content === "string", "penalties and min_p are accepted");
 
+// Structured output: a json_schema response_format always parses and has the schema's shape.
+{
+  const schema = { type: "object", additionalProperties: false, required: ["kind", "n"],
+                   properties: { kind: { enum: ["a", "b"] }, n: { type: "integer" } } };
+  let valid = 0;
+  for (let seed = 1; seed <= 5; seed++) {
+    const r = await client.chat.completions.create({ model, messages, max_tokens: 200, temperature: 1, seed,
+      response_format: { type: "json_schema", json_schema: { name: "x", strict: true, schema } } });
+    try {
+      const v = JSON.parse(r.choices[0].message.content);
+      if (["a", "b"].includes(v.kind) && Number.isInteger(v.n) && Object.keys(v).length === 2) valid++;
+    } catch {}
+  }
+  check(valid === 5, `json_schema outputs parse and validate (${valid} of 5)`);
+}
+
 if (failures) {
   console.error(`${failures} check(s) failed`);
   process.exit(1);
