@@ -690,19 +690,28 @@ node_report actor_cluster::inspect() const {
     if (x.actor == "supervisor") sup = &x;
     by_actor[x.actor] = &x;
   }
+  // Each actor, and whether it only stands in for a role another node runs (a proxy): such a
+  // row is marked "remote", not reported as this node's role that is not answering.
   std::vector<bounded_actor> actors;
+  std::vector<bool> remote;
   {
     std::shared_lock<std::shared_mutex> sl(s.submit_mu);
-    for (auto* a : s.all()) actors.push_back(*a);
+    for (auto* a : s.all()) {
+      actors.push_back(*a);
+      const bool local = (a == &s.router && s.has("router")) || (a == &s.prefill && s.has("prefill")) ||
+                         (a == &s.decode && s.has("decode")) || a == &s.worker || a == &s.cache;
+      remote.push_back(!local);
+    }
   }
-  for (const auto& a : actors) {
+  for (size_t i = 0; i < actors.size(); ++i) {
+    const auto& a = actors[i];
     actor_report ar;
     ar.name = a.gate->actor_name();
     ar.mailbox_depth = a.gate->depth();
     ar.mailbox_bound = a.gate->bound();
     ar.messages_handled = a.gate->accepted() - a.gate->depth();
     ar.mailbox_rejected = a.gate->rejected();
-    ar.state = s.unhealthy ? "escalated" : by_actor.count(ar.name) ? "running" : "not answering";
+    ar.state = s.unhealthy ? "escalated" : remote[i] ? "remote" : by_actor.count(ar.name) ? "running" : "not answering";
     if (sup) {
       auto sl = fmt::format("node=\"{}\",actor=\"{}\"", opt_.node_name, ar.name);
       ar.restarts = int64_t(sup->value("actor_restarts_total", sl));

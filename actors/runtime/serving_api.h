@@ -80,7 +80,7 @@ struct stats_info {
 /// One actor of a node, for `tandem inspect`.
 struct actor_report {
   std::string name;            ///< the role: router, prefill, decode, worker, cache_tier
-  std::string state;           ///< "running", "not answering" or "escalated"
+  std::string state;           ///< "running", "not answering", "escalated", or "remote" (a proxy of a role another node runs)
   int32_t mailbox_depth = 0;
   int32_t mailbox_bound = 0;
   int64_t messages_handled = 0;  ///< admitted to the mailbox and taken out of it

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "tests/e2e/cluster_harness.h"
 #include "tests/e2e/process.h"
 #include "tests/transport/fake_api.h"
 #include "transport/http/json.h"
@@ -63,4 +64,35 @@ TEST_CASE("inspect: tandem inspect lists the actors and KV pool of a running nod
   CHECK(code == 1);
   run_inspect({"nonsense"}, code);
   CHECK(code == 1);
+}
+
+TEST_CASE("inspect: a node marks the roles other nodes run as remote, its own as running") {
+  temp_dir dir;
+  const std::string model = write_micro_model(dir.path);
+  node_cluster cl(dir.path, cluster_config_head(model, "fail", true),
+                  {{"router", {"router"}, {}},
+                   {"prefill-0", {"prefill", "cache", "worker"}, {}},
+                   {"decode-0", {"decode", "cache", "worker"}, {}}});
+  INFO(cl.logs());
+  auto states = [&](const std::string& node) {
+    int code = -1;
+    auto out = run_inspect({"127.0.0.1:" + std::to_string(cl.node(node).admin), "--json"}, code);
+    INFO(out);
+    REQUIRE(code == 0);
+    auto v = json::parse(out);
+    std::map<std::string, std::string> by_name;
+    for (const auto& a : v.find("actors")->arr) by_name[a.find("name")->s] = a.find("state")->s;
+    return by_name;
+  };
+  auto router = states("router");
+  CHECK(router["router"] == "running");
+  CHECK(router["prefill"] == "remote");
+  CHECK(router["decode"] == "remote");
+  CHECK(router.count("worker") == 0);
+  auto decode = states("decode-0");
+  CHECK(decode["decode"] == "running");
+  CHECK(decode["worker"] == "running");
+  CHECK(decode["cache_tier"] == "running");
+  for (const auto& [name, state] : decode)
+    if (name != "decode" && name != "worker" && name != "cache_tier") CHECK_MESSAGE(state == "remote", name);
 }
