@@ -201,9 +201,10 @@ const limit_field* find_limit(std::string_view key) {
   return nullptr;
 }
 
-std::string check_limit(const limit_field& f, int64_t v) {
+std::string check_limit(const limit_field& f, int64_t v, const std::string& subject) {
   if (v >= f.min && v <= f.max) return "";
-  return fmt::format("limits.{} = {} must be {}; {}", f.key, v, f.range_text(), f.fix);
+  return fmt::format("{} = {} must be {}; {}", subject.empty() ? std::string("limits.") + f.key : subject, v,
+                     f.range_text(), f.fix);
 }
 
 std::string limits_markdown() {

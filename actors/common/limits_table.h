@@ -40,8 +40,9 @@ struct limit_field {
 std::span<const limit_field> limit_fields();
 /// The field of `key`, or nullptr.
 const limit_field* find_limit(std::string_view key);
-/// Empty if `v` is within the field's bounds, else "limits.KEY = V must be RANGE; FIX".
-std::string check_limit(const limit_field& f, int64_t v);
+/// Empty if `v` is within the field's bounds, else "SUBJECT = V must be RANGE; FIX", where the
+/// subject names the value as the user gave it (default "limits.KEY"; a flag: "flag --NAME").
+std::string check_limit(const limit_field& f, int64_t v, const std::string& subject = "");
 /// The [limits] table of docs/config.md: key, type, default, range, serve flag, meaning.
 std::string limits_markdown();
 

@@ -61,8 +61,7 @@ void read_limit_flags(const flags& f, limits& lim) {
       continue;
     }
     const int64_t v = f.num(name);
-    if (v < l.min || v > l.max)
-      throw usage_error(fmt::format("flag --{} = {} must be {}; {}", name, v, l.range_text(), l.fix));
+    if (auto msg = check_limit(l, v, "flag --" + name); !msg.empty()) throw usage_error(msg);
     l.set(lim, v);
   }
 }
