@@ -72,6 +72,25 @@ struct KvLayout {
   # What a page holds per layer, in order; empty = the standard K and V of nKvHeads x headDim
   # in dtype. An MLA model has one "latent" component (kv_lora_rank + rope dims per token).
   components @5 :List(KvComponent);
+  # A layout of several pools (kernels/model/kv_pools.h, e.g. gemma2's full-context pool and
+  # its sliding-window pool): every pool, pool 0 first (whose page the fields above repeat).
+  # Empty = one full pool of every layer with the page above.
+  pools @6 :List(KvPoolSpec);
+}
+
+# One pool of a layout set (kv_pool_spec).
+struct KvPoolSpec {
+  name @0 :Text;              # "full", "window"
+  page @1 :KvLayout;          # its page geometry (no nested pools)
+  windowTokens @2 :Int32;     # 0 = full context; W = a token reads only the last W positions
+  layers @3 :List(Int32);     # the model layers it holds, ascending
+}
+
+# The pages of one pool other than pool 0, indexed by block; -1 = a window block released
+# (never read again). Messages that carry pages keep pool 0 in their `pages` list and the other
+# pools, in order, in `extraPools` (empty for a one-pool layout).
+struct PoolPages {
+  pages @0 :List(Int32);
 }
 
 struct KvComponent {
@@ -102,6 +121,14 @@ struct KvHello {
   nPages @4 :Int32;
   rkey @5 :Data;              # packed remote key of the pool registration
   workerAddress @6 :Data;     # the peer dials it for a data endpoint
+  extraPools @7 :List(KvPoolRegion);  # pools 1.. of the layout set (pool 0 is the fields above)
+}
+
+# Where a peer writes one more pool of a layout set.
+struct KvPoolRegion {
+  poolBase @0 :UInt64;
+  nPages @1 :Int32;
+  rkey @2 :Data;
 }
 
 enum KvDtype {
@@ -115,6 +142,7 @@ struct PageDescriptor {
   pageIds @2 :List(Int32);
   layout @3 :KvLayout;
   validTokens @4 :Int32;      # positions [0, validTokens) hold KV
+  extraPools @5 :List(PoolPages);
 }
 
 # Prefill -> decode: the sequence with its KV pages (ownership of the page refs moves).
@@ -136,6 +164,7 @@ struct KvTransferOrder {
   id @1 :Text;                # request id
   peerNode @2 :Text;
   pages @3 :List(Int32);
+  extraPools @4 :List(PoolPages);
 }
 
 # Worker -> scheduler: the transfer ended; `pages` are the caller's again (exactly once).
@@ -145,6 +174,7 @@ struct KvTransferDone {
   delivered @2 :Bool;         # destination: the KV is in the pages; source: it was written out
   pages @3 :List(Int32);
   error @4 :Text;             # why it failed (empty when delivered)
+  extraPools @5 :List(PoolPages);
 }
 
 # One sequence of a forward batch (prefill chunk or decode step).
@@ -161,6 +191,7 @@ struct SeqStep {
   penaltyPrompt @7 :List(Int32);
   penaltyGenerated @8 :List(Int32);
   logprobs @9 :Int32 = -1;    # return the sampled token's log-probability and this many top ones; -1 = none
+  extraPools @10 :List(PoolPages);  # page tables of pools 1.. (window pools: -1 before the window)
 }
 
 # Scheduler -> worker; the reply is a ForwardResult.
@@ -238,11 +269,13 @@ struct AcquireReply {
   cachedTokens @3 :Int32;
   error @4 :Error;
   retryable @5 :Bool;         # the pool could fit it once other requests free pages
+  extraPools @6 :List(PoolPages);
 }
 
 struct AllocRequest {
   id @0 :Text;
   count @1 :Int32;
+  extraCounts @2 :List(Int32);  # pages of pools 1.. (empty: none)
 }
 
 struct AllocReply {
@@ -251,11 +284,14 @@ struct AllocReply {
   error @2 :Error;
   free @3 :Int32;  # pages an allocation can have now: the free list plus evictable cached pages
   total @4 :Int32; # pages in the pool (0 = not reported)
+  extraPools @5 :List(PoolPages);
+  extraFree @6 :List(Int32);   # `free` of pools 1..
 }
 
 struct FreePages {
   id @0 :Text;
   pages @1 :List(Int32);
+  extraPools @2 :List(PoolPages);  # -1 entries are skipped
 }
 
 # Caches the full pages of `tokens` (the cache takes its own reference).
@@ -263,6 +299,7 @@ struct InsertPrefix {
   id @0 :Text;
   tokens @1 :List(Int32);
   pages @2 :List(Int32);
+  extraPools @3 :List(PoolPages);
 }
 
 # Cache tier -> worker: page copies between the tiers of the hierarchical KV cache. The worker
@@ -283,6 +320,7 @@ struct CacheOp {
   hash @3 :UInt64;            # chain hash of the prefix ending with this page: names the file
   parent @4 :UInt64;          # chain hash of the prefix before it (stored, checked on read)
   tokens @5 :List(Int32);     # the page's tokens (stored, checked on read)
+  pool @6 :Int32;             # which pool of the layout set the pages belong to (0 = the first)
 }
 
 struct CacheCopy {

@@ -1,0 +1,48 @@
+#pragma once
+/// A sequence's KV pages in every pool of a layout set (kernels/model/kv_pools.h) and their one
+/// codec on the wire: the messages that carry pages keep pool 0 in `pages` (as before pools)
+/// and pools 1.. in `extraPools`, so a one-pool layout's messages are unchanged.
+#include <cstdint>
+#include <vector>
+
+#include "actors/common/wire.h"
+#include "kernels/base/error.h"
+
+namespace tandem {
+
+/// Pages per pool, pool 0 first, indexed by block; window pools hold -1 for released blocks.
+using pool_pages = std::vector<std::vector<int32_t>>;
+
+/// Pools one message may carry (a layout set has at most this many).
+constexpr unsigned max_kv_pools = 8;
+
+/// Writes `p` into a builder with `pages` and `extraPools` fields.
+template <class Builder>
+void write_pool_pages(Builder b, const pool_pages& p) {
+  if (p.empty()) return;
+  auto l0 = b.initPages(static_cast<unsigned>(p[0].size()));
+  for (size_t i = 0; i < p[0].size(); ++i) l0.set(static_cast<unsigned>(i), p[0][i]);
+  if (p.size() < 2) return;
+  auto ex = b.initExtraPools(static_cast<unsigned>(p.size() - 1));
+  for (size_t k = 1; k < p.size(); ++k) {
+    auto l = ex[static_cast<unsigned>(k - 1)].initPages(static_cast<unsigned>(p[k].size()));
+    for (size_t i = 0; i < p[k].size(); ++i) l.set(static_cast<unsigned>(i), p[k][i]);
+  }
+}
+
+/// Reads the pages of every pool from a reader with `pages` and `extraPools` fields; a
+/// one-pool message gives one list. Throws tandem::error (failed) beyond max_kv_pools pools.
+template <class Reader>
+pool_pages read_pool_pages(Reader r) {
+  pool_pages out;
+  auto ex = r.getExtraPools();
+  if (ex.size() + 1 > max_kv_pools)
+    throw error(error_kind::failed, "a KV page message carries " + std::to_string(ex.size() + 1) +
+                                        " pools; at most " + std::to_string(max_kv_pools) + " exist");
+  out.reserve(ex.size() + 1);
+  out.emplace_back(r.getPages().begin(), r.getPages().end());
+  for (auto e : ex) out.emplace_back(e.getPages().begin(), e.getPages().end());
+  return out;
+}
+
+}  // namespace tandem
