@@ -4,11 +4,13 @@
 
 #include <caf/all.hpp>
 #include <chrono>
+#include <unordered_set>
 
 #include "actors/cache_tier/page_allocator.h"
 #include "actors/cache_tier/page_file.h"
 #include "actors/cache_tier/radix_cache.h"
 #include "actors/common/metrics.h"
+#include "actors/common/pool_pages_wire.h"
 #include "actors/common/wire.h"
 
 namespace tandem {
@@ -28,6 +30,7 @@ struct cache_state {
   cache_tier_options opt;
   bounded_actor worker;
   std::unique_ptr<page_allocator> alloc;
+  std::vector<std::unique_ptr<page_allocator>> xalloc;  ///< pools 1.. of the layout set
   std::unique_ptr<page_allocator> host_alloc;
   std::unique_ptr<radix_cache> cache;
   std::shared_ptr<mailbox_gate> gate;
@@ -40,6 +43,21 @@ struct cache_state {
   static inline const char* name = "cache_tier";
 
   bool tiers() const { return host_alloc != nullptr; }
+  page_allocator& pool(size_t p) { return p == 0 ? *alloc : *xalloc[p - 1]; }
+  const std::string& pool_name(size_t p) const { return opt.pools.pools[p].name; }
+  /// Drops the references of `pages` (pool by pool; -1 entries skipped), counting bad frees.
+  void unref_pools(const pool_pages& pages, const std::string& id) {
+    for (size_t p = 0; p < pages.size() && p <= xalloc.size(); ++p)
+      for (auto x : pages[p]) {
+        if (x < 0 && p > 0) continue;
+        try {
+          pool(p).unref(x);
+        } catch (const tandem::error& e) {
+          ++bad_frees;
+          log->error("request {}: {}", id, e.what());
+        }
+      }
+  }
 
   tandem::error exhausted(const std::string& id, int32_t n) const {
     return tandem::error(
@@ -71,6 +89,7 @@ wire copy_wire(const std::string& id, const std::vector<copy_op>& ops) {
       o.setHost(op.host);
       o.setHash(op.hash);
       o.setParent(op.parent);
+      o.setPool(op.pool);
       fill_list([&](unsigned n) { return o.initTokens(n); }, op.tokens);
     }
   });
@@ -143,14 +162,44 @@ caf::result<wire> acquire(cache_actor_t* self, schema::AcquireRequest::Reader rq
   }
   const int32_t fresh = total - static_cast<int32_t>(m->pages.size());
   auto pages = std::make_shared<std::optional<std::vector<int32_t>>>(s.cache->alloc_device(fresh, ops));
-  auto finish = [self, m, pages, id, total, use](const copy_done& d) -> wire {
+  // Other pools: fresh pages for the blocks after the cached prefix, as many as one sequence
+  // holds at once while it is prefilled chunk by chunk (all of them for a full pool).
+  const size_t X = s.xalloc.size();
+  auto xfresh = std::make_shared<std::vector<std::vector<int32_t>>>(X);
+  auto xfail = std::make_shared<std::string>();
+  if (*pages)
+    for (size_t p = 1; p <= X; ++p) {
+      const int32_t want = std::min(s.opt.pools.pools[p].max_pages(int64_t(tokens.size()), s.opt.chunk_tokens),
+                                    fresh);
+      auto x = s.cache->alloc_pool(p, want, ops);
+      if (!x) {
+        *xfail = fmt::format("request {}: KV pool '{}' exhausted ({} pages wanted, {} of {} free); retry later "
+                             "or raise limits.kv_cache_mb / device_pages",
+                             id, s.pool_name(p), want, s.pool(p).n_free(), s.pool(p).n_pages());
+        break;
+      }
+      (*xfresh)[p - 1] = std::move(*x);
+    }
+  auto finish = [self, m, pages, xfresh, xfail, id, total, use](const copy_done& d) -> wire {
     auto& st = self->state;
-    const int32_t cached = use ? st.cache->finish_match(*m, d.failed) : 0;
+    int32_t cached = use ? st.cache->finish_match(*m, d.failed) : 0;
     flush_pending(self);
-    if (!*pages) {
-      st.alloc->unref_all(m->pages);
+    // Several pools, a disk read failed: the match is given up (its file is dropped) and the
+    // request retries; see radix_cache::finish_match.
+    const bool retry = cached < 0;
+    if (!*pages || !xfail->empty() || retry) {
+      pool_pages held{m->pages};
+      for (auto& x : m->xpages) held.push_back(x);
+      st.unref_pools(held, id);
+      if (*pages) st.alloc->unref_all(**pages);
+      for (size_t p = 1; p <= xfresh->size(); ++p) st.pool(p).unref_all((*xfresh)[p - 1]);
       ++st.alloc_failures;
-      auto err = st.exhausted(id, total - static_cast<int32_t>(m->pages.size()));
+      auto err = retry ? tandem::error(error_kind::overloaded,
+                                       fmt::format("request {}: a disk tier file of its cached prefix failed to "
+                                                   "read and was dropped; retry",
+                                                   id))
+                 : !xfail->empty() ? tandem::error(error_kind::overloaded, *xfail)
+                                   : st.exhausted(id, total - static_cast<int32_t>(m->pages.size()));
       st.log->warn("{}", err.what());
       return make_wire([&](schema::Envelope::Builder env) {
         auto r = env.initAcquireReply();
@@ -186,13 +235,22 @@ caf::result<wire> acquire(cache_actor_t* self, schema::AcquireRequest::Reader rq
     }
     std::vector<int32_t> all = m->pages;
     all.insert(all.end(), (*pages)->begin(), (*pages)->end());
+    pool_pages reply_pages{all};
+    for (size_t p = 1; p <= xfresh->size(); ++p) {
+      std::vector<int32_t> t(all.size(), -1);
+      const auto& c = p - 1 < m->xpages.size() ? m->xpages[p - 1] : std::vector<int32_t>{};
+      std::copy(c.begin(), c.end(), t.begin());
+      const size_t from = m->pages.size();
+      for (size_t i = 0; i < (*xfresh)[p - 1].size() && from + i < t.size(); ++i) t[from + i] = (*xfresh)[p - 1][i];
+      reply_pages.push_back(std::move(t));
+    }
     st.log->debug("request {}: acquired {} pages ({} cached tokens: {} device, {} host, {} disk)", id, all.size(),
                   cached, m->device_tokens, m->host_tokens, m->disk_tokens);
     return make_wire([&](schema::Envelope::Builder env) {
       auto r = env.initAcquireReply();
       r.setId(id);
       r.setOk(true);
-      fill_list([&](unsigned n) { return r.initPages(n); }, all);
+      write_pool_pages(r, reply_pages);
       r.setCachedTokens(cached);
     });
   };
@@ -207,17 +265,46 @@ caf::result<wire> alloc_reply(cache_actor_t* self, schema::AllocRequest::Reader 
   std::vector<copy_op> ops;
   std::string id = rq.getId().cStr();
   const int32_t count = rq.getCount();
-  auto pages = s.cache->alloc_device(count, ops);
+  auto first = s.cache->alloc_device(count, ops);
+  // Every pool or none: a sequence steps only with a page in each pool it writes.
+  std::optional<pool_pages> pages;
+  std::string why;
+  if (first) {
+    pages.emplace(pool_pages{std::move(*first)});
+    const auto counts = rq.getExtraCounts();
+    for (unsigned i = 0; i < counts.size() && pages; ++i) {
+      const size_t p = i + 1;
+      if (p > s.xalloc.size()) {
+        why = fmt::format("request {}: allocation for pool {} of a layout of {} pools", id, p, s.xalloc.size() + 1);
+      } else if (auto x = s.cache->alloc_pool(p, counts[i], ops)) {
+        pages->push_back(std::move(*x));
+        continue;
+      } else {
+        why = fmt::format("request {}: KV pool '{}' exhausted ({} pages wanted, {} of {} free); retry later or "
+                          "raise limits.kv_cache_mb / device_pages",
+                          id, s.pool_name(p), counts[i], s.pool(p).n_free(), s.pool(p).n_pages());
+      }
+      s.unref_pools(*pages, id);
+      pages.reset();
+    }
+  }
   if (!pages) ++s.alloc_failures;
-  auto reply = [self, pages, id, count]() {
+  auto reply = [self, pages, id, count, why]() {
     auto& st = self->state;
     return make_wire([&](schema::Envelope::Builder env) {
       auto r = env.initAllocReply();
       r.setOk(pages.has_value());
       if (pages)
-        fill_list([&](unsigned n) { return r.initPages(n); }, *pages);
+        write_pool_pages(r, *pages);
+      else if (!why.empty())
+        set_error(r.initError(), tandem::error(error_kind::overloaded, why));
       else
         set_error(r.initError(), st.exhausted(id, count));
+      if (!st.xalloc.empty()) {
+        auto xf = r.initExtraFree(static_cast<unsigned>(st.xalloc.size()));
+        for (size_t p = 1; p <= st.xalloc.size(); ++p)
+          xf.set(static_cast<unsigned>(p - 1), st.pool(p).n_free() + st.pool(p).n_evictable());
+      }
       // Cached pages no request uses are as good as free to an allocation (it evicts them);
       // reporting only the free list made a full prefix cache read as an exhausted pool.
       r.setFree(st.alloc->n_free() + st.alloc->n_evictable());
@@ -232,25 +319,19 @@ caf::result<wire> alloc_reply(cache_actor_t* self, schema::AllocRequest::Reader 
 }
 
 void free_pages(cache_state& s, schema::FreePages::Reader f) {
-  for (auto p : f.getPages()) {
-    try {
-      s.alloc->unref(p);
-    } catch (const tandem::error& e) {
-      ++s.bad_frees;
-      s.log->error("request {}: {}", f.getId().cStr(), e.what());
-    }
-  }
+  s.unref_pools(read_pool_pages(f), f.getId().cStr());
 }
 
 void insert(cache_actor_t* self, schema::InsertPrefix::Reader ins) {
   auto& s = self->state;
   if (!s.opt.prefix_cache) return;
   auto tokens = to_vector(ins.getTokens());
-  auto pages = to_vector(ins.getPages());
   std::vector<copy_op> ops;
   try {
+    const auto pages = read_pool_pages(ins);
     const bool allow = s.background_in_flight < s.opt.max_background_copies;
-    int32_t added = s.cache->insert(tokens, pages, ops, allow);
+    int32_t added = s.cache->insert(tokens, pages[0], ops, allow,
+                                    std::span<const std::vector<int32_t>>(pages).subspan(1));
     s.log->debug("request {}: cached {} new prefix pages", ins.getId().cStr(), added);
   } catch (const tandem::error& e) {
     s.log->error("request {}: prefix insert failed: {}", ins.getId().cStr(), e.what());
@@ -293,6 +374,18 @@ std::vector<metric_sample> metrics(const cache_state& s) {
                               double(s.cache->disk_pages())};
     m.push_back({"cache_pages_cached", l, cached[t], "gauge", "Pages of this tier held by the prefix cache"});
   }
+  for (size_t p = 0; p < s.opt.pools.pools.size(); ++p) {
+    const auto& a = p == 0 ? *s.alloc : *s.xalloc[p - 1];
+    auto l = fmt::format("pool=\"{}\"", s.opt.pools.pools[p].name);
+    const double pb = double(s.opt.pools.pools[p].page.page_bytes());
+    m.push_back({"kv_pool_pages_total", l, double(a.n_pages()), "gauge", "KV pages of this pool of the layout"});
+    m.push_back({"kv_pool_pages_free", l, double(a.n_free()), "gauge", "KV pages of this pool on its free list"});
+    m.push_back({"kv_pool_pages_cached", l, double(s.cache->cached_pool_pages(p)), "gauge",
+                 "KV pages of this pool held by the prefix cache"});
+    m.push_back({"kv_pool_device_bytes", l, double(a.n_pages()) * pb, "gauge", "Bytes of this pool on the device"});
+    m.push_back({"kv_pool_device_bytes_used", l, double(a.n_pages() - a.n_free()) * pb, "gauge",
+                 "Bytes of this pool's pages in use (cached or by requests)"});
+  }
   for (int t = 1; t < 3; ++t)
     m.push_back({"cache_backup_tokens_total", fmt::format("tier=\"{}\"", k_tier[t]), double(s.cache->backup_tokens(t)),
                  "counter", "Tokens copied into this tier (write-through, selective or write-back)"});
@@ -321,12 +414,16 @@ std::vector<metric_sample> metrics(const cache_state& s) {
 }
 
 caf::behavior cache_tier_actor(cache_actor_t* self, cache_tier_options opt, bounded_actor worker,
-                               std::vector<page_file_entry> disk_found, std::shared_ptr<mailbox_gate> gate,
+                               std::vector<page_file_entry> disk_found,
+                               std::vector<std::vector<page_file_entry>> disk_pools, std::shared_ptr<mailbox_gate> gate,
                                std::shared_ptr<spdlog::logger> log) {
   auto& st = self->state;
   st.opt = opt;
   st.worker = std::move(worker);
   st.alloc = std::make_unique<page_allocator>(opt.n_pages);
+  if (st.opt.pools.pools.empty()) st.opt.pools = kv_pools_layout::single(opt.layout);
+  for (size_t p = 1; p < st.opt.pools.pools.size(); ++p)
+    st.xalloc.push_back(std::make_unique<page_allocator>(p - 1 < opt.extra_pages.size() ? opt.extra_pages[p - 1] : 0));
   if (opt.host_pages > 0) st.host_alloc = std::make_unique<page_allocator>(opt.host_pages);
   radix_cache::options ro;
   ro.page_size = opt.page_size;
@@ -334,8 +431,13 @@ caf::behavior cache_tier_actor(cache_actor_t* self, cache_tier_options opt, boun
   ro.write_through_threshold = opt.cache.write_through_threshold;
   ro.min_load_back_tokens = opt.cache.min_load_back_tokens;
   ro.disk_pages = opt.host_pages > 0 ? opt.disk_pages : 0;
-  st.cache = std::make_unique<radix_cache>(*st.alloc, st.host_alloc.get(), ro);
+  ro.pools = st.opt.pools;
+  std::vector<page_allocator*> devs{st.alloc.get()};
+  for (auto& x : st.xalloc) devs.push_back(x.get());
+  st.cache = std::make_unique<radix_cache>(devs, st.host_alloc.get(), ro);
   for (const auto& e : disk_found) st.cache->add_disk_entry(e.hash);
+  for (size_t p = 1; p < disk_pools.size(); ++p)
+    for (const auto& e : disk_pools[p]) st.cache->add_disk_pool(e.hash, p);
   st.disk_restored = static_cast<int64_t>(disk_found.size());
   st.gate = std::move(gate);
   st.log = std::move(log);
@@ -388,17 +490,33 @@ caf::behavior cache_tier_actor(cache_actor_t* self, cache_tier_options opt, boun
 bounded_actor spawn_cache_tier(caf::actor_system& sys, const cache_tier_options& opt, bounded_actor worker,
                                std::shared_ptr<spdlog::logger> log) {
   std::vector<page_file_entry> found;
+  std::vector<std::vector<page_file_entry>> pool_files;
+  const kv_pools_layout set = opt.pools.pools.empty() ? kv_pools_layout::single(opt.layout) : opt.pools;
   if (opt.host_pages > 0 && opt.disk_pages > 0 && !opt.cache.disk_dir.empty()) {
-    const uint64_t fp = opt.layout.fingerprint();
-    found = scan_page_files(opt.cache.disk_dir, fp, cache_disk_file_bytes(opt.layout));
+    const uint64_t fp = pool_file_fingerprint(set, 0);
+    found = scan_page_files(opt.cache.disk_dir, fp, cache_disk_file_bytes(set.pools[0].page));
     // Over the bound (a smaller disk_size_gb than last time): the oldest files go.
     while (static_cast<int64_t>(found.size()) > opt.disk_pages) {
       remove_page_file(opt.cache.disk_dir, fp, found.front().hash);
       found.erase(found.begin());
     }
+    // Other pools' files of a block: kept where pool 0's file is (the entry), else removed.
+    pool_files.resize(set.pools.size());
+    std::unordered_set<uint64_t> kept;
+    for (const auto& e : found) kept.insert(e.hash);
+    for (size_t p = 1; p < set.pools.size(); ++p) {
+      const uint64_t fpp = pool_file_fingerprint(set, p);
+      for (const auto& e : scan_page_files(opt.cache.disk_dir, fpp, cache_disk_file_bytes(set.pools[p].page))) {
+        if (kept.count(e.hash))
+          pool_files[p].push_back(e);
+        else
+          remove_page_file(opt.cache.disk_dir, fpp, e.hash);
+      }
+    }
   }
   auto gate = std::make_shared<mailbox_gate>("cache_tier", opt.mailbox_bound);
-  auto h = sys.spawn(cache_tier_actor, opt, std::move(worker), std::move(found), gate, std::move(log));
+  auto h = sys.spawn(cache_tier_actor, opt, std::move(worker), std::move(found), std::move(pool_files), gate,
+                     std::move(log));
   return bounded_actor{h, gate};
 }
 

@@ -17,6 +17,7 @@
 #include "actors/common/bounded_mailbox.h"
 #include "actors/common/cache_config.h"
 #include "kernels/model/kv_pool.h"
+#include "kernels/model/kv_pools.h"
 
 namespace tandem {
 
@@ -30,6 +31,14 @@ struct cache_tier_options {
   int32_t host_pages = 0;    ///< L2 pages (the worker allocates the same number)
   int64_t disk_pages = 0;    ///< L3 bound in files; 0 = no disk tier
   int32_t max_background_copies = 8;  ///< backup batches in flight before backups are skipped
+  /// The KV layout set (kernels/model/kv_pools.h); empty or one pool = `layout`'s one pool.
+  /// Several pools: `n_pages` is pool 0's, `extra_pages` the others' (in order); host slots and
+  /// disk entries hold a page of every pool of their block.
+  kv_pools_layout pools;
+  std::vector<int32_t> extra_pages;
+  /// Tokens a prefill step computes at most (limits.prefill_chunk_tokens): an acquisition gets
+  /// a window pool's pages for the blocks one step reads and writes, not for the whole prompt.
+  int32_t chunk_tokens = 256;
 };
 
 /// `worker` runs the page copies (may be empty when host_pages == 0 and disk_pages == 0).

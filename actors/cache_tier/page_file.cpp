@@ -99,6 +99,13 @@ uint64_t chain_hash(uint64_t parent, std::span<const int32_t> tokens) {
   return h == 0 ? 1 : h;  // 0 is the root
 }
 
+uint64_t pool_file_fingerprint(const kv_pools_layout& set, size_t p) {
+  const uint64_t fp = set.pools.at(p).page.fingerprint();
+  if (set.pools.size() <= 1) return fp;
+  const std::vector<int32_t> salt = {int32_t(p), set.pools[p].window_tokens, int32_t(set.pools.size())};
+  return chain_hash(fp, salt);
+}
+
 std::string page_file_name(uint64_t layout_fingerprint, uint64_t hash) {
   return fmt::format("{:016x}-{:016x}.kvp", layout_fingerprint, hash);
 }

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/model/kv_pools.h"
+
 namespace tandem {
 
 /// CRC32C (Castagnoli), software slicing-by-8; `crc` continues a previous call.
@@ -21,6 +23,11 @@ uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
 /// Hash of a prefix: mixes the previous prefix's hash with the next page's tokens (64-bit,
 /// xxhash-style multiply/rotate rounds). The root prefix has hash 0.
 uint64_t chain_hash(uint64_t parent, std::span<const int32_t> tokens);
+
+/// The fingerprint that names pool p's files of a layout set: the page layout's own for a
+/// one-pool set (the files of earlier versions), else mixed with the pool's index and window
+/// so two pools of equal page geometry never share a file.
+uint64_t pool_file_fingerprint(const kv_pools_layout& set, size_t p);
 
 /// "<fingerprint 16 hex>-<hash 16 hex>.kvp"
 std::string page_file_name(uint64_t layout_fingerprint, uint64_t hash);

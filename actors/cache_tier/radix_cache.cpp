@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <unordered_set>
 
+#include <fmt/format.h>
+
 #include "actors/cache_tier/page_file.h"
 
 namespace tandem {
@@ -10,178 +12,32 @@ namespace tandem {
 radix_cache::radix_cache(page_allocator& dev, page_allocator* host, const options& opt)
     : dev_(dev), host_(host), opt_(opt) {}
 
+radix_cache::radix_cache(std::vector<page_allocator*> dev, page_allocator* host, const options& opt)
+    : dev_(*dev.at(0)), host_(host), opt_(opt) {
+  const auto& pools = opt_.pools.pools;
+  if (dev.size() > 1 || pools.size() > 1) {
+    if (pools.size() != dev.size())
+      throw tandem::error(error_kind::failed, fmt::format("radix cache: {} page allocators for a layout of {} pools",
+                                                          dev.size(), pools.size()));
+    if (pools[0].window_tokens > 0)
+      throw tandem::error(error_kind::unimplemented,
+                          fmt::format("radix cache: the first pool of a layout must keep the full context ({})",
+                                      opt_.pools.describe()));
+    if (pools.size() > 32)
+      throw tandem::error(error_kind::failed, "radix cache: more than 32 pools in a layout");
+    for (const auto& sp : pools)
+      if (sp.page.page_size != opt_.page_size)
+        throw tandem::error(error_kind::failed, fmt::format("radix cache: pool {} has page size {}, the cache {}",
+                                                            sp.name, sp.page.page_size, opt_.page_size));
+    for (size_t p = 1; p < dev.size(); ++p) dev_x_.push_back(dev[p]);
+  }
+}
+
 radix_cache::~radix_cache() = default;
-
-bool radix_cache::device_child(const node* n) const {
-  for (const auto& [k, c] : n->children)
-    if (c->dev >= 0) return true;
-  return false;
-}
-
-void radix_cache::walk(const node* n, std::vector<const node*>& out) const {
-  for (const auto& [k, c] : n->children) {
-    out.push_back(c.get());
-    walk(c.get(), out);
-  }
-}
-
-void radix_cache::remove_leaf(node* n) {
-  node* parent = n->parent;
-  auto key = n->key;  // erase destroys n
-  parent->children.erase(key);
-  --n_nodes_;
-}
-
-void radix_cache::add_disk_entry(uint64_t hash) {
-  if (!disk_tier()) return;
-  disk_[hash].last_use = ++clock_;
-}
-
-bool radix_cache::evict_disk(std::vector<copy_op>& ops) {
-  auto victim = disk_.end();
-  for (auto it = disk_.begin(); it != disk_.end(); ++it)
-    if (it->second.pins == 0 && (victim == disk_.end() || it->second.last_use < victim->second.last_use))
-      victim = it;
-  if (victim == disk_.end()) return false;
-  copy_op op;
-  op.kind = copy_op::drop_disk;
-  op.hash = victim->first;
-  ops.push_back(std::move(op));
-  disk_.erase(victim);
-  ++evictions_[2];
-  return true;
-}
-
-bool radix_cache::put_disk(node* n, std::vector<copy_op>& ops) {
-  if (!disk_tier() || n->host < 0) return false;
-  if (disk_.count(n->hash)) {
-    touch_disk(n->hash);
-    return true;
-  }
-  if (static_cast<int64_t>(disk_.size()) >= opt_.disk_pages && !evict_disk(ops)) return false;
-  copy_op op;
-  op.kind = copy_op::host_to_disk;
-  op.host = n->host;
-  op.hash = n->hash;
-  op.parent = n->parent->hash;
-  op.tokens = n->key;
-  ops.push_back(std::move(op));
-  touch_disk(n->hash);
-  backup_tokens_[2] += opt_.page_size;
-  return true;
-}
-
-bool radix_cache::evict_host(std::vector<copy_op>& ops) {
-  std::vector<const node*> all;
-  walk(&root_, all);
-  node* victim = nullptr;
-  for (const node* c : all) {
-    if (c->host < 0 || host_->refcount(c->host) != 1) continue;   // pinned by a pending load
-    if (c->dev < 0 && !c->children.empty()) continue;              // would leave a hole in the path
-    if (!victim || c->last_use < victim->last_use) victim = const_cast<node*>(c);
-  }
-  if (!victim) return false;
-  // Write-back to the disk tier: the node leaves memory, its file keeps the prefix reusable.
-  if (victim->dev < 0 && disk_tier() && !disk_.count(victim->hash)) put_disk(victim, ops);
-  host_->unref(victim->host);
-  victim->host = -1;
-  --n_host_nodes_;
-  ++evictions_[1];
-  if (victim->dev < 0) remove_leaf(victim);
-  return true;
-}
-
-std::optional<int32_t> radix_cache::take_host(std::vector<copy_op>& ops) {
-  if (!host_) return std::nullopt;
-  if (host_->n_free() == 0 && !evict_host(ops)) return std::nullopt;
-  auto r = host_->try_alloc(1);
-  if (!r) return std::nullopt;
-  return (*r)[0];
-}
-
-void radix_cache::backup(node* n, std::vector<copy_op>& ops) {
-  if (!host_tier() || n->dev < 0) return;
-  if (n->host < 0) {
-    auto h = take_host(ops);
-    if (!h) {
-      ++backups_skipped_;  // every host page is pinned by pending loads: try again on a later hit
-      return;
-    }
-    copy_op op;
-    op.kind = copy_op::device_to_host;
-    op.device = n->dev;
-    op.host = *h;
-    ops.push_back(std::move(op));
-    n->host = *h;
-    ++n_host_nodes_;
-    backup_tokens_[1] += opt_.page_size;
-  }
-  if (opt_.policy == cache_write_policy::write_through && disk_tier()) put_disk(n, ops);
-}
-
-bool radix_cache::evict_device(std::vector<copy_op>& ops) {
-  std::vector<const node*> all;
-  walk(&root_, all);
-  std::vector<node*> cand;
-  for (const node* c : all)
-    if (c->dev >= 0 && dev_.refcount(c->dev) == 1 && !device_child(c)) cand.push_back(const_cast<node*>(c));
-  std::sort(cand.begin(), cand.end(), [](const node* a, const node* b) { return a->last_use < b->last_use; });
-  for (node* v : cand) {
-    if (v->host < 0) {
-      // write_back copies on eviction; a node with children must keep a copy somewhere (its
-      // children are host-only), whatever the policy.
-      const bool copy = host_tier() && (opt_.policy == cache_write_policy::write_back || !v->children.empty());
-      if (copy) {
-        auto h = take_host(ops);
-        if (h) {
-          copy_op op;
-          op.kind = copy_op::device_to_host;
-          op.device = v->dev;
-          op.host = *h;
-          ops.push_back(std::move(op));
-          v->host = *h;
-          ++n_host_nodes_;
-          backup_tokens_[1] += opt_.page_size;
-        } else if (!v->children.empty()) {
-          continue;  // nowhere to keep it and removing it would orphan its children
-        }
-      } else if (!v->children.empty()) {
-        continue;
-      }
-    }
-    release_device(v->dev);
-    v->dev = -1;
-    --n_device_nodes_;
-    ++evictions_[0];
-    if (v->host < 0) remove_leaf(v);
-    return true;
-  }
-  return false;
-}
-
-std::optional<int32_t> radix_cache::take_device(std::vector<copy_op>& ops) {
-  if (dev_.n_free() == 0 && !evict_device(ops)) return std::nullopt;
-  auto r = dev_.try_alloc(1);
-  if (!r) return std::nullopt;
-  return (*r)[0];
-}
-
-std::optional<std::vector<int32_t>> radix_cache::alloc_device(int32_t n, std::vector<copy_op>& ops) {
-  std::vector<int32_t> out;
-  out.reserve(static_cast<size_t>(std::max(n, 0)));
-  for (int32_t i = 0; i < n; ++i) {
-    auto p = take_device(ops);
-    if (!p) {
-      dev_.unref_all(out);  // evictions done so far stay done (their ops still run)
-      return std::nullopt;
-    }
-    out.push_back(*p);
-  }
-  return out;
-}
 
 radix_cache::match_result radix_cache::match(std::span<const int32_t> tokens, int32_t max_tokens,
                                              std::vector<copy_op>& ops) {
+  if (multi()) return match_pools(tokens, max_tokens, ops);
   match_result r;
   const size_t ps = static_cast<size_t>(opt_.page_size);
   const size_t limit = std::min(tokens.size(), static_cast<size_t>(std::max(max_tokens, 0)));
@@ -312,7 +168,10 @@ int32_t radix_cache::finish_match(match_result& m, std::span<const uint32_t> fai
   bool broken = false;
   std::vector<copy_op> drop;
   for (auto& d : m.disk) {
-    if (!broken && failed.count(static_cast<uint32_t>(d.op_index))) {
+    bool bad = failed.count(static_cast<uint32_t>(d.op_index)) > 0;
+    for (size_t p = 1; p < n_pools(); ++p)
+      if (d.mask & (1u << (p - 1))) bad |= failed.count(static_cast<uint32_t>(d.xop[p - 1])) > 0;
+    if (!broken && bad) {
       broken = true;
       disk_read_failed(d.hash, drop);
     }
@@ -326,6 +185,7 @@ int32_t radix_cache::finish_match(match_result& m, std::span<const uint32_t> fai
       node* n = it->second.get();  // cached meanwhile by another request
       if (n->host < 0) {
         n->host = d.host;
+        n->hmask = d.mask;
         ++n_host_nodes_;
       } else {
         host_->unref(d.host);
@@ -335,14 +195,27 @@ int32_t radix_cache::finish_match(match_result& m, std::span<const uint32_t> fai
         hold_device(d.device);
         ++n_device_nodes_;
       }
+      for (size_t p = 1; p < n_pools(); ++p)
+        if (d.xdevice[p - 1] >= 0 && n->xdev[p - 1] < 0) {
+          n->xdev[p - 1] = d.xdevice[p - 1];
+          dev_x_[p - 1]->ref(d.xdevice[p - 1]);
+          dev_x_[p - 1]->set_cached(d.xdevice[p - 1], true);
+        }
       n->last_use = clock_;
       at = n;
       continue;
     }
-    auto n = std::make_unique<node>();
+    auto n = new_node();
     n->dev = d.device;
     hold_device(d.device);
+    for (size_t p = 1; p < n_pools(); ++p)
+      if (d.xdevice[p - 1] >= 0) {
+        n->xdev[p - 1] = d.xdevice[p - 1];
+        dev_x_[p - 1]->ref(d.xdevice[p - 1]);
+        dev_x_[p - 1]->set_cached(d.xdevice[p - 1], true);
+      }
     n->host = d.host;
+    n->hmask = d.mask;
     n->hash = d.hash;
     n->parent = at;
     n->key = d.tokens;
@@ -357,6 +230,9 @@ int32_t radix_cache::finish_match(match_result& m, std::span<const uint32_t> fai
   }
   m.disk.clear();
   pending_drops_.insert(pending_drops_.end(), drop.begin(), drop.end());
+  // Several pools: a cut in the disk part may leave the new end without its window blocks
+  // and the caller's pages mix cached and fresh ones; the caller gives the match up (retry).
+  if (broken && multi()) return -1;
   return tokens;
 }
 
@@ -369,16 +245,22 @@ std::vector<copy_op> radix_cache::take_pending_ops() {
 void radix_cache::disk_read_failed(uint64_t hash, std::vector<copy_op>& ops) {
   auto it = disk_.find(hash);
   if (it == disk_.end()) return;
+  const uint32_t mask = it->second.mask;
   disk_.erase(it);
   ++disk_read_failures_;
-  copy_op op;
-  op.kind = copy_op::drop_disk;
-  op.hash = hash;
-  ops.push_back(std::move(op));
+  for (size_t p = 0; p < n_pools(); ++p) {
+    if (p > 0 && !(mask & (1u << (p - 1)))) continue;
+    copy_op op;
+    op.kind = copy_op::drop_disk;
+    op.hash = hash;
+    op.pool = static_cast<int32_t>(p);
+    ops.push_back(std::move(op));
+  }
 }
 
 int32_t radix_cache::insert(std::span<const int32_t> tokens, std::span<const int32_t> pages,
-                            std::vector<copy_op>& ops, bool allow_backup) {
+                            std::vector<copy_op>& ops, bool allow_backup,
+                            std::span<const std::vector<int32_t>> xpages) {
   node* cur = &root_;
   const size_t ps = static_cast<size_t>(opt_.page_size);
   int32_t added = 0;
@@ -388,10 +270,19 @@ int32_t radix_cache::insert(std::span<const int32_t> tokens, std::span<const int
                              tokens.begin() + static_cast<std::ptrdiff_t>((i + 1) * ps));
     auto it = cur->children.find(key);
     node* n;
+    auto xpage = [&](size_t p) -> int32_t {
+      return p - 1 < xpages.size() && i < xpages[p - 1].size() ? xpages[p - 1][i] : -1;
+    };
     if (it == cur->children.end()) {
-      auto nn = std::make_unique<node>();
+      auto nn = new_node();
       nn->dev = pages[i];
       hold_device(pages[i]);  // the cache's own reference
+      for (size_t p = 1; p < n_pools(); ++p)
+        if (xpage(p) >= 0) {
+          nn->xdev[p - 1] = xpage(p);
+          dev_x_[p - 1]->ref(xpage(p));
+          dev_x_[p - 1]->set_cached(xpage(p), true);
+        }
       nn->parent = cur;
       nn->key = key;
       nn->hash = chain_hash(cur->hash, key);
@@ -415,68 +306,17 @@ int32_t radix_cache::insert(std::span<const int32_t> tokens, std::span<const int
         hold_device(pages[i]);
         ++n_device_nodes_;
       }
+      for (size_t p = 1; p < n_pools(); ++p)
+        if (n->xdev[p - 1] < 0 && xpage(p) >= 0) {  // n->dev >= 0 here: the request's or its own
+          n->xdev[p - 1] = xpage(p);
+          dev_x_[p - 1]->ref(xpage(p));
+          dev_x_[p - 1]->set_cached(xpage(p), true);
+        }
       n->last_use = clock_;
     }
     cur = n;
   }
   return added;
-}
-
-void radix_cache::clear_device() {
-  std::vector<copy_op> none;
-  for (;;) {
-    std::vector<const node*> all;
-    walk(&root_, all);
-    bool any = false;
-    for (const node* c : all) {
-      node* v = const_cast<node*>(c);
-      if (v->dev < 0 || dev_.refcount(v->dev) != 1 || device_child(v)) continue;
-      if (v->host < 0 && !v->children.empty()) continue;
-      release_device(v->dev);
-      v->dev = -1;
-      --n_device_nodes_;
-      ++evictions_[0];
-      if (v->host < 0) remove_leaf(v);
-      any = true;
-      break;  // the walk's pointers may be stale now
-    }
-    if (!any) return;
-  }
-}
-
-void radix_cache::clear() {
-  for (;;) {
-    std::vector<const node*> all;
-    walk(&root_, all);
-    bool any = false;
-    for (const node* c : all) {
-      node* v = const_cast<node*>(c);
-      if (!v->children.empty()) continue;
-      if (v->dev >= 0 && dev_.refcount(v->dev) != 1) continue;
-      if (v->host >= 0 && host_->refcount(v->host) != 1) continue;
-      if (v->dev >= 0) {
-        release_device(v->dev);
-        --n_device_nodes_;
-      }
-      if (v->host >= 0) {
-        host_->unref(v->host);
-        --n_host_nodes_;
-      }
-      remove_leaf(v);
-      any = true;
-      break;
-    }
-    if (!any) return;
-  }
-}
-
-int32_t radix_cache::evictable_pages() const {
-  std::vector<const node*> all;
-  walk(&root_, all);
-  int32_t c = 0;
-  for (const node* n : all)
-    if (n->dev >= 0 && dev_.refcount(n->dev) == 1) ++c;
-  return c;
 }
 
 }  // namespace tandem

@@ -14,6 +14,14 @@
 /// device* host* then disk*. The cache holds one reference per device page of a node; a page
 /// a request uses has refcount > 1 and is pinned. Host pages have refcount 1 (cache) + 1 per
 /// pending load that reads them.
+///
+/// Layouts of several pools (kernels/model/kv_pools.h; pool 0 is a full-context pool): a node
+/// holds pool 0's page as above and, per other pool, a device page or none. A window pool's
+/// page is dropped once no sequence's window reads the block (a sequence releases it; the cache
+/// may evict it alone), so a node may lack it: a match is only as long as `usable_prefix` allows
+/// (the blocks the next token's window reads must be there, in some tier), never longer. A host
+/// slot holds every pool's page of its block (`hmask`: which other pools it holds); the disk
+/// tier has one file per pool and block.
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -23,6 +31,7 @@
 
 #include "actors/cache_tier/page_allocator.h"
 #include "actors/common/cache_config.h"
+#include "kernels/model/kv_pools.h"
 
 namespace tandem {
 
@@ -34,6 +43,7 @@ struct copy_op {
   int32_t host = -1;
   uint64_t hash = 0, parent = 0;
   std::vector<int32_t> tokens;  ///< the page's tokens (disk ops)
+  int32_t pool = 0;             ///< the pool of the layout set the pages belong to
 };
 
 class radix_cache {
@@ -44,9 +54,14 @@ class radix_cache {
     int32_t write_through_threshold = 2;
     int32_t min_load_back_tokens = 0;  ///< 0 = page_size
     int64_t disk_pages = 0;            ///< L3 bound in files; 0 = no disk tier
+    /// The pools of the layout set (empty = one pool); pool 0 must be a full-context pool.
+    kv_pools_layout pools;
   };
-  /// `host` may be null (no L2).
+  /// `host` may be null (no L2). One pool.
   radix_cache(page_allocator& dev, page_allocator* host, const options& opt);
+  /// One device allocator per pool of opt.pools (dev[0] = pool 0's). Throws tandem::error if
+  /// they do not match the set or pool 0 is a window pool.
+  radix_cache(std::vector<page_allocator*> dev, page_allocator* host, const options& opt);
   ~radix_cache();
 
   /// A disk-tier page being loaded for a match; attached to the tree by finish_disk_loads.
@@ -55,6 +70,9 @@ class radix_cache {
     std::vector<int32_t> tokens;
     int32_t host = -1, device = -1;
     size_t op_index = 0;  ///< index of its disk_to_host op in the batch
+    uint32_t mask = 0;    ///< other pools read from disk (bit p-1) into the host slot
+    std::vector<int32_t> xdevice;  ///< per other pool: the device page loaded (-1 = none)
+    std::vector<size_t> xop;       ///< per other pool: its disk_to_host op (when in mask)
   };
   struct match_result {
     /// Device pages covering the usable prefix, in order; each carries one reference for the
@@ -71,6 +89,9 @@ class radix_cache {
     std::vector<uint64_t> pinned_disk;
     /// The path node the disk loads hang below (nullptr = the root).
     const void* attach = nullptr;
+    /// Per other pool (index p-1), one entry per page of `pages`: the pool's device page of
+    /// that block with a reference for the caller, or -1 where no window reads it (dead).
+    std::vector<std::vector<int32_t>> xpages;
   };
   /// Longest cached prefix of `tokens` of at most `max_tokens` tokens (whole pages), with the
   /// device pages for its L2/L3 part allocated (evicting as needed) and the copies appended to
@@ -80,20 +101,26 @@ class radix_cache {
   /// After the batch of a match ran: attaches the disk loads that succeeded (in order, up to
   /// the first failure: `failed_ops` are op indices) and unpins. Returns the tokens of the
   /// usable prefix (m.tokens minus the failed disk tail); the device pages of a failed tail
-  /// stay the caller's, as fresh pages to recompute into.
+  /// stay the caller's, as fresh pages to recompute into. With several pools a failed disk
+  /// read gives -1: every page of the match stays the caller's to free (retry the lookup).
   int32_t finish_match(match_result& m, std::span<const uint32_t> failed_ops);
 
   /// `n` device pages for a request (refcount 1), evicting unpinned cached pages (LRU) if the
   /// free list is short; write-back copies of the victims go to `ops` (their data is copied
   /// before anything the caller runs on those pages). nullopt if not enough can be freed.
   std::optional<std::vector<int32_t>> alloc_device(int32_t n, std::vector<copy_op>& ops);
+  /// Like alloc_device for pool `p` of the set (0 = alloc_device); other pools evict the pages
+  /// of cached blocks no request holds (LRU), without their nodes.
+  std::optional<std::vector<int32_t>> alloc_pool(size_t p, int32_t n, std::vector<copy_op>& ops);
+  size_t n_pools() const { return dev_x_.size() + 1; }
 
   /// Caches the full pages of `tokens` (pages[i] holds tokens [i*ps, (i+1)*ps)). Chunks already
   /// cached keep their device page (a host-only node takes the request's page). Write-through
   /// backups go to `ops` unless !allow_backup (the copy queue is full: counted as skipped).
   /// Returns the number of nodes newly cached.
+  /// `xpages[p-1]`: pool p's pages by block (-1 = none; a node without one takes it).
   int32_t insert(std::span<const int32_t> tokens, std::span<const int32_t> pages, std::vector<copy_op>& ops,
-                 bool allow_backup = true);
+                 bool allow_backup = true, std::span<const std::vector<int32_t>> xpages = {});
 
   /// Ops decided outside a batch (drops of bad disk files found by finish_match); the actor
   /// sends them with the next batch.
@@ -123,10 +150,16 @@ class radix_cache {
   int64_t backups_skipped() const { return backups_skipped_; }
   /// Tokens of the disk tier loaded on restart scan (index entries).
   void add_disk_entry(uint64_t hash);
+  /// A file of pool p > 0 found on restart for a block whose pool-0 entry exists (else ignored).
+  void add_disk_pool(uint64_t hash, size_t p);
+  /// Pages of pool p > 0 cached on the device (nodes holding one).
+  int32_t cached_pool_pages(size_t p) const;
 
  private:
   struct node {
     int32_t dev = -1, host = -1;
+    std::vector<int32_t> xdev;  ///< per other pool: its device page (-1 = none)
+    uint32_t hmask = 0;         ///< other pools whose page the host slot holds (bit p-1)
     uint64_t hash = 0;
     uint64_t last_use = 0;
     int32_t hits = 0;
@@ -137,6 +170,7 @@ class radix_cache {
   struct disk_entry {
     uint64_t last_use = 0;
     int32_t pins = 0;
+    uint32_t mask = 0;  ///< other pools with a file (bit p-1)
   };
   bool host_tier() const { return host_ != nullptr; }
   bool disk_tier() const { return opt_.disk_pages > 0; }
@@ -153,6 +187,16 @@ class radix_cache {
   /// Backs `n`'s device page up to a host page (and to disk under write_through).
   void backup(node* n, std::vector<copy_op>& ops);
   void remove_leaf(node* n);
+  /// Releases n's pages of the other pools on the device (eviction of its pool-0 page).
+  void drop_xdev(node* n);
+  /// Copies n's other pools' device pages into its host slot where it lacks them.
+  void backup_xdev(node* n, std::vector<copy_op>& ops);
+  /// Frees one page of pool p > 0 by dropping a cached block's page (LRU); false if none.
+  bool evict_pool(size_t p, std::vector<copy_op>& ops);
+  std::unique_ptr<node> new_node() const;
+  bool multi() const { return !dev_x_.empty(); }
+  /// match() for layouts of several pools (radix_match_pools.cpp).
+  match_result match_pools(std::span<const int32_t> tokens, int32_t max_tokens, std::vector<copy_op>& ops);
   /// The tree takes (lets go of) its own reference to device page `page`; the allocator is
   /// told it is (no longer) a cached page, which its O(1) evictable count follows.
   void hold_device(int32_t page) {
@@ -166,6 +210,7 @@ class radix_cache {
   void touch_disk(uint64_t hash) { disk_[hash].last_use = ++clock_; }
 
   page_allocator& dev_;
+  std::vector<page_allocator*> dev_x_;  ///< pools 1..
   page_allocator* host_;
   options opt_;
   node root_;

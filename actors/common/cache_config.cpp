@@ -16,20 +16,47 @@ constexpr double k_gib = 1024.0 * 1024.0 * 1024.0;
 constexpr uint64_t k_disk_header_bytes = 64;
 }  // namespace
 
-int64_t cache_host_pages(const cache_config& c, const kv_layout& layout, int32_t device_pages) {
+namespace {
+/// A one-pool set reads as its page ("layers=22 kv_heads=4 ..."), as before layout sets.
+std::string set_text(const kv_pools_layout& set) {
+  return set.pools.size() == 1 ? set.pools[0].page.describe() : set.describe();
+}
+bool set_valid(const kv_pools_layout& set) {
+  if (set.pools.empty()) return false;
+  for (const auto& p : set.pools)
+    if (!p.page.valid()) return false;
+  return true;
+}
+}  // namespace
+
+int64_t cache_host_pages(const cache_config& c, const kv_pools_layout& set, int32_t device_pages) {
   if (c.host_ratio > 0) return static_cast<int64_t>(std::floor(c.host_ratio * double(device_pages)));
-  if (c.host_size_gb > 0 && layout.page_bytes() > 0)
-    return static_cast<int64_t>(std::floor(c.host_size_gb * k_gib / double(layout.page_bytes())));
+  if (c.host_size_gb > 0 && set.block_bytes() > 0)
+    return static_cast<int64_t>(std::floor(c.host_size_gb * k_gib / double(set.block_bytes())));
   return 0;
+}
+
+int64_t cache_host_pages(const cache_config& c, const kv_layout& layout, int32_t device_pages) {
+  return cache_host_pages(c, kv_pools_layout::single(layout), device_pages);
 }
 
 uint64_t cache_disk_file_bytes(const kv_layout& layout) {
   return k_disk_header_bytes + uint64_t(layout.page_size) * 4 + uint64_t(layout.page_bytes());
 }
 
+uint64_t cache_disk_block_bytes(const kv_pools_layout& set) {
+  uint64_t b = 0;
+  for (const auto& p : set.pools) b += cache_disk_file_bytes(p.page);
+  return b;
+}
+
+int64_t cache_disk_pages(const cache_config& c, const kv_pools_layout& set) {
+  if (c.disk_dir.empty() || c.disk_size_gb <= 0 || cache_disk_block_bytes(set) == 0) return 0;
+  return static_cast<int64_t>(std::floor(c.disk_size_gb * k_gib / double(cache_disk_block_bytes(set))));
+}
+
 int64_t cache_disk_pages(const cache_config& c, const kv_layout& layout) {
-  if (c.disk_dir.empty() || c.disk_size_gb <= 0) return 0;
-  return static_cast<int64_t>(std::floor(c.disk_size_gb * k_gib / double(cache_disk_file_bytes(layout))));
+  return cache_disk_pages(c, kv_pools_layout::single(layout));
 }
 
 bool parse_cache_write_policy(const std::string& s, cache_write_policy& out) {
@@ -56,6 +83,11 @@ const char* cache_write_policy_name(cache_write_policy p) {
 
 std::vector<std::string> validate_cache_config(const cache_config& c, const kv_layout& layout, int32_t device_pages,
                                                uint64_t host_ram_bytes) {
+  return validate_cache_config(c, kv_pools_layout::single(layout), device_pages, host_ram_bytes);
+}
+
+std::vector<std::string> validate_cache_config(const cache_config& c, const kv_pools_layout& set, int32_t device_pages,
+                                               uint64_t host_ram_bytes) {
   std::vector<std::string> out;
   auto bad_number = [](double v) { return !std::isfinite(v) || v < 0; };
   if (bad_number(c.host_ratio))
@@ -75,21 +107,22 @@ std::vector<std::string> validate_cache_config(const cache_config& c, const kv_l
                               "ways to size the same host pool; keep one and set the other to 0",
                               c.host_ratio, c.host_size_gb));
   const bool host = c.host_ratio > 0 || c.host_size_gb > 0;
-  const bool layout_ok = layout.valid();
+  const bool layout_ok = set_valid(set);
   if (!layout_ok && (host || !c.disk_dir.empty()))
     out.push_back(fmt::format("cache: the model's KV layout ({}) is not valid, so no host or disk tier can be "
                               "sized; fix the model file or disable cache.host_ratio / cache.disk_dir",
-                              layout.describe()));
-  const uint64_t page_bytes = layout_ok ? uint64_t(layout.page_bytes()) : 0;
+                              set_text(set)));
+  // A host slot and a disk entry hold a block's page of every pool.
+  const uint64_t page_bytes = layout_ok ? uint64_t(set.block_bytes()) : 0;
   int64_t host_pages = 0;
-  if (layout_ok && host) host_pages = cache_host_pages(c, layout, device_pages);
+  if (layout_ok && host) host_pages = cache_host_pages(c, set, device_pages);
   if (layout_ok && c.host_size_gb > 0 && c.host_ratio == 0 && host_pages < 1)
     // The host pool holds whole KV pages of this model; an absolute size below one page
     // cannot be honoured for this layout (the ratio always can: it scales with the page).
     out.push_back(fmt::format("cache.host_size_gb = {} is not supported for this model's KV layout: one page of "
                               "{} takes {} bytes ({:.6f} GiB), so the host pool would hold no page; use "
                               "cache.host_ratio (e.g. 2) or a cache.host_size_gb of at least {:.6f}",
-                              c.host_size_gb, layout.describe(), page_bytes, double(page_bytes) / k_gib,
+                              c.host_size_gb, set_text(set), page_bytes, double(page_bytes) / k_gib,
                               double(page_bytes) / k_gib));
   if (layout_ok && c.host_ratio > 0 && host_pages < 1)
     out.push_back(fmt::format("cache.host_ratio = {} of a device pool of {} pages gives no host page; use a ratio "
@@ -113,7 +146,7 @@ std::vector<std::string> validate_cache_config(const cache_config& c, const kv_l
                               c.write_through_threshold));
   if (c.min_load_back_tokens < 0)
     out.push_back(fmt::format("cache.min_load_back_tokens = {} must be >= 0 (0 = one page); use e.g. {}",
-                              c.min_load_back_tokens, layout.page_size));
+                              c.min_load_back_tokens, set.page_size()));
   if (!c.enabled && (host || !c.disk_dir.empty()))
     out.push_back("cache.enabled = false turns prefix reuse off, so the host/disk tiers set by cache.host_ratio, "
                   "cache.host_size_gb or cache.disk_dir would never be used; enable the cache or unset them");
@@ -127,11 +160,11 @@ std::vector<std::string> validate_cache_config(const cache_config& c, const kv_l
       out.push_back(fmt::format("cache.disk_size_gb = {} must be > 0 when cache.disk_dir = '{}' is set (the disk "
                                 "tier needs a bound); use e.g. 64",
                                 c.disk_size_gb, c.disk_dir));
-    else if (layout_ok && cache_disk_pages(c, layout) < 1)
+    else if (layout_ok && cache_disk_pages(c, set) < 1)
       out.push_back(fmt::format("cache.disk_size_gb = {} is smaller than one page file of this model ({} bytes); "
                                 "raise it to at least {:.6f}",
-                                c.disk_size_gb, cache_disk_file_bytes(layout),
-                                double(cache_disk_file_bytes(layout)) / k_gib));
+                                c.disk_size_gb, cache_disk_block_bytes(set),
+                                double(cache_disk_block_bytes(set)) / k_gib));
     std::error_code ec;
     auto st = std::filesystem::status(c.disk_dir, ec);
     if (!ec && std::filesystem::exists(st) && !std::filesystem::is_directory(st))
@@ -147,21 +180,49 @@ std::vector<std::string> validate_cache_config(const cache_config& c, const kv_l
 }
 
 kv_sizing size_kv_pools(const limits& lim, const cache_config& c, const kv_layout& layout, uint64_t host_ram_bytes) {
+  return size_kv_pools(lim, c, kv_pools_layout::single(layout), host_ram_bytes);
+}
+
+kv_sizing size_kv_pools(const limits& lim, const cache_config& c, const kv_pools_layout& set, uint64_t host_ram_bytes) {
   kv_sizing k;
+  if (set.pools.empty()) {
+    k.problems.push_back("the model declares no KV pool; the model file is broken");
+    return k;
+  }
+  const kv_layout& layout = set.pools[0].page;
   const int64_t page_bytes = std::max<int64_t>(1, int64_t(layout.page_bytes()));
-  k.device_pages = lim.device_pages > 0 ? lim.device_pages : (int64_t(lim.kv_cache_mb) * 1024 * 1024) / page_bytes;
+  const int64_t budget = int64_t(lim.kv_cache_mb) * 1024 * 1024;
+  // Window pools: a ring of pages per sequence that can hold one (decode batch + prefill batch),
+  // never more pages than the full pool has blocks. The full pool gets the rest of the budget.
+  std::vector<int64_t> ring(set.pools.size(), 0);
+  int64_t ring_bytes = 0;
+  const int64_t seqs = int64_t(std::max(1, lim.max_running_seqs)) + int64_t(std::max(0, lim.max_prefill_batch_seqs));
+  for (size_t p = 1; p < set.pools.size(); ++p) {
+    ring[p] = seqs * set.pools[p].max_pages(int64_t(1) << 40, std::max(1, lim.prefill_chunk_tokens));
+    ring_bytes += ring[p] * int64_t(set.pools[p].page.page_bytes());
+  }
+  if (lim.device_pages > 0) {
+    k.device_pages = lim.device_pages;
+  } else if (set.pools.size() > 1 && budget - ring_bytes < page_bytes) {
+    // Not even the rings fit next to one full page: equal page counts, as if no pool were a window.
+    k.device_pages = budget / std::max<int64_t>(1, int64_t(set.block_bytes()));
+  } else {
+    k.device_pages = (budget - ring_bytes) / page_bytes;
+  }
   if (k.device_pages < 1 || k.device_pages > (int64_t(1) << 30)) {
     k.problems.push_back(fmt::format("KV pool of {} pages ({} bytes each, {}) from limits.kv_cache_mb = {} / "
                                      "device_pages = {}; give at least one page (kv_cache_mb >= {}) and at most 2^30",
-                                     k.device_pages, layout.page_bytes(), layout.describe(), lim.kv_cache_mb,
-                                     lim.device_pages, (page_bytes + (1 << 20) - 1) >> 20));
+                                     k.device_pages, set.block_bytes(), set_text(set), lim.kv_cache_mb,
+                                     lim.device_pages, (int64_t(set.block_bytes()) + (1 << 20) - 1) >> 20));
     return k;
   }
-  k.problems = validate_cache_config(c, layout, static_cast<int32_t>(k.device_pages), host_ram_bytes);
+  k.pool_pages.push_back(k.device_pages);
+  for (size_t p = 1; p < set.pools.size(); ++p) k.pool_pages.push_back(std::min(ring[p], k.device_pages));
+  k.problems = validate_cache_config(c, set, static_cast<int32_t>(k.device_pages), host_ram_bytes);
   if (!k.ok()) return k;
   const bool prefix_cache = lim.prefix_cache && c.enabled;
-  k.host_pages = prefix_cache ? cache_host_pages(c, layout, static_cast<int32_t>(k.device_pages)) : 0;
-  k.disk_pages = k.host_pages > 0 ? cache_disk_pages(c, layout) : 0;
+  k.host_pages = prefix_cache ? cache_host_pages(c, set, static_cast<int32_t>(k.device_pages)) : 0;
+  k.disk_pages = k.host_pages > 0 ? cache_disk_pages(c, set) : 0;
   return k;
 }
 

@@ -8,6 +8,7 @@
 
 #include "actors/common/limits.h"
 #include "kernels/model/kv_pool.h"
+#include "kernels/model/kv_pools.h"
 
 namespace tandem {
 
@@ -34,6 +35,12 @@ struct cache_config {
 /// Host (L2) pages `c` asks for on a device pool of `device_pages` pages: host_ratio x
 /// device_pages, or floor(host_size_gb GiB / page bytes); 0 = no host tier.
 int64_t cache_host_pages(const cache_config& c, const kv_layout& layout, int32_t device_pages);
+/// The same for a layout set: a host slot holds a block's page of every pool (block_bytes).
+int64_t cache_host_pages(const cache_config& c, const kv_pools_layout& set, int32_t device_pages);
+/// Bytes of a block's L3 files (one per pool).
+uint64_t cache_disk_block_bytes(const kv_pools_layout& set);
+/// L3 entries (blocks, a file per pool each) `c` allows for a layout set.
+int64_t cache_disk_pages(const cache_config& c, const kv_pools_layout& set);
 /// Bytes of one L3 file (header, the page's tokens, the page bytes, checksum).
 uint64_t cache_disk_file_bytes(const kv_layout& layout);
 /// L3 files `c` allows: floor(disk_size_gb GiB / file bytes); 0 = no disk tier.
@@ -48,6 +55,9 @@ const char* cache_write_policy_name(cache_write_policy p);
 /// `device_pages` pages with `host_ram_bytes` of host memory available (0 = unknown, not checked).
 std::vector<std::string> validate_cache_config(const cache_config& c, const kv_layout& layout, int32_t device_pages,
                                                uint64_t host_ram_bytes);
+/// validate_cache_config for a layout set (`device_pages`: pool 0's).
+std::vector<std::string> validate_cache_config(const cache_config& c, const kv_pools_layout& set, int32_t device_pages,
+                                               uint64_t host_ram_bytes);
 
 /// The KV memory one node builds: its device pool and the cache tiers behind it, from the
 /// limits and [cache] settings for a model's KV layout. `tandem serve` (actor_cluster) builds
@@ -56,7 +66,11 @@ std::vector<std::string> validate_cache_config(const cache_config& c, const kv_l
 struct kv_sizing {
   int64_t device_pages = 0;  ///< limits.device_pages, or kv_cache_mb MiB / page bytes
   int64_t host_pages = 0;    ///< L2 pages (0 = none; also 0 with the prefix cache off)
-  int64_t disk_pages = 0;    ///< L3 files (0 = none; only behind a host tier)
+  int64_t disk_pages = 0;    ///< L3 entries (0 = none; only behind a host tier; a file per pool each)
+  /// Device pages of every pool of the layout set, pool 0 (= device_pages) first. A window
+  /// pool gets a ring per sequence the node can hold at once (limits.max_running_seqs +
+  /// max_prefill_batch_seqs), the full pool the rest of limits.kv_cache_mb.
+  std::vector<int64_t> pool_pages;
   /// One entry per reason the node cannot start with these settings, each naming the fix;
   /// empty = it can.
   std::vector<std::string> problems;
@@ -65,5 +79,7 @@ struct kv_sizing {
 
 /// Sizes a node's KV pools; `host_ram_bytes` as in validate_cache_config (0 = not checked).
 kv_sizing size_kv_pools(const limits& lim, const cache_config& c, const kv_layout& layout, uint64_t host_ram_bytes);
+/// size_kv_pools for a layout set (kernels/model/kv_pools.h).
+kv_sizing size_kv_pools(const limits& lim, const cache_config& c, const kv_pools_layout& set, uint64_t host_ram_bytes);
 
 }  // namespace tandem

@@ -96,6 +96,7 @@ struct model_kv {
   uint64_t amx_copy_bytes = 0;
   kv_dtype dtype = kv_dtype::f32;  ///< [model] kv_cache_dtype
   kv_layout layout(int32_t page_size) const { return model_kv_layout(config, page_size, dtype); }
+  kv_pools_layout pools(int32_t page_size) const { return model_pools_layout(config, page_size, dtype); }
 };
 
 /// The KV shape from GGUF metadata alone, read by the same architecture module the loader
@@ -499,9 +500,24 @@ config_check check_cluster_config(const std::string& text, const std::string& so
     double device_bytes = double(cfg.lim.kv_cache_mb) * 1024.0 * 1024.0, host_bytes = 0;
     if (kv.known) {
       const kv_layout layout = kv.layout(ps);
-      const kv_sizing k = size_kv_pools(cfg.lim, n.cache, layout, 0);  // RAM: over all local nodes below
-      device_bytes = double(k.device_pages) * double(layout.page_bytes());
-      host_bytes = double(k.host_pages) * double(layout.page_bytes());
+      // The set `tandem serve` runs: one pool when KV crosses nodes (see actor_cluster.cpp).
+      const kv_pools_layout set = cfg.nodes.size() > 1 ? kv_pools_layout::single(layout) : kv.pools(ps);
+      const kv_sizing k = size_kv_pools(cfg.lim, n.cache, set, 0);  // RAM: over all local nodes below
+      device_bytes = 0;
+      node_kv_plan plan;
+      plan.node = n.name;
+      plan.numa_node = n.numa_node;
+      for (size_t p = 0; p < set.pools.size() && p < k.pool_pages.size(); ++p) {
+        const uint64_t b = uint64_t(k.pool_pages[p]) * uint64_t(set.pools[p].page.page_bytes());
+        device_bytes += double(b);
+        plan.pools.push_back({set.pools[p].name, set.pools[p].window_tokens, k.pool_pages[p], b});
+      }
+      host_bytes = double(k.host_pages) * double(set.block_bytes());
+      plan.host_slots = k.host_pages;
+      plan.host_bytes = uint64_t(host_bytes);
+      plan.disk_blocks = k.disk_pages;
+      plan.disk_bytes = uint64_t(k.disk_pages) * cache_disk_block_bytes(set);
+      if (k.ok()) out.plans.push_back(std::move(plan));
       if (k.device_pages < 1) {
         const size_t pb = layout.page_bytes();
         out.errors.push_back(fmt::format(

@@ -94,8 +94,28 @@ size_t edit_distance(const std::string& a, const std::string& b);
 /// The candidate closest to `word` if it is close enough to be a likely typo, else "".
 std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates);
 
+/// What one node allocates for its KV cache: the sizing `tandem serve` runs (size_kv_pools)
+/// over the model's layout set, pool by pool, and its host and disk tiers.
+struct node_kv_plan {
+  std::string node;
+  int32_t numa_node = -1;
+  struct pool {
+    std::string name;            ///< "full", "window"
+    int32_t window_tokens = 0;   ///< 0 = full context
+    int64_t pages = 0;
+    uint64_t bytes = 0;
+  };
+  std::vector<pool> pools;       ///< device pools, pool 0 first
+  int64_t host_slots = 0;        ///< a block's page of every pool each
+  uint64_t host_bytes = 0;
+  int64_t disk_blocks = 0;       ///< a file per pool each
+  uint64_t disk_bytes = 0;
+};
+
 struct config_check {
   cluster_config cfg;
+  /// Per node with a cache, when the model's layout is known here.
+  std::vector<node_kv_plan> plans;
   /// One entry per problem: "<file>:<line>:<col>: <key> = <value>: <why>; <fix>".
   std::vector<std::string> errors;
   /// Checks that could not run here (e.g. the model file is on another machine).

@@ -12,6 +12,7 @@
 #include "actors/common/kv_layout_wire.h"
 #include "actors/common/logprobs_wire.h"
 #include "actors/common/metrics.h"
+#include "actors/common/seq_pages.h"
 #include "actors/common/wire.h"
 #include "actors/router/router.h"
 #include "actors/worker/kv_port.h"
@@ -22,7 +23,9 @@ namespace {
 
 struct dseq {
   seq_request req;
-  std::vector<int32_t> pages;
+  pool_pages pages;        ///< per pool, by block (seq_pages.h)
+  pool_pages source;       ///< cross-node handoff: the source's tables (which window blocks live)
+  int32_t owned_from = 0;  ///< local prefill: blocks before this came from the prefix cache
   int32_t kv_len = 0;  ///< positions with KV; the last token (tokens.back()) is the next input
   bool aborted = false;
   uint64_t transfer_id = 0;  ///< cross-node handoff: the KV transfer that fills `pages`
@@ -93,7 +96,13 @@ struct decode_state {
     return t;
   }
   int32_t pages_needed(const dseq& d) const {
-    return (d.kv_len + 1 + page_size() - 1) / page_size() - static_cast<int32_t>(d.pages.size());
+    return (d.kv_len + 1 + page_size() - 1) / page_size() - static_cast<int32_t>(blocks_of(d.pages));
+  }
+  /// Pages per pool the next step of `d` lacks (pool 0's is pages_needed).
+  std::vector<int32_t> pool_pages_needed(const dseq& d) const {
+    pool_pages t = d.pages;
+    if (t.empty()) t.resize(std::max<size_t>(1, opt.pools.pools.size()));
+    return pages_lacking(t, d.kv_len + 1, page_size());
   }
   void emit(const dseq& d, const std::vector<int32_t>& toks, finish_reason reason, const tandem::error* err,
             const char* state, std::span<const token_logprobs> lps = {}) {
@@ -103,20 +112,23 @@ struct decode_state {
                               d.req.cached_tokens, state,
                               static_cast<int32_t>(d.req.generated.size() - toks.size()), lps));
   }
-  void free_pages(const std::string& id, std::vector<int32_t>& pages) {
-    if (pages.empty()) return;
+  void free_pages(const std::string& id, pool_pages& pages) {
+    if (!holds_pages(pages)) {
+      pages.clear();
+      return;
+    }
     peers.cache.gate->enter_control();
     caf::anon_send(peers.cache.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
                      auto f = env.initFree();
                      f.setId(id);
-                     fill_list([&](unsigned n) { return f.initPages(n); }, pages);
+                     write_pool_pages(f, pages);
                    }));
     pages.clear();
   }
   void fail(dseq& d, const tandem::error& e, const std::string& reason) {
     rejected[reason] += 1;
     log->info("request {}: {}", d.req.id, e.what());
-    if (!d.pages.empty()) page_retry_due = true;
+    if (holds_pages(d.pages)) page_retry_due = true;
     free_pages(d.req.id, d.pages);
     emit(d, {}, finish_reason::error, &e, "decode");
   }
@@ -212,8 +224,9 @@ void start_remote_handoff(decode_actor_t* self, dseq d, uint64_t tid, std::strin
   auto& s = self->state;
   d.transfer_id = tid;
   d.source_node = std::move(source);
-  d.source_pages = static_cast<int32_t>(d.pages.size());
-  d.pages.clear();  // the source's page ids: not ours
+  d.source_pages = static_cast<int32_t>(blocks_of(d.pages));
+  d.source = std::move(d.pages);  // the source's page ids: not ours (their -1s say which blocks move)
+  d.pages.clear();
   if (!(got == s.opt.layout)) {
     transfer_failed(self, std::move(d),
                     fmt::format("layout {} of the source differs from {} here", got.describe(), s.opt.layout.describe()));
@@ -244,6 +257,7 @@ void release_source(decode_actor_t* self, const dseq& q) {
 void request_handoff_pages(decode_actor_t* self, dseq d) {
   auto& s = self->state;
   const int32_t need = d.source_pages;
+  const std::vector<int32_t> held = pages_held(d.source);
   if (!s.peers.cache.gate->try_enter()) {
     release_source(self, d);
     transfer_failed(self, std::move(d), "the cache tier's mailbox is full");
@@ -255,6 +269,10 @@ void request_handoff_pages(decode_actor_t* self, dseq d) {
     auto a = env.initAlloc();
     a.setId(id);
     a.setCount(need);
+    if (held.size() > 1) {
+      auto xc = a.initExtraCounts(static_cast<unsigned>(held.size() - 1));
+      for (size_t p = 1; p < held.size(); ++p) xc.set(static_cast<unsigned>(p - 1), held[p]);
+    }
   });
   self->request(s.peers.cache.handle, caf::infinite, call_atom::value, std::move(w))
       .then(
@@ -273,7 +291,14 @@ void request_handoff_pages(decode_actor_t* self, dseq d) {
               auto env = rd.root();
               if (env.isAllocReply()) st.pool_free_pages = env.getAllocReply().getFree();
               if (env.isAllocReply() && env.getAllocReply().getOk()) {
-                q.pages = to_vector(env.getAllocReply().getPages());
+                // Our pages on the blocks the source sends: the same -1s as its tables.
+                pool_pages got = read_pool_pages(env.getAllocReply());
+                q.pages.assign(q.source.size(), {});
+                for (size_t p = 0; p < q.source.size(); ++p) {
+                  size_t k = 0;
+                  for (auto x : q.source[p])
+                    q.pages[p].push_back(x < 0 || p >= got.size() || k >= got[p].size() ? -1 : got[p][k++]);
+                }
                 why.clear();
               } else if (env.isAllocReply()) {
                 auto e = read_error(env.getAllocReply().getError());
@@ -320,7 +345,7 @@ void request_handoff_pages(decode_actor_t* self, dseq d) {
                          o.setTransferId(tid);
                          o.setId(q.req.id);
                          o.setPeerNode(q.source_node);
-                         fill_list([&](unsigned n) { return o.initPages(n); }, q.pages);
+                         write_pool_pages(o, q.pages);
                        }));
             st.receiving.emplace(tid, std::move(q));
             if (retry) pump(self);  // the next parked one may fit too
@@ -351,7 +376,7 @@ void on_kv_done(decode_actor_t* self, const wire& w) {
   }
   dseq d = std::move(it->second);
   s.receiving.erase(it);
-  d.pages = to_vector(k.getPages());
+  d.pages = read_pool_pages(k);
   if (d.aborted || !k.getDelivered()) {
     // Its pages come back: a parked handoff may fit now (it waited for them).
     if (d.aborted) s.free_pages(d.req.id, d.pages);
@@ -389,12 +414,12 @@ void on_handoff(decode_actor_t* self, schema::KvHandoff::Reader h) {
   if (held) {
     s.rejected["duplicate_handoff"] += 1;
     s.log->warn("request {}: second KV handoff of a running sequence; its pages are freed", d.req.id);
-    auto pages = to_vector(h.getKv().getPageIds());
+    auto pages = read_pool_pages(h.getKv().getPageIds(), h.getKv());
     s.free_pages(d.req.id, pages);
     return;
   }
   auto kv = h.getKv();
-  d.pages = to_vector(kv.getPageIds());
+  d.pages = read_pool_pages(kv.getPageIds(), kv);
   d.kv_len = kv.getValidTokens();
   kv_layout got;  // a malformed layout stays empty: refused below as differing from ours
   try {
@@ -406,7 +431,8 @@ void on_handoff(decode_actor_t* self, schema::KvHandoff::Reader h) {
     start_remote_handoff(self, std::move(d), h.getTransferId(), kv.getNode().cStr(), got);
     return;
   }
-  if (std::string(kv.getPoolId().cStr()) != s.opt.pool_id || !(got == s.opt.layout)) {
+  if (std::string(kv.getPoolId().cStr()) != s.opt.pool_id || !(got == s.opt.layout) ||
+      d.pages.size() != std::max<size_t>(1, s.opt.pools.pools.size())) {
     // Cross-pool handoff needs a KV transfer this build does not do; the pages stay where they are.
     tandem::error e(
         error_kind::unimplemented,
@@ -440,7 +466,7 @@ void preempt_or_fail(decode_actor_t* self) {
     // preempted. Retry after opt.retry_ms rather than fail a request that fits (its deadline
     // still bounds the wait). Only a sequence larger than the whole pool fails now.
     const dseq& d = s.running.empty() ? s.waiting.front() : s.running.front();
-    const int64_t need = int64_t(d.pages.size()) + std::max(0, s.pages_needed(d));
+    const int64_t need = int64_t(blocks_of(d.pages)) + std::max(0, s.pages_needed(d));
     if (s.pool_total_pages > 0 && need <= s.pool_total_pages) {
       if (!s.page_stall) {
         s.page_stall = true;
@@ -516,6 +542,11 @@ void on_step_done(decode_actor_t* self, const wire* w, const tandem::error* tran
     } else {
       s.tokens += 1;
     }
+    if (it->pages.size() > 1) {
+      // Window blocks the next token does not read go back (a sequence holds a ring of them).
+      pool_pages dead;
+      if (release_dead_pages(s.opt.pools, it->kv_len, it->pages, dead) > 0) s.free_pages(it->req.id, dead);
+    }
     const int32_t tok = sampled[i];
     auto reason = apply_token(it->req, tok, s.opt.model);
     std::vector<int32_t> out;
@@ -535,7 +566,7 @@ void on_step_done(decode_actor_t* self, const wire* w, const tandem::error* tran
                          auto ins = env.initInsert();
                          ins.setId(it->req.id);
                          fill_list([&](unsigned n) { return ins.initTokens(n); }, all);
-                         fill_list([&](unsigned n) { return ins.initPages(n); }, it->pages);
+                         write_pool_pages(ins, it->pages);
                        }));
       }
       s.page_retry_due = true;
@@ -562,6 +593,19 @@ void start_step(decode_actor_t* self) {
     }
     const int32_t n = std::min(budget, static_cast<int32_t>(d.fill.size()) - d.kv_len);
     if (n <= 0) continue;
+    if (d.pages.size() > 1) {
+      // Window pools: the blocks this chunk does not read give their pages to those it writes.
+      pool_pages freed;
+      try {
+        rotate_window_pages(s.opt.pools, d.kv_len, d.kv_len + n, d.owned_from, s.page_size(), d.pages, freed);
+      } catch (const tandem::error& e) {
+        s.free_pages(d.req.id, freed);
+        d.aborted = true;  // leaves at the next pump, its pages freed
+        s.fail(d, e, "kv_pages");
+        continue;
+      }
+      s.free_pages(d.req.id, freed);
+    }
     chosen.emplace_back(&d, n);
     budget -= n;
   }
@@ -576,7 +620,7 @@ void start_step(decode_actor_t* self) {
                                                  : std::span<const int32_t>(&last, 1);
     fill_list([&](unsigned k) { return st.initTokens(k); }, toks);
     st.setPos(d.kv_len);
-    fill_list([&](unsigned k) { return st.initPages(k); }, d.pages);
+    write_pool_pages(st, d.pages);
     st.setSample(!d.prefilling || d.kv_len + n == static_cast<int32_t>(d.fill.size()));
     write_step_sampling(st, d.req);
     s.in_flight.emplace_back(d.req.id, n);
@@ -598,10 +642,10 @@ void start_step(decode_actor_t* self) {
 }
 
 void on_alloc(decode_actor_t* self, const wire& w,
-              const std::vector<std::pair<std::string, int32_t>>& wants) {
+              const std::vector<std::pair<std::string, std::vector<int32_t>>>& wants) {
   auto& s = self->state;
   s.busy = false;
-  std::vector<int32_t> pages;
+  pool_pages pages;
   bool ok = false;
   try {
     wire_reader rd(w);
@@ -611,7 +655,7 @@ void on_alloc(decode_actor_t* self, const wire& w,
       if (env.getAllocReply().getTotal() > 0) s.pool_total_pages = env.getAllocReply().getTotal();
     }
     if (env.isAllocReply() && env.getAllocReply().getOk()) {
-      pages = to_vector(env.getAllocReply().getPages());
+      pages = read_pool_pages(env.getAllocReply());
       ok = true;
     }
   } catch (const tandem::error& e) {
@@ -622,16 +666,18 @@ void on_alloc(decode_actor_t* self, const wire& w,
     pump(self);
     return;
   }
-  size_t next = 0;
-  std::vector<int32_t> spare;
+  std::vector<size_t> next(pages.size(), 0);
+  pool_pages spare(pages.size());
   for (const auto& [id, n] : wants) {
     dseq* d = s.find(id);
-    for (int32_t k = 0; k < n && next < pages.size(); ++k, ++next) {
-      if (d && !d->aborted)
-        d->pages.push_back(pages[next]);
-      else
-        spare.push_back(pages[next]);
-    }
+    if (d && !d->aborted && d->pages.size() < pages.size()) d->pages.resize(pages.size());
+    for (size_t p = 0; p < pages.size() && p < n.size(); ++p)
+      for (int32_t k = 0; k < n[p] && next[p] < pages[p].size(); ++k, ++next[p]) {
+        if (d && !d->aborted)
+          d->pages[p].push_back(pages[p][next[p]]);
+        else
+          spare[p].push_back(pages[p][next[p]]);
+      }
   }
   s.free_pages("decode", spare);
   pump(self);
@@ -672,13 +718,18 @@ void pump_once(decode_actor_t* self) {
     s.joined += 1;
   }
   if (s.running.empty()) return;
-  std::vector<std::pair<std::string, int32_t>> wants;
+  std::vector<std::pair<std::string, std::vector<int32_t>>> wants;
   int32_t total = 0;
+  std::vector<int32_t> totals;
   for (const auto& d : s.running) {
-    const int32_t n = s.pages_needed(d);
-    if (n > 0) {
-      wants.emplace_back(d.req.id, n);
-      total += n;
+    auto n = s.pool_pages_needed(d);
+    int32_t any = 0;
+    for (auto x : n) any += x;
+    if (any > 0) {
+      if (totals.size() < n.size()) totals.resize(n.size(), 0);
+      for (size_t p = 0; p < n.size(); ++p) totals[p] += n[p];
+      total += any;
+      wants.emplace_back(d.req.id, std::move(n));
     }
   }
   if (total == 0) {
@@ -695,7 +746,11 @@ void pump_once(decode_actor_t* self) {
   auto w = make_wire([&](schema::Envelope::Builder env) {
     auto a = env.initAlloc();
     a.setId(wants.front().first);
-    a.setCount(total);
+    a.setCount(totals.empty() ? 0 : totals[0]);
+    if (totals.size() > 1) {
+      auto xc = a.initExtraCounts(static_cast<unsigned>(totals.size() - 1));
+      for (size_t p = 1; p < totals.size(); ++p) xc.set(static_cast<unsigned>(p - 1), totals[p]);
+    }
   });
   self->request(s.peers.cache.handle, caf::infinite, call_atom::value, std::move(w))
       .then([self, wants](const wire& r) { on_alloc(self, r, wants); },
@@ -760,8 +815,9 @@ void on_local_submit(decode_actor_t* self, seq_request r) {
               wire_reader rd(reply);
               auto env = rd.root();
               if (env.isAcquireReply() && env.getAcquireReply().getOk()) {
-                d.pages = to_vector(env.getAcquireReply().getPages());
+                d.pages = read_pool_pages(env.getAcquireReply());
                 cached = env.getAcquireReply().getCachedTokens();
+                d.owned_from = cached / st.page_size();
                 why.clear();
               } else if (env.isAcquireReply()) {
                 why = read_error(env.getAcquireReply().getError()).what();

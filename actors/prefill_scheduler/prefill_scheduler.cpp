@@ -12,6 +12,7 @@
 #include "actors/common/kv_layout_wire.h"
 #include "actors/common/logprobs_wire.h"
 #include "actors/common/metrics.h"
+#include "actors/common/seq_pages.h"
 #include "actors/common/wire.h"
 #include "actors/prefill_scheduler/drain_meter.h"
 #include "actors/router/router.h"
@@ -32,7 +33,8 @@ uint64_t transfer_id_base(const std::string& node) {
 struct pseq {
   seq_request req;
   std::vector<int32_t> tokens;  ///< prompt ++ generated: everything to compute
-  std::vector<int32_t> pages;
+  pool_pages pages;        ///< per pool, by block (seq_pages.h)
+  int32_t owned_from = 0;  ///< blocks before this came from the prefix cache (shared)
   int32_t computed = 0;  ///< tokens whose KV is in the pages
   bool aborted = false;
   bool requeued = false;  ///< came back from decode (already admitted)
@@ -165,13 +167,16 @@ struct prefill_state {
     emit(make_event(s.req.id, toks, reason, err, static_cast<int32_t>(s.req.prompt.size()),
                     s.req.cached_tokens, state, static_cast<int32_t>(s.req.generated.size() - toks.size()), lps));
   }
-  void free_pages(const std::string& id, std::vector<int32_t>& pages) {
-    if (pages.empty()) return;
+  void free_pages(const std::string& id, pool_pages& pages) {
+    if (!holds_pages(pages)) {
+      pages.clear();
+      return;
+    }
     peers.cache.gate->enter_control();
     caf::anon_send(peers.cache.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
                      auto f = env.initFree();
                      f.setId(id);
-                     fill_list([&](unsigned n) { return f.initPages(n); }, pages);
+                     write_pool_pages(f, pages);
                    }));
     pages.clear();
   }
@@ -262,7 +267,8 @@ void on_acquired(prefill_actor_t* self, const wire& w) {
     }
     auto r = env.getAcquireReply();
     if (r.getOk()) {
-      q.pages = to_vector(r.getPages());
+      q.pages = read_pool_pages(r);
+      q.owned_from = r.getCachedTokens() / s.page_size();
       if (q.aborted) {
         s.free_pages(q.req.id, q.pages);
         return;
@@ -299,6 +305,11 @@ void on_acquired(prefill_actor_t* self, const wire& w) {
 void finish_prefill(prefill_actor_t* self, pseq& q, int32_t token, const token_logprobs* lp) {
   auto& s = self->state;
   const int32_t computed = q.computed;
+  // Window blocks the next token does not read go back before the cache sees the tables.
+  {
+    pool_pages dead;
+    if (release_dead_pages(s.opt.pools, int64_t(q.tokens.size()), q.pages, dead) > 0) s.free_pages(q.req.id, dead);
+  }
   // Cache the full pages of what was computed before ownership moves on.
   if (s.opt.lim.prefix_cache) {
     s.peers.cache.gate->enter_control();
@@ -306,7 +317,7 @@ void finish_prefill(prefill_actor_t* self, pseq& q, int32_t token, const token_l
                  auto ins = env.initInsert();
                  ins.setId(q.req.id);
                  fill_list([&](unsigned n) { return ins.initTokens(n); }, q.tokens);
-                 fill_list([&](unsigned n) { return ins.initPages(n); }, q.pages);
+                 write_pool_pages(ins, q.pages);
                }));
   }
   if (!q.requeued && q.start_ms >= 0) s.compute_ms.observe(double(s.clk->now_ms() - q.start_ms));
@@ -345,7 +356,7 @@ void finish_prefill(prefill_actor_t* self, pseq& q, int32_t token, const token_l
                  o.setTransferId(tid);
                  o.setId(q.req.id);
                  o.setPeerNode(dst);
-                 fill_list([&](unsigned n) { return o.initPages(n); }, q.pages);
+                 write_pool_pages(o, q.pages);
                }));
   }
   if (tid == 0) s.local_handoffs += 1;
@@ -356,7 +367,8 @@ void finish_prefill(prefill_actor_t* self, pseq& q, int32_t token, const token_l
                auto kv = h.initKv();
                kv.setPoolId(s.opt.pool_id);
                kv.setNode(s.opt.node);
-               fill_list([&](unsigned n) { return kv.initPageIds(n); }, q.pages);
+               fill_list([&](unsigned n) { return kv.initPageIds(n); }, q.pages.empty() ? std::vector<int32_t>{} : q.pages[0]);
+               write_extra_pools(kv, q.pages);
                write_kv_layout(kv.initLayout(), s.opt.layout);
                kv.setValidTokens(computed);
                h.setTransferId(tid);
@@ -385,7 +397,7 @@ void on_kv_done(prefill_actor_t* self, const wire& w) {
     s.transfers_failed += 1;
     s.log->info("request {}: KV send ended without delivery: {}", id, d.getError().cStr());
   }
-  auto pages = to_vector(d.getPages());
+  auto pages = read_pool_pages(d);
   s.free_pages(id, pages);
 }
 
@@ -432,14 +444,37 @@ void start_batch(prefill_actor_t* self) {
   fb.setPhase("prefill");
   std::vector<pseq*> chosen;
   std::vector<int32_t> counts;
-  for (auto& q : s.active) {
-    if (budget <= 0) break;
-    const int32_t left = static_cast<int32_t>(q.tokens.size()) - q.computed;
-    const int32_t n = std::min(left, budget);
-    if (n <= 0) continue;
-    chosen.push_back(&q);
-    counts.push_back(n);
-    budget -= n;
+  for (;;) {
+    chosen.clear();
+    counts.clear();
+    budget = s.opt.lim.prefill_chunk_tokens;
+    std::optional<std::pair<std::string, tandem::error>> broken;
+    for (auto& q : s.active) {
+      if (budget <= 0) break;
+      const int32_t left = static_cast<int32_t>(q.tokens.size()) - q.computed;
+      const int32_t n = std::min(left, budget);
+      if (n <= 0) continue;
+      if (q.pages.size() > 1) {
+        // Window pools: the blocks this chunk does not read give their pages to those it writes.
+        pool_pages freed;
+        try {
+          rotate_window_pages(s.opt.pools, q.computed, q.computed + n, q.owned_from, s.page_size(), q.pages, freed);
+        } catch (const tandem::error& e) {
+          broken.emplace(q.req.id, e);
+        }
+        s.free_pages(q.req.id, freed);
+        if (broken) break;
+      }
+      chosen.push_back(&q);
+      counts.push_back(n);
+      budget -= n;
+    }
+    if (!broken) break;
+    // A sequence whose pages do not cover its chunk ends (a bug if it ever happens: the
+    // acquisition sizes the window pages); the selection runs again without it.
+    auto it = std::find_if(s.active.begin(), s.active.end(), [&](const pseq& q) { return q.req.id == broken->first; });
+    s.fail(*it, broken->second, "kv_pages");
+    s.active.erase(it);
   }
   if (chosen.empty()) return;
   auto seqs = fb.initSeqs(static_cast<unsigned>(chosen.size()));
@@ -452,7 +487,7 @@ void start_batch(prefill_actor_t* self) {
     st.setPos(q.computed);
     const int32_t end = q.computed + counts[i];
     const size_t n_pages = static_cast<size_t>((end + s.page_size() - 1) / s.page_size());
-    fill_list([&](unsigned n) { return st.initPages(n); }, std::span<const int32_t>(q.pages.data(), n_pages));
+    write_pool_pages(st, first_blocks(q.pages, n_pages));
     const bool last = end == static_cast<int32_t>(q.tokens.size());
     st.setSample(last);
     // Only the sampling step needs the sampling (and the penalties their history).

@@ -15,6 +15,7 @@
 #include "actors/common/limits.h"
 #include "actors/common/request.h"
 #include "kernels/model/kv_pool.h"
+#include "kernels/model/kv_pools.h"
 
 namespace tandem {
 
@@ -22,6 +23,9 @@ struct scheduler_options {
   limits lim;
   model_facts model;
   kv_layout layout;
+  /// The KV layout set of the node's pool (kernels/model/kv_pools.h); empty or one pool: every
+  /// table is pool 0's. Window pools: the schedulers release the blocks no step reads again.
+  kv_pools_layout pools;
   std::string pool_id = "local/worker0";
   std::string node = "local";
   /// Non-empty: the decode scheduler runs on other nodes, this one the first of them. Handoffs

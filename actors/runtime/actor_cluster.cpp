@@ -50,6 +50,8 @@ struct actor_cluster::state {
   // What a restart needs to spawn the actor set again.
   std::shared_ptr<llama_model> model;
   kv_layout layout;
+  kv_pools_layout pools;             ///< the layout set the node serves (one pool: `layout`)
+  std::vector<int32_t> extra_pages;  ///< device pages of pools 1..
   std::shared_ptr<spdlog::sinks::sink> sink;
   /// Cache tiers, sized once at start (the same on every restart).
   bool prefix_cache = true;
@@ -164,6 +166,8 @@ void spawn_set(actor_cluster::state& s, const actor_cluster_options& opt, int32_
   wo.pool_id = opt.node_name + "/worker0";
   wo.n_pages = n_pages;
   wo.page_size = opt.lim.page_size;
+  wo.pools = s.pools;
+  wo.extra_pages = s.extra_pages;
   wo.mailbox_bound = opt.lim.worker_mailbox;
   wo.fail_at_start = opt.worker_fails_at_start;
   wo.grammar_vocab = opt.grammar_vocab;
@@ -178,6 +182,9 @@ void spawn_set(actor_cluster::state& s, const actor_cluster_options& opt, int32_
   co.mailbox_bound = opt.lim.cache_tier_mailbox;
   co.cache = opt.cache;
   co.layout = s.layout;
+  co.pools = s.pools;
+  co.extra_pages = s.extra_pages;
+  co.chunk_tokens = opt.lim.prefill_chunk_tokens;
   co.host_pages = s.host_pages;
   co.disk_pages = s.disk_pages;
   s.cache = spawn_cache_tier(*s.sys, co, s.worker, make_actor_logger("cache_tier", s.sink, opt.log_level));
@@ -187,6 +194,7 @@ void spawn_set(actor_cluster::state& s, const actor_cluster_options& opt, int32_
   so.lim.prefix_cache = s.prefix_cache;
   so.model = s.facts;
   so.layout = s.layout;
+  so.pools = s.pools;
   so.pool_id = wo.pool_id;
   so.node = opt.node_name;
   so.transfer_failure_policy = opt.transfer_failure_policy;
@@ -234,6 +242,10 @@ actor_cluster::actor_cluster(std::shared_ptr<llama_model> model, actor_cluster_o
   if (!bad.empty()) throw tandem::error(error_kind::failed, bad);
   const auto& mc = model->config();
   const auto layout = model->layout(opt_.lim.page_size);
+  // The layout set served: a sliding-window model keeps its window layers in a pool of rings.
+  // Cross-node transfers move one pool today, so a node that sends or receives KV over the
+  // network serves the one-pool layout (full-context pages for every layer).
+  const kv_pools_layout set = opt_.kv_transfer ? kv_pools_layout::single(layout) : model->pools_layout(opt_.lim.page_size);
   max_context_ = mc.n_ctx > 0 ? mc.n_ctx : opt_.lim.max_context;
   if (opt_.lim.max_context > 0) max_context_ = std::min(max_context_, opt_.lim.max_context);
   if (max_context_ <= 1)
@@ -249,7 +261,7 @@ actor_cluster::actor_cluster(std::shared_ptr<llama_model> model, actor_cluster_o
   {
     const long ram_pages = ::sysconf(_SC_PHYS_PAGES), ram_page = ::sysconf(_SC_PAGESIZE);
     const uint64_t ram = ram_pages > 0 && ram_page > 0 ? uint64_t(ram_pages) * uint64_t(ram_page) : 0;
-    sizing = size_kv_pools(opt_.lim, opt_.cache, layout, ram);
+    sizing = size_kv_pools(opt_.lim, opt_.cache, set, ram);
     if (!sizing.ok() && holds_kv) {
       std::string msg = sizing.problems.size() == 1 ? "invalid KV cache settings: " : "invalid KV cache settings:";
       for (const auto& p : sizing.problems) msg += (sizing.problems.size() == 1 ? "" : "\n  ") + p;
@@ -261,7 +273,9 @@ actor_cluster::actor_cluster(std::shared_ptr<llama_model> model, actor_cluster_o
   const int32_t host_pages = static_cast<int32_t>(sizing.host_pages);
   const int64_t disk_pages = sizing.disk_pages;
   // Fail on an unusable disk directory now, before any actor (and the worker's thread) exists.
-  if (disk_pages > 0) scan_page_files(opt_.cache.disk_dir, layout.fingerprint(), cache_disk_file_bytes(layout));
+  if (disk_pages > 0)
+    for (size_t p = 0; p < set.pools.size(); ++p)
+      scan_page_files(opt_.cache.disk_dir, pool_file_fingerprint(set, p), cache_disk_file_bytes(set.pools[p].page));
 
   auto& s = *st_;
   s.clk = opt_.clock ? opt_.clock : std::make_shared<steady_cluster_clock>();
@@ -288,6 +302,10 @@ actor_cluster::actor_cluster(std::shared_ptr<llama_model> model, actor_cluster_o
   s.disk_pages = disk_pages;
   s.model = std::move(model);
   s.layout = layout;
+  s.pools = set;
+  s.extra_pages.clear();
+  for (size_t p = 1; p < sizing.pool_pages.size(); ++p)
+    s.extra_pages.push_back(static_cast<int32_t>(std::clamp<int64_t>(sizing.pool_pages[p], 1, int64_t(1) << 30)));
   s.sink = sink;
   spawn_set(s, opt_, n_pages_);
   supervisor_options sv;
@@ -312,11 +330,16 @@ actor_cluster::actor_cluster(std::shared_ptr<llama_model> model, actor_cluster_o
   };
   s.supervisor = spawn_supervisor(*s.sys, std::move(sv), children_of(s), s.clk,
                                   make_actor_logger("supervisor", sink, opt_.log_level));
-  if (holds_kv)
+  if (holds_kv) {
     s.log->info("cluster up: model {} (kernels {}), {} KV pages of {} ({:.1f} MiB), context {}, prefix cache {}",
-                opt_.model_id, opt_.kernels, n_pages_, layout.describe(),
-                double(n_pages_) * double(layout.page_bytes()) / (1024.0 * 1024.0), max_context_,
+                opt_.model_id, opt_.kernels, n_pages_, set.pools[0].page.describe(),
+                double(n_pages_) * double(set.pools[0].page.page_bytes()) / (1024.0 * 1024.0), max_context_,
                 opt_.lim.prefix_cache ? "on" : "off");
+    for (size_t p = 1; p < set.pools.size(); ++p)
+      s.log->info("KV pool '{}': {} pages of {} ({:.1f} MiB)", set.pools[p].name, s.extra_pages[p - 1],
+                  set.pools[p].describe(),
+                  double(s.extra_pages[p - 1]) * double(set.pools[p].page.page_bytes()) / (1024.0 * 1024.0));
+  }
   else  // a router-only node: the KV pools live on its prefill and decode nodes
     s.log->info("cluster up: model {} (tokenizer and limits only), no KV pool on this node (roles: {}), context {}",
                 opt_.model_id, fmt::join(opt_.roles, ", "), max_context_);
@@ -742,6 +765,18 @@ node_report actor_cluster::inspect() const {
     for (const auto& x : snaps) bytes += x.value("kv_pool_bytes");
     p.bytes = int64_t(bytes);
     r.pools.push_back(p);
+    // A layout of several pools: a row per pool ("device:window"), pages and bytes of each.
+    if (s.pools.pools.size() > 1)
+      for (const auto& spec : s.pools.pools) {
+        const std::string l = fmt::format("pool=\"{}\"", spec.name);
+        pool_report q;
+        q.name = "device:" + spec.name;
+        q.pages_total = int64_t(c.value("kv_pool_pages_total", l));
+        q.pages_free = int64_t(c.value("kv_pool_pages_free", l));
+        q.pages_cached = int64_t(c.value("kv_pool_pages_cached", l));
+        q.bytes = int64_t(c.value("kv_pool_device_bytes", l));
+        r.pools.push_back(q);
+      }
   }
   return r;
 }

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "actors/cache_tier/page_file.h"
+#include "actors/common/pool_pages_wire.h"
 #include "actors/common/metrics.h"
 #include "actors/common/request.h"
 #include "actors/common/logprobs_wire.h"
@@ -29,16 +30,17 @@ namespace {
 
 struct worker_state {
   std::shared_ptr<llama_model> model;
-  std::unique_ptr<kv_pool> own_pool;  ///< without a transfer port
   std::unique_ptr<kv_port> port;      ///< cross-node KV transfers; owns the pool then
-  kv_pool* pool = nullptr;
+  std::unique_ptr<kv_pools> pools;    ///< every pool of the layout set (borrowed from the port)
+  kv_pool* pool = nullptr;            ///< pool 0
   /// Who ordered each live transfer (gets its kvDone) and for which request.
   std::map<uint64_t, std::pair<caf::actor, std::string>> transfers;
   int64_t transfer_orders = 0, transfer_order_failures = 0;
   bool tick_pending = false;
   std::vector<metric_sample> extra_metrics;  ///< scratch of the stats handler
-  std::unique_ptr<kv_pool> host;  ///< L2 pages (same layout), host memory
-  uint64_t layout_fp = 0;
+  /// L2 slots in host memory: slot h of every pool (a block's pages of each pool).
+  std::unique_ptr<kv_pools> host;
+  std::vector<uint64_t> layout_fp;  ///< per pool: names its disk files (pool_file_fingerprint)
   int64_t copies = 0, copy_failures = 0;
   std::shared_ptr<mailbox_gate> gate;
   std::shared_ptr<spdlog::logger> log;
@@ -50,6 +52,12 @@ struct worker_state {
   histogram forward_ms{"worker_forward_ms", "Worker forward pass time (ms)", histogram::latency_ms_buckets()};
   static inline const char* name = "worker";
 };
+
+size_t total_bytes(const kv_pools* p) {
+  size_t b = 0;
+  for (size_t i = 0; p && i < p->size(); ++i) b += (*p)[i].bytes();
+  return b;
+}
 
 wire fail_result(const tandem::error& e) {
   return make_wire([&](schema::Envelope::Builder env) {
@@ -69,36 +77,57 @@ wire run_forward(worker_state& st, const wire& w) {
   const int32_t n_vocab = st.model->config().n_vocab;
   const int32_t ps = st.opt.page_size;
   // Copy the spans' storage out of the message and validate every index before computing.
-  std::vector<std::vector<int32_t>> toks(seqs.size()), pages(seqs.size());
+  std::vector<std::vector<int32_t>> toks(seqs.size());
+  std::vector<pool_pages> pages(seqs.size());
+  std::vector<std::vector<std::span<const int32_t>>> tables(seqs.size());
   std::vector<batch_seq> batch(seqs.size());
+  const kv_pools_layout& set = st.pools->set();
   int64_t n_tok = 0;
   for (unsigned i = 0; i < seqs.size(); ++i) {
     auto s = seqs[i];
     toks[i] = to_vector(s.getTokens());
-    pages[i] = to_vector(s.getPages());
+    pages[i] = read_pool_pages(s);
     for (auto t : toks[i])
       if (t < 0 || t >= n_vocab)
         return fail_result(tandem::error(
             error_kind::failed, fmt::format("request {}: token id {} is outside the vocabulary [0, {})",
                                             s.getId().cStr(), t, n_vocab)));
-    for (auto p : pages[i])
-      if (p < 0 || p >= st.pool->n_pages())
-        return fail_result(tandem::error(error_kind::failed,
-                                         fmt::format("request {}: page id {} outside the pool of {} pages",
-                                                     s.getId().cStr(), p, st.pool->n_pages())));
     const int64_t need = (int64_t(s.getPos()) + int64_t(toks[i].size()) + ps - 1) / ps;
-    if (toks[i].empty() || s.getPos() < 0 || int64_t(pages[i].size()) < need)
+    if (pages[i].size() != set.pools.size())
+      return fail_result(tandem::error(
+          error_kind::failed, fmt::format("request {}: page tables for {} pools; this worker's layout has {} ({})",
+                                          s.getId().cStr(), pages[i].size(), set.pools.size(), set.describe())));
+    for (size_t p = 0; p < pages[i].size(); ++p) {
+      // Blocks before a window pool's first live block are never read: -1 is fine there.
+      const int64_t live = set.pools[p].first_live_block(s.getPos());
+      const int32_t n = (*st.pools)[p].n_pages();
+      for (size_t b = 0; b < pages[i][p].size(); ++b) {
+        const int32_t x = pages[i][p][b];
+        if ((x < 0 && int64_t(b) < live) || (x >= 0 && x < n)) continue;
+        return fail_result(tandem::error(
+            error_kind::failed, fmt::format("request {}: page id {} of block {} outside the '{}' pool of {} pages",
+                                            s.getId().cStr(), x, b, set.pools[p].name, n)));
+      }
+    }
+    if (toks[i].empty() || s.getPos() < 0 || int64_t(pages[i][0].size()) < need)
       return fail_result(tandem::error(
           error_kind::failed, fmt::format("request {}: bad forward step (pos {}, {} tokens, {} pages)",
-                                          s.getId().cStr(), s.getPos(), toks[i].size(), pages[i].size())));
+                                          s.getId().cStr(), s.getPos(), toks[i].size(), pages[i][0].size())));
+    for (size_t p = 1; p < pages[i].size(); ++p)
+      if (int64_t(pages[i][p].size()) < need)
+        return fail_result(tandem::error(
+            error_kind::failed, fmt::format("request {}: the '{}' pool's page table has {} blocks, the step needs {}",
+                                            s.getId().cStr(), set.pools[p].name, pages[i][p].size(), need)));
+    for (const auto& t : pages[i]) tables[i].emplace_back(t);
     batch[i].tokens = toks[i];
     batch[i].pos = s.getPos();
-    batch[i].pages = pages[i];
+    batch[i].pages = pages[i][0];
+    if (pages[i].size() > 1) batch[i].pool_pages = tables[i];
     batch[i].want_logits = s.getSample();
     n_tok += int64_t(toks[i].size());
   }
   auto t0 = std::chrono::steady_clock::now();
-  st.model->forward(batch, *st.pool, st.logits);
+  st.model->forward(batch, *st.pools, st.logits);
   std::vector<int32_t> out(seqs.size(), -1);
   std::vector<token_logprobs> lps;  // one per seq once any asked
   size_t row = 0;
@@ -148,7 +177,6 @@ wire run_copy(worker_state& st, schema::CacheCopy::Reader cc) {
   std::vector<uint32_t> failed;
   std::string first_error;
   uint64_t bytes = 0;
-  const size_t pb = st.pool->page_bytes();
   auto ops = cc.getOps();
   auto fail = [&](uint32_t i, std::string why) {
     failed.push_back(i);
@@ -157,11 +185,20 @@ wire run_copy(worker_state& st, schema::CacheCopy::Reader cc) {
   for (uint32_t i = 0; i < ops.size(); ++i) {
     auto op = ops[i];
     const int32_t d = op.getDevice(), h = op.getHost();
-    const bool d_ok = d >= 0 && d < st.pool->n_pages();
-    const bool h_ok = st.host && h >= 0 && h < st.host->n_pages();
+    const int32_t pi = op.getPool();
+    if (pi < 0 || size_t(pi) >= st.pools->size()) {
+      fail(i, fmt::format("pool {} of a layout of {} pools", pi, st.pools->size()));
+      continue;
+    }
+    kv_pool& dev = (*st.pools)[size_t(pi)];
+    kv_pool* host = st.host ? &(*st.host)[size_t(pi)] : nullptr;
+    const size_t pb = dev.page_bytes();
+    const uint64_t fp = st.layout_fp[size_t(pi)];
+    const bool d_ok = d >= 0 && d < dev.n_pages();
+    const bool h_ok = host && h >= 0 && h < host->n_pages();
     auto kind = op.getKind();
     if (kind != schema::CacheOpKind::DROP_DISK && !h_ok) {
-      fail(i, fmt::format("host page {} outside the host pool of {} pages", h, st.host ? st.host->n_pages() : 0));
+      fail(i, fmt::format("host page {} outside the host pool of {} pages", h, host ? host->n_pages() : 0));
       continue;
     }
     try {
@@ -169,20 +206,19 @@ wire run_copy(worker_state& st, schema::CacheCopy::Reader cc) {
         case schema::CacheOpKind::DEVICE_TO_HOST:
         case schema::CacheOpKind::HOST_TO_DEVICE:
           if (!d_ok) {
-            fail(i, fmt::format("device page {} outside the pool of {} pages", d, st.pool->n_pages()));
+            fail(i, fmt::format("device page {} outside the pool of {} pages", d, dev.n_pages()));
             continue;
           }
           if (kind == schema::CacheOpKind::DEVICE_TO_HOST)
-            std::memcpy(st.host->page_data(h), st.pool->page_data(d), pb);
+            std::memcpy(host->page_data(h), dev.page_data(d), pb);
           else
-            std::memcpy(st.pool->page_data(d), st.host->page_data(h), pb);
+            std::memcpy(dev.page_data(d), host->page_data(h), pb);
           bytes += pb;
           break;
         case schema::CacheOpKind::HOST_TO_DISK: {
           if (st.opt.disk_dir.empty()) throw tandem::error("no disk tier configured");
           auto toks = to_vector(op.getTokens());
-          write_page_file(st.opt.disk_dir, st.layout_fp, op.getHash(), op.getParent(), toks, st.host->page_data(h),
-                          pb);
+          write_page_file(st.opt.disk_dir, fp, op.getHash(), op.getParent(), toks, host->page_data(h), pb);
           bytes += pb;
           break;
         }
@@ -190,8 +226,8 @@ wire run_copy(worker_state& st, schema::CacheCopy::Reader cc) {
           if (st.opt.disk_dir.empty()) throw tandem::error("no disk tier configured");
           auto toks = to_vector(op.getTokens());
           std::string why;
-          if (!read_page_file(st.opt.disk_dir, st.layout_fp, op.getHash(), op.getParent(), toks,
-                              st.host->page_data(h), pb, why)) {
+          if (!read_page_file(st.opt.disk_dir, fp, op.getHash(), op.getParent(), toks, host->page_data(h), pb,
+                              why)) {
             fail(i, why);
             continue;
           }
@@ -199,7 +235,7 @@ wire run_copy(worker_state& st, schema::CacheCopy::Reader cc) {
           break;
         }
         case schema::CacheOpKind::DROP_DISK:
-          if (!st.opt.disk_dir.empty()) remove_page_file(st.opt.disk_dir, st.layout_fp, op.getHash());
+          if (!st.opt.disk_dir.empty()) remove_page_file(st.opt.disk_dir, fp, op.getHash());
           break;
       }
     } catch (const std::exception& e) {
@@ -246,6 +282,13 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
   if (opt.fail_at_start)
     throw tandem::error(error_kind::failed,
                         fmt::format("worker of pool {} failed at start (injected: TANDEM_WORKER_FAULT=start)", opt.pool_id));
+  const kv_pools_layout set =
+      opt.pools.pools.size() > 1 ? opt.pools : kv_pools_layout::single(st.model->layout(opt.page_size));
+  if (opt.kv_transfer && set.pools.size() > 1)
+    throw tandem::error(error_kind::unimplemented,
+                        fmt::format("worker of pool {}: cross-node KV transfers of a layout of {} pools ({}) are not "
+                                    "built yet; run prefill and decode on one node for this model",
+                                    opt.pool_id, set.pools.size(), set.describe()));
   if (opt.kv_transfer) {
     auto* st_ptr = &st;
     st.port = opt.kv_transfer(
@@ -268,23 +311,29 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
                            d.setError(why);
                          }));
         }, st.log);
-    st.pool = &st.port->pool();
+    st.pools = std::make_unique<kv_pools>(st.port->pool());
   } else {
-    st.own_pool = std::make_unique<kv_pool>(st.model->layout(opt.page_size), opt.n_pages);
-    st.pool = st.own_pool.get();
+    std::vector<int32_t> n_pages{opt.n_pages};
+    for (size_t p = 1; p < set.pools.size(); ++p)
+      n_pages.push_back(p - 1 < opt.extra_pages.size() ? opt.extra_pages[p - 1] : 0);
+    st.pools = std::make_unique<kv_pools>(set, n_pages);
   }
-  st.layout_fp = st.pool->layout().fingerprint();
+  st.pool = &(*st.pools)[0];
+  for (size_t p = 0; p < set.pools.size(); ++p) st.layout_fp.push_back(pool_file_fingerprint(set, p));
   if (opt.host_pages > 0) {
-    st.host = std::make_unique<kv_pool>(st.pool->layout(), opt.host_pages);
-    st.log->info("worker: host KV pool of {} pages, {:.1f} MiB", opt.host_pages,
-                 double(st.host->bytes()) / (1024.0 * 1024.0));
+    const std::vector<int32_t> slots(set.pools.size(), opt.host_pages);
+    st.host = std::make_unique<kv_pools>(set, slots);
+    size_t bytes = 0;
+    for (size_t p = 0; p < st.host->size(); ++p) bytes += (*st.host)[p].bytes();
+    st.log->info("worker: host KV pool of {} slots, {:.1f} MiB", opt.host_pages, double(bytes) / (1024.0 * 1024.0));
   }
   if (st.port) {
     st.tick_pending = true;
     self->send(self, tick_atom::value);
   }
-  st.log->info("worker up: pool {} with {} pages ({}), {:.1f} MiB", opt.pool_id, opt.n_pages,
-               st.pool->layout().describe(), double(st.pool->bytes()) / (1024.0 * 1024.0));
+  for (size_t p = 0; p < st.pools->size(); ++p)
+    st.log->info("worker up: pool {} '{}' with {} pages ({}), {:.1f} MiB", opt.pool_id, set.pools[p].name,
+                 (*st.pools)[p].n_pages(), set.pools[p].describe(), double((*st.pools)[p].bytes()) / (1024.0 * 1024.0));
   return {
       [self](call_atom, const wire& w) -> wire {
         auto& s = self->state;
@@ -390,8 +439,9 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
             {"worker_batches_total", "", double(s.batches), "counter", "Forward batches run"},
             {"worker_tokens_total", "", double(s.tokens), "counter", "Tokens run through the forward pass"},
             {"worker_failures_total", "", double(s.failures), "counter", "Forward batches that failed"},
-            {"kv_pool_bytes", "", double(s.pool->bytes()), "gauge", "Bytes of the device KV pool"},
-            {"kv_host_pool_bytes", "", double(s.host ? s.host->bytes() : 0), "gauge",
+            {"kv_pool_bytes", "", double(total_bytes(s.pools.get())), "gauge",
+             "Bytes of the device KV pools (every pool of the layout)"},
+            {"kv_host_pool_bytes", "", double(total_bytes(s.host.get())), "gauge",
              "Bytes of the host KV pool (L2)"},
             {"worker_cache_copy_ops_total", "", double(s.copies), "counter", "Cache tier page copy ops run"},
             {"worker_cache_copy_failures_total", "", double(s.copy_failures), "counter",

@@ -21,8 +21,11 @@ namespace tandem {
 
 struct worker_options {
   std::string pool_id = "local/worker0";  ///< names the pool in page descriptors
-  int32_t n_pages = 0;
+  int32_t n_pages = 0;      ///< pages of pool 0
   int32_t page_size = 16;
+  /// The KV layout set (kernels/model/kv_pools.h); one pool or empty: the model's layout().
+  kv_pools_layout pools;
+  std::vector<int32_t> extra_pages;  ///< pages of pools 1..
   int32_t mailbox_bound = 256;
   /// Host (L2) pool of the hierarchical KV cache: same page layout, host memory; 0 = none.
   int32_t host_pages = 0;

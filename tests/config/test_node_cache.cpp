@@ -152,3 +152,71 @@ TEST_CASE("cli: check-config shows each node's effective cache settings") {
         std::string::npos);
   CHECK(out.find("  node d: cache: no host tier, no disk tier") != std::string::npos);
 }
+
+TEST_CASE("kv sizing: a window pool gets a ring per sequence, the full pool the rest, tiers by block") {
+  kv_layout page;
+  page.n_layers = 1;
+  page.n_kv_heads = 1;
+  page.head_dim = 64;
+  page.page_size = 16;
+  kv_pools_layout set;
+  set.pools.push_back(kv_pool_spec{"full", page, 0, {1}});
+  set.pools.push_back(kv_pool_spec{"window", page, 32, {0}});
+  const int64_t pb = int64_t(page.page_bytes());
+  limits lim;
+  lim.kv_cache_mb = 1;
+  lim.max_running_seqs = 4;
+  lim.max_prefill_batch_seqs = 2;
+  lim.prefill_chunk_tokens = 16;
+  cache_config c;
+  c.host_ratio = 1;
+  auto k = size_kv_pools(lim, c, set, 0);
+  REQUIRE(k.ok());
+  REQUIRE(k.pool_pages.size() == 2);
+  const int64_t ring = set.pools[1].max_pages(int64_t(1) << 40, 16);  // ceil(47/16) + 1 = 4
+  CHECK(ring == 4);
+  CHECK(k.pool_pages[1] == 6 * ring);
+  CHECK(k.pool_pages[0] == ((1 << 20) - 6 * ring * pb) / pb);
+  CHECK(k.device_pages == k.pool_pages[0]);
+  CHECK(k.host_pages == k.device_pages);  // host slots: a block's page of each pool
+  c.host_ratio = 0;
+  c.host_size_gb = double(pb) * 2 * 10 / (1024.0 * 1024.0 * 1024.0);  // ten blocks of two pools
+  CHECK(size_kv_pools(lim, c, set, 0).host_pages == 10);
+  // Too small for the rings next to a full page: pools of equal page counts.
+  lim.kv_cache_mb = 0;
+  lim.device_pages = 0;
+  CHECK_FALSE(size_kv_pools(lim, c, set, 0).ok());
+  // The one-pool set sizes as before.
+  lim.kv_cache_mb = 1;
+  c.host_size_gb = 0;
+  CHECK(size_kv_pools(lim, c, kv_pools_layout::single(page), 0).device_pages == (1 << 20) / pb);
+}
+
+TEST_CASE("cli: check-config prints each pool of a sliding-window model (one process)") {
+  e2e::temp_dir dir;
+  const std::string model = (dir.path / "gemma2.gguf").string();
+  {
+    make_model_options o;
+    o.preset = "micro";
+    o.arch = "gemma2";
+    o.sliding_window = 32;
+    write_random_llama(o, model);
+  }
+  std::ofstream(dir.path / "one.toml") << "[limits]\nkv_cache_mb = 2\n[model]\npath = \"" + model +
+                                              "\"\n[cache]\nhost_ratio = 1\n[[node]]\nname = \"all\"\nhost = "
+                                              "\"127.0.0.1\"\nroles = [\"router\", \"prefill\", \"decode\", "
+                                              "\"cache\", \"worker\"]\n";
+  const std::string err_path = (dir.path / "err.txt").string();
+  std::string out;
+  int code = -1;
+  {
+    e2e::child p({TANDEM_BINARY, "check-config", (dir.path / "one.toml").string()}, {}, err_path);
+    out = p.read_all(std::chrono::seconds(30));
+    code = p.wait(std::chrono::seconds(30));
+  }
+  INFO(out);
+  CHECK(code == 0);
+  CHECK(out.find("KV pool 'full':") != std::string::npos);
+  CHECK(out.find("KV pool 'window' (window 32):") != std::string::npos);
+  CHECK(out.find("host tier:") != std::string::npos);
+}

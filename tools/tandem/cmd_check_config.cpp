@@ -1,6 +1,7 @@
 // tandem check-config FILE: every check `tandem serve --config` runs before it starts anything.
 // With --list-nodes it also lists the nodes, one tab-separated line each, so deploy scripts
 // (deploy/launch-cluster.sh, deploy/systemd/install-units.sh) never parse TOML themselves.
+#include <fmt/format.h>
 #include <cstdio>
 #include <string>
 
@@ -80,6 +81,21 @@ int check_config(args a) {
     if (!n.has_role("cache")) continue;
     std::printf("  node %s: cache: %s; page_size %d\n", n.name.c_str(), config_detail::describe_cache(n.cache).c_str(),
                 n.effective_page_size(c.cfg.lim));
+    // What it allocates, pool by pool (when the model's layout is known here).
+    for (const auto& p : c.plans) {
+      if (p.node != n.name) continue;
+      for (const auto& pool : p.pools)
+        std::printf("    KV pool '%s'%s: %lld pages, %.1f MiB on the device\n", pool.name.c_str(),
+                    pool.window_tokens > 0 ? fmt::format(" (window {})", pool.window_tokens).c_str() : "",
+                    static_cast<long long>(pool.pages), double(pool.bytes) / (1024.0 * 1024.0));
+      if (p.host_slots > 0)
+        std::printf("    host tier: %lld blocks (a page of every pool each), %.2f GiB%s\n",
+                    static_cast<long long>(p.host_slots), double(p.host_bytes) / (1024.0 * 1024.0 * 1024.0),
+                    p.numa_node >= 0 ? fmt::format(" on NUMA node {}", p.numa_node).c_str() : "");
+      if (p.disk_blocks > 0)
+        std::printf("    disk tier: %lld blocks (a file per pool each), %.2f GiB\n",
+                    static_cast<long long>(p.disk_blocks), double(p.disk_bytes) / (1024.0 * 1024.0 * 1024.0));
+    }
   }
   return exit_ok;
 }
