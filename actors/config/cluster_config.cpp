@@ -159,8 +159,25 @@ config_check check_cluster_config(const std::string& text, const std::string& so
   // --- [model]
   toml::position model_path_pos{1, 1};
   if (const value* t = ck.table(root, "model")) {
-    ck.known_keys(*t, "model", {"path", "threads", "kernels", "kv_cache_dtype"});
+    ck.known_keys(*t, "model", {"path", "threads", "kernels", "kv_cache_dtype", "backend", "device"});
     ck.choice(*t, "model", "kv_cache_dtype", {"f32", "f16"}, cfg.kv_cache_dtype);
+    int64_t dev = 0;
+    if (ck.integer(*t, "model", "device", 0, 1023, "use the CUDA device index, e.g. 0", dev))
+      cfg.device = static_cast<int32_t>(dev);
+    if (ck.choice(*t, "model", "backend", {"cpu", "cuda"}, cfg.backend) && cfg.backend == "cuda") {
+      const value* b = t->find("backend");
+      if (m.cuda_devices < 0)
+        ck.error(b->pos, "model.backend", b,
+                 "this tandem was built without the CUDA backend; rebuild it with -DTANDEM_CUDA=ON (cmake --preset "
+                 "cuda, needs nvcc) or use backend = \"cpu\"");
+      else if (cfg.device >= m.cuda_devices)
+        ck.error(b->pos, "model.backend", b,
+                 m.cuda_devices == 0
+                     ? std::string("no CUDA device is visible here (no driver or no GPU); use backend = \"cpu\"")
+                     : fmt::format("[model] device = {} but this machine has {} CUDA device{}; use a device in "
+                                   "0..{}",
+                                   cfg.device, m.cuda_devices, m.cuda_devices == 1 ? "" : "s", m.cuda_devices - 1));
+    }
     // The kernel path: every name is checked, and one this machine cannot run is refused
     // here rather than when the worker builds the model.
     std::vector<std::string> paths;

@@ -50,6 +50,9 @@ struct cluster_config {
   /// [model] kv_cache_dtype: element type of the KV cache (f32 | f16; f16 halves the bytes
   /// per cached token and what a decode step's attention reads).
   std::string kv_cache_dtype = "f32";
+  /// [model] backend: what the model runs on (cpu | cuda) and, for cuda, [model] device (index).
+  std::string backend = "cpu";
+  int32_t device = 0;
   /// [router] balance_abs_tokens / balance_rel: cache_aware's balance thresholds
   /// (route_policy_options; the defaults are the same).
   int64_t router_balance_abs_tokens = 2048;
@@ -77,6 +80,9 @@ struct machine_info {
   /// The CPU kernel paths this machine runs (cpu::isa_supported), "best" first; empty =
   /// unknown (not checked).
   std::vector<std::string> kernel_paths;
+  /// CUDA devices this build sees: -1 = a build without the CUDA backend (`tandem` fills it;
+  /// backend = "cuda" is refused then, and for a device index beyond the count).
+  int32_t cuda_devices = -1;
 
   /// The node that runs on this machine (`check-config --node`, `serve --node`; "" = unknown):
   /// its model file must be readable here, whatever its host says.

@@ -168,6 +168,7 @@ void spawn_set(actor_cluster::state& s, const actor_cluster_options& opt, int32_
   wo.page_size = opt.lim.page_size;
   wo.pools = s.pools;
   wo.extra_pages = s.extra_pages;
+  wo.device = opt.device;
   wo.mailbox_bound = opt.lim.worker_mailbox;
   wo.fail_at_start = opt.worker_fails_at_start;
   wo.grammar_vocab = opt.grammar_vocab;

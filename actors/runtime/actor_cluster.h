@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "actors/common/cache_config.h"
+#include "kernels/backend/device.h"
 #include "kernels/base/clock.h"
 #include "actors/common/limits.h"
 #include "actors/common/metrics.h"
@@ -28,6 +29,8 @@ struct actor_cluster_options {
   cache_config cache;  ///< hierarchical KV cache tiers (validated with the model's layout at start)
   std::string model_id = "model";
   std::string kernels = "cpu";                 ///< the model's kernel path, for the start-up log line
+  /// The device the model runs on and its KV pools live in (kernels/backend/device.h); empty = CPU.
+  backend::device device;
   std::string node_name = "local";             ///< `node` label of the node health metrics
   int32_t eos_id = -1;
   /// The vocabulary the worker masks with for response_format (kernels/grammar); null = none.

@@ -38,6 +38,7 @@ std::unique_ptr<embedded_cluster> embedded_cluster::start(const cluster_options&
   co.threads = opt.lim.threads;
   co.isa = cpu::parse_isa(opt.kernel_isa);
   co.kv = require_kv_dtype(opt.kv_cache_dtype, "kv cache dtype '" + opt.kv_cache_dtype + "'");
+  if (opt.device.active()) co.make_backend = opt.device.make_ops;
   std::shared_ptr<llama_model> model = llama_model::load(p->file, co);
   p->model_id = model->config().name.empty() ? std::filesystem::path(opt.model_path).stem().string()
                                              : model->config().name;
@@ -45,8 +46,10 @@ std::unique_ptr<embedded_cluster> embedded_cluster::start(const cluster_options&
   ao.lim = opt.lim;
   ao.cache = opt.cache;
   ao.model_id = p->model_id;
-  ao.kernels = fmt::format("{}, {} thread{}", cpu::to_string(cpu::resolve_isa(co.isa)), co.threads,
-                           co.threads == 1 ? "" : "s");
+  ao.kernels = opt.device.active() ? opt.device.name
+                                    : fmt::format("{}, {} thread{}", cpu::to_string(cpu::resolve_isa(co.isa)),
+                                                  co.threads, co.threads == 1 ? "" : "s");
+  ao.device = opt.device;
   ao.eos_id = p->tok->eos_id();
   ao.grammar_vocab = grammar::make_grammar_vocab(*p->tok);
   ao.log_level = opt.log_level;

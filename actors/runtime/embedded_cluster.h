@@ -9,6 +9,7 @@
 #include "actors/common/cache_config.h"
 #include "actors/common/limits.h"
 #include "actors/runtime/serving_api.h"
+#include "kernels/backend/device.h"
 
 namespace tandem {
 
@@ -27,6 +28,9 @@ struct cluster_options {
   std::string router_policy = "round_robin";  ///< round_robin | power_of_two | cache_aware ([router] policy)
   std::string kernel_isa = "best";            ///< CPU kernel path ([model] kernels; cpu::parse_isa names)
   std::string kv_cache_dtype = "f32";         ///< KV cache element type ([model] kv_cache_dtype: f32 | f16)
+  /// The device to run on ([model] backend / device, --backend): its op table and KV pools
+  /// (kernels/backend/device.h, e.g. backend::make_cuda_device); empty = the CPU backend.
+  backend::device device;
   int64_t router_balance_abs_tokens = 2048;   ///< [router] balance_abs_tokens (cache_aware)
   double router_balance_rel = 1.5;            ///< [router] balance_rel (cache_aware)
 };

@@ -31,7 +31,7 @@ namespace {
 struct worker_state {
   std::shared_ptr<llama_model> model;
   std::unique_ptr<kv_port> port;      ///< cross-node KV transfers; owns the pool then
-  std::unique_ptr<kv_pools> pools;    ///< every pool of the layout set (borrowed from the port)
+  std::shared_ptr<kv_pools> pools;    ///< every pool of the layout set (borrowed from the port)
   kv_pool* pool = nullptr;            ///< pool 0
   /// Who ordered each live transfer (gets its kvDone) and for which request.
   std::map<uint64_t, std::pair<caf::actor, std::string>> transfers;
@@ -209,10 +209,14 @@ wire run_copy(worker_state& st, schema::CacheCopy::Reader cc) {
             fail(i, fmt::format("device page {} outside the pool of {} pages", d, dev.n_pages()));
             continue;
           }
-          if (kind == schema::CacheOpKind::DEVICE_TO_HOST)
-            std::memcpy(host->page_data(h), dev.page_data(d), pb);
-          else
-            std::memcpy(dev.page_data(d), host->page_data(h), pb);
+          // Device memory (a GPU's pool) copies through the device; host memory directly.
+          if (kind == schema::CacheOpKind::DEVICE_TO_HOST) {
+            if (st.opt.device.copy) st.opt.device.copy(host->page_data(h), dev.page_data(d), pb);
+            else std::memcpy(host->page_data(h), dev.page_data(d), pb);
+          } else {
+            if (st.opt.device.copy) st.opt.device.copy(dev.page_data(d), host->page_data(h), pb);
+            else std::memcpy(dev.page_data(d), host->page_data(h), pb);
+          }
           bytes += pb;
           break;
         case schema::CacheOpKind::HOST_TO_DISK: {
@@ -289,6 +293,12 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
                         fmt::format("worker of pool {}: cross-node KV transfers of a layout of {} pools ({}) are not "
                                     "built yet; run prefill and decode on one node for this model",
                                     opt.pool_id, set.pools.size(), set.describe()));
+  if (opt.kv_transfer && opt.device.make_pools)
+    throw tandem::error(error_kind::unimplemented,
+                        fmt::format("worker of pool {}: cross-node KV transfers from {} memory (staged through pinned "
+                                    "host buffers) are not built yet; run prefill and decode on one node with "
+                                    "backend = \"{}\", or use backend = \"cpu\"",
+                                    opt.pool_id, opt.device.name, opt.device.name.substr(0, opt.device.name.find(':'))));
   if (opt.kv_transfer) {
     auto* st_ptr = &st;
     st.port = opt.kv_transfer(
@@ -311,12 +321,12 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
                            d.setError(why);
                          }));
         }, st.log);
-    st.pools = std::make_unique<kv_pools>(st.port->pool());
+    st.pools = std::make_shared<kv_pools>(st.port->pool());
   } else {
     std::vector<int32_t> n_pages{opt.n_pages};
     for (size_t p = 1; p < set.pools.size(); ++p)
       n_pages.push_back(p - 1 < opt.extra_pages.size() ? opt.extra_pages[p - 1] : 0);
-    st.pools = std::make_unique<kv_pools>(set, n_pages);
+    st.pools = opt.device.make_pools ? opt.device.make_pools(set, n_pages) : std::make_shared<kv_pools>(set, n_pages);
   }
   st.pool = &(*st.pools)[0];
   for (size_t p = 0; p < set.pools.size(); ++p) st.layout_fp.push_back(pool_file_fingerprint(set, p));

@@ -14,6 +14,7 @@
 #include "actors/common/bounded_mailbox.h"
 #include "actors/common/limits.h"
 #include "actors/worker/kv_port.h"
+#include "kernels/backend/device.h"
 #include "kernels/grammar/sessions.h"
 #include "kernels/model/llama.h"
 
@@ -26,6 +27,9 @@ struct worker_options {
   /// The KV layout set (kernels/model/kv_pools.h); one pool or empty: the model's layout().
   kv_pools_layout pools;
   std::vector<int32_t> extra_pages;  ///< pages of pools 1..
+  /// A device backend (kernels/backend/device.h): the KV pools in its memory, the host tier's
+  /// copies through its copy function. The model must run on the same device. Empty = host memory.
+  backend::device device;
   int32_t mailbox_bound = 256;
   /// Host (L2) pool of the hierarchical KV cache: same page layout, host memory; 0 = none.
   int32_t host_pages = 0;

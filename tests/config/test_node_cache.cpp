@@ -220,3 +220,22 @@ TEST_CASE("cli: check-config prints each pool of a sliding-window model (one pro
   CHECK(out.find("KV pool 'window' (window 32):") != std::string::npos);
   CHECK(out.find("host tier:") != std::string::npos);
 }
+
+TEST_CASE("config: backend = cuda is refused without a CUDA build or device, naming the fix") {
+  const std::string one = "[model]\npath = \"m.gguf\"\nbackend = \"cuda\"\ndevice = 1\n[[node]]\nname = \"all\"\nhost = "
+                          "\"127.0.0.1\"\nroles = [\"router\", \"prefill\", \"decode\", \"cache\", \"worker\"]\n";
+  auto m = fixed_machine();
+  m.cuda_devices = -1;
+  auto no_build = check_cluster_config(one, "t.toml", m);
+  CHECK(joined(no_build).find("model.backend = \"cuda\": this tandem was built without the CUDA backend; rebuild it "
+                              "with -DTANDEM_CUDA=ON") != std::string::npos);
+  m.cuda_devices = 0;
+  CHECK(joined(check_cluster_config(one, "t.toml", m)).find("no CUDA device is visible here") != std::string::npos);
+  m.cuda_devices = 1;
+  CHECK(joined(check_cluster_config(one, "t.toml", m)).find("[model] device = 1 but this machine has 1 CUDA device;") !=
+        std::string::npos);
+  m.cuda_devices = 2;
+  CHECK(joined(check_cluster_config(one, "t.toml", m)).find("model.backend") == std::string::npos);
+  auto bad = check_cluster_config("[model]\nbackend = \"tpu\"\n" + one.substr(one.find("[[node]]")), "t.toml", m);
+  CHECK(joined(bad).find("model.backend") != std::string::npos);
+}

@@ -7,6 +7,7 @@
 
 #include "kernels/base/error.h"
 #include "actors/config/cluster_config.h"
+#include "tools/tandem/backend_select.h"
 #include "tools/tandem/commands.h"
 #include "actors/config/cache_table.h"
 #include "tools/tandem/config_report.h"
@@ -51,7 +52,9 @@ int check_config(args a) {
   const std::string& path = f.positional()[0];
   config_check c;
   try {
-    c = check_cluster_config_file(path, machine_info::probe(f.str("node")));
+    machine_info here = machine_info::probe(f.str("node"));
+    here.cuda_devices = cuda_devices_here();
+    c = check_cluster_config_file(path, here);
   } catch (const tandem::error& e) {
     std::fprintf(stderr, "tandem check-config: %s\n", e.what());
     return exit_config;

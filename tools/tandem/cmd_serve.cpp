@@ -22,6 +22,7 @@
 #include "actors/runtime/embedded_cluster.h"
 #include "kernels/tokenizer/tokenizer.h"
 #include "actors/common/limits_table.h"
+#include "tools/tandem/backend_select.h"
 #include "tools/tandem/commands.h"
 #include "tools/tandem/config_report.h"
 #include "tools/tandem/exit_codes.h"
@@ -139,7 +140,7 @@ void configure_from_file(const flags& f, cluster_options& co, front_end_options&
   std::vector<std::string> file_set = limit_flag_names();
   for (const char* flag : {"model", "host", "port", "rpc-port", "admin-port", "host-ratio", "host-size-gb",
                            "cache-write-policy", "cache-disk-dir", "cache-disk-size-gb", "min-load-back-tokens",
-                           "router-policy", "router-migration", "kernels", "kv-cache-dtype"})
+                           "router-policy", "router-migration", "kernels", "kv-cache-dtype", "backend", "device"})
     file_set.emplace_back(flag);
   for (const auto& flag : file_set)
     if (f.has(flag))
@@ -149,7 +150,9 @@ void configure_from_file(const flags& f, cluster_options& co, front_end_options&
   if (!f.has("node")) throw usage_error("--config needs --node NAME: the [[node]] of the config this process runs");
   config_check c;
   try {
-    c = check_cluster_config_file(path, machine_info::probe(f.str("node")));
+    machine_info here = machine_info::probe(f.str("node"));
+    here.cuda_devices = cuda_devices_here();
+    c = check_cluster_config_file(path, here);
   } catch (const tandem::error& e) {
     throw config_error(e.what());
   }
@@ -174,6 +177,7 @@ void configure_from_file(const flags& f, cluster_options& co, front_end_options&
   co.router_policy = c.cfg.router_policy;
   co.kernel_isa = c.cfg.kernel_isa;
   co.kv_cache_dtype = c.cfg.kv_cache_dtype;
+  co.device = select_backend(c.cfg.backend, c.cfg.device);
   co.router_balance_abs_tokens = c.cfg.router_balance_abs_tokens;
   co.router_balance_rel = c.cfg.router_balance_rel;
   if (node->page_size) co.lim.page_size = node->page_size;
@@ -284,6 +288,8 @@ int serve(args a) {
            "CPU kernel path: best (the widest vector path), scalar, avx2, avx512, or amx (f16/bf16 matmuls on "
            "AMX tiles: faster prefill and large decode batches, slower batch-1 decode)",
            "best")
+      .opt("backend", "what the model runs on: cpu, or cuda (a build with -DTANDEM_CUDA=ON and a GPU)", "cpu")
+      .opt("device", "the CUDA device index with --backend cuda", "0")
       .opt("kv-cache-dtype",
            "KV cache element type: f32, or f16 (half the memory per cached token and half the bytes a decode "
            "step's attention reads; values rounded to 11 significant bits)",
@@ -317,6 +323,7 @@ int serve(args a) {
     co.router_policy = f.str("router-policy");
     co.kernel_isa = f.str("kernels");
     co.kv_cache_dtype = f.str("kv-cache-dtype");
+    co.device = select_backend(f.str("backend"), static_cast<int32_t>(f.num("device")));
     if (f.str("router-migration") != "on" && f.str("router-migration") != "off")
       throw usage_error("flag --router-migration = '" + f.str("router-migration") + "' is not a switch; use on or off");
     co.lim.router_migration = f.str("router-migration") == "on";

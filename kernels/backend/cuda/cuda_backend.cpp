@@ -396,4 +396,32 @@ device_kv_pool::~device_kv_pool() {
   if (memory_ != nullptr) cudaFree(memory_);
 }
 
+device make_cuda_device(const cuda_options& opt) {
+  const int32_t n = cuda_device_count();
+  if (opt.device < 0 || opt.device >= n)
+    throw tandem::error(error_kind::failed,
+                        fmt::format("cuda backend: no CUDA device {} here ({} found); set [model] device (--device) to "
+                                    "one of 0..{} or use backend = \"cpu\"",
+                                    opt.device, n, n - 1));
+  device d;
+  d.name = fmt::format("cuda:{}", opt.device);
+  d.make_ops = [opt] { return make_cuda_backend(opt); };
+  const int32_t dev = opt.device;
+  d.make_pools = [dev](const kv_pools_layout& set, std::span<const int32_t> n_pages) -> std::shared_ptr<kv_pools> {
+    auto owned = std::make_shared<std::vector<std::unique_ptr<device_kv_pool>>>();
+    std::vector<kv_pool*> pools;
+    for (size_t p = 0; p < set.pools.size(); ++p) {
+      owned->push_back(std::make_unique<device_kv_pool>(set.pools[p].page, n_pages[p], dev));
+      pools.push_back(&owned->back()->pool());
+    }
+    // The set borrows the device pools; the deleter frees them after it.
+    return std::shared_ptr<kv_pools>(new kv_pools(set, std::move(pools)), [owned](kv_pools* k) { delete k; });
+  };
+  d.copy = [dev](void* dst, const void* src, size_t bytes) {
+    check(cudaSetDevice(dev), "selecting the device for a KV page copy");
+    check(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "copying a KV page between device and host");
+  };
+  return d;
+}
+
 }  // namespace tandem::backend

@@ -17,6 +17,7 @@
 #include <memory>
 
 #include "kernels/backend/backend.h"
+#include "kernels/backend/device.h"
 #include "kernels/model/kv_pool.h"
 
 namespace tandem::backend {
@@ -47,5 +48,9 @@ class device_kv_pool {
   void* memory_ = nullptr;
   std::unique_ptr<kv_pool> pool_;
 };
+
+/// The CUDA device for serving (kernels/backend/device.h): its op table, KV pools in its memory,
+/// page copies with cudaMemcpy. Throws tandem::error naming the device and the fix when absent.
+device make_cuda_device(const cuda_options& opt);
 
 }  // namespace tandem::backend
