@@ -1,0 +1,157 @@
+/// Spawning and wiring one set of a node's actors (at start and on every restart): the worker,
+/// cache tier, schedulers and router, or proxies for the roles other nodes run.
+#include "actors/runtime/actor_cluster_state.h"
+
+namespace tandem::cluster_detail {
+
+double process_rss_bytes() {
+  std::ifstream in("/proc/self/statm");
+  uint64_t size = 0, resident = 0;
+  if (!(in >> size >> resident)) return 0;
+  return double(resident) * double(::sysconf(_SC_PAGESIZE));
+}
+
+namespace {
+
+
+/// The proxy for a role of other nodes, over all its nodes (what a local scheduler sends
+/// to: handoffs go to the decode node the router chose), or an empty handle if no other node
+/// has it.
+bounded_actor remote_role(actor_cluster::state& s, const actor_cluster_options& opt, const std::string& role,
+                          int32_t bound) {
+  auto targets = s.links.with_role(role);
+  if (targets.empty()) return {};
+  return spawn_remote_proxy(*s.sys, role, std::move(targets), bound, false,
+                            make_actor_logger("proxy_" + role, s.sink, opt.log_level), "",
+                            (role == "decode" && s.has("prefill")) || (role == "prefill" && s.has("decode")));
+}
+
+/// The router's targets for `role`: the local scheduler (named `node/role`, as its credits),
+/// or one proxy per other node with the role (added to s.route_proxies). A proxy's mailbox is
+/// named after the role when it is the role's only stand-in here, else after its target.
+std::vector<route_target> route_targets(actor_cluster::state& s, const actor_cluster_options& opt,
+                                        const std::string& role, const bounded_actor& local, int32_t bound) {
+  if (s.has(role)) return {route_target{opt.node_name + "/" + role, local}};
+  std::vector<route_target> v;
+  auto nodes = s.links.with_role(role);
+  const bool alone = nodes.size() == 1 && !local;
+  for (auto& n : nodes) {
+    const std::string target = n.name + "/" + role;
+    auto a = spawn_remote_proxy(*s.sys, role, {n}, bound, true,
+                                make_actor_logger("proxy_" + role, s.sink, opt.log_level), alone ? role : target);
+    s.route_proxies.push_back(a);
+    v.push_back(route_target{target, a});
+  }
+  return v;
+}
+
+/// The router over every prefill and decode target this node reaches (local or proxied).
+bounded_actor spawn_router_for(actor_cluster::state& s, const actor_cluster_options& opt) {
+  router_options ro;
+  ro.lim = opt.lim;
+  ro.model = s.facts;
+  ro.tick_ms = opt.router_tick_ms;
+  ro.policy = opt.policy;
+  auto prefills = route_targets(s, opt, "prefill", s.prefill, opt.lim.prefill_mailbox);
+  auto decodes = route_targets(s, opt, "decode", s.decode, opt.lim.decode_mailbox);
+  if (prefills.empty())
+    throw tandem::error(error_kind::failed,
+                        fmt::format("node {} runs the router but no node has the prefill role; give one node it",
+                                    opt.node_name));
+  return spawn_router(*s.sys, ro, std::move(prefills), std::move(decodes), s.clk,
+                      make_actor_logger("router", s.sink, opt.log_level));
+}
+
+/// Sends the peer set to the proxies (they answer undeliverable work to the router through it).
+void send_peers_to_proxies(actor_cluster::state& s, const peer_set& peers) {
+  for (auto& p : s.route_proxies) caf::anon_send(p.handle, peers_atom::value, peers);
+}
+
+}  // namespace
+
+void spawn_set(actor_cluster::state& s, const actor_cluster_options& opt, int32_t n_pages) {
+  s.route_proxies.clear();  // a restart sent the old ones their exit with the rest
+  if (!s.has("worker")) {
+    // A router-only node: the front ends and the router over one proxy per remote node.
+    s.worker = s.cache = s.prefill = s.decode = bounded_actor{};
+    s.router = spawn_router_for(s, opt);
+    peer_set peers{s.router, {}, {}, {}, {}};
+    send_peers_to_proxies(s, peers);
+    if (s.links.ingress) caf::anon_send(s.links.ingress, peers_atom::value, peers);
+    return;
+  }
+  worker_options wo;
+  wo.kv_transfer = opt.kv_transfer;
+  wo.pool_id = opt.node_name + "/worker0";
+  wo.n_pages = n_pages;
+  wo.page_size = opt.lim.page_size;
+  wo.pools = s.pools;
+  wo.extra_pages = s.extra_pages;
+  wo.device = opt.device;
+  wo.mailbox_bound = opt.lim.worker_mailbox;
+  wo.fail_at_start = opt.worker_fails_at_start;
+  wo.grammar_vocab = opt.grammar_vocab;
+  wo.host_pages = s.host_pages;
+  if (s.disk_pages > 0) wo.disk_dir = opt.cache.disk_dir;
+  s.worker = spawn_worker(*s.sys, s.model, wo, make_actor_logger("worker", s.sink, opt.log_level));
+
+  cache_tier_options co;
+  co.n_pages = n_pages;
+  co.page_size = opt.lim.page_size;
+  co.prefix_cache = s.prefix_cache;
+  co.mailbox_bound = opt.lim.cache_tier_mailbox;
+  co.cache = opt.cache;
+  co.layout = s.layout;
+  co.pools = s.pools;
+  co.extra_pages = s.extra_pages;
+  co.chunk_tokens = opt.lim.prefill_chunk_tokens;
+  co.host_pages = s.host_pages;
+  co.disk_pages = s.disk_pages;
+  s.cache = spawn_cache_tier(*s.sys, co, s.worker, make_actor_logger("cache_tier", s.sink, opt.log_level));
+
+  scheduler_options so;
+  so.lim = opt.lim;
+  so.lim.prefix_cache = s.prefix_cache;
+  so.model = s.facts;
+  so.layout = s.layout;
+  so.pools = s.pools;
+  so.pool_id = wo.pool_id;
+  so.node = opt.node_name;
+  so.transfer_failure_policy = opt.transfer_failure_policy;
+  so.shares_worker = s.has("prefill") && s.has("decode");
+  if (!s.has("decode")) {
+    auto d = s.links.with_role("decode");
+    if (!d.empty()) so.remote_decode_node = d.front().name;
+  }
+  if (!s.has("prefill")) so.lim.prefix_cache = false;  // nothing acquires prefixes on a decode-only node
+  s.prefill = s.has("prefill")
+                  ? spawn_prefill_scheduler(*s.sys, so, s.clk, make_actor_logger("prefill", s.sink, opt.log_level))
+                  : remote_role(s, opt, "prefill", opt.lim.prefill_mailbox);
+  s.decode = s.has("decode")
+                 ? spawn_decode_scheduler(*s.sys, so, s.clk, make_actor_logger("decode", s.sink, opt.log_level))
+                 : remote_role(s, opt, "decode", opt.lim.decode_mailbox);
+
+  s.router = s.has("router") ? spawn_router_for(s, opt) : remote_role(s, opt, "router", opt.lim.router_mailbox);
+
+  peer_set peers{s.router, s.prefill, s.decode, s.worker, s.cache};
+  for (auto* a : {&s.prefill, &s.decode, &s.router})
+    if (a->handle && (a != &s.router || !s.has("router"))) caf::anon_send(a->handle, peers_atom::value, peers);
+  send_peers_to_proxies(s, peers);
+  if (s.links.ingress) caf::anon_send(s.links.ingress, peers_atom::value, peers);
+  if (s.draining)  // restarted while draining: the new actors drain too
+    for (auto [role, a] : {std::pair{"router", &s.router}, std::pair{"prefill", &s.prefill}, std::pair{"decode", &s.decode}})
+      if (s.has(role) && a->handle) caf::anon_send(a->handle, drain_atom::value, true);
+}
+
+std::vector<supervised_child> children_of(actor_cluster::state& s) {
+  std::vector<supervised_child> v;
+  for (auto [name, a] : {std::pair{"router", &s.router}, std::pair{"prefill", &s.prefill},
+                         std::pair{"decode", &s.decode}, std::pair{"worker", &s.worker},
+                         std::pair{"cache_tier", &s.cache}})
+    if (a->handle) v.push_back({name, a->handle});
+  for (auto& p : s.route_proxies) v.push_back({p.gate->actor_name(), p.handle});
+  return v;
+}
+
+
+}  // namespace tandem::cluster_detail
