@@ -263,33 +263,6 @@ TEST_CASE("kv pools: a cached prefix is usable only with its window state, else 
   CHECK(usable_prefix(one, 22, have({1, 1, 1, 1, 1, 1}, {})) == 20);
 }
 
-TEST_CASE(
-    "kv pools: a byte budget splits across pools by their device bytes, whole pages, none is an error") {
-  kv_pool_spec full{.name = "full", .page = kv_layout{2, 2, 8, 4}, .layers = {1, 3}};
-  kv_pool_spec window = window_spec(32, 4);
-  window.page.n_layers = 2;
-  window.layers = {0, 2};
-  const kv_pools_layout set{.pools = {full, window}};
-  const size_t pb = full.page.page_bytes();
-  REQUIRE(window.page.page_bytes() == pb);
-  const std::vector<int64_t> device = {300, 100};  // the window pool is a quarter of the bytes
-  const pool_split s = split_pool_bytes(set, device, 40 * pb, "cache.host_size_gb");
-  REQUIRE(s.ok());
-  CHECK(s.pages == std::vector<int64_t>{30, 10});
-  CHECK(s.min_bytes == 4 * pb);  // W / 100 device pages = 400 pages' bytes / 100
-  const pool_split tight = split_pool_bytes(set, device, 4 * pb, "x");
-  CHECK(tight.ok());
-  CHECK(tight.pages == std::vector<int64_t>{3, 1});
-  const pool_split none = split_pool_bytes(set, device, 4 * pb - 1, "cache.host_size_gb = 0.0001");
-  CHECK_FALSE(none.ok());
-  CHECK(none.problem.find("window KV pool") != std::string::npos);
-  CHECK(none.problem.find(fmt::format("at least {} bytes", 4 * pb)) != std::string::npos);
-  // One pool: the whole budget in its pages.
-  const pool_split single =
-      split_pool_bytes(kv_pools_layout::single(full.page), std::vector<int64_t>{10}, 7 * pb + 3, "x");
-  CHECK(single.pages == std::vector<int64_t>{7});
-}
-
 TEST_CASE("kv pools: a make-model gemma2 file (window 32) gives the same bits in pools past its window") {
   for (const ggml_type t : {ggml_type::f16, ggml_type::q8_0}) {
     CAPTURE(int(t));
