@@ -50,7 +50,7 @@ TEST_CASE("tool_choice http: a named function sends the call's grammar and the r
   INFO(r.body);
   REQUIRE(r.status == 200);
   REQUIRE(s.api.submitted().size() == 1);
-  const auto& g = s.api.submitted()[0].sampling.grammar;
+  const grammar_spec g = s.api.submitted()[0].sampling.grammar;  // submitted() is a copy
   REQUIRE(g.kind == grammar_kind::json_schema);
   auto schema = grammar::json_doc::parse(g.source);
   CHECK(schema.find("properties")->find("name")->find("const")->s == "get");
