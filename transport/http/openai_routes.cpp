@@ -317,7 +317,19 @@ kj::Promise<void> openai_server::impl::generate(route_id r, const std::string& t
   g->text_offset = utf8_chars(g->echo);
   // A forced call is a bare {name, arguments} object (the grammar's), whatever the template's format.
   const tool_call_format calls_format = choice.forced() ? tool_call_format::llama3_json : tool_format;
-  if (pr.parse_tools && calls_format != tool_call_format::none) g->tools = std::make_unique<tool_call_parser>(calls_format);
+  if (pr.parse_tools && calls_format != tool_call_format::none) {
+    // Markers that are control tokens decode to nothing: render them for the parser alone.
+    std::vector<std::string> hidden;
+    if (!choice.forced() && !tool_markers.empty()) {
+      std::vector<std::pair<int32_t, std::string>> render;
+      for (const auto& m : tool_markers) {
+        render.emplace_back(m.id, m.text);
+        hidden.push_back(m.text);
+      }
+      g->text.render_control(std::move(render));
+    }
+    g->tools = std::make_unique<tool_call_parser>(calls_format, std::move(hidden));
+  }
   auto req = transport::make_request(g->id, std::move(pr.prompt), pr.gen, tok, lim);
   req.logprobs = pr.logprobs;
   g->deadline = req.deadline + std::chrono::milliseconds(std::min(2000, lim.request_timeout_ms));
