@@ -108,6 +108,13 @@ TEST_CASE("tool_choice: required is any one tool's call; $refs inside a tool's p
   CHECK(!accepts(p.grammar, R"({"name":"ping","arguments":{"x":1}})"));
   CHECK(!accepts(p.grammar, R"({"name":"other","arguments":{}})"));
   CHECK(!accepts(p.grammar, "Sure, let me call it."));
+  // Properties named like data keywords still have their $refs followed.
+  auto named = parse(R"("tool_choice":"required","tools":[{"type":"function","function":{"name":"cfg","parameters":
+                        {"type":"object","definitions":{"b":{"type":"boolean"}},"properties":{"default":{"$ref":"#/definitions/b"},
+                         "enum":{"$ref":"#/definitions/b"}},"required":["default","enum"],"additionalProperties":false}}}])");
+  REQUIRE_MESSAGE(!named.err, named.err->message);
+  CHECK(accepts(named.grammar, R"({"name":"cfg","arguments":{"default":true,"enum":false}})"));
+  CHECK(!accepts(named.grammar, R"({"name":"cfg","arguments":{"default":1,"enum":false}})"));
   // A recursive schema ("#" = the parameters) points at the tool's own definition.
   auto rec = parse(R"("tool_choice":"required","tools":[{"type":"function","function":{"name":"tree","parameters":
                       {"type":"object","properties":{"kids":{"type":"array","items":{"$ref":"#"},"maxItems":2}},

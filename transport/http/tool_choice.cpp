@@ -26,19 +26,24 @@ json::value parameters_of(const json::value& tool) {
 
 /// Points the local $refs of a tool's parameters (written against the parameters as root) at
 /// where they now live: "#/..." becomes "#/$defs/tool<i>/...". Values that are data, not
-/// schemas (enum, const, default, examples), are left alone.
-void rebase_refs(json::value& v, const std::string& base) {
+/// schemas (enum, const, default, examples), are left alone; `names` marks a map from names to
+/// schemas (properties, $defs), whose keys are not keywords.
+void rebase_refs(json::value& v, const std::string& base, bool names = false) {
   if (v.k == json::kind::array) {
     for (auto& e : v.arr) rebase_refs(e, base);
     return;
   }
   if (v.k != json::kind::object) return;
   for (auto& m : v.obj) {
+    if (names) {
+      rebase_refs(m.second, base);
+      continue;
+    }
     if (m.first == "enum" || m.first == "const" || m.first == "default" || m.first == "examples") continue;
     if (m.first == "$ref" && m.second.k == json::kind::string && m.second.s.starts_with('#'))
       m.second.s = base + m.second.s.substr(1);
     else
-      rebase_refs(m.second, base);
+      rebase_refs(m.second, base, m.first == "properties" || m.first == "$defs" || m.first == "definitions");
   }
 }
 
