@@ -31,6 +31,22 @@ struct GenerateRequest {
   maxTokens @3 :Int32 = 16;
   stop @4 :List(Text);          # stop strings, matched in the detokenized text and trimmed
   ignoreEos @5 :Bool = false;
+  # Log-probabilities of each generated token (TokenSink.tokens' logprobs), as the HTTP API's
+  # chat `logprobs` / `top_logprobs`: topLogprobs (0 to 20) alternatives, most likely first;
+  # topLogprobs > 0 needs logprobs. docs/api.md says which distribution they come from.
+  logprobs @6 :Bool = false;
+  topLogprobs @7 :Int32 = 0;
+}
+
+struct LogprobEntry {
+  token @0 :Int32;
+  logprob @1 :Float32;   # natural log; -inf when it underflows
+}
+
+struct TokenLogprobs {
+  token @0 :Int32;       # the generated token
+  logprob @1 :Float32;
+  top @2 :List(LogprobEntry);  # the request's topLogprobs most likely tokens
 }
 
 enum FinishReason {
@@ -50,7 +66,8 @@ struct Usage {
 # The client's callback object; the node calls it as tokens are produced.
 interface TokenSink {
   # New tokens and the text that became complete with them (valid UTF-8, may be empty).
-  tokens @0 (ids :List(Int32), text :Text) -> stream;
+  # With GenerateRequest.logprobs, `logprobs` has one entry per id, in the same order.
+  tokens @0 (ids :List(Int32), text :Text, logprobs :List(TokenLogprobs)) -> stream;
   # Exactly one call ends every accepted request; `error` is set iff reason == error.
   done @1 (reason :FinishReason, usage :Usage, error :Error) -> ();
 }

@@ -20,6 +20,7 @@ int generate(args a) {
       .opt("top-k", "0 = off", "0")
       .opt("seed", "sampling seed", "0")
       .sw("ignore-eos", "keep generating past EOS")
+      .opt("logprobs", "print each token's log-probability and this many alternatives (0 to 20) to stderr; -1 = off", "-1")
       .opt("api-key-file", "file whose first key is sent to the node (default: $TANDEM_API_KEY)");
   if (!f.parse(a)) {
     std::fprintf(stderr, "usage: tandem generate --prompt TEXT [options]\n%s", f.help().c_str());
@@ -35,6 +36,7 @@ int generate(args a) {
   p.top_k = static_cast<int32_t>(f.num("top-k"));
   p.seed = static_cast<uint64_t>(f.num("seed"));
   p.ignore_eos = f.on("ignore-eos");
+  p.logprobs = static_cast<int32_t>(f.num("logprobs"));
 
   auto c = client::connect(f.str("host"), static_cast<uint16_t>(port), client_api_key(f.str("api-key-file")));
   auto r = c->generate(f.str("prompt"), p, [](std::string_view text) {
@@ -44,6 +46,11 @@ int generate(args a) {
   });
   std::fputc('\n', stdout);
   std::fflush(stdout);  // the summary on stderr must come after the text
+  for (const auto& t : r.logprobs) {
+    std::fprintf(stderr, "token %d logprob %.6f", t.token, double(t.logprob));
+    for (const auto& e : t.top) std::fprintf(stderr, " | %d %.6f", e.token, double(e.logprob));
+    std::fputc('\n', stderr);
+  }
   std::fprintf(stderr, "tandem generate: %s, finish_reason=%s, prompt_tokens=%d, completion_tokens=%d\n", r.request_id.c_str(),
                r.finish_reason.c_str(), r.prompt_tokens, r.completion_tokens);
   return 0;

@@ -118,6 +118,24 @@ std::string_view tool_call_format_name(tool_call_format f) {
   return "none";
 }
 
+std::vector<std::string_view> tool_call_markers(tool_call_format f) {
+  switch (f) {
+    case tool_call_format::hermes: return {hermes_open, hermes_close};
+    case tool_call_format::llama3_json: return {python_tag};
+    case tool_call_format::mistral: return {mistral_marker};
+    case tool_call_format::none: break;
+  }
+  return {};
+}
+
+void tool_call_parser::drop_hidden(result& r) const {
+  // A hidden marker comes from one control token, so it arrives whole in one push and leaves
+  // whole in one result (text mode holds back marker prefixes; every other path gives whole
+  // buffers back). Only a stop string's held-back prefix could split one: its pieces stay.
+  for (const auto& m : hidden_)
+    for (size_t p = r.content.find(m); p != std::string::npos; p = r.content.find(m, p)) r.content.erase(p, m.size());
+}
+
 bool tool_call_parser::take_calls(std::string_view body, result& r) {
   json::value v;
   try {
@@ -286,6 +304,7 @@ tool_call_parser::result tool_call_parser::push(std::string_view text) {
   result r;
   buf_.append(text);
   step(r, false);
+  drop_hidden(r);
   return r;
 }
 
@@ -294,6 +313,7 @@ tool_call_parser::result tool_call_parser::finish() {
   step(r, true);
   r.content += buf_;
   buf_.clear();
+  drop_hidden(r);
   return r;
 }
 

@@ -9,7 +9,7 @@
 ///   with `{` or the tag is plain content.
 /// - mistral (Mistral Nemo and the v3 tokenizer family): `[TOOL_CALLS] [{"name": N, "arguments": {...}}, ...]`.
 /// Text that looks like a call but does not parse as one (bad JSON, no name) stays content,
-/// byte for byte. `arguments` is always a JSON text (an object serialized compactly, or the
+/// byte for byte, except for markers the parser was told are hidden (below). `arguments` is always a JSON text (an object serialized compactly, or the
 /// string the model wrote).
 #include <cstddef>
 #include <string>
@@ -25,6 +25,10 @@ enum class tool_call_format { none, hermes, llama3_json, mistral };
 tool_call_format tool_call_format_for_template(std::string_view chat_template);
 /// "none", "hermes", "llama3_json", "mistral".
 std::string_view tool_call_format_name(tool_call_format f);
+/// The marker texts of format `f`: "<tool_call>" and "</tool_call>" (hermes), "<|python_tag|>"
+/// (llama3_json), "[TOOL_CALLS]" (mistral). Real vocabularies may have them as single control
+/// tokens, which decode to no text (transport/chat/tool_call_markers.h).
+std::vector<std::string_view> tool_call_markers(tool_call_format f);
 
 struct parsed_tool_call {
   std::string name;
@@ -40,7 +44,11 @@ class tool_call_parser {
   /// this many bytes is given up as content.
   static constexpr size_t max_call_bytes = 1 << 20;
 
-  explicit tool_call_parser(tool_call_format f) : format_(f) {}
+  /// `hidden_markers`: markers that reach the parser only because the front end rendered their
+  /// control tokens for it (the model's vocabulary has them as control tokens, whose text is
+  /// not content); they are never given back as content, even around text that is not a call.
+  explicit tool_call_parser(tool_call_format f, std::vector<std::string> hidden_markers = {})
+      : format_(f), hidden_(std::move(hidden_markers)) {}
 
   struct result {
     std::string content;
@@ -57,8 +65,10 @@ class tool_call_parser {
   enum class mode { start, text, call, plain };
   void step(result& r, bool at_end);
   bool take_calls(std::string_view body, result& r);
+  void drop_hidden(result& r) const;
 
   tool_call_format format_;
+  std::vector<std::string> hidden_;
   mode mode_ = mode::start;
   std::string buf_;  ///< text not yet decided
   size_t calls_found_ = 0;

@@ -62,6 +62,13 @@ class sink_impl final : public api::TokenSink::Server {
   kj::Promise<void> tokens(TokensContext ctx) override {
     auto p = ctx.getParams();
     for (int32_t id : p.getIds()) r_.tokens.push_back(id);
+    for (auto lp : p.getLogprobs()) {
+      client_token_logprobs t;
+      t.token = lp.getToken();
+      t.logprob = lp.getLogprob();
+      for (auto e : lp.getTop()) t.top.push_back({e.getToken(), e.getLogprob()});
+      r_.logprobs.push_back(std::move(t));
+    }
     auto t = p.getText();
     std::string_view text(t.cStr(), t.size());
     r_.text += text;
@@ -185,6 +192,9 @@ client_result client::generate(const std::string& prompt, const client_params& p
   s.setSeed(p.seed);
   g.setMaxTokens(p.max_tokens);
   g.setIgnoreEos(p.ignore_eos);
+  // Out-of-range counts go to the node as they are: its error names the field.
+  g.setLogprobs(p.logprobs >= 0);
+  g.setTopLogprobs(p.logprobs < 0 ? 0 : p.logprobs);
   auto stops = g.initStop(static_cast<unsigned>(p.stop.size()));
   for (size_t i = 0; i < p.stop.size(); ++i) stops.set(static_cast<unsigned>(i), p.stop[i]);
   req.setSink(kj::mv(sink_cap));

@@ -21,12 +21,28 @@ struct client_params {
   uint64_t seed = 0;
   std::vector<std::string> stop;
   bool ignore_eos = false;
+  /// Log-probabilities of each generated token (client_result::logprobs) with this many
+  /// alternatives (0 to 20); -1 = none.
+  int32_t logprobs = -1;
+};
+
+/// A generated token's log-probability (natural log; -inf when it underflows) and the
+/// request's number of most likely alternatives, most likely first.
+struct client_token_logprobs {
+  struct entry {
+    int32_t token = -1;
+    float logprob = 0.0f;
+  };
+  int32_t token = -1;
+  float logprob = 0.0f;
+  std::vector<entry> top;
 };
 
 struct client_result {
   std::string request_id;
   std::string text;             ///< the whole completion
   std::vector<int32_t> tokens;  ///< its token ids
+  std::vector<client_token_logprobs> logprobs;  ///< one per token when client_params::logprobs >= 0
   std::string finish_reason;    ///< "stop", "length" or "abort"
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;

@@ -88,6 +88,8 @@ std::string text_assembler::push(std::span<const int32_t> ids) {
     if (stopped_) break;
     ++consumed_;
     pending_ += dec_.push(id);
+    for (const auto& [rid, text] : rendered_)
+      if (rid == id) pending_ += text;
     if (stop_.empty()) {
       out += pending_;
       pending_.clear();

@@ -49,6 +49,10 @@ class event_channel {
 class text_assembler {
  public:
   text_assembler(const tokenizer& tok, std::vector<std::string> stop);
+  /// Control tokens (id, text) to render as their text, which the detokenizer leaves out:
+  /// tool-call markers that are control tokens, for the tool-call parser (which keeps them
+  /// out of the content).
+  void render_control(std::vector<std::pair<int32_t, std::string>> tokens) { rendered_ = std::move(tokens); }
   /// Feeds new tokens; returns the text that can be emitted now. Tokens after a stop
   /// string matched are ignored.
   std::string push(std::span<const int32_t> ids);
@@ -62,6 +66,7 @@ class text_assembler {
  private:
   stream_decoder dec_;
   std::vector<std::string> stop_;
+  std::vector<std::pair<int32_t, std::string>> rendered_;
   std::string pending_;
   bool stopped_ = false;
   int32_t consumed_ = 0;

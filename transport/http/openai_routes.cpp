@@ -17,6 +17,7 @@
 #include "transport/http/request_params.h"
 #include "transport/http/response_format.h"
 #include "transport/http/tokenize_routes.h"
+#include "transport/http/tool_choice.h"
 
 namespace tandem {
 
@@ -251,6 +252,10 @@ kj::Promise<void> openai_server::impl::generate(route_id r, const std::string& t
     throw http_error{fe->status, fe->message, "invalid_request_error", fe->param, fe->code, std::nullopt};
   if (auto fe = transport::parse_response_format(body, chat, pr.gen.sampling.grammar, lim))
     throw http_error{fe->status, fe->message, "invalid_request_error", fe->param, fe->code, std::nullopt};
+  transport::tool_choice choice;  // a forced call constrains the output like response_format
+  if (chat)
+    if (auto fe = transport::parse_tool_choice(body, choice, pr.gen.sampling.grammar, lim))
+      throw http_error{fe->status, fe->message, "invalid_request_error", fe->param, fe->code, std::nullopt};
   // A request without `model` uses the served one; another name is 404 unless the operator
   // accepts any (clients that hard-code a model name).
   if (auto* m = field(body, "model"); m && m->s != api.model_id() && !lim.accept_any_model_name)
@@ -270,6 +275,8 @@ kj::Promise<void> openai_server::impl::generate(route_id r, const std::string& t
     } catch (const chat_input_error& e) {
       throw bad_request(e.message, e.param, e.code);
     }
+    // "none": the model is not shown the tools (vLLM's --exclude-tools-when-tool-choice-none).
+    if (choice.mode == transport::tool_choice_mode::none) cr.tools = nullptr;
     try {
       pr.prompt = chat_prompt->prompt(cr);
     } catch (const error& e) {
@@ -308,7 +315,21 @@ kj::Promise<void> openai_server::impl::generate(route_id r, const std::string& t
   g->logprobs = pr.logprobs;
   g->echo = std::move(echo);
   g->text_offset = utf8_chars(g->echo);
-  if (pr.parse_tools && tool_format != tool_call_format::none) g->tools = std::make_unique<tool_call_parser>(tool_format);
+  // A forced call is a bare {name, arguments} object (the grammar's), whatever the template's format.
+  const tool_call_format calls_format = choice.forced() ? tool_call_format::llama3_json : tool_format;
+  if (pr.parse_tools && calls_format != tool_call_format::none) {
+    // Markers that are control tokens decode to nothing: render them for the parser alone.
+    std::vector<std::string> hidden;
+    if (!choice.forced() && !tool_markers.empty()) {
+      std::vector<std::pair<int32_t, std::string>> render;
+      for (const auto& m : tool_markers) {
+        render.emplace_back(m.id, m.text);
+        hidden.push_back(m.text);
+      }
+      g->text.render_control(std::move(render));
+    }
+    g->tools = std::make_unique<tool_call_parser>(calls_format, std::move(hidden));
+  }
   auto req = transport::make_request(g->id, std::move(pr.prompt), pr.gen, tok, lim);
   req.logprobs = pr.logprobs;
   g->deadline = req.deadline + std::chrono::milliseconds(std::min(2000, lim.request_timeout_ms));

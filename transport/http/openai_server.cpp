@@ -13,7 +13,8 @@ openai_server::impl::impl(serving_api& a, const limits& l, kj::Timer& t)
     : api(a), lim(l), timer(t), header_table(make_table()), ids("cmpl"), chat_ids("chatcmpl"),
       limiter(l.rate_limit_rps, l.rate_limit_burst, l.rate_limit_max_clients),
       chat_prompt(std::make_unique<chat_prompter>(a.tok(), "")),
-      tool_format(tool_call_format_for_template(a.tok().chat_template())) {
+      tool_format(tool_call_format_for_template(a.tok().chat_template())),
+      tool_markers(control_markers(a.tok(), tool_format)) {
   // Connections and HTTP framing are framed_http_server's; errors it answers get our JSON shape.
   transport::front_callbacks cb;
   cb.send_error = [this](kj::HttpService::Response& response, const transport::owner_error& e) {
@@ -119,6 +120,7 @@ kj::Promise<void> openai_server::listen(kj::ConnectionReceiver& listener) { retu
 void openai_server::set_chat_template(const std::string& source) {
   impl_->chat_prompt = std::make_unique<chat_prompter>(impl_->api.tok(), source);
   impl_->tool_format = tool_call_format_for_template(source.empty() ? impl_->api.tok().chat_template() : source);
+  impl_->tool_markers = control_markers(impl_->api.tok(), impl_->tool_format);
 }
 
 void openai_server::set_extra_metrics(std::function<std::string()> f) { impl_->extra_metrics = std::move(f); }

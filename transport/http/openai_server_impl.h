@@ -15,6 +15,7 @@
 #include <kj/compat/http.h>
 #include <kj/timer.h>
 
+#include "transport/chat/tool_call_markers.h"
 #include "transport/chat/tool_call_parser.h"
 #include "transport/http/framed_http_server.h"
 #include "transport/http/generation.h"
@@ -99,6 +100,8 @@ struct openai_server::impl {
   std::unique_ptr<chat_prompter> chat_prompt;
   /// How the template's model writes tool calls (from the template in use): parsed from replies.
   tool_call_format tool_format = tool_call_format::none;
+  /// Its markers that are control tokens of the vocabulary: rendered for the parser only.
+  std::vector<control_marker> tool_markers;
 
   std::map<std::pair<int, unsigned>, int64_t> requests;
   int64_t in_flight = 0, client_disconnects = 0, timeouts = 0, stream_events = 0, completion_tokens = 0,

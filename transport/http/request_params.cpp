@@ -58,7 +58,8 @@ constexpr field_rule rules[] = {
     // them there, naming --chat-template-file. The reply's calls are parsed (transport/chat/tool_call_parser.h).
     {"tools", chat_route, field_policy::honoured, ""},
     {"tools", completions, field_policy::refused, "[]"},
-    {"tool_choice", both, field_policy::refused, "\"none\""},
+    {"tool_choice", chat_route, field_policy::honoured, ""},  // transport/http/tool_choice.h
+    {"tool_choice", completions, field_policy::refused, "\"none\""},
     {"parallel_tool_calls", both, field_policy::refused, ""},
     {"functions", chat_route, field_policy::refused, "[]"},
     {"function_call", chat_route, field_policy::refused, "\"none\""},

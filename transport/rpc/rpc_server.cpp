@@ -7,6 +7,7 @@
 #include <chrono>
 #include <optional>
 
+#include "kernels/model/logprobs.h"
 #include "kernels/tokenizer/tokenizer.h"
 #include "schemas/api.capnp.h"
 #include "transport/http/generation.h"
@@ -74,6 +75,7 @@ struct rpc_server::impl {
     finish_reason reason = finish_reason::none;
     std::optional<error> err;
     int32_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+    int32_t logprobs = -1;  ///< top alternatives per token sent with tokens(); -1 = none
   };
 
   kj::Promise<void> pump(stream_state& st) {
@@ -123,6 +125,21 @@ struct rpc_server::impl {
         auto l = req.initIds(static_cast<unsigned>(used));
         for (size_t i = 0; i < used; ++i) l.set(static_cast<unsigned>(i), ev.tokens[i]);
         req.setText(delta);
+        if (st.logprobs >= 0 && ev.logprobs.size() == ev.tokens.size()) {
+          // The log-probabilities of the tokens the text took (none past a stop string).
+          auto lps = req.initLogprobs(static_cast<unsigned>(used));
+          for (size_t i = 0; i < used; ++i) {
+            const token_logprobs& t = ev.logprobs[i];
+            auto o = lps[static_cast<unsigned>(i)];
+            o.setToken(t.token);
+            o.setLogprob(t.logprob);
+            auto top = o.initTop(static_cast<unsigned>(t.top.size()));
+            for (size_t k = 0; k < t.top.size(); ++k) {
+              top[static_cast<unsigned>(k)].setToken(t.top[k].token);
+              top[static_cast<unsigned>(k)].setLogprob(t.top[k].logprob);
+            }
+          }
+        }
         sends.add(req.send());
       }
       kj::Promise<void> sent = kj::joinPromises(sends.releaseAsArray());
@@ -229,13 +246,22 @@ struct rpc_server::impl {
         throw to_kj(error_kind::failed, fmt::format("stop has {} strings; at most {} are allowed", r.getStop().size(),
                                                     transport::max_stop_strings));
       for (auto st : r.getStop()) g.stop.emplace_back(st.cStr(), st.size());
+      // Log-probabilities: the HTTP chat API's bounds and rule (top needs logprobs).
+      const int32_t top = r.getTopLogprobs();
+      if (top < 0 || top > max_top_logprobs)
+        throw to_kj(error_kind::failed,
+                    fmt::format("topLogprobs = {} is out of range; use 0 to {}", top, max_top_logprobs));
+      if (top > 0 && !r.getLogprobs())
+        throw to_kj(error_kind::failed, fmt::format("topLogprobs = {} needs logprobs = true; set both", top));
       if (auto pe = transport::check_params(g, prompt.size(), srv_.api.max_context(), srv_.lim))
         throw to_kj(error_kind::failed, pe->message);
 
       auto st = kj::heap<stream_state>(srv_, p.getSink(), g.stop);
       st->id = srv_.ids.next();
       st->prompt_tokens = static_cast<int32_t>(prompt.size());
+      st->logprobs = r.getLogprobs() ? top : -1;
       auto req = transport::make_request(st->id, std::move(prompt), g, tok, srv_.lim);
+      req.logprobs = st->logprobs;
       st->deadline = req.deadline + std::chrono::milliseconds(std::min(2000, srv_.lim.request_timeout_ms));
       srv_.api.submit(std::move(req), st->ch.callback());
       ctx.getResults().setRequestId(st->id);

@@ -92,6 +92,32 @@ const lpContent = lpOut.response_metadata?.logprobs?.content ?? [];
 check(lpContent.length > 0 && lpContent.every((e) => e.top_logprobs[0].token === e.token),
       `langchain: logprobs in response_metadata, greedy = top 1 (${lpContent.length})`);
 
+// Forced tool calls (tool_choice named / required): grammar-constrained, so always one valid call.
+const boundedSchema = { type: "object", properties: { city: { type: "string", maxLength: 8 }, days: { type: "integer" } },
+                        required: ["city", "days"], additionalProperties: false };
+const validArgs = (a) => a !== null && typeof a === "object" && Object.keys(a).length === 2 &&
+  typeof a.city === "string" && [...a.city].length <= 8 && Number.isInteger(a.days);
+const boundedTools = [{ type: "function", function: { name: "get_weather", description: "Weather of a city", parameters: boundedSchema } },
+                      { type: "function", function: { name: "ping", description: "Ping", parameters: { type: "object", properties: {} } } }];
+for (const [label, toolChoice] of [["named", { type: "function", function: { name: "get_weather" } }], ["required", "required"]]) {
+  const forced = await client.chat.completions.create({ model, messages: [{ role: "user", content: "Weather in Paris?" }],
+    tools: boundedTools, tool_choice: toolChoice, max_tokens: 200, temperature: 1, seed: 11 });
+  const fc = forced.choices[0];
+  const call = fc.message.tool_calls?.[0];
+  check(fc.finish_reason === "tool_calls" && fc.message.tool_calls.length === 1 &&
+        (call.function.name === "ping" ? label === "required" && JSON.parse(call.function.arguments) !== null
+                                       : call.function.name === "get_weather" && validArgs(JSON.parse(call.function.arguments))),
+        `openai: tool_choice ${label} gives one schema-valid call (${JSON.stringify(fc.message).slice(0, 200)})`);
+}
+const lcForced = new ChatOpenAI({ model, apiKey: "unused", temperature: 0, maxTokens: 200, maxRetries: 0, configuration: { baseURL } });
+const structured = lcForced.withStructuredOutput(boundedSchema, { name: "get_weather", method: "functionCalling" });
+const so = await structured.invoke("Weather in Paris?");
+check(validArgs(so), `langchain: withStructuredOutput (function calling) parses a schema-valid object (${JSON.stringify(so)})`);
+const boundForced = lcForced.bindTools(boundedTools, { tool_choice: "get_weather" });
+const bf = await boundForced.invoke("Weather in Paris?");
+check(bf.tool_calls?.length === 1 && bf.tool_calls[0].name === "get_weather" && validArgs(bf.tool_calls[0].args),
+      `langchain: bindTools with tool_choice names the call (${JSON.stringify(bf.tool_calls)})`);
+
 if (failures) {
   console.error(`${failures} check(s) failed`);
   process.exit(1);
