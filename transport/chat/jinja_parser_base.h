@@ -98,6 +98,8 @@ class expr_parser {
   expr_ptr parse_unary(bool with_filter);
   expr_ptr parse_primary();
   void parse_call_args(expr& call);
+  /// `callee(args)`: a call node at `at`.
+  expr_ptr parse_call(expr_ptr callee, const token& at);
   expr_ptr parse_postfix(expr_ptr n);
   expr_ptr parse_subscript(expr_ptr obj, const token& at);
   std::string dotted_name();

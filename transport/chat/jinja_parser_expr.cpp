@@ -248,6 +248,13 @@ void expr_parser::parse_call_args(expr& call) {
   expect_op(")");
 }
 
+expr_ptr expr_parser::parse_call(expr_ptr callee, const token& at) {
+  auto c = node(eop::call, at);
+  c->args.push_back(std::move(callee));
+  parse_call_args(*c);
+  return c;
+}
+
 expr_ptr expr_parser::parse_postfix(expr_ptr n) {
   for (;;) {
     const token at = cur();
@@ -272,10 +279,7 @@ expr_ptr expr_parser::parse_postfix(expr_ptr n) {
       n = parse_subscript(std::move(n), at);
       expect_op("]");
     } else if (is_op("(")) {
-      auto c = node(eop::call, at);
-      c->args.push_back(std::move(n));
-      parse_call_args(*c);
-      n = std::move(c);
+      n = parse_call(std::move(n), at);
     } else {
       return n;
     }
@@ -346,10 +350,7 @@ expr_ptr expr_parser::parse_filter_expr(expr_ptr n) {
       }
       n = std::move(t);
     } else if (is_op("(")) {
-      auto c = node(eop::call, at);
-      c->args.push_back(std::move(n));
-      parse_call_args(*c);
-      n = std::move(c);
+      n = parse_call(std::move(n), at);
     } else {
       return n;
     }
