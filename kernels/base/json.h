@@ -43,7 +43,8 @@ struct value {
 
   /// Member of an object, or nullptr (also when this is not an object).
   const value* find(std::string_view key) const;
-  /// Compact JSON text: strings quoted by quote(), numbers as written in the source.
+  /// Compact JSON text: numbers as written in the source, strings as json.dumps writes them
+  /// (append_quoted with DEL left raw).
   std::string dump() const;
 };
 
