@@ -7,13 +7,13 @@
 #include <set>
 
 #include "kernels/base/error.h"
-#include "kernels/grammar/json_doc.h"
+#include "kernels/base/json.h"
 
 namespace tandem::grammar {
 
 namespace {
 
-using K = json_doc::kind;
+using K = json::kind;
 
 const std::set<std::string_view> annotation_keys = {"title",   "description", "default",  "examples",
                                                     "$schema", "$id",         "$comment", "deprecated",
@@ -145,7 +145,7 @@ class json_rules {
 
 class schema_compiler {
  public:
-  schema_compiler(const json_doc& root, const schema_limits& lim) : root_(root), lim_(lim), j_(b_) {}
+  schema_compiler(const json::value& root, const schema_limits& lim) : root_(root), lim_(lim), j_(b_) {}
 
   grammar run() {
     expr body = visit(root_, "");
@@ -162,8 +162,8 @@ class schema_compiler {
                                                           lim_.max_elements));
   }
 
-  int32_t bound(const json_doc& s, std::string_view key, int32_t dflt, const std::string& path) {
-    const json_doc* v = s.find(key);
+  int32_t bound(const json::value& s, std::string_view key, int32_t dflt, const std::string& path) {
+    const json::value* v = s.find(key);
     if (!v) return dflt;
     if (v->k != K::number || v->s.find_first_of(".eE-") != std::string::npos || v->s.size() > 9)
       refuse(path, fmt::format("'{}' must be a non-negative integer", key));
@@ -176,7 +176,7 @@ class schema_compiler {
     auto it = refs_.find(target);
     if (it != refs_.end()) return expr::ref(it->second);
     if (target.empty() || target[0] != '#') refuse(path, fmt::format("$ref '{}' is not local; only #/... is supported", target));
-    const json_doc* at = &root_;
+    const json::value* at = &root_;
     size_t i = 1;
     while (i < target.size()) {
       if (target[i] != '/') refuse(path, fmt::format("$ref '{}' is not a JSON pointer", target));
@@ -197,7 +197,7 @@ class schema_compiler {
     return expr::ref(r);
   }
 
-  expr visit(const json_doc& s, const std::string& path) {
+  expr visit(const json::value& s, const std::string& path) {
     check_size();
     if (s.k == K::boolean) {
       if (!s.b) refuse(path, "the schema 'false' matches nothing");
@@ -210,19 +210,19 @@ class schema_compiler {
                                  "additionalProperties, items, minItems, maxItems, minLength, maxLength, enum, const, "
                                  "anyOf, oneOf, allOf of one schema and local $ref; docs/api.md)",
                                  key));
-    if (const json_doc* r = s.find("$ref")) {
+    if (const json::value* r = s.find("$ref")) {
       if (r->k != K::string) refuse(path, "'$ref' must be a string");
       return ref(r->s, path);
     }
-    if (const json_doc* c = s.find("const")) return expr::literal(c->dump());
-    if (const json_doc* e = s.find("enum")) {
+    if (const json::value* c = s.find("const")) return expr::literal(c->dump());
+    if (const json::value* e = s.find("enum")) {
       if (e->k != K::array || e->arr.empty()) refuse(path, "'enum' must be a non-empty array");
       std::vector<expr> alts;
       for (const auto& v : e->arr) alts.push_back(expr::literal(v.dump()));
       return expr::alt(std::move(alts));
     }
     for (std::string_view key : {"anyOf", "oneOf", "allOf"}) {
-      const json_doc* a = s.find(key);
+      const json::value* a = s.find(key);
       if (!a) continue;
       if (a->k != K::array || a->arr.empty()) refuse(path, fmt::format("'{}' must be a non-empty array", key));
       if (key == "allOf" && a->arr.size() != 1)
@@ -231,7 +231,7 @@ class schema_compiler {
       for (size_t i = 0; i < a->arr.size(); ++i) alts.push_back(visit(a->arr[i], fmt::format("{}/{}/{}", path, key, i)));
       return expr::alt(std::move(alts));
     }
-    const json_doc* t = s.find("type");
+    const json::value* t = s.find("type");
     if (!t) {
       if (s.find("properties") || s.find("additionalProperties")) return object(s, path);
       if (s.find("items")) return array(s, path);
@@ -250,7 +250,7 @@ class schema_compiler {
     return typed(s, t->s, path);
   }
 
-  expr typed(const json_doc& s, const std::string& type, const std::string& path) {
+  expr typed(const json::value& s, const std::string& type, const std::string& path) {
     if (type == "string") {
       const int32_t lo = bound(s, "minLength", 0, path), hi = bound(s, "maxLength", -1, path);
       if (hi >= 0 && hi < lo) refuse(path, "maxLength is below minLength");
@@ -266,8 +266,8 @@ class schema_compiler {
     refuse(path, fmt::format("type '{}' is not a JSON schema type", type));
   }
 
-  expr array(const json_doc& s, const std::string& path) {
-    const json_doc* it = s.find("items");
+  expr array(const json::value& s, const std::string& path) {
+    const json::value* it = s.find("items");
     expr item = it ? expr::ref(b_.add("item", visit(*it, path + "/items"))) : j_.value();
     const int32_t lo = bound(s, "minItems", 0, path), hi = bound(s, "maxItems", -1, path);
     if (hi >= 0 && hi < lo) refuse(path, "maxItems is below minItems");
@@ -278,12 +278,12 @@ class schema_compiler {
     return expr::seq({expr::byte('['), j_.ws(), lo > 0 ? items : expr::opt(items), expr::byte(']')});
   }
 
-  expr object(const json_doc& s, const std::string& path) {
-    const json_doc* props = s.find("properties");
-    const json_doc* addl = s.find("additionalProperties");
+  expr object(const json::value& s, const std::string& path) {
+    const json::value* props = s.find("properties");
+    const json::value* addl = s.find("additionalProperties");
     if (props && props->k != K::object) refuse(path, "'properties' must be an object");
     std::set<std::string> required;
-    if (const json_doc* r = s.find("required")) {
+    if (const json::value* r = s.find("required")) {
       if (r->k != K::array) refuse(path, "'required' must be an array of names");
       for (const auto& n : r->arr) {
         if (n.k != K::string) refuse(path, "'required' must be an array of names");
@@ -310,8 +310,9 @@ class schema_compiler {
     std::vector<bool> req;
     for (const auto& [name, sub] : props->obj) {
       expr val = expr::ref(b_.add("prop", visit(sub, path + "/properties/" + name)));
-      kv.push_back(expr::ref(b_.add("kv", expr::seq({expr::literal(json_quote(name)), j_.ws(), expr::byte(':'), j_.ws(),
-                                                     val, j_.ws()}))));
+      const std::string key = json::quote(name, /*escape_del=*/false);
+      kv.push_back(expr::ref(
+          b_.add("kv", expr::seq({expr::literal(key), j_.ws(), expr::byte(':'), j_.ws(), val, j_.ws()}))));
       req.push_back(required.count(name) > 0);
     }
     std::vector<uint32_t> tail(n + 1);
@@ -334,7 +335,7 @@ class schema_compiler {
     return expr::seq({expr::byte('{'), j_.ws(), expr::alt(std::move(firsts)), expr::byte('}')});
   }
 
-  const json_doc& root_;
+  const json::value& root_;
   schema_limits lim_;
   grammar_builder b_;
   json_rules j_;
@@ -344,10 +345,10 @@ class schema_compiler {
 }  // namespace
 
 grammar compile_json_schema(std::string_view schema_text, const schema_limits& lim) {
-  json_doc root;
+  json::value root;
   try {
-    root = json_doc::parse(schema_text);
-  } catch (const tandem::error& e) {
+    root = json::parse(schema_text);
+  } catch (const json::parse_error& e) {
     throw tandem::error(error_kind::failed, fmt::format("json_schema is not valid JSON: {}", e.what()));
   }
   return schema_compiler(root, lim).run();

@@ -1,85 +1,35 @@
 // The router's credit-based admission, retries and circuit breaker, against scripted targets:
 // the test plays the prefill and decode schedulers (sends their credits and events by hand),
 // on a manual clock, so every decision is deterministic.
-#include <map>
 #include <doctest/doctest.h>
 
-#include <caf/all.hpp>
-#include <condition_variable>
 #include <deque>
 #include <limits>
-#include <mutex>
+#include <map>
 #include <random>
 
-#include "actors/common/logging.h"
-#include "actors/common/metrics.h"
-#include "actors/common/wire.h"
 #include "actors/prefill_scheduler/drain_meter.h"
-#include "actors/router/router.h"
-#include "tests/actors/support.h"
+#include "tests/actors/router_rig.h"
 
 using namespace tandem;
 using namespace tandem::test;
 
 namespace {
 
-/// A scripted target: records every wire it gets.
-struct inbox {
-  std::mutex m;
-  std::condition_variable cv;
-  std::deque<std::string> submits;  ///< request ids
-  int queries = 0;
-  void push(const wire& w) {
-    wire_reader rd(w);
-    auto env = rd.root();
-    std::lock_guard lk(m);
-    if (env.isSubmit()) submits.push_back(env.getSubmit().getId().cStr());
-    if (env.isCreditQuery()) queries += 1;
-    cv.notify_all();
-  }
-  bool wait_submits(size_t n) {
-    std::unique_lock lk(m);
-    return cv.wait_for(lk, std::chrono::seconds(20), [&] { return submits.size() >= n; });
-  }
-};
-
-caf::behavior target_actor(caf::event_based_actor*, std::shared_ptr<mailbox_gate> gate, std::shared_ptr<inbox> box) {
-  return {[gate, box](wire_atom, const wire& w) {
-    gate->leave();
-    box->push(w);
-  }};
-}
-
-struct rig {
+/// A router over `n_prefill` prefill targets n0/prefill, n1/prefill, ... and no decode target.
+struct rig : router_rig {
+  std::vector<std::shared_ptr<target_box>>& boxes = prefill;  ///< the name the cases use
   std::map<std::string, int32_t> sent_tokens;
-  caf::actor_system_config cfg;
-  std::unique_ptr<caf::actor_system> sys;
-  std::shared_ptr<manual_clock> clk = std::make_shared<manual_clock>();
-  std::vector<std::shared_ptr<inbox>> boxes;
-  bounded_actor router;
-  collector col;
   limits lim;
 
   rig(limits lim_, int n_prefill, route_policy_kind kind = route_policy_kind::round_robin) : lim(lim_) {
-    cfg.add_message_type<wire>("tandem_wire");
-    sys = std::make_unique<caf::actor_system>(cfg);
-    std::vector<route_target> prefill;
-    for (int i = 0; i < n_prefill; ++i) {
-      auto box = std::make_shared<inbox>();
-      auto gate = std::make_shared<mailbox_gate>("prefill", 1024);
-      boxes.push_back(box);
-      prefill.push_back({"n" + std::to_string(i) + "/prefill", bounded_actor{sys->spawn(target_actor, gate, box), gate}});
-    }
+    for (int i = 0; i < n_prefill; ++i) add_target("n" + std::to_string(i) + "/prefill", "prefill", "prefill");
     router_options ro;
     ro.lim = lim;
     ro.model = model_facts{-1, 4096, 64};
     ro.policy.kind = kind;
-    router = spawn_router(*sys, ro, std::move(prefill), {}, clk, make_actor_logger("router", quiet_sink(), "off"));
+    launch(ro);
     stats();  // the router has started (and read the clock) before a test moves it
-  }
-  ~rig() {
-    caf::anon_send_exit(router.handle, caf::exit_reason::user_shutdown);
-    sys->await_all_actors_done();
   }
 
   /// Waits until the targets together got `n` submissions.
@@ -87,7 +37,7 @@ struct rig {
     auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     while (std::chrono::steady_clock::now() < until) {
       size_t t = 0;
-      for (auto& b : boxes) {
+      for (auto& b : prefill) {
         std::lock_guard lk(b->m);
         t += b->submits.size();
       }
@@ -101,14 +51,7 @@ struct rig {
     r.id = id;
     for (int i = 0; i < n_tokens; ++i) r.prompt.push_back(1 + i % 60);
     r.max_tokens = 4;
-    router.gate->enter_control();
-    caf::anon_send(router.handle, submit_atom::value,
-                   make_wire([&](schema::Envelope::Builder env) { r.write(env.initSubmit()); }),
-                   callback_box{col.cb()});
-  }
-  void send(const wire& w) {
-    router.gate->enter_control();
-    caf::anon_send(router.handle, wire_atom::value, w);
+    router_rig::submit(r);
   }
   void credit(int target, uint64_t seq, uint64_t received, int32_t queued, int64_t tokens, double rate,
               int64_t active = 0) {
@@ -132,13 +75,6 @@ struct rig {
   void token(const std::string& id, int32_t t, bool last) {
     send(make_event(id, {t}, last ? finish_reason::length : finish_reason::none, nullptr, 0, 0, "decode",
                     sent_tokens[id]++));
-  }
-  stats_snapshot stats() {
-    caf::scoped_actor self{*sys};
-    stats_snapshot out;
-    self->request(router.handle, std::chrono::seconds(10), stats_atom::value)
-        .receive([&](const wire& w) { out = read_stats(w); }, [](caf::error&) {});
-    return out;
   }
 };
 
@@ -172,7 +108,7 @@ TEST_CASE("router admission: refuses from credits before sending, with Retry-Aft
   r.submit("d", 150);
   REQUIRE(r.boxes[0]->wait_submits(2));
   std::lock_guard lk(r.boxes[0]->m);
-  CHECK(r.boxes[0]->submits == std::deque<std::string>{"a", "d"});
+  CHECK(r.boxes[0]->submit_ids() == std::vector<std::string>{"a", "d"});
 }
 
 TEST_CASE("router admission: the queue-wait bound is retuned while the router runs, and exported") {

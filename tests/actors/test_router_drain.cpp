@@ -5,98 +5,30 @@
 // Scripted targets on a manual clock.
 #include <doctest/doctest.h>
 
-#include <caf/all.hpp>
-#include <condition_variable>
-#include <functional>
 #include <map>
-#include <mutex>
-#include <thread>
 
-#include "actors/common/logging.h"
-#include "actors/common/metrics.h"
-#include "actors/common/wire.h"
-#include "actors/router/router.h"
 #include "actors/runtime/node_drain.h"
-#include "tests/actors/support.h"
+#include "tests/actors/router_rig.h"
 
 using namespace tandem;
 using namespace tandem::test;
 
 namespace {
 
-/// A scripted target: the submissions (id -> decode target named) and the credit queries' holds.
-struct target_box {
-  std::mutex m;
-  std::condition_variable cv;
-  std::map<std::string, std::string> submits;
-  std::vector<int32_t> holds;
-  void push(const wire& w) {
-    wire_reader rd(w);
-    auto env = rd.root();
-    std::lock_guard lk(m);
-    if (env.isSubmit()) submits[env.getSubmit().getId().cStr()] = env.getSubmit().getDecodeTarget().cStr();
-    if (env.isCreditQuery()) holds.push_back(env.getCreditQuery().getHolds());
-    cv.notify_all();
-  }
-  bool wait(const std::function<bool()>& ok) {
-    std::unique_lock lk(m);
-    return cv.wait_for(lk, std::chrono::seconds(20), ok);
-  }
-};
-
-caf::behavior scripted(caf::event_based_actor*, std::shared_ptr<mailbox_gate> gate, std::shared_ptr<target_box> box) {
-  return {[gate, box](wire_atom, const wire& w) {
-    gate->leave();
-    box->push(w);
-  }};
-}
-
 /// A router over prefill targets n0/prefill, n1/prefill and decode targets n2/decode, n3/decode.
-struct rig {
-  caf::actor_system_config cfg;
-  std::unique_ptr<caf::actor_system> sys;
-  std::shared_ptr<manual_clock> clk = std::make_shared<manual_clock>();
-  std::vector<std::shared_ptr<target_box>> prefill, decode;
+struct rig : router_rig {
   std::map<std::string, uint64_t> seq;
-  bounded_actor router;
-  collector col;
 
   explicit rig(bool migration) {
-    cfg.add_message_type<wire>("tandem_wire");
-    sys = std::make_unique<caf::actor_system>(cfg);
-    auto make = [&](const std::string& name, std::vector<std::shared_ptr<target_box>>& boxes) {
-      auto box = std::make_shared<target_box>();
-      auto gate = std::make_shared<mailbox_gate>(name, 1024);
-      boxes.push_back(box);
-      return route_target{name, bounded_actor{sys->spawn(scripted, gate, box), gate}};
-    };
-    std::vector<route_target> p{make("n0/prefill", prefill), make("n1/prefill", prefill)};
-    std::vector<route_target> d{make("n2/decode", decode), make("n3/decode", decode)};
+    for (const char* n : {"n0/prefill", "n1/prefill"}) add_target(n, "prefill", n);
+    for (const char* n : {"n2/decode", "n3/decode"}) add_target(n, "decode", n);
     router_options ro;
     ro.lim = small_limits();
     ro.lim.router_migration = migration;
     ro.lim.router_heartbeat_ms = 20;  // real time: the drain queries come every heartbeat
     ro.model = model_facts{-1, 4096, 64};
     ro.policy.kind = route_policy_kind::round_robin;
-    router = spawn_router(*sys, ro, std::move(p), std::move(d), clk, make_actor_logger("router", quiet_sink(), "off"));
-  }
-  ~rig() {
-    caf::anon_send_exit(router.handle, caf::exit_reason::user_shutdown);
-    sys->await_all_actors_done();
-  }
-  void submit(const std::string& id) {
-    seq_request r;
-    r.id = id;
-    r.prompt = {1, 2, 3, 4};
-    r.max_tokens = 8;
-    router.gate->enter_control();
-    caf::anon_send(router.handle, submit_atom::value,
-                   make_wire([&](schema::Envelope::Builder env) { r.write(env.initSubmit()); }),
-                   callback_box{col.cb()});
-  }
-  void send(const wire& w) {
-    router.gate->enter_control();
-    caf::anon_send(router.handle, wire_atom::value, w);
+    launch(ro);
   }
   /// A credit of `target` (role from its name), draining or not, listing `unreachable`.
   void credit(const std::string& target, bool draining, std::vector<std::string> unreachable = {}) {
@@ -110,26 +42,6 @@ struct rig {
       auto u = c.initUnreachable(static_cast<unsigned>(unreachable.size()));
       for (unsigned i = 0; i < unreachable.size(); ++i) u.set(i, unreachable[i]);
     }));
-  }
-  /// Where `id` went: (prefill index, the decode target it names); waits for the submission.
-  std::pair<int, std::string> placed(const std::string& id) {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    while (std::chrono::steady_clock::now() < until) {
-      for (size_t i = 0; i < prefill.size(); ++i) {
-        std::lock_guard lk(prefill[i]->m);
-        auto it = prefill[i]->submits.find(id);
-        if (it != prefill[i]->submits.end()) return {int(i), it->second};
-      }
-      std::this_thread::yield();
-    }
-    return {-1, ""};
-  }
-  stats_snapshot stats() {
-    caf::scoped_actor self{*sys};
-    stats_snapshot out;
-    self->request(router.handle, std::chrono::seconds(10), stats_atom::value)
-        .receive([&](const wire& w) { out = read_stats(w); }, [](caf::error&) {});
-    return out;
   }
 };
 

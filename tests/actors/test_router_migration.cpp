@@ -7,88 +7,15 @@
 // built from wrong tokens produces a wrong stream.
 #include <doctest/doctest.h>
 
-#include <caf/all.hpp>
-#include <condition_variable>
 #include <map>
 #include <mutex>
 
-#include "actors/common/logging.h"
-#include "actors/common/metrics.h"
-#include "actors/common/wire.h"
-#include "actors/router/router.h"
-#include "tests/actors/support.h"
+#include "tests/actors/router_rig.h"
 
 using namespace tandem;
 using namespace tandem::test;
 
 namespace {
-
-/// A scripted prefill or decode target.
-struct stage_box {
-  std::string name, role;
-  std::mutex m;
-  std::condition_variable cv;
-  std::vector<seq_request> submits;
-  std::vector<std::string> aborts;
-  std::vector<seq_request> requeues;
-  int queries = 0;
-  bool answer = true;  ///< answers credit queries (alive); false = silent
-  bounded_actor router;
-  uint64_t seq = 0;
-
-  int query_count() {
-    std::lock_guard lk(m);
-    return queries;
-  }
-  bool wait_submits(size_t n) {
-    std::unique_lock lk(m);
-    return cv.wait_for(lk, std::chrono::seconds(20), [&] { return submits.size() >= n; });
-  }
-  bool wait_requeues(size_t n) {
-    std::unique_lock lk(m);
-    return cv.wait_for(lk, std::chrono::seconds(20), [&] { return requeues.size() >= n; });
-  }
-  bool wait_queries(int n) {
-    std::unique_lock lk(m);
-    return cv.wait_for(lk, std::chrono::seconds(20), [&] { return queries >= n; });
-  }
-  seq_request submit(size_t i) {
-    std::lock_guard lk(m);
-    return submits.at(i);
-  }
-  void set_answer(bool a) {
-    std::lock_guard lk(m);
-    answer = a;
-  }
-};
-
-caf::behavior stage_actor(caf::event_based_actor*, std::shared_ptr<mailbox_gate> gate, std::shared_ptr<stage_box> box) {
-  return {[gate, box](wire_atom, const wire& w) {
-    gate->leave();
-    wire_reader rd(w);
-    auto env = rd.root();
-    std::lock_guard lk(box->m);
-    if (env.isSubmit()) box->submits.push_back(seq_request::read(env.getSubmit()));
-    if (env.isAbort()) box->aborts.push_back(env.getAbort().getId().cStr());
-    if (env.isRequeue()) box->requeues.push_back(seq_request::read(env.getRequeue()));
-    if (env.isCreditQuery()) {
-      // The answer goes out before the query is counted: a test that saw the query and then
-      // asks the router something finds the credit processed.
-      if (box->answer && box->router) {
-        box->router.gate->enter_control();
-        caf::anon_send(box->router.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder e) {
-                         auto c = e.initCredit();
-                         c.setTarget(box->name);
-                         c.setRole(box->role);
-                         c.setSeq(++box->seq);
-                         c.setFreePages(-1);
-                       }));
-      }
-      box->queries += 1;
-    }
-    box->cv.notify_all();
-  }};
-}
 
 /// One attempt of a request as the stages run it: the sequence so far and the next index.
 struct attempt {
@@ -97,48 +24,21 @@ struct attempt {
   int32_t next = 0;          ///< completion index of the next token
 };
 
-struct rig {
-  caf::actor_system_config cfg;
-  std::unique_ptr<caf::actor_system> sys;
-  std::shared_ptr<manual_clock> clk = std::make_shared<manual_clock>();
-  std::vector<std::shared_ptr<stage_box>> prefills, decodes;
-  bounded_actor router;
-  collector col;
+struct rig : router_rig {
+  std::vector<std::shared_ptr<target_box>>& prefills = prefill;  ///< the names the cases use
+  std::vector<std::shared_ptr<target_box>>& decodes = decode;
   std::mutex tm;
   std::map<std::string, int64_t> finished_at_ms;  ///< manual-clock time of each final event
 
   rig(limits lim, int n_prefill, int n_decode) {
-    cfg.add_message_type<wire>("tandem_wire");
-    sys = std::make_unique<caf::actor_system>(cfg);
-    auto make = [&](const std::string& name, const std::string& role) {
-      auto box = std::make_shared<stage_box>();
-      box->name = name;
-      box->role = role;
-      auto gate = std::make_shared<mailbox_gate>(role, 1024);
-      return std::pair{box, route_target{name, bounded_actor{sys->spawn(stage_actor, gate, box), gate}}};
-    };
-    std::vector<route_target> pt, dt;
-    for (int i = 0; i < n_prefill; ++i) {
-      auto [b, t] = make("p" + std::to_string(i) + "/prefill", "prefill");
-      prefills.push_back(b);
-      pt.push_back(t);
-    }
-    for (int i = 0; i < n_decode; ++i) {
-      auto [b, t] = make("d" + std::to_string(i) + "/decode", "decode");
-      decodes.push_back(b);
-      dt.push_back(t);
-    }
+    for (int i = 0; i < n_prefill; ++i) add_target("p" + std::to_string(i) + "/prefill", "prefill", "prefill");
+    for (int i = 0; i < n_decode; ++i) add_target("d" + std::to_string(i) + "/decode", "decode", "decode");
     router_options ro;
     ro.lim = lim;
     ro.model = model_facts{-1, 4096, 64};
     ro.tick_ms = 1;
     ro.policy.kind = route_policy_kind::round_robin;
-    router = spawn_router(*sys, ro, std::move(pt), std::move(dt), clk, make_actor_logger("router", quiet_sink(), "off"));
-    for (auto* v : {&prefills, &decodes})
-      for (auto& b : *v) {
-        std::lock_guard lk(b->m);
-        b->router = router;
-      }
+    launch(ro, /*answering=*/true);
     col.on_event = [this](const token_event& ev) {
       if (!ev.finished) return;
       std::lock_guard lk(tm);
@@ -146,25 +46,10 @@ struct rig {
     };
     stats();  // the router has started (and read the clock) before a test moves it
   }
-  ~rig() {
-    caf::anon_send_exit(router.handle, caf::exit_reason::user_shutdown);
-    sys->await_all_actors_done();
-  }
+  ~rig() { stop(); }  // col.on_event writes finished_at_ms until the actors are gone
 
   void submit(const std::string& id, std::vector<int32_t> prompt, int32_t max_tokens) {
-    seq_request r;
-    r.id = id;
-    r.prompt = std::move(prompt);
-    r.max_tokens = max_tokens;
-    r.ignore_eos = true;
-    router.gate->enter_control();
-    caf::anon_send(router.handle, submit_atom::value,
-                   make_wire([&](schema::Envelope::Builder env) { r.write(env.initSubmit()); }),
-                   callback_box{col.cb()});
-  }
-  void send(const wire& w) {
-    router.gate->enter_control();
-    caf::anon_send(router.handle, wire_atom::value, w);
+    router_rig::submit(id, std::move(prompt), max_tokens, /*ignore_eos=*/true);
   }
   /// The next token of `a` (fake_model's rule over everything before it); `state` as the stage
   /// that computed it reports it (the prefill's first token moves the request to "decode").
@@ -203,13 +88,6 @@ struct rig {
   void advance(int64_t ms) {
     stats();
     clk->advance_ms(ms);
-  }
-  stats_snapshot stats() {
-    caf::scoped_actor self{*sys};
-    stats_snapshot out;
-    self->request(router.handle, std::chrono::seconds(10), stats_atom::value)
-        .receive([&](const wire& w) { out = read_stats(w); }, [](caf::error&) {});
-    return out;
   }
   int finished() {
     std::lock_guard lk(col.m);

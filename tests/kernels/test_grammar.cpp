@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "kernels/base/error.h"
-#include "kernels/grammar/json_doc.h"
+#include "kernels/base/json.h"
 #include "kernels/grammar/json_schema.h"
 #include "kernels/grammar/matcher.h"
 #include "kernels/grammar/sessions.h"
@@ -55,11 +55,11 @@ bool accepts_text(automaton& a, std::string_view text, bool need_complete = true
 }
 
 /// A validator for the schema subset the compiler supports (the test's independent reference).
-bool validate(const json_doc& v, const json_doc& schema, const json_doc& root) {
-  using K = json_doc::kind;
+bool validate(const json::value& v, const json::value& schema, const json::value& root) {
+  using K = json::kind;
   if (schema.k == K::boolean) return schema.b;
   if (auto* r = schema.find("$ref")) {
-    const json_doc* at = &root;
+    const json::value* at = &root;
     std::string p = r->s.substr(1);
     size_t i = 0;
     while (i < p.size()) {
@@ -113,7 +113,7 @@ bool validate(const json_doc& v, const json_doc& schema, const json_doc& root) {
       for (auto& n : req->arr)
         if (!v.find(n.s)) return false;
     for (auto& [k, x] : v.obj) {
-      const json_doc* ps = props ? props->find(k) : nullptr;
+      const json::value* ps = props ? props->find(k) : nullptr;
       if (!ps) {
         auto* ap = schema.find("additionalProperties");
         if (ap && ap->k == K::boolean && !ap->b) return false;
@@ -204,13 +204,13 @@ TEST_CASE("grammar: the mask equals trying every token on a copy of the state") 
 }
 
 TEST_CASE("grammar: every completed random walk of a schema parses and validates") {
-  const json_doc schema = json_doc::parse(test_schema);
+  const json::value schema = json::parse(test_schema);
   automaton a(compile_json_schema(test_schema), toy_vocab());
   auto docs = random_documents(a, 200, 400, 7);
   CHECK(docs.size() > 50);
   for (const auto& d : docs) {
-    json_doc v;
-    REQUIRE_NOTHROW_MESSAGE(v = json_doc::parse(d), d);
+    json::value v;
+    REQUIRE_NOTHROW_MESSAGE(v = json::parse(d), d);
     CHECK_MESSAGE(validate(v, schema, schema), d);
   }
   // And the schema's own examples: valid ones accepted, invalid ones refused.

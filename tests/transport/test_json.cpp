@@ -42,6 +42,19 @@ TEST_CASE("json: writer escapes and round-trips") {
   CHECK(v.find("t")->s == "a\"b\\c\n\x01");
 }
 
+TEST_CASE("json: dump writes numbers as written and quotes as json.dumps does, quote also escapes DEL") {
+  // The grammar compiler emits a schema's const/enum values with dump(): the source text of a
+  // number must survive (not %.17g of a double), and the strings match json.dumps.
+  auto v = json::parse(R"({"n":[1.50,-0,1e3,12345678901234567890],"s":"a\u007f\b\f\u0001\"","o":{}})");
+  CHECK(v.find("n")->arr[0].s == "1.50");
+  CHECK(v.dump() == "{\"n\":[1.50,-0,1e3,12345678901234567890],\"s\":\"a\x7f\\b\\f\\u0001\\\"\",\"o\":{}}");
+  CHECK(json::quote("a\x7f") == "\"a\\u007f\"");
+  CHECK(json::quote("a\x7f", /*escape_del=*/false) == "\"a\x7f\"");
+  std::string out = "x";
+  json::append_quoted(out, "\n");
+  CHECK(out == "x\"\\n\"");
+}
+
 TEST_CASE("text_assembler: holds back possible stop-string prefixes and trims at the match") {
   test::fake_tokenizer tok;
   auto ids = test::fake_tokenizer::ids("Hello world");

@@ -1,7 +1,6 @@
 // response_format and llama-server's json_schema read into the request's grammar_spec.
 #include <doctest/doctest.h>
 
-#include "kernels/grammar/json_doc.h"
 #include "transport/http/json.h"
 #include "transport/http/response_format.h"
 
@@ -27,7 +26,7 @@ TEST_CASE("response_format: text, json_object and json_schema become the request
                g));
   CHECK(g.kind == grammar_kind::json_schema);
   // The source is compact JSON the worker's parser reads back to the same schema.
-  auto doc = grammar::json_doc::parse(g.source);
+  auto doc = json::parse(g.source);
   CHECK(doc.find("properties")->find("a")->find("type")->s == "integer");
   g = {};
   CHECK(!parse(R"({"prompt":"x","json_schema":{"type":"boolean"}})", g, false));

@@ -7,7 +7,7 @@
 
 #include "kernels/base/error.h"
 #include "kernels/tokenizer/tokenizer.h"
-#include "transport/http/json.h"
+#include "kernels/base/json.h"
 
 namespace tandem {
 

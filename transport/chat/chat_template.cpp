@@ -1,6 +1,6 @@
 #include "transport/chat/chat_template.h"
 
-#include "transport/http/json.h"
+#include "kernels/base/json.h"
 
 namespace tandem {
 

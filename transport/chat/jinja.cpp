@@ -5,7 +5,7 @@
 #include "transport/chat/jinja_eval.h"
 #include "transport/chat/jinja_lexer.h"
 #include "transport/chat/jinja_parser.h"
-#include "transport/http/json.h"
+#include "kernels/base/json.h"
 
 namespace tandem::jinja {
 

@@ -66,7 +66,7 @@ class template_ {
 /// Converts JSON text to a value (objects keep their key order, integers stay integers).
 /// Throws error(render) naming what is wrong with the JSON.
 value from_json(std::string_view json);
-/// Converts a parsed JSON value (transport/http/json.h).
+/// Converts a parsed JSON value (kernels/base/json.h).
 value from_json(const json::value& j);
 
 }  // namespace tandem::jinja

@@ -91,16 +91,15 @@ class expr_parser {
   expr_ptr parse_expression(bool condexpr);
   expr_ptr binary(eop op, expr_ptr l, expr_ptr r, const token& at, std::string name = "");
   expr_ptr parse_or();
-  expr_ptr parse_and();
+  /// One left-associative level of the binary-operator table (jinja_parser_expr.cpp).
+  expr_ptr parse_binary(size_t level);
   expr_ptr parse_not();
   expr_ptr parse_compare();
-  expr_ptr parse_math1();
-  expr_ptr parse_concat();
-  expr_ptr parse_math2();
-  expr_ptr parse_pow();
   expr_ptr parse_unary(bool with_filter);
   expr_ptr parse_primary();
   void parse_call_args(expr& call);
+  /// `callee(args)`: a call node at `at`.
+  expr_ptr parse_call(expr_ptr callee, const token& at);
   expr_ptr parse_postfix(expr_ptr n);
   expr_ptr parse_subscript(expr_ptr obj, const token& at);
   std::string dotted_name();

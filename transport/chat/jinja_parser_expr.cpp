@@ -1,5 +1,9 @@
 #include <fmt/format.h>
 
+#include <array>
+#include <cstdint>
+#include <string_view>
+
 #include "transport/chat/jinja_parser_base.h"
 
 namespace tandem::jinja {
@@ -45,22 +49,56 @@ expr_ptr expr_parser::binary(eop op, expr_ptr l, expr_ptr r, const token& at, st
   return b;
 }
 
-expr_ptr expr_parser::parse_or() {
-  auto l = parse_and();
-  while (is_name("or")) {
-    const token at = cur();
-    next();
-    l = binary(eop::or_, std::move(l), parse_and(), at);
-  }
-  return l;
-}
+namespace {
 
-expr_ptr expr_parser::parse_and() {
-  auto l = parse_not();
-  while (is_name("and")) {
+/// What the operands of a binary level are.
+enum class operand : uint8_t { next_level, not_expr, unary };
+
+/// A left-associative binary level: its operators are names (`or`) or symbols (`+`).
+struct binary_level {
+  eop op;
+  bool words;
+  std::array<std::string_view, 4> names;  ///< empty entries unused
+  operand operands;
+};
+
+/// Jinja's binary operators, loosest first. `and` binds `not` expressions, below which come
+/// the comparisons (parse_compare); their operands start again at `math_level`.
+constexpr binary_level binary_levels[] = {
+    {eop::or_, true, {"or"}, operand::next_level},
+    {eop::and_, true, {"and"}, operand::not_expr},
+    {eop::binary, false, {"+", "-"}, operand::next_level},
+    {eop::binary, false, {"~"}, operand::next_level},
+    {eop::binary, false, {"*", "/", "//", "%"}, operand::next_level},
+    {eop::binary, false, {"**"}, operand::unary},
+};
+constexpr size_t math_level = 2;
+
+}  // namespace
+
+expr_ptr expr_parser::parse_or() { return parse_binary(0); }
+
+expr_ptr expr_parser::parse_binary(size_t level) {
+  const binary_level& lv = binary_levels[level];
+  auto parse_operand = [&] {
+    switch (lv.operands) {
+      case operand::not_expr: return parse_not();
+      case operand::unary: return parse_unary(true);
+      case operand::next_level: break;
+    }
+    return parse_binary(level + 1);
+  };
+  auto at_operator = [&] {
+    for (std::string_view n : lv.names)
+      if (!n.empty() && (lv.words ? is_name(n) : is_op(n))) return true;
+    return false;
+  };
+  auto l = parse_operand();
+  while (at_operator()) {
     const token at = cur();
     next();
-    l = binary(eop::and_, std::move(l), parse_not(), at);
+    // The arithmetic nodes carry their operator; `or` and `and` have their own node kinds.
+    l = binary(lv.op, std::move(l), parse_operand(), at, lv.op == eop::binary ? at.s : std::string());
   }
   return l;
 }
@@ -78,7 +116,7 @@ expr_ptr expr_parser::parse_not() {
 
 expr_ptr expr_parser::parse_compare() {
   const token at = cur();
-  auto first = parse_math1();
+  auto first = parse_binary(math_level);
   expr_ptr cmp;
   for (;;) {
     std::string op;
@@ -101,49 +139,9 @@ expr_ptr expr_parser::parse_compare() {
       cmp->args.push_back(std::move(first));
     }
     cmp->ops.push_back(op);
-    cmp->args.push_back(parse_math1());
+    cmp->args.push_back(parse_binary(math_level));
   }
   return cmp ? std::move(cmp) : std::move(first);
-}
-
-expr_ptr expr_parser::parse_math1() {
-  auto l = parse_concat();
-  while (is_op("+") || is_op("-")) {
-    const token at = cur();
-    next();
-    l = binary(eop::binary, std::move(l), parse_concat(), at, at.s);
-  }
-  return l;
-}
-
-expr_ptr expr_parser::parse_concat() {
-  auto l = parse_math2();
-  while (is_op("~")) {
-    const token at = cur();
-    next();
-    l = binary(eop::binary, std::move(l), parse_math2(), at, "~");
-  }
-  return l;
-}
-
-expr_ptr expr_parser::parse_math2() {
-  auto l = parse_pow();
-  while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
-    const token at = cur();
-    next();
-    l = binary(eop::binary, std::move(l), parse_pow(), at, at.s);
-  }
-  return l;
-}
-
-expr_ptr expr_parser::parse_pow() {
-  auto l = parse_unary(true);
-  while (is_op("**")) {
-    const token at = cur();
-    next();
-    l = binary(eop::binary, std::move(l), parse_unary(true), at, "**");
-  }
-  return l;
 }
 
 expr_ptr expr_parser::parse_unary(bool with_filter) {
@@ -209,29 +207,22 @@ expr_ptr expr_parser::parse_primary() {
         expect_op(")");
         return t;
       }
-      if (at.s == "[") {
+      if (at.s == "[" || at.s == "{") {
         next();
-        auto l = node(eop::list, at);
-        while (!is_op("]")) {
+        const bool dict = at.s == "{";
+        const std::string_view close = dict ? "}" : "]";
+        auto l = node(dict ? eop::dict : eop::list, at);
+        // Comma-separated items (a dict's are `key: value`), a trailing comma allowed.
+        while (!is_op(close)) {
           if (!l->args.empty()) expect_op(",");
-          if (is_op("]")) break;
+          if (is_op(close)) break;
+          l->args.push_back(parse_expression(true));
+          if (!dict) continue;
+          expect_op(":");
           l->args.push_back(parse_expression(true));
         }
-        expect_op("]");
+        expect_op(close);
         return l;
-      }
-      if (at.s == "{") {
-        next();
-        auto d = node(eop::dict, at);
-        while (!is_op("}")) {
-          if (!d->args.empty()) expect_op(",");
-          if (is_op("}")) break;
-          d->args.push_back(parse_expression(true));
-          expect_op(":");
-          d->args.push_back(parse_expression(true));
-        }
-        expect_op("}");
-        return d;
       }
       break;
     default: break;
@@ -255,6 +246,13 @@ void expr_parser::parse_call_args(expr& call) {
     }
   }
   expect_op(")");
+}
+
+expr_ptr expr_parser::parse_call(expr_ptr callee, const token& at) {
+  auto c = node(eop::call, at);
+  c->args.push_back(std::move(callee));
+  parse_call_args(*c);
+  return c;
 }
 
 expr_ptr expr_parser::parse_postfix(expr_ptr n) {
@@ -281,10 +279,7 @@ expr_ptr expr_parser::parse_postfix(expr_ptr n) {
       n = parse_subscript(std::move(n), at);
       expect_op("]");
     } else if (is_op("(")) {
-      auto c = node(eop::call, at);
-      c->args.push_back(std::move(n));
-      parse_call_args(*c);
-      n = std::move(c);
+      n = parse_call(std::move(n), at);
     } else {
       return n;
     }
@@ -355,10 +350,7 @@ expr_ptr expr_parser::parse_filter_expr(expr_ptr n) {
       }
       n = std::move(t);
     } else if (is_op("(")) {
-      auto c = node(eop::call, at);
-      c->args.push_back(std::move(n));
-      parse_call_args(*c);
-      n = std::move(c);
+      n = parse_call(std::move(n), at);
     } else {
       return n;
     }

@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "kernels/base/json.h"
+
 namespace tandem::jinja {
 
 namespace {
@@ -68,24 +70,9 @@ std::string repr_at(const value& v, int depth) {
   }
 }
 
-void json_string(std::string& out, std::string_view s) {
-  out += '"';
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      default:
-        if (c < 0x20) out += fmt::format("\\u{:04x}", c);
-        else out += static_cast<char>(c);
-    }
-  }
-  out += '"';
-}
+/// json.dumps writes DEL (0x7f) raw where the HTTP writer escapes it; `tojson` follows Python.
+/// Python's other rules (NaN/Infinity, separators, indent) are json_at's own.
+constexpr bool python_escapes_del = false;
 
 void json_at(std::string& out, const value& v, int indent, std::string_view isep, std::string_view ksep, int depth) {
   check_depth(depth);
@@ -103,7 +90,7 @@ void json_at(std::string& out, const value& v, int indent, std::string_view isep
       else if (std::isinf(v.d)) out += v.d > 0 ? "Infinity" : "-Infinity";
       else out += repr_double(v.d);
       return;
-    case vkind::string: json_string(out, v.s); return;
+    case vkind::string: json::append_quoted(out, v.s, python_escapes_del); return;
     case vkind::list: {
       if (v.generator) break;
       if (v.l->empty()) { out += "[]"; return; }
@@ -126,7 +113,7 @@ void json_at(std::string& out, const value& v, int indent, std::string_view isep
         if (!first) out += isep;
         first = false;
         newline(depth + 1);
-        json_string(out, key);
+        json::append_quoted(out, key, python_escapes_del);
         out += ksep;
         json_at(out, x, indent, isep, ksep, depth + 1);
       }

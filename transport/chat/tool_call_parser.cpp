@@ -2,7 +2,7 @@
 
 #include <charconv>
 
-#include "transport/http/json.h"
+#include "kernels/base/json.h"
 
 namespace tandem {
 namespace {

@@ -1,4 +1,4 @@
-#include "transport/http/json.h"
+#include "kernels/base/json.h"
 
 #include "kernels/base/utf8.h"
 
@@ -163,14 +163,14 @@ class parser {
       if (!digit()) fail("invalid number: digit expected in exponent");
       while (digit()) ++p_;
     }
-    std::string text(t_.substr(start, p_ - start));
+    v.s.assign(t_.substr(start, p_ - start));
     v.k = kind::number;
-    v.num = std::strtod(text.c_str(), nullptr);
+    v.num = std::strtod(v.s.c_str(), nullptr);
     if (!std::isfinite(v.num)) fail("number out of range");
     if (integral) {
       errno = 0;
       char* end = nullptr;
-      long long ll = std::strtoll(text.c_str(), &end, 10);
+      long long ll = std::strtoll(v.s.c_str(), &end, 10);
       if (errno == 0 && end && *end == '\0') {
         v.is_int = true;
         v.i = ll;
@@ -270,9 +270,7 @@ bool valid_utf8(std::string_view s) {
   return true;
 }
 
-std::string quote(std::string_view s) {
-  std::string out;
-  out.reserve(s.size() + 2);
+void append_quoted(std::string& out, std::string_view s, bool escape_del) {
   out += '"';
   for (unsigned char c : s) {
     switch (c) {
@@ -284,7 +282,7 @@ std::string quote(std::string_view s) {
       case '\b': out += "\\b"; break;
       case '\f': out += "\\f"; break;
       default:
-        if (c < 0x20 || c == 0x7f) {
+        if (c < 0x20 || (c == 0x7f && escape_del)) {
           char buf[8];
           std::snprintf(buf, sizeof buf, "\\u%04x", c);
           out += buf;
@@ -294,6 +292,49 @@ std::string quote(std::string_view s) {
     }
   }
   out += '"';
+}
+
+std::string quote(std::string_view s, bool escape_del) {
+  std::string out;
+  out.reserve(s.size() + 2);
+  append_quoted(out, s, escape_del);
+  return out;
+}
+
+namespace {
+
+void dump_to(std::string& out, const value& v) {
+  switch (v.k) {
+    case kind::null: out += "null"; return;
+    case kind::boolean: out += v.b ? "true" : "false"; return;
+    case kind::number: out += v.s; return;
+    case kind::string: append_quoted(out, v.s, false); return;
+    case kind::array:
+      out += '[';
+      for (size_t i = 0; i < v.arr.size(); ++i) {
+        if (i) out += ',';
+        dump_to(out, v.arr[i]);
+      }
+      out += ']';
+      return;
+    case kind::object:
+      out += '{';
+      for (size_t i = 0; i < v.obj.size(); ++i) {
+        if (i) out += ',';
+        append_quoted(out, v.obj[i].first, false);
+        out += ':';
+        dump_to(out, v.obj[i].second);
+      }
+      out += '}';
+      return;
+  }
+}
+
+}  // namespace
+
+std::string value::dump() const {
+  std::string out;
+  dump_to(out, *this);
   return out;
 }
 
@@ -325,14 +366,14 @@ writer& writer::end_array() {
 }
 writer& writer::key(std::string_view k) {
   sep();
-  out_ += quote(k);
+  append_quoted(out_, k);
   out_ += ':';
   need_comma_ = false;
   return *this;
 }
 writer& writer::str(std::string_view v) {
   sep();
-  out_ += quote(v);
+  append_quoted(out_, v);
   return *this;
 }
 writer& writer::num(int64_t v) {

@@ -1,0 +1,204 @@
+#pragma once
+// The router against scripted targets (test_router_{admission,drain,node_down,migration}):
+// each test plays the prefill and decode stages by hand, on a manual clock, so every decision
+// the router makes is deterministic. One scripted target records everything the router sends
+// it; one rig owns the actor system, the targets and the router, and each test file adds the
+// helpers (credits, tokens) its cases speak in.
+#include <doctest/doctest.h>
+
+#include <caf/all.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "actors/common/logging.h"
+#include "actors/common/metrics.h"
+#include "actors/common/wire.h"
+#include "actors/router/router.h"
+#include "tests/actors/support.h"
+
+namespace tandem::test {
+
+/// A scripted prefill or decode target: records the submissions, aborts, requeues and credit
+/// queries the router sends it. While `answer` is set and `router` is known, it answers each
+/// credit query with a credit, as a live stage does (a rig that sets no router gets none).
+struct target_box {
+  std::string name, role;
+  std::mutex m;
+  std::condition_variable cv;
+  std::vector<seq_request> submits;
+  std::vector<std::string> aborts;
+  std::vector<seq_request> requeues;
+  std::vector<int32_t> holds;  ///< each credit query's holds, in order
+  int queries = 0;
+  bool answer = true;  ///< answers credit queries (alive); false = silent
+  bounded_actor router;
+  uint64_t seq = 0;
+
+  void push(const wire& w) {
+    wire_reader rd(w);
+    auto env = rd.root();
+    std::lock_guard lk(m);
+    if (env.isSubmit()) submits.push_back(seq_request::read(env.getSubmit()));
+    if (env.isAbort()) aborts.push_back(env.getAbort().getId().cStr());
+    if (env.isRequeue()) requeues.push_back(seq_request::read(env.getRequeue()));
+    if (env.isCreditQuery()) {
+      holds.push_back(env.getCreditQuery().getHolds());
+      // The answer goes out before the query is counted: a test that saw the query and then
+      // asks the router something finds the credit processed.
+      if (answer && router) {
+        router.gate->enter_control();
+        caf::anon_send(router.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder e) {
+                         auto c = e.initCredit();
+                         c.setTarget(name);
+                         c.setRole(role);
+                         c.setSeq(++seq);
+                         c.setFreePages(-1);
+                       }));
+      }
+      queries += 1;
+    }
+    cv.notify_all();
+  }
+  bool wait(const std::function<bool()>& ok) {
+    std::unique_lock lk(m);
+    return cv.wait_for(lk, std::chrono::seconds(20), ok);
+  }
+  bool wait_submits(size_t n) {
+    return wait([&] { return submits.size() >= n; });
+  }
+  bool wait_requeues(size_t n) {
+    return wait([&] { return requeues.size() >= n; });
+  }
+  bool wait_queries(int n) {
+    return wait([&] { return queries >= n; });
+  }
+  int query_count() {
+    std::lock_guard lk(m);
+    return queries;
+  }
+  seq_request submit(size_t i) {
+    std::lock_guard lk(m);
+    return submits.at(i);
+  }
+  /// The ids submitted here, in order (call with `m` held).
+  std::vector<std::string> submit_ids() const {
+    std::vector<std::string> ids;
+    for (const auto& q : submits) ids.push_back(q.id);
+    return ids;
+  }
+  void set_answer(bool a) {
+    std::lock_guard lk(m);
+    answer = a;
+  }
+};
+
+inline caf::behavior scripted_target(caf::event_based_actor*, std::shared_ptr<mailbox_gate> gate,
+                                     std::shared_ptr<target_box> box) {
+  return {[gate, box](wire_atom, const wire& w) {
+    gate->leave();
+    box->push(w);
+  }};
+}
+
+/// A router over scripted targets: add the targets, then launch() it with the options.
+struct router_rig {
+  caf::actor_system_config cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  std::shared_ptr<manual_clock> clk = std::make_shared<manual_clock>();
+  std::vector<std::shared_ptr<target_box>> prefill, decode;
+  std::vector<route_target> prefill_targets, decode_targets;
+  bounded_actor router;
+  collector col;
+  bool stopped_ = false;
+
+  router_rig() {
+    cfg.add_message_type<wire>("tandem_wire");
+    sys = std::make_unique<caf::actor_system>(cfg);
+  }
+  ~router_rig() { stop(); }
+  /// Stops the router and waits for every actor. A rig whose own members the actors reach
+  /// (a collector callback writing them) calls it from its destructor, before they go.
+  void stop() {
+    if (stopped_) return;
+    stopped_ = true;
+    caf::anon_send_exit(router.handle, caf::exit_reason::user_shutdown);
+    sys->await_all_actors_done();
+  }
+  router_rig(const router_rig&) = delete;
+  router_rig& operator=(const router_rig&) = delete;
+
+  /// A scripted target `name` of `role` ("prefill" or "decode"), its mailbox gate named `gate_name`.
+  void add_target(const std::string& name, const std::string& role, const std::string& gate_name) {
+    auto box = std::make_shared<target_box>();
+    box->name = name;
+    box->role = role;
+    auto gate = std::make_shared<mailbox_gate>(gate_name, 1024);
+    const bool is_prefill = role == "prefill";
+    (is_prefill ? prefill : decode).push_back(box);
+    (is_prefill ? prefill_targets : decode_targets)
+        .push_back(route_target{name, bounded_actor{sys->spawn(scripted_target, gate, box), gate}});
+  }
+  /// Spawns the router over the targets added so far; `answering` targets get its handle.
+  void launch(const router_options& ro, bool answering = false) {
+    router = spawn_router(*sys, ro, std::move(prefill_targets), std::move(decode_targets), clk,
+                          make_actor_logger("router", quiet_sink(), "off"));
+    if (!answering) return;
+    for (auto* v : {&prefill, &decode})
+      for (auto& b : *v) {
+        std::lock_guard lk(b->m);
+        b->router = router;
+      }
+  }
+
+  /// Submits `id` with `prompt`, at most `max_tokens` tokens.
+  void submit(const std::string& id, std::vector<int32_t> prompt = {1, 2, 3, 4}, int32_t max_tokens = 8,
+              bool ignore_eos = false) {
+    seq_request r;
+    r.id = id;
+    r.prompt = std::move(prompt);
+    r.max_tokens = max_tokens;
+    r.ignore_eos = ignore_eos;
+    submit(r);
+  }
+  void submit(const seq_request& r) {
+    router.gate->enter_control();
+    caf::anon_send(router.handle, submit_atom::value,
+                   make_wire([&](schema::Envelope::Builder env) { r.write(env.initSubmit()); }),
+                   callback_box{col.cb()});
+  }
+  void send(const wire& w) {
+    router.gate->enter_control();
+    caf::anon_send(router.handle, wire_atom::value, w);
+  }
+  /// Where `id` went: (prefill index, the decode target it names); waits for the submission.
+  std::pair<int, std::string> placed(const std::string& id) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (std::chrono::steady_clock::now() < until) {
+      for (size_t i = 0; i < prefill.size(); ++i) {
+        std::lock_guard lk(prefill[i]->m);
+        // The latest submission of `id` there (a retry names another decode target).
+        for (auto q = prefill[i]->submits.rbegin(); q != prefill[i]->submits.rend(); ++q)
+          if (q->id == id) return {int(i), q->decode_target};
+      }
+      std::this_thread::yield();
+    }
+    return {-1, ""};
+  }
+  stats_snapshot stats() {
+    caf::scoped_actor self{*sys};
+    stats_snapshot out;
+    self->request(router.handle, std::chrono::seconds(10), stats_atom::value)
+        .receive([&](const wire& w) { out = read_stats(w); }, [](caf::error&) {});
+    return out;
+  }
+};
+
+}  // namespace tandem::test
