@@ -39,9 +39,16 @@ pool_pages read_pool_pages(Reader r) {
   if (ex.size() + 1 > max_kv_pools)
     throw error(error_kind::failed, "a KV page message carries " + std::to_string(ex.size() + 1) +
                                         " pools; at most " + std::to_string(max_kv_pools) + " exist");
+  // capnp's list iterators are not std iterators (no iterator_traits): copy element-wise.
+  auto copy = [](auto list) {
+    std::vector<int32_t> v;
+    v.reserve(list.size());
+    for (int32_t x : list) v.push_back(x);
+    return v;
+  };
   out.reserve(ex.size() + 1);
-  out.emplace_back(r.getPages().begin(), r.getPages().end());
-  for (auto e : ex) out.emplace_back(e.getPages().begin(), e.getPages().end());
+  out.push_back(copy(r.getPages()));
+  for (auto e : ex) out.push_back(copy(e.getPages()));
   return out;
 }
 

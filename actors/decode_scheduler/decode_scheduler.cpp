@@ -10,6 +10,7 @@
 
 #include "actors/common/drain_mode.h"
 #include "actors/common/kv_layout_wire.h"
+#include "actors/common/pool_pages_wire.h"
 #include "actors/common/logprobs_wire.h"
 #include "actors/common/metrics.h"
 #include "actors/common/wire.h"
@@ -320,7 +321,7 @@ void request_handoff_pages(decode_actor_t* self, dseq d) {
                          o.setTransferId(tid);
                          o.setId(q.req.id);
                          o.setPeerNode(q.source_node);
-                         fill_list([&](unsigned n) { return o.initPages(n); }, q.pages);
+                         write_pool_pages(o, pool_pages{q.pages});
                        }));
             st.receiving.emplace(tid, std::move(q));
             if (retry) pump(self);  // the next parked one may fit too
@@ -351,7 +352,7 @@ void on_kv_done(decode_actor_t* self, const wire& w) {
   }
   dseq d = std::move(it->second);
   s.receiving.erase(it);
-  d.pages = to_vector(k.getPages());
+  d.pages = read_pool_pages(k).front();
   if (d.aborted || !k.getDelivered()) {
     // Its pages come back: a parked handoff may fit now (it waited for them).
     if (d.aborted) s.free_pages(d.req.id, d.pages);

@@ -10,6 +10,7 @@
 
 #include "actors/common/drain_mode.h"
 #include "actors/common/kv_layout_wire.h"
+#include "actors/common/pool_pages_wire.h"
 #include "actors/common/logprobs_wire.h"
 #include "actors/common/metrics.h"
 #include "actors/common/wire.h"
@@ -345,7 +346,7 @@ void finish_prefill(prefill_actor_t* self, pseq& q, int32_t token, const token_l
                  o.setTransferId(tid);
                  o.setId(q.req.id);
                  o.setPeerNode(dst);
-                 fill_list([&](unsigned n) { return o.initPages(n); }, q.pages);
+                 write_pool_pages(o, pool_pages{q.pages});
                }));
   }
   if (tid == 0) s.local_handoffs += 1;
@@ -385,7 +386,7 @@ void on_kv_done(prefill_actor_t* self, const wire& w) {
     s.transfers_failed += 1;
     s.log->info("request {}: KV send ended without delivery: {}", id, d.getError().cStr());
   }
-  auto pages = to_vector(d.getPages());
+  auto pages = read_pool_pages(d).front();
   s.free_pages(id, pages);
 }
 

@@ -9,6 +9,7 @@
 
 #include "actors/cache_tier/page_file.h"
 #include "actors/common/metrics.h"
+#include "actors/common/pool_pages_wire.h"
 #include "actors/common/request.h"
 #include "actors/common/logprobs_wire.h"
 #include "actors/common/wire.h"
@@ -248,9 +249,11 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
                         fmt::format("worker of pool {} failed at start (injected: TANDEM_WORKER_FAULT=start)", opt.pool_id));
   if (opt.kv_transfer) {
     auto* st_ptr = &st;
+    // One pool for now: the worker's forward and copies run on pool 0 (pools() of a one-pool set).
+    const int32_t n_pages[] = {opt.n_pages};
     st.port = opt.kv_transfer(
-        st.model->layout(opt.page_size), opt.n_pages,
-        [st_ptr](uint64_t tid, bool delivered, const std::vector<int32_t>& pages, const std::string& why) {
+        kv_pools_layout::single(st.model->layout(opt.page_size)), n_pages,
+        [st_ptr](uint64_t tid, bool delivered, const pool_pages& pages, const std::string& why) {
           auto it = st_ptr->transfers.find(tid);
           if (it == st_ptr->transfers.end()) {
             st_ptr->log->error("kv transfer {:#x}: pages released for a transfer nobody ordered", tid);
@@ -264,11 +267,11 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
                            d.setTransferId(tid);
                            d.setId(id);
                            d.setDelivered(delivered);
-                           fill_list([&](unsigned n) { return d.initPages(n); }, pages);
+                           write_pool_pages(d, pages);
                            d.setError(why);
                          }));
         }, st.log);
-    st.pool = &st.port->pool();
+    st.pool = &st.port->pools()[0];
   } else {
     st.own_pool = std::make_unique<kv_pool>(st.model->layout(opt.page_size), opt.n_pages);
     st.pool = st.own_pool.get();
@@ -326,7 +329,7 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
             const bool send = env.isKvSend();
             auto o = send ? env.getKvSend() : env.getKvReceive();
             const uint64_t tid = o.getTransferId();
-            auto pages = to_vector(o.getPages());
+            pool_pages pages = read_pool_pages(o);
             auto to = caf::actor_cast<caf::actor>(self->current_sender());
             s.transfers[tid] = {to, o.getId().cStr()};
             s.transfer_orders += 1;
@@ -344,7 +347,7 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
                                d.setTransferId(tid);
                                d.setId(o.getId());
                                d.setDelivered(false);
-                               fill_list([&](unsigned n) { return d.initPages(n); }, pages);
+                               write_pool_pages(d, pages);
                                d.setError(e.what());
                              }));
             }

@@ -53,6 +53,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       auto again = encode_hello(h);
       kv_hello b = decode_hello(again.data(), again.size());
       if (b.id.node != h.id.node || b.id.model != h.id.model || !(b.id.layout == h.id.layout) ||
+          !(b.id.set() == h.id.set()) || b.extra_pools.size() != h.extra_pools.size() ||
           b.pool_base != h.pool_base || b.n_pages != h.n_pages || b.rkey != h.rkey || b.worker_address != h.worker_address)
         std::abort();
       (void)check_compatible(local(), h.id);
@@ -61,9 +62,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       kv_descriptors d = decode_descriptors(p, n);
       auto again = encode_descriptors(d);
       if (again.size() != n || !std::equal(again.begin(), again.end(), p)) std::abort();
-      std::string why = check_page_ids(d.pages, 64);
-      for (int32_t pg : d.pages)
-        if ((pg < 0 || pg >= 64) && why.empty()) std::abort();  // an out-of-pool page must be named
+      for (const auto& pool : d.pages) {
+        std::string why = check_page_ids(pool, 64);
+        for (int32_t pg : pool)
+          if ((pg < 0 || pg >= 64) && why.empty()) std::abort();  // an out-of-pool page must be named
+      }
     }
   } catch (const tandem::error&) {
   }

@@ -163,8 +163,8 @@ void kv_seeds() {
   h.id.model = "other";
   h.id.layout.page_size = 32;
   put("kv", "hello_mismatch", with_tag(0, encode_hello(h)));
-  put("kv", "descriptors", with_tag(1, encode_descriptors({7, {0, 1, 2, 63}})));
-  put("kv", "descriptors_bad", with_tag(1, encode_descriptors({8, {-1, 64}})));
+  put("kv", "descriptors", with_tag(1, encode_descriptors({7, {{0, 1, 2, 63}}})));
+  put("kv", "descriptors_bad", with_tag(1, encode_descriptors({8, {{-1, 64}}})));
   put("kv", "challenge", with_tag(2, encode_challenge({"peer", std::vector<uint8_t>(kv_nonce_bytes, 5)})));
   put("kv", "proof", with_tag(3, encode_proof({std::vector<uint8_t>(kv_nonce_bytes, 6)})));
   put("kv", "proof_empty", with_tag(3, encode_proof({})));
