@@ -44,6 +44,7 @@ class ucx_kv_port final : public kv_port {
   kv_pools& pools() override { return engine_->pools(); }
 
   void send(uint64_t tid, const std::string& dst, pool_pages pages) override {
+    check_pools(tid, pages);
     if (auto p = engine_->peer_named(dst)) {
       start_send(tid, *p, pages);
       return;
@@ -56,6 +57,7 @@ class ucx_kv_port final : public kv_port {
   }
 
   void receive(uint64_t tid, const std::string& src, pool_pages pages) override {
+    check_pools(tid, pages);
     auto it = dialled_.find(src);
     if (it == dialled_.end()) {
       std::string known;
@@ -121,8 +123,7 @@ class ucx_kv_port final : public kv_port {
     m.push_back({"kv_transfer_pending_sends", "", double(pending_.size()), "gauge",
                  "KV sends waiting for their destination node to connect"});
     m.push_back({"kv_handshakes_refused_total", "", double(engine_->handshakes_refused()), "counter",
-                 "KV peers refused in the handshake (no or wrong cluster secret, layout set mismatch, messages "
-                 "out of order)"});
+                 "KV peers refused in the handshake (no or wrong cluster secret, messages out of order)"});
     m.push_back({"kv_transfer_manifest_bytes_total", "", double(engine_->manifest_bytes()), "counter",
                  "KV bytes hashed for transfer manifests (source and destination)"});
     m.push_back({"kv_transfer_manifest_seconds_total", "", double(engine_->manifest_us()) / 1e6, "counter",
@@ -131,6 +132,21 @@ class ucx_kv_port final : public kv_port {
   }
 
  private:
+  /// An order must name pages of every pool of the set, each a page of its pool or -1.
+  void check_pools(uint64_t tid, const pool_pages& pages) {
+    kv_pools& ps = engine_->pools();
+    if (pages.size() != ps.size())
+      throw tandem::error(error_kind::failed,
+                          fmt::format("KV transfer {:#x} names pages of {} pools but node '{}' has {} ({})", tid,
+                                      pages.size(), opt_.node, ps.size(), ps.set().describe()));
+    for (size_t k = 0; k < pages.size(); ++k)
+      for (int32_t p : pages[k])
+        if (p < -1 || p >= ps[k].n_pages())
+          throw tandem::error(error_kind::failed,
+                              fmt::format("KV transfer {:#x}: page {} is outside pool {} ({}) of {} pages", tid, p, k,
+                                          ps.set().pools[k].name, ps[k].n_pages()));
+  }
+
   void start_send(uint64_t tid, peer_id p, const pool_pages& pages) {
     engine_->table().start_send(tid, p, pages);
     engine_->table().source_ready(tid);
