@@ -6,6 +6,7 @@
 
 #include "kernels/base/error.h"
 #include "transport/ucx/kv_manifest.h"
+#include "transport/ucx/kv_port_ucx.h"
 
 using namespace tandem;
 using namespace tandem::ucx;
@@ -77,4 +78,21 @@ TEST_CASE("kv manifest: the check names the pool and says count or checksum") {
   CHECK(r == fail_reason::checksum);
   CHECK(why.find("pool 0 (full): checksum 000000000000000a of the 4 pages received differs from the source's "
                  "000000000000000b") != std::string::npos);
+}
+
+TEST_CASE("kv manifest: TANDEM_KV_FAULT names a pool to drop or flip in every transfer") {
+  const fault_hook drop = fault_hook_from_spec("put:drop-pool:1");
+  for (transfer_id id : {1, 2}) {
+    const fault_decision d = drop(fault_point::put, id, notify_kind::started);
+    CHECK(d.action == fault_action::drop);
+    CHECK(d.pool == 1);
+  }
+  CHECK(drop(fault_point::notify, 1, notify_kind::done).action == fault_action::pass);
+  const fault_decision f = fault_hook_from_spec("put:flip-pool:0")(fault_point::put, 3, notify_kind::started);
+  CHECK(f.action == fault_action::corrupt);
+  CHECK(f.pool == 0);
+  // The whole-transfer faults keep pool -1.
+  CHECK(fault_hook_from_spec("put:drop:1")(fault_point::put, 1, notify_kind::started).pool == -1);
+  for (const char* bad : {"put:flip-pool:8", "notify:drop-pool:1", "put:drop-pool:x", "put:flip-pool:-1"})
+    CHECK_THROWS_WITH_AS(fault_hook_from_spec(bad), doctest::Contains("put:drop-pool:P"), tandem::error);
 }
