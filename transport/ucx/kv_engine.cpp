@@ -497,6 +497,7 @@ void kv_engine::finish_close(peer_id id, peer& p) {
   if (destroying_) return;
   // Nothing of this peer's transfers is in flight any more: no manifest will be sent.
   std::erase_if(sent_manifests_, [id](const auto& m) { return m.second.peer == id; });
+  std::erase_if(corrupt_copies_, [id](const auto& c) { return !c.second.empty() && c.second.front().peer == id; });
   if (p.dialable) {
     // Keep the address so a later transfer can dial again.
     std::string ip = p.ip;

@@ -246,8 +246,13 @@ class kv_engine final : public transfer_transport {
   std::map<transfer_id, sent_manifest> sent_manifests_;
   /// Destination: the manifest of the `done` being delivered to the table right now.
   const kv_notify* arriving_done_ = nullptr;
-  /// Page copies with a flipped byte (fault_action::corrupt) until their puts are flushed.
-  std::map<transfer_id, std::vector<std::vector<uint8_t>>> corrupt_copies_;
+  /// Page copies with a flipped byte (fault_action::corrupt) until their puts are flushed (or
+  /// the peer's endpoint closed).
+  struct corrupt_copy {
+    peer_id peer;
+    std::vector<uint8_t> bytes;
+  };
+  std::map<transfer_id, std::vector<corrupt_copy>> corrupt_copies_;
   uint64_t manifest_bytes_ = 0;
   int64_t manifest_us_ = 0;
   bool destroying_ = false;  ///< the destructor drains UCX without telling the table

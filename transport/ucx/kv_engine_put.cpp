@@ -107,7 +107,9 @@ void kv_engine::do_put(peer_id peer, transfer_id id, const pool_pages& src, cons
       for (int32_t page : src[k]) {
         if (page < 0) continue;
         const kv_pool& pool = (*pools_)[k];
-        auto& copy = corrupt_copies_[id].emplace_back(pool.page_data(page), pool.page_data(page) + pool.page_bytes());
+        auto& copy = corrupt_copies_[id]
+                         .emplace_back(corrupt_copy{peer, {pool.page_data(page), pool.page_data(page) + pool.page_bytes()}})
+                         .bytes;
         copy[copy.size() / 2] ^= 0x01;  // one bit of one byte, mid-page
         corrupt = copy.data();
         break;
