@@ -1,13 +1,16 @@
 // libFuzzer target: what a KV peer sends over UCX before any page moves: the handshake
 // (decode_challenge and kv_auth::on_challenge, decode_proof and kv_auth::verify, decode_hello
-// and check_compatible) and the page descriptors (decode_descriptors, check_page_ids).
-// First byte % 4: 0 = hello, 1 = descriptors, 2 = challenge, 3 = proof; the rest is the message.
+// and check_compatible) and the page descriptors (decode_descriptors, check_page_ids), and the
+// notifications with their per-pool manifest (decode_notify).
+// First byte % 5: 0 = hello, 1 = descriptors, 2 = challenge, 3 = proof, 4 = notify; the rest is
+// the message.
 #include <cstdint>
 #include <cstdlib>
 
 #include "kernels/base/error.h"
 #include "transport/ucx/kv_auth.h"
 #include "transport/ucx/kv_handshake.h"
+#include "transport/ucx/kv_manifest.h"
 
 namespace {
 
@@ -30,7 +33,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t* p = data + 1;
   size_t n = size - 1;
   try {
-    if (data[0] % 4 == 2) {
+    if (data[0] % 5 == 4) {
+      kv_notify k = decode_notify(p, n);
+      auto again = encode_notify(k);
+      if (again.size() != n || !std::equal(again.begin(), again.end(), p)) std::abort();
+    } else if (data[0] % 5 == 2) {
       // Accepted bytes need not be canonical Cap'n Proto: what was read survives a re-encoding.
       kv_challenge c = decode_challenge(p, n);
       auto again = encode_challenge(c);
@@ -38,14 +45,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (back.node != c.node || back.nonce != c.nonce) std::abort();
       kv_auth a("fuzz-secret-0123456789", kv_role::acceptor, std::vector<uint8_t>(kv_nonce_bytes, 1));
       if (a.on_challenge(c).empty() && c.nonce.size() != kv_nonce_bytes) std::abort();
-    } else if (data[0] % 4 == 3) {
+    } else if (data[0] % 5 == 3) {
       kv_proof pr = decode_proof(p, n);
       auto again = encode_proof(pr);
       if (decode_proof(again.data(), again.size()).mac != pr.mac) std::abort();
       kv_auth a("fuzz-secret-0123456789", kv_role::acceptor, std::vector<uint8_t>(kv_nonce_bytes, 1));
       (void)a.on_challenge({"peer", std::vector<uint8_t>(kv_nonce_bytes, 2)});
       if (a.verify(pr).empty()) std::abort();  // only the secret's holder passes
-    } else if (data[0] % 2 == 0) {
+    } else if (data[0] % 5 == 0) {
       kv_hello h = decode_hello(p, n);
       if (h.n_pages <= 0) std::abort();  // decode_hello must refuse an empty pool
       // What was read survives a re-encoding (accepted bytes need not be canonical Cap'n Proto:
