@@ -7,6 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git curl ca-certificates
   libcaf-dev capnproto libcapnp-dev libucx-dev ucx-utils
   libspdlog-dev libfmt-dev doctest-dev libssl-dev libnuma-dev libhwloc-dev libpcre2-dev libtomlplusplus-dev
+  libxxhash-dev
   nodejs npm iproute2
   prometheus jq
   numactl systemd procps

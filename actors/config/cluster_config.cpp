@@ -517,8 +517,8 @@ config_check check_cluster_config(const std::string& text, const std::string& so
     double device_bytes = double(cfg.lim.kv_cache_mb) * 1024.0 * 1024.0, host_bytes = 0;
     if (kv.known) {
       const kv_layout layout = kv.layout(ps);
-      // The set `tandem serve` runs: one pool when KV crosses nodes (see actor_cluster.cpp).
-      const kv_pools_layout set = cfg.nodes.size() > 1 ? kv_pools_layout::single(layout) : kv.pools(ps);
+      // The set `tandem serve` runs (actor_cluster.cpp): the model's pools.
+      const kv_pools_layout set = kv.pools(ps);
       const kv_sizing k = size_kv_pools(cfg.lim, n.cache, set, 0);  // RAM: over all local nodes below
       device_bytes = 0;
       node_kv_plan plan;

@@ -44,16 +44,21 @@ void transfer_failed(decode_actor_t* self, dseq d, const std::string& why) {
 }
 
 /// Destination pages for a cross-node handoff, then the transfer order to the worker.
-void start_remote_handoff(decode_actor_t* self, dseq d, uint64_t tid, std::string source, const kv_layout& got) {
+void start_remote_handoff(decode_actor_t* self, dseq d, uint64_t tid, std::string source,
+                          const kv_pools_layout& got) {
   auto& s = self->state;
   d.transfer_id = tid;
   d.source_node = std::move(source);
   d.source_pages = static_cast<int32_t>(blocks_of(d.pages));
   d.source = std::move(d.pages);  // the source's page ids: not ours (their -1s say which blocks move)
   d.pages.clear();
-  if (!(got == s.opt.layout)) {
-    transfer_failed(self, std::move(d),
-                    fmt::format("layout {} of the source differs from {} here", got.describe(), s.opt.layout.describe()));
+  const kv_pools_layout here = s.pools_set();
+  if (!(got == here) || d.source.size() != here.pools.size()) {
+    const std::string why = got.pools.empty() ? std::string("the handoff's KV layout is malformed")
+                            : !(got == here)  ? explain_kv_pools_mismatch(here, got, "the source node " + d.source_node)
+                                              : fmt::format("the handoff carries pages of {} pools, the layout has {}",
+                                                            d.source.size(), here.pools.size());
+    transfer_failed(self, std::move(d), fmt::format("KV layout of the source differs: {}", why));
     return;
   }
   const int32_t need = (d.kv_len + s.page_size() - 1) / s.page_size();
@@ -245,9 +250,9 @@ void on_handoff(decode_actor_t* self, schema::KvHandoff::Reader h) {
   auto kv = h.getKv();
   d.pages = read_pool_pages(kv.getPageIds(), kv);
   d.kv_len = kv.getValidTokens();
-  kv_layout got;  // a malformed layout stays empty: refused below as differing from ours
+  kv_pools_layout got;  // a malformed layout stays empty: refused below as differing from ours
   try {
-    got = read_kv_layout(kv.getLayout());
+    got = read_kv_pools_layout(kv.getLayout());
   } catch (const tandem::error& e) {
     s.log->warn("request {}: KV handoff with a malformed layout: {}", d.req.id, e.what());
   }
@@ -255,14 +260,14 @@ void on_handoff(decode_actor_t* self, schema::KvHandoff::Reader h) {
     start_remote_handoff(self, std::move(d), h.getTransferId(), kv.getNode().cStr(), got);
     return;
   }
-  if (std::string(kv.getPoolId().cStr()) != s.opt.pool_id || !(got == s.opt.layout) ||
-      d.pages.size() != std::max<size_t>(1, s.opt.pools.pools.size())) {
+  if (std::string(kv.getPoolId().cStr()) != s.opt.pool_id || !(got == s.pools_set()) ||
+      d.pages.size() != s.pools_set().pools.size()) {
     // Cross-pool handoff needs a KV transfer this build does not do; the pages stay where they are.
     tandem::error e(
         error_kind::unimplemented,
         fmt::format("KV handoff from pool {} ({}) to pool {} ({}) needs a page transfer, which is not "
                     "implemented; run prefill and decode on the same worker",
-                    kv.getPoolId().cStr(), got.describe(), s.opt.pool_id, s.opt.layout.describe()));
+                    kv.getPoolId().cStr(), got.describe(), s.opt.pool_id, s.pools_set().describe()));
     d.pages.clear();
     s.fail(d, e, "handoff");
     return;

@@ -97,6 +97,10 @@ struct decode_state {
     for (const auto& d : running) t += d.kv_len;
     return t;
   }
+  /// The node's layout set (the one-pool set of opt.layout when none was given).
+  kv_pools_layout pools_set() const {
+    return opt.pools.pools.empty() ? kv_pools_layout::single(opt.layout) : opt.pools;
+  }
   int32_t pages_needed(const dseq& d) const {
     return (d.kv_len + 1 + page_size() - 1) / page_size() - static_cast<int32_t>(blocks_of(d.pages));
   }

@@ -12,10 +12,9 @@ actor_cluster::actor_cluster(std::shared_ptr<llama_model> model, actor_cluster_o
   if (!bad.empty()) throw tandem::error(error_kind::failed, bad);
   const auto& mc = model->config();
   const auto layout = model->layout(opt_.lim.page_size);
-  // The layout set served: a sliding-window model keeps its window layers in a pool of rings.
-  // Cross-node transfers move one pool today, so a node that sends or receives KV over the
-  // network serves the one-pool layout (full-context pages for every layer).
-  const kv_pools_layout set = opt_.kv_transfer ? kv_pools_layout::single(layout) : model->pools_layout(opt_.lim.page_size);
+  // The layout set served: a sliding-window model keeps its window layers in a pool of rings
+  // (in every tier, and across nodes: transfers carry every pool).
+  const kv_pools_layout set = model->pools_layout(opt_.lim.page_size);
   max_context_ = mc.n_ctx > 0 ? mc.n_ctx : opt_.lim.max_context;
   if (opt_.lim.max_context > 0) max_context_ = std::min(max_context_, opt_.lim.max_context);
   if (max_context_ <= 1)

@@ -10,6 +10,7 @@
 #include "actors/cache_tier/page_file.h"
 #include "actors/common/pool_pages_wire.h"
 #include "actors/common/metrics.h"
+#include "actors/common/pool_pages_wire.h"
 #include "actors/common/request.h"
 #include "actors/common/logprobs_wire.h"
 #include "actors/common/wire.h"
@@ -288,11 +289,9 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
                         fmt::format("worker of pool {} failed at start (injected: TANDEM_WORKER_FAULT=start)", opt.pool_id));
   const kv_pools_layout set =
       opt.pools.pools.size() > 1 ? opt.pools : kv_pools_layout::single(st.model->layout(opt.page_size));
-  if (opt.kv_transfer && set.pools.size() > 1)
-    throw tandem::error(error_kind::unimplemented,
-                        fmt::format("worker of pool {}: cross-node KV transfers of a layout of {} pools ({}) are not "
-                                    "built yet; run prefill and decode on one node for this model",
-                                    opt.pool_id, set.pools.size(), set.describe()));
+  std::vector<int32_t> n_pages{opt.n_pages};
+  for (size_t p = 1; p < set.pools.size(); ++p)
+    n_pages.push_back(p - 1 < opt.extra_pages.size() ? opt.extra_pages[p - 1] : 0);
   if (opt.kv_transfer && opt.device.make_pools)
     throw tandem::error(error_kind::unimplemented,
                         fmt::format("worker of pool {}: cross-node KV transfers from {} memory (staged through pinned "
@@ -301,9 +300,10 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
                                     opt.pool_id, opt.device.name, opt.device.name.substr(0, opt.device.name.find(':'))));
   if (opt.kv_transfer) {
     auto* st_ptr = &st;
+    // The port allocates and registers every pool, so peers write into them directly.
     st.port = opt.kv_transfer(
-        st.model->layout(opt.page_size), opt.n_pages,
-        [st_ptr](uint64_t tid, bool delivered, const std::vector<int32_t>& pages, const std::string& why) {
+        set, n_pages,
+        [st_ptr](uint64_t tid, bool delivered, const pool_pages& pages, const std::string& why) {
           auto it = st_ptr->transfers.find(tid);
           if (it == st_ptr->transfers.end()) {
             st_ptr->log->error("kv transfer {:#x}: pages released for a transfer nobody ordered", tid);
@@ -317,15 +317,12 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
                            d.setTransferId(tid);
                            d.setId(id);
                            d.setDelivered(delivered);
-                           fill_list([&](unsigned n) { return d.initPages(n); }, pages);
+                           write_pool_pages(d, pages);
                            d.setError(why);
                          }));
         }, st.log);
-    st.pools = std::make_shared<kv_pools>(st.port->pool());
+    st.pools = std::shared_ptr<kv_pools>(&st.port->pools(), [](kv_pools*) {});  // the port's
   } else {
-    std::vector<int32_t> n_pages{opt.n_pages};
-    for (size_t p = 1; p < set.pools.size(); ++p)
-      n_pages.push_back(p - 1 < opt.extra_pages.size() ? opt.extra_pages[p - 1] : 0);
     st.pools = opt.device.make_pools ? opt.device.make_pools(set, n_pages) : std::make_shared<kv_pools>(set, n_pages);
   }
   st.pool = &(*st.pools)[0];
@@ -385,7 +382,7 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
             const bool send = env.isKvSend();
             auto o = send ? env.getKvSend() : env.getKvReceive();
             const uint64_t tid = o.getTransferId();
-            auto pages = to_vector(o.getPages());
+            pool_pages pages = read_pool_pages(o);
             auto to = caf::actor_cast<caf::actor>(self->current_sender());
             s.transfers[tid] = {to, o.getId().cStr()};
             s.transfer_orders += 1;
@@ -403,7 +400,7 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
                                d.setTransferId(tid);
                                d.setId(o.getId());
                                d.setDelivered(false);
-                               fill_list([&](unsigned n) { return d.initPages(n); }, pages);
+                               write_pool_pages(d, pages);
                                d.setError(e.what());
                              }));
             }

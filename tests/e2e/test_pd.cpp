@@ -237,6 +237,17 @@ TEST_CASE("pd: a failed KV transfer is recomputed or failed as transfer.failure_
     CHECK(again.status == 200);
     CHECK(again.text == want.text);
   }
+  SUBCASE("a byte flipped in transit fails the transfer on the manifest's checksum, never decodes on it") {
+    pd_cluster pd(model, dir.path, "fail", true, {{"TANDEM_KV_FAULT", "put:flip-pool:0"}});
+    INFO(pd.logs());
+    auto got = complete(pd.router().http, prompts[1], 16);
+    INFO(got.raw);
+    CHECK(got.status == 502);
+    CHECK(got.raw.find("pool 0 (full): checksum") != std::string::npos);
+    auto dm = test::get(pd.decode().http, "/metrics").body;
+    CHECK(series(dm, "tandem_kv_transfer_failed_total{reason=\"checksum\"}") == 1);
+    CHECK(series(dm, "tandem_kv_transfer_done_total") == 0);
+  }
 }
 
 TEST_CASE("pd: killing the decode node ends its requests with disconnected and frees the prefill node's pages") {

@@ -117,9 +117,9 @@ TEST_CASE("pd edges: with [security] the KV handshake needs the cluster secret, 
   eo.tls = "tcp";
   eo.secret = "a-wrong-secret-of-32-bytes-xxxxxx";
   ucx::kv_engine rogue(clock, pool, ucx::kv_identity{"decode-0", "tandem-random-micro", "f32", l}, eo,
-                       [](ucx::transfer_id, ucx::transfer_role, const std::vector<int32_t>&, bool) {});
+                       [](ucx::transfer_id, ucx::transfer_role, const pool_pages&, bool) {});
   auto peer = rogue.add_peer("127.0.0.1", pd.prefill().kv);
-  rogue.table().start_receive(1, peer, {0});
+  rogue.table().start_receive(1, peer, {{0}});
   const auto refused = poll_metrics(pd.prefill().http, [&](const std::string& m) {
     rogue.progress();
     return series(m, "tandem_kv_handshakes_refused_total") >= 1;

@@ -16,6 +16,7 @@
 #include "schemas/auth.capnp.h"
 #include "transport/ucx/kv_auth.h"
 #include "transport/ucx/kv_handshake.h"
+#include "transport/ucx/kv_manifest.h"
 
 namespace fs = std::filesystem;
 
@@ -163,11 +164,24 @@ void kv_seeds() {
   h.id.model = "other";
   h.id.layout.page_size = 32;
   put("kv", "hello_mismatch", with_tag(0, encode_hello(h)));
-  put("kv", "descriptors", with_tag(1, encode_descriptors({7, {0, 1, 2, 63}})));
-  put("kv", "descriptors_bad", with_tag(1, encode_descriptors({8, {-1, 64}})));
+  put("kv", "descriptors", with_tag(1, encode_descriptors({7, {{0, 1, 2, 63}}})));
+  put("kv", "descriptors_bad", with_tag(1, encode_descriptors({8, {{-1, 64}}})));
   put("kv", "challenge", with_tag(2, encode_challenge({"peer", std::vector<uint8_t>(kv_nonce_bytes, 5)})));
   put("kv", "proof", with_tag(3, encode_proof({std::vector<uint8_t>(kv_nonce_bytes, 6)})));
   put("kv", "proof_empty", with_tag(3, encode_proof({})));
+  // A layout set of two pools (gemma2-like: a full and a sliding-window pool) with its region,
+  // descriptors with a released window block, and a `done` carrying the per-pool manifest.
+  h.id.model = "r15m";
+  h.id.layout.page_size = 16;
+  h.id.layout.n_layers = 1;
+  h.id.pools = tandem::kv_pools_layout{
+      .pools = {{.name = "full", .page = h.id.layout, .window_tokens = 0, .layers = {1}},
+                {.name = "window", .page = h.id.layout, .window_tokens = 32, .layers = {0}}}};
+  h.extra_pools = {{0x7f0000100000, 64, {5, 6, 7, 8}}};
+  put("kv", "hello_pools", with_tag(0, encode_hello(h)));
+  put("kv", "descriptors_pools", with_tag(1, encode_descriptors({9, {{0, 1, 2}, {-1, 3, 4}}})));
+  put("kv", "notify_done", with_tag(4, encode_notify({9, notify_kind::done, {{3, 0x1234}, {2, 0x5678}}})));
+  put("kv", "notify_cancel", with_tag(4, encode_notify({9, notify_kind::cancel, {}})));
 }
 
 }  // namespace

@@ -116,7 +116,7 @@ struct side {
   kv_engine engine;
   side(const manual_clock& clock, const std::string& name, const std::string& key)
       : engine(clock, pool, kv_identity{name, "r15m", "f32", tiny_layout()}, options(key),
-               [](transfer_id, transfer_role, const std::vector<int32_t>&, bool) {}) {}
+               [](transfer_id, transfer_role, const pool_pages&, bool) {}) {}
   static engine_options options(const std::string& key) {
     engine_options o;
     o.tls = "tcp";
@@ -142,7 +142,7 @@ bool pump(side& a, side& b, F done, int ms = 20000) {
 void dial(side& prefill, side& decode) {
   uint16_t port = prefill.engine.listen("127.0.0.1");
   peer_id p = decode.engine.add_peer("127.0.0.1", port);
-  decode.engine.table().start_receive(7, p, {1, 2});
+  decode.engine.table().start_receive(7, p, {{1, 2}});
 }
 
 }  // namespace

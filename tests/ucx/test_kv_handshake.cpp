@@ -51,16 +51,68 @@ TEST_CASE("kv handshake: a hello round-trips, and no pages, truncation or traili
 }
 
 TEST_CASE("kv descriptors: exact sizes, and page ids checked against the pool") {
-  auto b = encode_descriptors({42, {0, 3, 1}});
+  auto b = encode_descriptors({42, {{0, 3, 1}}});
   auto d = decode_descriptors(b.data(), b.size());
   CHECK(d.transfer == 42);
-  CHECK(d.pages == std::vector<int32_t>{0, 3, 1});
-  CHECK(check_page_ids(d.pages, 4).empty());
+  CHECK(d.pages == tandem::pool_pages{{0, 3, 1}});
+  CHECK(check_page_ids(d.pages[0], 4).empty());
   CHECK(check_page_ids({0, 4}, 4) == "page id 4 (entry 1) is outside the pool of 4 pages");
   CHECK(check_page_ids({-1}, 4).find("page id -1") != std::string::npos);
   b.push_back(0);
   CHECK_THROWS_WITH(decode_descriptors(b.data(), b.size()), "malformed KV descriptor message");
   CHECK_THROWS_WITH(decode_descriptors(b.data(), 11), "short KV descriptor message");
+  // Several pools, released blocks included; a count past the message is refused.
+  const tandem::pool_pages two = {{4, 5}, {-1, 7, 8}};
+  auto b2 = encode_descriptors({43, two});
+  CHECK(decode_descriptors(b2.data(), b2.size()).pages == two);
+  b2[12] = 200;  // pool 0 claims 200 pages
+  CHECK_THROWS_WITH(decode_descriptors(b2.data(), b2.size()), "malformed KV descriptor message");
+  auto none = encode_descriptors({44, {}});
+  CHECK_THROWS_WITH(decode_descriptors(none.data(), none.size()), "malformed KV descriptor message");
+}
+
+namespace {
+
+tandem::kv_pools_layout window_set(int32_t window) {
+  tandem::kv_layout page = hello().id.layout;
+  page.n_layers = 1;
+  return tandem::kv_pools_layout{.pools = {{.name = "full", .page = page, .window_tokens = 0, .layers = {1}},
+                                           {.name = "window", .page = page, .window_tokens = window, .layers = {0}}}};
+}
+
+}  // namespace
+
+TEST_CASE("kv handshake: a layout set travels with one region per pool, and a different window is named") {
+  auto h = hello();
+  h.id.pools = window_set(32);
+  h.id.layout = h.id.pools.pools[0].page;
+  h.extra_pools = {{0x1000, 6, {7, 7}}};
+  const auto b = encode_hello(h);
+  const auto got = decode_hello(b.data(), b.size());
+  CHECK(got.id.set() == h.id.set());
+  REQUIRE(got.extra_pools.size() == 1);
+  CHECK(got.extra_pools[0].base == 0x1000);
+  CHECK(got.extra_pools[0].n_pages == 6);
+  CHECK(got.extra_pools[0].rkey == std::vector<uint8_t>{7, 7});
+  CHECK(check_compatible(h.id, got.id).empty());
+  CHECK(got.id.describe().find("window: layers=[0]") != std::string::npos);
+
+  auto other = h;
+  other.id.node = "decode-1";
+  other.id.pools = window_set(64);
+  const std::string why = check_compatible(h.id, other.id);
+  CAPTURE(why);
+  CHECK(why.find("pool 1 (window): window_tokens 32 here, 64 on decode-1") != std::string::npos);
+  CHECK(why.find("serve the same model") != std::string::npos);
+
+  // A region missing for a pool, or one of no pages, is refused.
+  auto missing = h;
+  missing.extra_pools.clear();
+  CHECK(decode_error(encode_hello(missing)).find("offers 1 pool regions for a layout set of 2 pools") !=
+        std::string::npos);
+  auto empty = h;
+  empty.extra_pools[0].n_pages = 0;
+  CHECK(decode_error(encode_hello(empty)).find("0 pages for pool 1 (window)") != std::string::npos);
 }
 
 TEST_CASE("kv handshake: the page element type travels, and an f16 node refuses an f32 peer by name") {

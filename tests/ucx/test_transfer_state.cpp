@@ -12,6 +12,15 @@ using namespace tandem::ucx;
 
 namespace {
 
+/// Every page id of a transfer's pools (-1 entries are released window blocks, not pages).
+std::vector<int32_t> flat(const pool_pages& pp) {
+  std::vector<int32_t> v;
+  for (const auto& p : pp)
+    for (int32_t x : p)
+      if (x >= 0) v.push_back(x);
+  return v;
+}
+
 /// Two tables joined by a lossy, reordering network. Puts "land" (write the destination page
 /// marker) when their event is delivered, unless the connection closed first.
 struct fake_net {
@@ -35,14 +44,14 @@ struct fake_net {
           table->on_peer_ready(peer);
       });
     }
-    void send_descriptors(peer_id, transfer_id id, const std::vector<int32_t>& dst) override {
+    void send_descriptors(peer_id, transfer_id id, const pool_pages& dst) override {
       if (net->roll(net->drop_p)) return;
       net->post([this, id, dst, e = net->epoch] {
         if (e == net->epoch) other()->table->on_descriptors(1, id, dst);
       }, index);
     }
-    void put_pages(peer_id, transfer_id id, const std::vector<int32_t>& src,
-                   const std::vector<int32_t>& dst) override {
+    void put_pages(peer_id, transfer_id id, const pool_pages& src_pools, const pool_pages& dst_pools) override {
+      const std::vector<int32_t> src = flat(src_pools), dst = flat(dst_pools);
       double r = net->uniform(net->rng);
       if (r < net->drop_p) {  // never completes; only a close ends it
         net->in_flight[net->next_put++] = {id, src, dst, net->epoch};
@@ -139,8 +148,9 @@ run_result run_seed(uint64_t seed, double drop) {
   std::map<transfer_id, bool> dst_delivered, src_delivered;
   run_result res;
   auto release = [&](bool dst_side) {
-    return [&, dst_side](transfer_id id, transfer_role role, const std::vector<int32_t>& pages, bool delivered) {
+    return [&, dst_side](transfer_id id, transfer_role role, const pool_pages& pools, bool delivered) {
       CHECK(role == (dst_side ? transfer_role::destination : transfer_role::source));
+      const std::vector<int32_t> pages = flat(pools);
       for (int32_t p : pages) {
         CHECK_MESSAGE(++release_count[p] == 1, "page " << p << " released twice");
         CHECK_MESSAGE(!net.touches(p, dst_side), "page " << p << " released while a put may touch it");
@@ -168,15 +178,18 @@ run_result run_seed(uint64_t seed, double drop) {
     int t = pick(n_transfers);
     transfer_id id = transfer_id(t + 1);
     int n_pages = 1 + t % 4;
+    // Odd transfers carry a second pool whose first block was released (-1 on both sides).
+    auto shape = [&] {
+      pool_pages pp(t % 2 ? 2 : 1);
+      for (int i = 0; i < n_pages; ++i) pp[0].push_back(next_page++);
+      if (t % 2) pp[1] = {-1, next_page++, next_page++};
+      return pp;
+    };
     if (a < 8 && !(stage[t] & 1)) {
-      std::vector<int32_t> pages;
-      for (int i = 0; i < n_pages; ++i) pages.push_back(next_page++);
-      src.start_send(id, 1, pages);
+      src.start_send(id, 1, shape());
       stage[t] |= 1;
     } else if (a < 16 && !(stage[t] & 2)) {
-      std::vector<int32_t> pages;
-      for (int i = 0; i < n_pages; ++i) pages.push_back(next_page++);
-      dst.start_receive(id, 1, pages);
+      dst.start_receive(id, 1, shape());
       stage[t] |= 2;
     } else if (a < 22 && (stage[t] & 1) && !(stage[t] & 4)) {
       src.source_ready(id);
@@ -232,11 +245,17 @@ namespace {
 struct recording_transport final : transfer_transport {
   std::vector<std::string> calls;
   void connect(peer_id p) override { calls.push_back("connect " + std::to_string(p)); }
-  void send_descriptors(peer_id, transfer_id id, const std::vector<int32_t>& d) override {
-    calls.push_back("descriptors " + std::to_string(id) + " n=" + std::to_string(d.size()));
+  std::string verify_failure;  ///< what verify_received answers (empty: the KV checks out)
+  void send_descriptors(peer_id, transfer_id id, const pool_pages& d) override {
+    calls.push_back("descriptors " + std::to_string(id) + " n=" + std::to_string(d.at(0).size()));
   }
-  void put_pages(peer_id, transfer_id id, const std::vector<int32_t>&, const std::vector<int32_t>&) override {
+  void put_pages(peer_id, transfer_id id, const pool_pages&, const pool_pages&) override {
     calls.push_back("put " + std::to_string(id));
+  }
+  std::string verify_received(peer_id, transfer_id id, const pool_pages&, fail_reason& reason) override {
+    calls.push_back("verify " + std::to_string(id));
+    reason = fail_reason::checksum;
+    return verify_failure;
   }
   void notify(peer_id, transfer_id id, notify_kind k) override {
     calls.push_back("notify " + std::to_string(id) + " " + std::string(to_string(k)));
@@ -247,7 +266,7 @@ struct recording_transport final : transfer_transport {
 struct released_log {
   std::vector<std::pair<transfer_id, bool>> log;
   transfer_table::release_fn fn() {
-    return [this](transfer_id id, transfer_role, const std::vector<int32_t>&, bool d) { log.emplace_back(id, d); };
+    return [this](transfer_id id, transfer_role, const pool_pages&, bool d) { log.emplace_back(id, d); };
   }
 };
 
@@ -259,7 +278,7 @@ TEST_CASE("transfer_state: a destination that times out quarantines its pages un
   released_log rel;
   transfer_limits lim;
   transfer_table t(clock, tr, lim, rel.fn());
-  t.start_receive(7, 3, {10, 11});
+  t.start_receive(7, 3, {{10, 11}});
   CHECK(t.phase(7) == transfer_phase::bootstrapping);
   t.on_peer_ready(3);
   CHECK(t.phase(7) == transfer_phase::waiting);
@@ -289,7 +308,7 @@ TEST_CASE("transfer_state: a quarantine past its deadline closes the peer, which
   released_log rel;
   transfer_limits lim;
   transfer_table t(clock, tr, lim, rel.fn());
-  t.start_receive(1, 2, {5});
+  t.start_receive(1, 2, {{5}});
   t.on_peer_ready(2);
   t.abort(1);
   CHECK(t.quarantined(1));
@@ -309,8 +328,8 @@ TEST_CASE("transfer_state: a source frees its pages only after its puts complete
   recording_transport tr;
   released_log rel;
   transfer_table t(clock, tr, {}, rel.fn());
-  t.on_descriptors(4, 9, {100, 101});  // before start_send: kept
-  t.start_send(9, 4, {1, 2});
+  t.on_descriptors(4, 9, {{100, 101}});  // before start_send: kept
+  t.start_send(9, 4, {{1, 2}});
   t.on_peer_ready(4);
   CHECK(t.phase(9) == transfer_phase::waiting);
   t.source_ready(9);
@@ -334,16 +353,16 @@ TEST_CASE("transfer_state: mismatched page counts fail the transfer and a full t
   transfer_limits lim;
   lim.max_transfers = 1;
   transfer_table t(clock, tr, lim, rel.fn());
-  t.start_send(1, 1, {1, 2, 3});
+  t.start_send(1, 1, {{1, 2, 3}});
   t.on_peer_ready(1);
-  t.on_descriptors(1, 1, {7});
+  t.on_descriptors(1, 1, {{7}});
   t.source_ready(1);
   CHECK(t.failed(fail_reason::bad_descriptors) == 1);
   CHECK(t.last_error().find("offered 1 pages for 3") != std::string::npos);
   CHECK(rel.log.size() == 1);
-  t.start_send(2, 1, {1});
+  t.start_send(2, 1, {{1}});
   try {
-    t.start_send(3, 1, {2});
+    t.start_send(3, 1, {{2}});
     FAIL("expected overloaded");
   } catch (const tandem::error& e) {
     CHECK(e.kind() == error_kind::overloaded);
@@ -352,4 +371,60 @@ TEST_CASE("transfer_state: mismatched page counts fail the transfer and a full t
   for (auto& m : t.metrics())
     if (m.name == "kv_transfer_rejected_total") found = m.value == 1;
   CHECK(found);
+}
+
+TEST_CASE("transfer_state: pools whose released blocks differ between the sides fail naming the pool") {
+  manual_clock clock;
+  recording_transport tr;
+  released_log rel;
+  transfer_table t(clock, tr, {}, rel.fn());
+  t.name_pools({"full", "window"});
+  t.start_send(1, 1, {{1, 2}, {-1, 3}});
+  t.on_peer_ready(1);
+  t.on_descriptors(1, 1, {{7, 8}, {9, 10}});
+  t.source_ready(1);
+  CHECK(t.failed(fail_reason::bad_descriptors) == 1);
+  CHECK(t.last_error().find("pool 1 (window): block 0 is released on the source but held on the destination") !=
+        std::string::npos);
+  CHECK(std::count(tr.calls.begin(), tr.calls.end(), "put 1") == 0);
+  REQUIRE(rel.log.size() == 1);
+  CHECK_FALSE(rel.log[0].second);
+  // Another pool count: named too.
+  t.start_send(2, 1, {{1, 2}, {-1, 3}});
+  t.on_descriptors(1, 2, {{7, 8}});
+  t.source_ready(2);
+  CHECK(t.last_error().find("pages of 1 pools for 2 source pools") != std::string::npos);
+  // Matching masks put.
+  t.start_send(3, 1, {{1, 2}, {-1, 3}});
+  t.on_descriptors(1, 3, {{7, 8}, {-1, 10}});
+  t.source_ready(3);
+  CHECK(tr.calls.back() == "put 3");
+}
+
+TEST_CASE("transfer_state: a destination whose KV fails verification reports it failed, not delivered") {
+  manual_clock clock;
+  recording_transport tr;
+  released_log rel;
+  transfer_table t(clock, tr, {}, rel.fn());
+  tr.verify_failure = "pool 1 (window): checksum differs";
+  t.start_receive(5, 2, {{1}, {-1, 2}});
+  t.on_peer_ready(2);
+  t.on_notify(2, 5, notify_kind::started);
+  t.on_notify(2, 5, notify_kind::done);
+  CHECK(tr.calls.back() == "verify 5");  // no cancel: the source has flushed
+  REQUIRE(rel.log.size() == 1);
+  CHECK(rel.log[0] == std::make_pair(transfer_id(5), false));
+  CHECK(t.failed(fail_reason::checksum) == 1);
+  CHECK(t.last_error().find("KV transfer 5: pool 1 (window): checksum differs") != std::string::npos);
+  CHECK(t.quarantined_transfers() == 0);
+  bool found = false;
+  for (auto& m : t.metrics())
+    if (m.name == "kv_transfer_failed_total" && m.labels == "reason=\"checksum\"") found = m.value == 1;
+  CHECK(found);
+  // The same transfer that verifies is delivered.
+  tr.verify_failure.clear();
+  t.start_receive(6, 2, {{3}, {-1, 4}});
+  t.on_notify(2, 6, notify_kind::done);
+  REQUIRE(rel.log.size() == 2);
+  CHECK(rel.log[1] == std::make_pair(transfer_id(6), true));
 }

@@ -52,7 +52,7 @@ struct side {
       : engine_ptr(make(clock, name, l, pages, std::move(o), heap)), engine(*engine_ptr), pool(engine.pool()) {}
   std::unique_ptr<kv_engine> make(const cluster_clock& clock, const std::string& name, kv_layout l, int32_t pages,
                                   engine_options o, bool heap) {
-    auto rel = [this](transfer_id id, transfer_role, const std::vector<int32_t>&, bool ok) { released[id] = ok; };
+    auto rel = [this](transfer_id id, transfer_role, const pool_pages&, bool ok) { released[id] = ok; };
     kv_identity id{name, "bench", "f32", l};
     if (!heap) return std::make_unique<kv_engine>(clock, pages, id, std::move(o), rel);
     heap_pool.emplace(l, pages);
@@ -101,10 +101,10 @@ result measure(size_t page_bytes, int32_t n, int reps, const std::string& tls, p
   for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms up (handshake, page faults)
     transfer_id id = transfer_id(rep + 1);
     auto t0 = clk::now();
-    decode.engine.table().start_receive(id, to_prefill, dst);
+    decode.engine.table().start_receive(id, to_prefill, pool_pages{dst});
     if (rep == 0) pump(prefill, decode, [&] { return prefill.engine.peer_named("bench-decode").has_value(); }, "the handshake");
     peer_id to_decode = *prefill.engine.peer_named("bench-decode");
-    prefill.engine.table().start_send(id, to_decode, src);
+    prefill.engine.table().start_send(id, to_decode, pool_pages{src});
     prefill.engine.table().source_ready(id);
     pump(prefill, decode, [&] { return decode.released.count(id) && prefill.released.count(id); }, "a transfer");
     double ucx_s = seconds_since(t0);

@@ -52,27 +52,40 @@ void send_cb(void* request, ucs_status_t /*status*/, void* user_data) {
 kv_engine::kv_engine(const cluster_clock& clock, kv_pool& pool, kv_identity identity, engine_options options,
                      transfer_table::release_fn release)
     : clock_(clock),
-      pool_(&pool),
       identity_(std::move(identity)),
       options_(std::move(options)),
       table_(clock, *this, options_.limits, std::move(release)) {
   if (!(identity_.layout == pool.layout()))
     throw tandem::error(fmt::format("KV engine identity says {} but the pool is {}; pass the pool's layout",
                                     identity_.layout.describe(), pool.layout().describe()));
-  init(0);
+  init({}, &pool);
 }
 
 kv_engine::kv_engine(const cluster_clock& clock, int32_t n_pages, kv_identity identity, engine_options options,
                      transfer_table::release_fn release)
+    : kv_engine(clock, std::span<const int32_t>(&n_pages, 1), std::move(identity), std::move(options),
+                std::move(release)) {}
+
+kv_engine::kv_engine(const cluster_clock& clock, std::span<const int32_t> n_pages, kv_identity identity,
+                     engine_options options, transfer_table::release_fn release)
     : clock_(clock),
       identity_(std::move(identity)),
       options_(std::move(options)),
       table_(clock, *this, options_.limits, std::move(release)) {
-  if (n_pages <= 0) throw tandem::error(fmt::format("a KV pool needs at least one page, got {}", n_pages));
-  init(n_pages);
+  for (int32_t n : n_pages)
+    if (n <= 0) throw tandem::error(fmt::format("a KV pool needs at least one page, got {}", n));
+  init(n_pages, nullptr);
 }
 
-void kv_engine::init(int32_t alloc_pages) {
+void kv_engine::init(std::span<const int32_t> alloc_pages, kv_pool* borrowed) {
+  const kv_pools_layout set = identity_.set();
+  if (!(set.pools.front().page == identity_.layout))
+    throw tandem::error(fmt::format("KV engine identity: layout {} is not pool 0's page {}; pass the set's pool 0",
+                                    identity_.layout.describe(), set.pools.front().page.describe()));
+  const size_t n_pools = set.pools.size();
+  if (borrowed ? n_pools != 1 : alloc_pages.size() != n_pools)
+    throw tandem::error(fmt::format("KV engine: {} page counts for a layout set of {} pools ({})",
+                                    borrowed ? 1 : alloc_pages.size(), n_pools, set.describe()));
   identity_.dtype = to_string(identity_.layout.dtype);  // what the hello carries is the layout's
   // The listener's port can be reused right after a restart (TIME_WAIT otherwise blocks it).
   // UCX 1.13 reads the connection manager's settings only from the environment
@@ -100,32 +113,26 @@ void kv_engine::init(int32_t alloc_pages) {
     ucx_fail("ucp_worker_create failed", s, "check UCX_TLS");
   }
 
-  // Register only the KV pool: it is the only memory remote peers may write.
-  ucp_mem_map_params_t mp{};
-  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
-  size_t bytes = alloc_pages ? kv_pool::bytes_for(identity_.layout, alloc_pages) : pool_->bytes();
-  mp.address = alloc_pages ? nullptr : pool_->data();
-  mp.length = bytes;
-  if (alloc_pages) {
-    mp.field_mask |= UCP_MEM_MAP_PARAM_FIELD_FLAGS;
-    mp.flags = UCP_MEM_MAP_ALLOCATE;
+  // Register only the KV pools: they are the only memory remote peers may write.
+  std::vector<kv_pool*> ptrs;
+  for (size_t p = 0; p < n_pools; ++p) {
+    const bool alloc = borrowed == nullptr;
+    void* storage = nullptr;
+    size_t length = 0;
+    register_pool(p, alloc ? nullptr : borrowed->data(),
+                  alloc ? kv_pool::bytes_for(set.pools[p].page, alloc_pages[p]) : borrowed->bytes(), alloc, storage,
+                  length);
+    if (alloc) {
+      owned_pools_.push_back(std::make_unique<kv_pool>(set.pools[p].page, alloc_pages[p], storage, length));
+      ptrs.push_back(owned_pools_.back().get());
+    } else {
+      ptrs.push_back(borrowed);
+    }
   }
-  s = ucp_mem_map(context_, &mp, &memh_);
-  if (s != UCS_OK) {
-    ucp_worker_destroy(worker_);
-    ucp_cleanup(context_);
-    ucx_fail(fmt::format("registering the KV pool ({} bytes) failed", bytes), s,
-             "lower the number of KV pages or raise the locked-memory limit (ulimit -l)");
-  }
-  if (alloc_pages) {
-    ucp_mem_attr_t attr{};
-    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
-    s = ucp_mem_query(memh_, &attr);
-    if (s != UCS_OK) ucx_fail("querying the KV pool allocation failed", s, "report this UCX error");
-    std::memset(attr.address, 0, bytes);
-    owned_pool_ = std::make_unique<kv_pool>(identity_.layout, alloc_pages, attr.address, attr.length);
-    pool_ = owned_pool_.get();
-  }
+  pools_ = std::make_unique<kv_pools>(set, std::move(ptrs));
+  std::vector<std::string> names;
+  for (const auto& p : set.pools) names.push_back(p.name);
+  table_.name_pools(std::move(names));
 
   am_args_ = std::make_unique<std::pair<kv_engine*, unsigned>[]>(am_count);
   for (unsigned i = 0; i < am_count; ++i) {
@@ -138,6 +145,41 @@ void kv_engine::init(int32_t alloc_pages) {
     s = ucp_worker_set_am_recv_handler(worker_, &hp);
     if (s != UCS_OK) ucx_fail("registering the KV active message handlers failed", s, "upgrade UCX to >= 1.13");
   }
+}
+
+void kv_engine::register_pool(size_t p, void* address, size_t bytes, bool alloc, void*& storage, size_t& length) {
+  ucp_mem_map_params_t mp{};
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  mp.address = address;
+  mp.length = bytes;
+  if (alloc) {
+    mp.field_mask |= UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+    mp.flags = UCP_MEM_MAP_ALLOCATE;
+  }
+  ucp_mem_h memh = nullptr;
+  ucs_status_t s = ucp_mem_map(context_, &mp, &memh);
+  if (s != UCS_OK) {
+    for (ucp_mem_h m : memh_) ucp_mem_unmap(context_, m);
+    ucp_worker_destroy(worker_);
+    ucp_cleanup(context_);
+    ucx_fail(fmt::format("registering KV pool {} ({} bytes) failed", p, bytes), s,
+             "lower the number of KV pages or raise the locked-memory limit (ulimit -l)");
+  }
+  memh_.push_back(memh);
+  if (!alloc) return;
+  ucp_mem_attr_t attr{};
+  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+  s = ucp_mem_query(memh, &attr);
+  if (s != UCS_OK) ucx_fail("querying the KV pool allocation failed", s, "report this UCX error");
+  std::memset(attr.address, 0, bytes);
+  storage = attr.address;
+  length = attr.length;
+}
+
+void kv_engine::drop_remote(peer& p) {
+  for (auto& r : p.remote)
+    if (r.rkey) ucp_rkey_destroy(r.rkey);
+  p.remote.clear();
 }
 
 kv_engine::~kv_engine() {
@@ -161,9 +203,10 @@ kv_engine::~kv_engine() {
     }
     if (!open || std::chrono::steady_clock::now() > until) break;
   }
-  for (auto& [id, p] : peers_)
-    if (p.rkey) ucp_rkey_destroy(p.rkey);
-  if (memh_) ucp_mem_unmap(context_, memh_);
+  for (auto& [id, p] : peers_) drop_remote(p);
+  pools_.reset();
+  owned_pools_.clear();
+  for (ucp_mem_h m : memh_) ucp_mem_unmap(context_, m);
   ucp_worker_destroy(worker_);
   ucp_cleanup(context_);
 }
@@ -268,6 +311,7 @@ void kv_engine::send_am(peer& p, unsigned am_id, std::vector<uint8_t> bytes) {
 }
 
 void kv_engine::on_flush_done(peer_id id, transfer_id tid, int stage, int status) {
+  if (stage == 0) corrupt_copies_.erase(tid);  // nothing reads them any more
   if (destroying_) return;
   auto it = peers_.find(id);
   if (it == peers_.end()) return;
@@ -349,15 +393,15 @@ void kv_engine::on_am(unsigned am_id, ucp_ep_h reply_ep, const void* data, size_
     } else if (am_id == am_descriptors) {
       kv_descriptors d = decode_descriptors(bytes, length);
       transfer_id tid = d.transfer;
-      std::vector<int32_t> pages = std::move(d.pages);
+      pool_pages pages = std::move(d.pages);
       later([this, pid, tid, pages = std::move(pages)]() mutable { table_.on_descriptors(pid, tid, std::move(pages)); });
     } else if (am_id == am_notify) {
-      if (length != 9) throw tandem::error("malformed KV notification");
-      transfer_id tid;
-      std::memcpy(&tid, bytes, 8);
-      auto kind = notify_kind(bytes[8]);
-      if (bytes[8] > uint8_t(notify_kind::cancel)) throw tandem::error("unknown KV notification kind");
-      later([this, pid, tid, kind] { table_.on_notify(pid, tid, kind); });
+      later([this, pid, n = decode_notify(bytes, length)] {
+        // verify_received reads the manifest while the table handles the `done`.
+        arriving_done_ = &n;
+        table_.on_notify(pid, n.transfer, n.kind);
+        arriving_done_ = nullptr;
+      });
     }
   } catch (const std::exception& e) {
     peer_failed(pid, p, fmt::format("KV peer '{}': {}", p.node, e.what()));
@@ -387,7 +431,7 @@ void kv_engine::connect(peer_id id) {
   create_ep(id, p, nullptr);
 }
 
-void kv_engine::send_descriptors(peer_id peer, transfer_id id, const std::vector<int32_t>& dst_pages) {
+void kv_engine::send_descriptors(peer_id peer, transfer_id id, const pool_pages& dst_pages) {
   auto d = fault(fault_point::descriptors, id, notify_kind::started);
   if (d.action == fault_action::drop || d.action == fault_action::fail) return;
   std::vector<uint8_t> msg = encode_descriptors({id, dst_pages});
@@ -403,7 +447,10 @@ void kv_engine::send_descriptors(peer_id peer, transfer_id id, const std::vector
 
 void kv_engine::notify(peer_id peer, transfer_id id, notify_kind kind) {
   auto d = fault(fault_point::notify, id, kind);
-  if (d.action == fault_action::drop || d.action == fault_action::fail) return;
+  if (d.action == fault_action::drop || d.action == fault_action::fail) {
+    if (kind != notify_kind::started) sent_manifests_.erase(id);
+    return;
+  }
   if (d.action == fault_action::delay)
     delayed_.emplace(clock_.now_ms() + d.delay_ms, [this, peer, id, kind] { do_notify(peer, id, kind); });
   else
@@ -411,78 +458,15 @@ void kv_engine::notify(peer_id peer, transfer_id id, notify_kind kind) {
 }
 
 void kv_engine::do_notify(peer_id peer, transfer_id id, notify_kind kind) {
+  kv_notify n{id, kind, {}};
+  if (auto m = sent_manifests_.find(id); m != sent_manifests_.end()) {
+    // The table sends `done` or `failed` once the puts are flushed: the manifest goes with it.
+    if (kind == notify_kind::done) n.manifest = std::move(m->second.manifest);
+    if (kind != notify_kind::started) sent_manifests_.erase(m);
+  }
   auto it = peers_.find(peer);
   if (it == peers_.end() || !it->second.ep || it->second.closing || it->second.failed) return;
-  std::vector<uint8_t> msg(9);
-  std::memcpy(msg.data(), &id, 8);
-  msg[8] = uint8_t(kind);
-  send_am(it->second, am_notify, std::move(msg));
-}
-
-void kv_engine::put_pages(peer_id peer, transfer_id id, const std::vector<int32_t>& src_pages,
-                          const std::vector<int32_t>& dst_pages) {
-  auto d = fault(fault_point::put, id, notify_kind::started);
-  if (d.action == fault_action::drop) return;  // never completes: the table's deadline handles it
-  if (d.action == fault_action::fail) {
-    later([this, id] { table_.on_put_complete(id, false, "injected put failure"); });
-    return;
-  }
-  if (d.action == fault_action::delay) {
-    delayed_.emplace(clock_.now_ms() + d.delay_ms,
-                     [this, peer, id, src_pages, dst_pages] { do_put(peer, id, src_pages, dst_pages); });
-    return;
-  }
-  do_put(peer, id, src_pages, dst_pages);
-}
-
-void kv_engine::do_put(peer_id peer, transfer_id id, std::vector<int32_t> src, std::vector<int32_t> dst) {
-  auto it = peers_.find(peer);
-  if (it == peers_.end() || !it->second.data_ep || !it->second.rkey || it->second.closing || it->second.failed) {
-    // Nothing was issued, so nothing can land: a plain failure.
-    later([this, id] { table_.on_put_complete(id, false, "the KV peer is not connected"); });
-    return;
-  }
-  auto& p = it->second;
-  for (size_t i = 0; i < src.size(); ++i) {
-    if (src[i] < 0 || src[i] >= pool_->n_pages() || dst[i] < 0 || dst[i] >= p.remote_pages) {
-      std::string why = fmt::format("page {} -> {} is outside the pools ({} local, {} remote pages)", src[i], dst[i],
-                                    pool_->n_pages(), p.remote_pages);
-      later([this, id, why] { table_.on_put_complete(id, false, why); });
-      return;
-    }
-  }
-  const size_t page_bytes = pool_->layout().page_bytes();
-  ucp_request_param_t rp{};  // no callback: completion is learnt from the flush below
-  auto put = [&](const uint8_t* local, uint64_t remote, size_t len) -> bool {
-    ucs_status_ptr_t r = ucp_put_nbx(p.data_ep, local, len, remote, p.rkey, &rp);
-    ++puts_issued_;
-    if (UCS_PTR_IS_ERR(r)) return false;
-    if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);  // released by UCX when it completes
-    return true;
-  };
-  bool ok = true;
-  if (options_.mode == put_mode::batched) {
-    // Coalesce runs of consecutive source and destination pages into one put each.
-    for (size_t i = 0; i < src.size() && ok;) {
-      size_t j = i + 1;
-      while (j < src.size() && src[j] == src[j - 1] + 1 && dst[j] == dst[j - 1] + 1) ++j;
-      ok = put(pool_->page_data(src[i]), p.remote_base + uint64_t(dst[i]) * page_bytes, (j - i) * page_bytes);
-      i = j;
-    }
-  } else {
-    const size_t layer_bytes = pool_->layout().layer_bytes();
-    for (int32_t l = 0; l < pool_->layout().n_layers && ok; ++l)
-      for (size_t i = 0; i < src.size() && ok; ++i)
-        ok = put(pool_->page_data(src[i]) + l * layer_bytes,
-                 p.remote_base + uint64_t(dst[i]) * page_bytes + l * layer_bytes, layer_bytes);
-  }
-  if (!ok) {
-    // Some puts may be in flight: only closing the endpoint makes the pages safe again.
-    peer_failed(peer, p, fmt::format("KV peer '{}': ucp_put_nbx failed", p.node));
-    return;
-  }
-  // Remote completion of every put, then (on_flush_done) the notification.
-  flush(peer, p.data_ep, id, 0);
+  send_am(it->second, am_notify, encode_notify(n));
 }
 
 void kv_engine::close_peer(peer_id id) {
@@ -497,9 +481,8 @@ void kv_engine::close_peer(peer_id id) {
   ucp_request_param_t rp{};
   rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   rp.flags = UCP_EP_CLOSE_FLAG_FORCE;  // abort in-flight puts: after this nothing more lands
-  // The rkey belongs to the data endpoint: destroy it before the endpoint goes.
-  if (p.rkey) ucp_rkey_destroy(p.rkey);
-  p.rkey = nullptr;
+  // The rkeys belong to the data endpoint: destroy them before the endpoint goes.
+  drop_remote(p);
   for (auto [ep, req] : {std::pair{&p.ep, &p.close_request}, std::pair{&p.data_ep, &p.data_close_request}}) {
     if (!*ep) continue;
     ucs_status_ptr_t r = ucp_ep_close_nbx(*ep, &rp);
@@ -512,6 +495,9 @@ void kv_engine::finish_close(peer_id id, peer& p) {
   p.ep = nullptr;
   p.data_ep = nullptr;
   if (destroying_) return;
+  // Nothing of this peer's transfers is in flight any more: no manifest will be sent.
+  std::erase_if(sent_manifests_, [id](const auto& m) { return m.second.peer == id; });
+  std::erase_if(corrupt_copies_, [id](const auto& c) { return !c.second.empty() && c.second.front().peer == id; });
   if (p.dialable) {
     // Keep the address so a later transfer can dial again.
     std::string ip = p.ip;

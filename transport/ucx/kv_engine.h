@@ -1,5 +1,5 @@
 #pragma once
-/// KV page transfer engine over UCX: registers the KV pool once, runs the layout handshake
+/// KV page transfer engine over UCX: registers every KV pool of the layout set once, runs the layout handshake
 /// over active messages, writes pages with ucp_put_nbx and notifies the destination after a
 /// flush. It is the `transfer_transport` of its own `transfer_table`, so the state machine,
 /// deadlines, quarantine and metrics are those of transfer_state.h.
@@ -18,11 +18,15 @@
 ///                on an unflushed new endpoint can stall): node name and a fresh nonce
 ///   proof        both sides, on the peer's challenge: HMAC of the cluster secret over the
 ///                peer's nonce (kv_auth.h; empty without a secret)
-///   hello        each side once the peer's proof passed: identity, pool base, packed rkey;
-///                a peer that fails the proof is refused and never gets them
-///   descriptors  destination -> source: transfer id + destination page ids (the addresses are
-///                pool_base + page * page_bytes of the hello; the rkey is the peer's)
-///   notify       either way: transfer id + notify_kind (done/failed only after a flush)
+///   hello        each side once the peer's proof passed: identity with the layout set, pool
+///                base and packed rkey of pool 0 and one region per further pool; a peer that
+///                fails the proof is refused and never gets them; a peer whose set differs is
+///                refused naming both sides' values per pool
+///   descriptors  destination -> source: transfer id + destination page ids per pool (the
+///                addresses are base + page * page_bytes of that pool's region)
+///   notify       either way: transfer id + notify_kind (done/failed only after a flush);
+///                `done` carries the per-pool manifest (kv_manifest.h) the destination
+///                verifies before the transfer counts as delivered
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -33,9 +37,12 @@
 #include <vector>
 
 #include "kernels/base/clock.h"
-#include "kernels/model/kv_pool.h"
+#include <span>
+
+#include "kernels/model/kv_pools.h"
 #include "transport/ucx/kv_auth.h"
 #include "transport/ucx/kv_handshake.h"
+#include "transport/ucx/kv_manifest.h"
 #include "transport/ucx/transfer_state.h"
 
 // Opaque UCX handles (ucp/api/ucp_def.h), so users need not include UCX headers.
@@ -79,9 +86,10 @@ struct engine_options {
 
 class kv_engine final : public transfer_transport {
  public:
-  /// Registers `pool` (and only it) for remote writes. Throws tandem::error naming the fix.
+  /// Registers `pool` (and only it) for remote writes; identity's layout set must be the
+  /// single pool of its layout. Throws tandem::error naming the fix.
   /// Memory UCX did not allocate is reachable over tcp (and RDMA), but not by the shared
-  /// memory transports: use the other constructor where peers share a host.
+  /// memory transports: use the other constructors where peers share a host.
   kv_engine(const cluster_clock& clock, kv_pool& pool, kv_identity identity, engine_options options,
             transfer_table::release_fn release);
   /// Allocates the KV pool (`n_pages` of identity.layout, zeroed) in memory UCX allocates and
@@ -89,6 +97,9 @@ class kv_engine final : public transfer_transport {
   /// memory copies. The pool is pool(); it lives as long as the engine.
   kv_engine(const cluster_clock& clock, int32_t n_pages, kv_identity identity, engine_options options,
             transfer_table::release_fn release);
+  /// The same for every pool of identity.set(): `n_pages[p]` pages of pool p.
+  kv_engine(const cluster_clock& clock, std::span<const int32_t> n_pages, kv_identity identity,
+            engine_options options, transfer_table::release_fn release);
   ~kv_engine() override;
   kv_engine(const kv_engine&) = delete;
   kv_engine& operator=(const kv_engine&) = delete;
@@ -102,7 +113,9 @@ class kv_engine final : public transfer_transport {
   /// True once the handshake with `peer` completed in both directions.
   bool peer_ready(peer_id peer) const;
 
-  kv_pool& pool() { return *pool_; }
+  /// Pool 0 of the set (the only one of a one-pool layout).
+  kv_pool& pool() { return (*pools_)[0]; }
+  kv_pools& pools() { return *pools_; }
   transfer_table& table() { return table_; }
   const transfer_table& table() const { return table_; }
   /// Progress UCX, deliver completions to the table, check deadlines. Returns true if
@@ -120,12 +133,16 @@ class kv_engine final : public transfer_transport {
   uint64_t hellos_sent() const { return hellos_sent_; }
   /// What init() gave UCX as its network devices ("" = UCX's default), and where it came from.
   const std::string& net_devices_used() const { return net_devices_used_; }
+  /// Bytes the manifests hashed (both roles) and the time it took: the manifest's cost.
+  uint64_t manifest_bytes() const { return manifest_bytes_; }
+  int64_t manifest_us() const { return manifest_us_; }
 
   // transfer_transport
   void connect(peer_id peer) override;
-  void send_descriptors(peer_id peer, transfer_id id, const std::vector<int32_t>& dst_pages) override;
-  void put_pages(peer_id peer, transfer_id id, const std::vector<int32_t>& src_pages,
-                 const std::vector<int32_t>& dst_pages) override;
+  void send_descriptors(peer_id peer, transfer_id id, const pool_pages& dst_pages) override;
+  void put_pages(peer_id peer, transfer_id id, const pool_pages& src_pages, const pool_pages& dst_pages) override;
+  std::string verify_received(peer_id peer, transfer_id id, const pool_pages& dst_pages,
+                              fail_reason& reason) override;
   void notify(peer_id peer, transfer_id id, notify_kind kind) override;
   void close_peer(peer_id peer) override;
 
@@ -144,6 +161,12 @@ class kv_engine final : public transfer_transport {
   static constexpr unsigned am_proof = 5;
   static constexpr unsigned am_count = 5;
 
+  /// Where a peer's pool lives (from its hello).
+  struct remote_pool {
+    ucp_rkey_h rkey = nullptr;  ///< unpacked on the data endpoint
+    uint64_t base = 0;
+    int32_t n_pages = 0;
+  };
   struct peer {
     ucp_ep_h ep = nullptr;       ///< control: handshake, descriptors, notifications
     std::unique_ptr<kv_auth> auth;  ///< this handshake's nonce and secret
@@ -161,13 +184,16 @@ class kv_engine final : public transfer_transport {
     std::string fail_message;  ///< reported once our hello is flushed
     bool closing = false;
     void* close_request = nullptr;
-    ucp_rkey_h rkey = nullptr;
-    uint64_t remote_base = 0;
-    int32_t remote_pages = 0;
+    std::vector<remote_pool> remote;  ///< one per pool of the layout set, once the hello passed
     std::string node;
   };
 
-  void init(int32_t alloc_pages);
+  /// Registers `borrowed` (one pool) or allocates `alloc_pages[p]` pages per pool in UCX memory.
+  void init(std::span<const int32_t> alloc_pages, kv_pool* borrowed);
+  /// Registers (maps) the memory of pool `p`; allocates it when `alloc` (then `storage` is set).
+  void register_pool(size_t p, void* address, size_t bytes, bool alloc, void*& storage, size_t& length);
+  /// Destroys the rkeys of `p`'s remote pools.
+  void drop_remote(peer& p);
   void create_ep(peer_id id, peer& p, ucp_conn_request_h req);
   void send_challenge(peer_id id, peer& p, kv_role role);
   void send_hello(peer_id id, peer& p);
@@ -185,17 +211,21 @@ class kv_engine final : public transfer_transport {
   std::optional<peer_id> peer_of(ucp_ep_h ep) const;
   void later(std::function<void()> f) { events_.push_back(std::move(f)); }
   fault_decision fault(fault_point p, transfer_id id, notify_kind k) const;
-  void do_put(peer_id peer, transfer_id id, std::vector<int32_t> src, std::vector<int32_t> dst);
+  /// `d`: the put fault of this batch (a pool to drop or corrupt).
+  void do_put(peer_id peer, transfer_id id, const pool_pages& src, const pool_pages& dst, fault_decision d);
+  /// Issues the puts of pool `k` (skipping -1 blocks); false when UCX refused one.
+  bool put_pool(peer& p, size_t k, const std::vector<int32_t>& src, const std::vector<int32_t>& dst,
+                const uint8_t* corrupt_first);
   void do_notify(peer_id peer, transfer_id id, notify_kind kind);
 
   const cluster_clock& clock_;
-  kv_pool* pool_ = nullptr;
-  std::unique_ptr<kv_pool> owned_pool_;  ///< the second constructor's pool, in UCX memory
+  std::unique_ptr<kv_pools> pools_;                ///< every pool of identity_.set()
+  std::vector<std::unique_ptr<kv_pool>> owned_pools_;  ///< pools in UCX-allocated memory
   kv_identity identity_;
   engine_options options_;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
-  ucp_mem_h memh_ = nullptr;
+  std::vector<ucp_mem_h> memh_;  ///< one registration per pool
   ucp_listener_h listener_ = nullptr;
   std::map<peer_id, peer> peers_;
   peer_id next_peer_ = 1;
@@ -208,6 +238,23 @@ class kv_engine final : public transfer_transport {
   uint64_t hellos_received_ = 0;
   uint64_t hellos_sent_ = 0;
   std::string net_devices_used_;
+  /// Source: the manifest of each transfer whose puts were issued, sent with its `done`.
+  struct sent_manifest {
+    peer_id peer;
+    kv_manifest manifest;
+  };
+  std::map<transfer_id, sent_manifest> sent_manifests_;
+  /// Destination: the manifest of the `done` being delivered to the table right now.
+  const kv_notify* arriving_done_ = nullptr;
+  /// Page copies with a flipped byte (fault_action::corrupt) until their puts are flushed (or
+  /// the peer's endpoint closed).
+  struct corrupt_copy {
+    peer_id peer;
+    std::vector<uint8_t> bytes;
+  };
+  std::map<transfer_id, std::vector<corrupt_copy>> corrupt_copies_;
+  uint64_t manifest_bytes_ = 0;
+  int64_t manifest_us_ = 0;
   bool destroying_ = false;  ///< the destructor drains UCX without telling the table
   std::unique_ptr<std::pair<kv_engine*, unsigned>[]> am_args_;  ///< handler args, one per message id
   transfer_table table_;

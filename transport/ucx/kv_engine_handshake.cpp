@@ -76,23 +76,32 @@ void kv_engine::send_challenge(peer_id id, peer& p, kv_role role) {
 }
 
 void kv_engine::send_hello(peer_id id, peer& p) {
-  // The rkey is packed for this peer and its buffer released once copied into the message.
-  void* rkey_buf = nullptr;
-  size_t rkey_size = 0;
-  ucs_status_t s = ucp_rkey_pack(context_, memh_, &rkey_buf, &rkey_size);
-  if (s != UCS_OK) {
-    peer_failed(id, p, fmt::format("packing the KV pool rkey failed: {}", ucs_status_string(s)));
-    return;
-  }
+  // One region per pool; each rkey is packed for this peer and its buffer released once
+  // copied into the message.
   kv_hello h;
   h.id = identity_;
-  h.pool_base = reinterpret_cast<uint64_t>(pool_->data());
-  h.n_pages = pool_->n_pages();
-  h.rkey.assign(static_cast<uint8_t*>(rkey_buf), static_cast<uint8_t*>(rkey_buf) + rkey_size);
-  ucp_rkey_buffer_release(rkey_buf);
+  for (size_t k = 0; k < pools_->size(); ++k) {
+    void* rkey_buf = nullptr;
+    size_t rkey_size = 0;
+    ucs_status_t s = ucp_rkey_pack(context_, memh_[k], &rkey_buf, &rkey_size);
+    if (s != UCS_OK) {
+      peer_failed(id, p, fmt::format("packing the rkey of KV pool {} failed: {}", k, ucs_status_string(s)));
+      return;
+    }
+    kv_region r{reinterpret_cast<uint64_t>((*pools_)[k].data()), (*pools_)[k].n_pages(), {}};
+    r.rkey.assign(static_cast<uint8_t*>(rkey_buf), static_cast<uint8_t*>(rkey_buf) + rkey_size);
+    ucp_rkey_buffer_release(rkey_buf);
+    if (k == 0) {
+      h.pool_base = r.base;
+      h.n_pages = r.n_pages;
+      h.rkey = std::move(r.rkey);
+    } else {
+      h.extra_pools.push_back(std::move(r));
+    }
+  }
   ucp_address_t* addr = nullptr;
   size_t addr_len = 0;
-  s = ucp_worker_get_address(worker_, &addr, &addr_len);
+  ucs_status_t s = ucp_worker_get_address(worker_, &addr, &addr_len);
   if (s != UCS_OK) {
     peer_failed(id, p, fmt::format("querying the UCX worker address failed: {}", ucs_status_string(s)));
     return;
@@ -140,15 +149,20 @@ void kv_engine::on_handshake_am(peer_id id, peer& p, unsigned am_id, const uint8
   }
   connect_data(id, p, h.worker_address);
   if (!p.data_ep) return;
-  ucs_status_t s = ucp_ep_rkey_unpack(p.data_ep, h.rkey.data(), &p.rkey);
-  if (s != UCS_OK) {
-    peer_failed(id, p, fmt::format("unpacking the rkey of KV peer '{}' failed: {}; the peers need a common "
-                                   "transport (UCX_TLS)",
-                                   p.node, ucs_status_string(s)));
-    return;
+  // The sets are equal (check_compatible), so the hello has one region per pool of ours.
+  h.extra_pools.insert(h.extra_pools.begin(), kv_region{h.pool_base, h.n_pages, std::move(h.rkey)});
+  for (size_t k = 0; k < h.extra_pools.size(); ++k) {
+    const kv_region& r = h.extra_pools[k];
+    remote_pool rp{nullptr, r.base, r.n_pages};
+    ucs_status_t s = ucp_ep_rkey_unpack(p.data_ep, r.rkey.data(), &rp.rkey);
+    if (s != UCS_OK) {
+      peer_failed(id, p, fmt::format("unpacking the rkey of pool {} of KV peer '{}' failed: {}; the peers need a "
+                                     "common transport (UCX_TLS)",
+                                     k, p.node, ucs_status_string(s)));
+      return;
+    }
+    p.remote.push_back(rp);
   }
-  p.remote_base = h.pool_base;
-  p.remote_pages = h.n_pages;
   p.hello_received = true;
   maybe_ready(id, p);
 }

@@ -17,8 +17,10 @@ namespace {
 
 constexpr uint32_t hello_magic = 0x544b5648;  // "HVKT"
 // 3: a schema::KvHello with the layout's components; 4: KvChallenge and KvProof before the
-// hello (authenticated with the cluster secret; no rkey before the proof).
-constexpr uint32_t hello_version = 4;
+// hello (authenticated with the cluster secret; no rkey before the proof); 5: layout sets
+// (KvLayout.pools, one KvHello.extraPools region per pool past the first), descriptors per
+// pool and the per-pool manifest on `done` (kv_manifest.h).
+constexpr uint32_t hello_version = 5;
 
 /// The magic and version words before the Cap'n Proto message.
 constexpr size_t header_bytes = 8;
@@ -31,7 +33,9 @@ std::string components_text(const kv_layout& l) {
 }  // namespace
 
 std::string kv_identity::describe() const {
-  return fmt::format("model={} dtype={} {}", model, dtype, layout.describe());
+  const kv_pools_layout s = set();
+  if (s.pools.size() < 2) return fmt::format("model={} dtype={} {}", model, dtype, layout.describe());
+  return fmt::format("model={} dtype={} pools: {}", model, dtype, s.describe());
 }
 
 std::vector<uint8_t> encode_hello(const kv_hello& h) {
@@ -39,11 +43,17 @@ std::vector<uint8_t> encode_hello(const kv_hello& h) {
   auto m = mb.initRoot<schema::KvHello>();
   m.setNode(h.id.node);
   m.setModel(h.id.model);
-  write_kv_layout(m.initLayout(), h.id.layout);
+  write_kv_pools_layout(m.initLayout(), h.id.set());
   m.setPoolBase(h.pool_base);
   m.setNPages(h.n_pages);
   m.setRkey(kj::arrayPtr(h.rkey.data(), h.rkey.size()));
   m.setWorkerAddress(kj::arrayPtr(h.worker_address.data(), h.worker_address.size()));
+  auto ex = m.initExtraPools(static_cast<unsigned>(h.extra_pools.size()));
+  for (unsigned i = 0; i < h.extra_pools.size(); ++i) {
+    ex[i].setPoolBase(h.extra_pools[i].base);
+    ex[i].setNPages(h.extra_pools[i].n_pages);
+    ex[i].setRkey(kj::arrayPtr(h.extra_pools[i].rkey.data(), h.extra_pools[i].rkey.size()));
+  }
   return frame_kv_message(mb);
 }
 
@@ -99,13 +109,28 @@ kv_hello decode_hello(const uint8_t* data, size_t size) {
     auto m = reader.getRoot<schema::KvHello>();
     h.id.node = m.getNode().cStr();
     h.id.model = m.getModel().cStr();
-    h.id.layout = read_kv_layout(m.getLayout());
+    h.id.pools = read_kv_pools_layout(m.getLayout());
+    h.id.layout = h.id.pools.pools.front().page;
     h.pool_base = m.getPoolBase();
     h.n_pages = m.getNPages();
     const auto rkey = m.getRkey();
     h.rkey.assign(rkey.begin(), rkey.end());
     const auto addr = m.getWorkerAddress();
     h.worker_address.assign(addr.begin(), addr.end());
+    const auto ex = m.getExtraPools();
+    if (ex.size() + 1 != h.id.pools.pools.size())
+      throw tandem::error(fmt::format("KV handshake of node '{}' offers {} pool regions for a layout set of {} pools",
+                                      h.id.node, ex.size() + 1, h.id.pools.pools.size()));
+    for (unsigned i = 0; i < ex.size(); ++i) {
+      kv_region r{ex[i].getPoolBase(), ex[i].getNPages(), {}};
+      const auto rk = ex[i].getRkey();
+      r.rkey.assign(rk.begin(), rk.end());
+      if (r.n_pages <= 0)
+        throw tandem::error(fmt::format("KV handshake of node '{}' offers {} pages for pool {} ({}); a peer must have "
+                                        "at least one",
+                                        h.id.node, r.n_pages, i + 1, h.id.pools.pools[i + 1].name));
+      h.extra_pools.push_back(std::move(r));
+    }
   } catch (const kj::Exception& e) {
     throw tandem::error(fmt::format("malformed KV handshake message ({}); both nodes must run the same tandem version",
                                     e.getDescription().cStr()));
@@ -117,24 +142,44 @@ kv_hello decode_hello(const uint8_t* data, size_t size) {
   return h;
 }
 
+// transfer id (8), pools (4), then per pool: its page count (4) and the page ids (4 each).
 std::vector<uint8_t> encode_descriptors(const kv_descriptors& d) {
-  std::vector<uint8_t> msg(12 + d.pages.size() * 4);
-  uint32_t n = uint32_t(d.pages.size());
+  size_t bytes = 12;
+  for (const auto& p : d.pages) bytes += 4 + p.size() * 4;
+  std::vector<uint8_t> msg(bytes);
+  const uint32_t n_pools = uint32_t(d.pages.size());
   std::memcpy(msg.data(), &d.transfer, 8);
-  std::memcpy(msg.data() + 8, &n, 4);
-  if (n) std::memcpy(msg.data() + 12, d.pages.data(), size_t(n) * 4);
+  std::memcpy(msg.data() + 8, &n_pools, 4);
+  uint8_t* at = msg.data() + 12;
+  for (const auto& p : d.pages) {
+    const uint32_t n = uint32_t(p.size());
+    std::memcpy(at, &n, 4);
+    if (n) std::memcpy(at + 4, p.data(), size_t(n) * 4);
+    at += 4 + size_t(n) * 4;
+  }
   return msg;
 }
 
 kv_descriptors decode_descriptors(const uint8_t* data, size_t size) {
   if (size < 12) throw tandem::error("short KV descriptor message");
   kv_descriptors d;
-  uint32_t n;
+  uint32_t n_pools;
   std::memcpy(&d.transfer, data, 8);
-  std::memcpy(&n, data + 8, 4);
-  if (size != 12 + size_t(n) * 4) throw tandem::error("malformed KV descriptor message");
-  d.pages.resize(n);
-  if (n) std::memcpy(d.pages.data(), data + 12, size_t(n) * 4);
+  std::memcpy(&n_pools, data + 8, 4);
+  if (n_pools == 0 || n_pools > max_kv_pools) throw tandem::error("malformed KV descriptor message");
+  size_t at = 12;
+  d.pages.resize(n_pools);
+  for (auto& p : d.pages) {
+    uint32_t n;
+    if (size - at < 4) throw tandem::error("malformed KV descriptor message");
+    std::memcpy(&n, data + at, 4);
+    at += 4;
+    if ((size - at) / 4 < n) throw tandem::error("malformed KV descriptor message");
+    p.resize(n);
+    if (n) std::memcpy(p.data(), data + at, size_t(n) * 4);
+    at += size_t(n) * 4;
+  }
+  if (at != size) throw tandem::error("malformed KV descriptor message");
   return d;
 }
 
@@ -153,11 +198,18 @@ std::string check_compatible(const kv_identity& local, const kv_identity& remote
   };
   field("model", local.model, remote.model);
   field("dtype", local.dtype, remote.dtype);
-  field("layers", local.layout.n_layers, remote.layout.n_layers);
-  field("kv_heads", local.layout.n_kv_heads, remote.layout.n_kv_heads);
-  field("head_dim", local.layout.head_dim, remote.layout.head_dim);
-  field("page_size", local.layout.page_size, remote.layout.page_size);
-  field("components", components_text(local.layout), components_text(remote.layout));
+  const kv_pools_layout here = local.set(), there = remote.set();
+  if (here.pools.size() < 2 && there.pools.size() < 2) {
+    field("layers", local.layout.n_layers, remote.layout.n_layers);
+    field("kv_heads", local.layout.n_kv_heads, remote.layout.n_kv_heads);
+    field("head_dim", local.layout.head_dim, remote.layout.head_dim);
+    field("page_size", local.layout.page_size, remote.layout.page_size);
+    field("components", components_text(local.layout), components_text(remote.layout));
+  }
+  // Per pool (a one-pool set that differs only in its name or window lands here too).
+  if (diff.empty() || here.pools.size() > 1 || there.pools.size() > 1)
+    if (std::string pools = explain_kv_pools_mismatch(here, there, remote.node); !pools.empty())
+      diff += (diff.empty() ? "" : "; ") + pools;
   if (diff.empty()) return {};
   return fmt::format("KV layout mismatch between node '{}' ({}) and peer '{}' ({}): {}; serve the same model with "
                      "the same kv page size on the prefill and decode nodes",

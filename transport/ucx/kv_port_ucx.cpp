@@ -15,8 +15,8 @@ namespace {
 
 class ucx_kv_port final : public kv_port {
  public:
-  ucx_kv_port(kv_port_options opt, const kv_layout& layout, int32_t n_pages, kv_release_fn release,
-              std::shared_ptr<spdlog::logger> log)
+  ucx_kv_port(kv_port_options opt, const kv_pools_layout& set, std::span<const int32_t> n_pages,
+              kv_release_fn release, std::shared_ptr<spdlog::logger> log)
       : opt_(std::move(opt)), release_(std::move(release)) {
     if (log)
       opt_.engine.log = [log](bool warning, const std::string& msg) {
@@ -25,23 +25,26 @@ class ucx_kv_port final : public kv_port {
         else
           log->info("{}", msg);
       };
+    if (set.pools.empty()) throw tandem::error("a KV transfer port needs a layout set of at least one pool");
     kv_identity id;
     id.node = opt_.node;
     id.model = opt_.model;
-    id.layout = layout;
-    id.dtype = to_string(layout.dtype);
+    id.layout = set.pools.front().page;
+    id.pools = set;
+    id.dtype = to_string(id.layout.dtype);
     engine_ = std::make_unique<kv_engine>(
         clock_, n_pages, id, opt_.engine,
-        [this](transfer_id tid, transfer_role, const std::vector<int32_t>& pages, bool delivered) {
+        [this](transfer_id tid, transfer_role, const pool_pages& pages, bool delivered) {
           release_(tid, delivered, pages, delivered ? std::string() : engine_->table().last_error());
         });
     if (opt_.listen_port > 0) engine_->listen(opt_.listen_host, opt_.listen_port);
     for (const auto& p : opt_.sources) dialled_[p.node] = engine_->add_peer(p.host, p.port);
   }
 
-  kv_pool& pool() override { return engine_->pool(); }
+  kv_pools& pools() override { return engine_->pools(); }
 
-  void send(uint64_t tid, const std::string& dst, std::vector<int32_t> pages) override {
+  void send(uint64_t tid, const std::string& dst, pool_pages pages) override {
+    check_pools(tid, pages);
     if (auto p = engine_->peer_named(dst)) {
       start_send(tid, *p, pages);
       return;
@@ -53,7 +56,8 @@ class ucx_kv_port final : public kv_port {
     pending_[tid] = {dst, std::move(pages), clock_.now_ms() + opt_.resolve_ms};
   }
 
-  void receive(uint64_t tid, const std::string& src, std::vector<int32_t> pages) override {
+  void receive(uint64_t tid, const std::string& src, pool_pages pages) override {
+    check_pools(tid, pages);
     auto it = dialled_.find(src);
     if (it == dialled_.end()) {
       std::string known;
@@ -120,18 +124,37 @@ class ucx_kv_port final : public kv_port {
                  "KV sends waiting for their destination node to connect"});
     m.push_back({"kv_handshakes_refused_total", "", double(engine_->handshakes_refused()), "counter",
                  "KV peers refused in the handshake (no or wrong cluster secret, messages out of order)"});
+    m.push_back({"kv_transfer_manifest_bytes_total", "", double(engine_->manifest_bytes()), "counter",
+                 "KV bytes hashed for transfer manifests (source and destination)"});
+    m.push_back({"kv_transfer_manifest_seconds_total", "", double(engine_->manifest_us()) / 1e6, "counter",
+                 "Time the worker spent hashing KV for transfer manifests"});
     return m;
   }
 
  private:
-  void start_send(uint64_t tid, peer_id p, const std::vector<int32_t>& pages) {
+  /// An order must name pages of every pool of the set, each a page of its pool or -1.
+  void check_pools(uint64_t tid, const pool_pages& pages) {
+    kv_pools& ps = engine_->pools();
+    if (pages.size() != ps.size())
+      throw tandem::error(error_kind::failed,
+                          fmt::format("KV transfer {:#x} names pages of {} pools but node '{}' has {} ({})", tid,
+                                      pages.size(), opt_.node, ps.size(), ps.set().describe()));
+    for (size_t k = 0; k < pages.size(); ++k)
+      for (int32_t p : pages[k])
+        if (p < -1 || p >= ps[k].n_pages())
+          throw tandem::error(error_kind::failed,
+                              fmt::format("KV transfer {:#x}: page {} is outside pool {} ({}) of {} pages", tid, p, k,
+                                          ps.set().pools[k].name, ps[k].n_pages()));
+  }
+
+  void start_send(uint64_t tid, peer_id p, const pool_pages& pages) {
     engine_->table().start_send(tid, p, pages);
     engine_->table().source_ready(tid);
   }
 
   struct pending_send {
     std::string node;
-    std::vector<int32_t> pages;
+    pool_pages pages;
     int64_t deadline_ms = 0;
   };
 
@@ -150,7 +173,8 @@ fault_hook fault_hook_from_spec(const std::string& spec) {
   auto bad = [&] {
     return tandem::error(error_kind::failed,
                          fmt::format("TANDEM_KV_FAULT = '{}' is not a fault; use put:fail:N, put:drop:N, "
-                                     "notify:drop:N (the first N), or put:delay:MS / notify:delay:MS (every one)",
+                                     "notify:drop:N (the first N), put:delay:MS / notify:delay:MS (every one), or "
+                                     "put:drop-pool:P / put:flip-pool:P (pool P of every transfer)",
                                      spec));
   };
   auto a = spec.find(':'), b = spec.rfind(':');
@@ -176,7 +200,13 @@ fault_hook fault_hook_from_spec(const std::string& spec) {
     act = fault_action::drop;
   else if (what == "delay")
     act = fault_action::delay;
-  else
+  else if (what == "drop-pool" || what == "flip-pool") {
+    // Every transfer loses pool P's puts, or gets one byte of it flipped in transit: the
+    // destination's manifest check must fail it naming the pool.
+    if (fp != fault_point::put || n < 0 || n >= int64_t(max_kv_pools)) throw bad();
+    const fault_decision d{what == "drop-pool" ? fault_action::drop : fault_action::corrupt, 0, int32_t(n)};
+    return [d](fault_point p, transfer_id, notify_kind) { return p == fault_point::put ? d : fault_decision{}; };
+  } else
     throw bad();
   if (act == fault_action::delay) {
     // put:delay:MS holds every put (notify:delay:MS every notification) MS ms: a transfer
@@ -195,9 +225,9 @@ fault_hook fault_hook_from_spec(const std::string& spec) {
 }
 
 kv_port_factory make_kv_port_factory(kv_port_options options) {
-  return [options](const kv_layout& layout, int32_t n_pages, kv_release_fn release,
+  return [options](const kv_pools_layout& set, std::span<const int32_t> n_pages, kv_release_fn release,
                    std::shared_ptr<spdlog::logger> log) -> std::unique_ptr<kv_port> {
-    return std::make_unique<ucx_kv_port>(options, layout, n_pages, std::move(release), std::move(log));
+    return std::make_unique<ucx_kv_port>(options, set, n_pages, std::move(release), std::move(log));
   };
 }
 

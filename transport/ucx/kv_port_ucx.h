@@ -30,7 +30,9 @@ struct kv_port_options {
 
 /// Parses TANDEM_KV_FAULT (tests and failure drills): "put:fail:N" fails the first N put
 /// batches, "put:drop:N" drops them (never complete), "notify:drop:N" loses N notifications,
-/// "put:delay:MS" ("notify:delay:MS") holds every put batch (notification) MS ms.
+/// "put:delay:MS" ("notify:delay:MS") holds every put batch (notification) MS ms,
+/// "put:drop-pool:P" skips pool P's puts and "put:flip-pool:P" flips one byte of pool P in
+/// transit, in every transfer (the destination's manifest check fails it naming the pool).
 /// Empty = no faults. Throws tandem::error naming the syntax on anything else.
 fault_hook fault_hook_from_spec(const std::string& spec);
 

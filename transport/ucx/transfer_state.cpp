@@ -6,6 +6,18 @@
 
 namespace tandem::ucx {
 
+namespace {
+
+/// Pages a list of pools holds (-1 entries are released window blocks, not pages).
+size_t count_pages(const pool_pages& pp) {
+  size_t n = 0;
+  for (const auto& p : pp)
+    for (int32_t x : p) n += x >= 0;
+  return n;
+}
+
+}  // namespace
+
 std::string_view to_string(transfer_phase p) {
   switch (p) {
     case transfer_phase::bootstrapping: return "bootstrapping";
@@ -39,6 +51,8 @@ std::string_view to_string(fail_reason r) {
     case fail_reason::remote_failed: return "remote_failed";
     case fail_reason::remote_cancel: return "remote_cancel";
     case fail_reason::bad_descriptors: return "bad_descriptors";
+    case fail_reason::manifest: return "manifest";
+    case fail_reason::checksum: return "checksum";
   }
   return "failed";
 }
@@ -47,13 +61,13 @@ transfer_table::transfer_table(const cluster_clock& clock, transfer_transport& t
                                transfer_limits limits, release_fn release)
     : clock_(clock), transport_(transport), limits_(limits), release_(std::move(release)) {}
 
-void transfer_table::start_receive(transfer_id id, peer_id source, std::vector<int32_t> dst_pages) {
+void transfer_table::start_receive(transfer_id id, peer_id source, pool_pages dst_pages) {
   transfer t{transfer_role::destination, source};
   t.pages = std::move(dst_pages);
   admit(id, std::move(t));
 }
 
-void transfer_table::start_send(transfer_id id, peer_id destination, std::vector<int32_t> src_pages) {
+void transfer_table::start_send(transfer_id id, peer_id destination, pool_pages src_pages) {
   transfer t{transfer_role::source, destination};
   t.pages = std::move(src_pages);
   admit(id, std::move(t));
@@ -115,11 +129,8 @@ void transfer_table::maybe_put(transfer_id id, transfer& t) {
     early_.erase(e);
   }
   if (!t.ready) return;
-  if (t.remote_pages.size() != t.pages.size()) {
-    fail(id, fail_reason::bad_descriptors,
-         fmt::format("KV transfer {}: the destination offered {} pages for {} source pages; both sides must "
-                     "size the request with the same page size",
-                     id, t.remote_pages.size(), t.pages.size()));
+  if (std::string why = check_descriptors(t.pages, t.remote_pages); !why.empty()) {
+    fail(id, fail_reason::bad_descriptors, fmt::format("KV transfer {}: {}", id, why));
     return;
   }
   t.io_in_flight = true;
@@ -207,7 +218,7 @@ void transfer_table::on_peer_closed(peer_id peer) {
   for (transfer_id id : e) early_.erase(id);
 }
 
-void transfer_table::on_descriptors(peer_id peer, transfer_id id, std::vector<int32_t> dst_pages) {
+void transfer_table::on_descriptors(peer_id peer, transfer_id id, pool_pages dst_pages) {
   auto it = live_.find(id);
   if (it != live_.end() && it->second.role == transfer_role::source && it->second.peer == peer) {
     auto& t = it->second;
@@ -265,10 +276,16 @@ void transfer_table::on_notify(peer_id peer, transfer_id id, notify_kind kind) {
         case notify_kind::started:
           if (t.phase == transfer_phase::waiting) enter(t, transfer_phase::transferring);
           return;
-        case notify_kind::done:
-          t.io_in_flight = false;
+        case notify_kind::done: {
+          t.io_in_flight = false;  // the source flushed: nothing more lands
+          fail_reason r = fail_reason::checksum;
+          if (std::string why = transport_.verify_received(peer, id, t.pages, r); !why.empty()) {
+            fail(id, r, fmt::format("KV transfer {}: {}", id, why), /*nothing_in_flight=*/true);
+            return;
+          }
           finish(id);
           return;
+        }
         case notify_kind::failed:
           t.io_in_flight = false;
           fail(id, fail_reason::remote_failed, fmt::format("KV transfer {}: the source gave up", id));
@@ -339,8 +356,8 @@ void transfer_table::release_quarantine(transfer_id id) {
   release(id, q.role, std::move(q.pages), false);
 }
 
-void transfer_table::release(transfer_id id, transfer_role role, std::vector<int32_t> pages, bool delivered) {
-  pages_released_ += pages.size();
+void transfer_table::release(transfer_id id, transfer_role role, pool_pages pages, bool delivered) {
+  pages_released_ += count_pages(pages);
   if (release_) release_(id, role, pages, delivered);
 }
 
@@ -353,6 +370,30 @@ void transfer_table::request_close(peer_id peer) {
   transport_.close_peer(peer);
 }
 
+std::string transfer_table::pool_label(size_t p) const {
+  return p < pool_names_.size() ? fmt::format("pool {} ({})", p, pool_names_[p]) : fmt::format("pool {}", p);
+}
+
+std::string transfer_table::check_descriptors(const pool_pages& src, const pool_pages& dst) const {
+  if (src.size() != dst.size())
+    return fmt::format("the destination offered pages of {} pools for {} source pools; both sides must serve the "
+                       "same KV layout set",
+                       dst.size(), src.size());
+  for (size_t p = 0; p < src.size(); ++p) {
+    if (src[p].size() != dst[p].size())
+      return fmt::format("{}: the destination offered {} pages for {} source pages; both sides must size the "
+                         "request with the same page size",
+                         pool_label(p), dst[p].size(), src[p].size());
+    for (size_t i = 0; i < src[p].size(); ++i)
+      if ((src[p][i] < 0) != (dst[p][i] < 0))
+        return fmt::format("{}: block {} is {} on the source but {} on the destination; released window blocks "
+                           "must match on both sides",
+                           pool_label(p), i, src[p][i] < 0 ? "released" : "held",
+                           dst[p][i] < 0 ? "released" : "held");
+  }
+  return {};
+}
+
 std::optional<transfer_phase> transfer_table::phase(transfer_id id) const {
   if (auto it = live_.find(id); it != live_.end()) return it->second.phase;
   if (quarantine_.count(id)) return transfer_phase::failed;
@@ -361,7 +402,7 @@ std::optional<transfer_phase> transfer_table::phase(transfer_id id) const {
 
 size_t transfer_table::quarantined_pages() const {
   size_t n = 0;
-  for (auto& [id, q] : quarantine_) n += q.pages.size();
+  for (auto& [id, q] : quarantine_) n += count_pages(q.pages);
   return n;
 }
 
