@@ -35,14 +35,9 @@ radix_cache::radix_cache(std::vector<page_allocator*> dev, page_allocator* host,
 
 radix_cache::~radix_cache() = default;
 
-radix_cache::match_result radix_cache::match(std::span<const int32_t> tokens, int32_t max_tokens,
-                                             std::vector<copy_op>& ops) {
-  if (multi()) return match_pools(tokens, max_tokens, ops);
-  match_result r;
+void radix_cache::walk_path(std::span<const int32_t> tokens, size_t limit, std::vector<node*>& path,
+                            std::vector<disk_load>& dk) {
   const size_t ps = static_cast<size_t>(opt_.page_size);
-  const size_t limit = std::min(tokens.size(), static_cast<size_t>(std::max(max_tokens, 0)));
-  ++clock_;
-  std::vector<node*> path;
   node* cur = &root_;
   size_t off = 0;
   for (; off + ps <= limit; off += ps) {
@@ -53,21 +48,33 @@ radix_cache::match_result radix_cache::match(std::span<const int32_t> tokens, in
     cur = it->second.get();
     path.push_back(cur);
   }
-  std::vector<disk_load> dk;
-  if (disk_tier() && host_tier()) {
-    uint64_t h = cur->hash;
-    for (; off + ps <= limit; off += ps) {
-      std::span<const int32_t> chunk(tokens.data() + off, ps);
-      uint64_t hh = chain_hash(h, chunk);
-      if (!disk_.count(hh)) break;
-      disk_load d;
-      d.hash = hh;
-      d.parent = h;
-      d.tokens.assign(chunk.begin(), chunk.end());
-      dk.push_back(std::move(d));
-      h = hh;
-    }
+  if (!disk_tier() || !host_tier()) return;
+  uint64_t h = cur->hash;
+  for (; off + ps <= limit; off += ps) {
+    std::span<const int32_t> chunk(tokens.data() + off, ps);
+    uint64_t hh = chain_hash(h, chunk);
+    if (!disk_.count(hh)) break;
+    disk_load d;
+    d.hash = hh;
+    d.parent = h;
+    d.tokens.assign(chunk.begin(), chunk.end());
+    d.xdevice.assign(dev_x_.size(), -1);
+    d.xop.assign(dev_x_.size(), 0);
+    dk.push_back(std::move(d));
+    h = hh;
   }
+}
+
+radix_cache::match_result radix_cache::match(std::span<const int32_t> tokens, int32_t max_tokens,
+                                             std::vector<copy_op>& ops) {
+  if (multi()) return match_pools(tokens, max_tokens, ops);
+  match_result r;
+  const size_t ps = static_cast<size_t>(opt_.page_size);
+  const size_t limit = std::min(tokens.size(), static_cast<size_t>(std::max(max_tokens, 0)));
+  ++clock_;
+  std::vector<node*> path;
+  std::vector<disk_load> dk;
+  walk_path(tokens, limit, path, dk);
   size_t n_dev = 0;
   while (n_dev < path.size() && path[n_dev]->dev >= 0) ++n_dev;
   size_t n_host = path.size() - n_dev;

@@ -187,6 +187,11 @@ class radix_cache {
   /// Backs `n`'s device page up to a host page (and to disk under write_through).
   void backup(node* n, std::vector<copy_op>& ops);
   void remove_leaf(node* n);
+  /// Copies n's pool-0 device page into the new host slot `host` (which n then holds).
+  void copy_to_host(node* n, int32_t host, std::vector<copy_op>& ops);
+  /// The cached path of `tokens` (whole pages up to `limit` tokens) and, with a disk tier, the
+  /// disk entries that continue it (by chain hash).
+  void walk_path(std::span<const int32_t> tokens, size_t limit, std::vector<node*>& path, std::vector<disk_load>& dk);
   /// Releases n's pages of the other pools on the device (eviction of its pool-0 page).
   void drop_xdev(node* n);
   /// Copies n's other pools' device pages into its host slot where it lacks them.

@@ -113,6 +113,17 @@ std::optional<int32_t> radix_cache::take_host(std::vector<copy_op>& ops) {
   return (*r)[0];
 }
 
+void radix_cache::copy_to_host(node* n, int32_t host, std::vector<copy_op>& ops) {
+  copy_op op;
+  op.kind = copy_op::device_to_host;
+  op.device = n->dev;
+  op.host = host;
+  ops.push_back(std::move(op));
+  n->host = host;
+  ++n_host_nodes_;
+  backup_tokens_[1] += opt_.page_size;
+}
+
 void radix_cache::backup(node* n, std::vector<copy_op>& ops) {
   if (!host_tier() || n->dev < 0) return;
   if (n->host < 0) {
@@ -121,14 +132,7 @@ void radix_cache::backup(node* n, std::vector<copy_op>& ops) {
       ++backups_skipped_;  // every host page is pinned by pending loads: try again on a later hit
       return;
     }
-    copy_op op;
-    op.kind = copy_op::device_to_host;
-    op.device = n->dev;
-    op.host = *h;
-    ops.push_back(std::move(op));
-    n->host = *h;
-    ++n_host_nodes_;
-    backup_tokens_[1] += opt_.page_size;
+    copy_to_host(n, *h, ops);
   }
   backup_xdev(n, ops);
   if (opt_.policy == cache_write_policy::write_through && disk_tier()) put_disk(n, ops);
@@ -149,14 +153,7 @@ bool radix_cache::evict_device(std::vector<copy_op>& ops) {
       if (copy) {
         auto h = take_host(ops);
         if (h) {
-          copy_op op;
-          op.kind = copy_op::device_to_host;
-          op.device = v->dev;
-          op.host = *h;
-          ops.push_back(std::move(op));
-          v->host = *h;
-          ++n_host_nodes_;
-          backup_tokens_[1] += opt_.page_size;
+          copy_to_host(v, *h, ops);
         } else if (!v->children.empty()) {
           continue;  // nowhere to keep it and removing it would orphan its children
         }

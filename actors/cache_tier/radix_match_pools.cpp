@@ -17,33 +17,8 @@ radix_cache::match_result radix_cache::match_pools(std::span<const int32_t> toke
   const size_t X = dev_x_.size();
   ++clock_;
   std::vector<node*> path;
-  node* cur = &root_;
-  size_t off = 0;
-  for (; off + ps <= limit; off += ps) {
-    std::vector<int32_t> key(tokens.begin() + static_cast<std::ptrdiff_t>(off),
-                             tokens.begin() + static_cast<std::ptrdiff_t>(off + ps));
-    auto it = cur->children.find(key);
-    if (it == cur->children.end()) break;
-    cur = it->second.get();
-    path.push_back(cur);
-  }
   std::vector<disk_load> dk;
-  if (disk_tier() && host_tier()) {
-    uint64_t h = cur->hash;
-    for (; off + ps <= limit; off += ps) {
-      std::span<const int32_t> chunk(tokens.data() + off, ps);
-      uint64_t hh = chain_hash(h, chunk);
-      if (!disk_.count(hh)) break;
-      disk_load d;
-      d.hash = hh;
-      d.parent = h;
-      d.tokens.assign(chunk.begin(), chunk.end());
-      d.xdevice.assign(X, -1);
-      d.xop.assign(X, 0);
-      dk.push_back(std::move(d));
-      h = hh;
-    }
-  }
+  walk_path(tokens, limit, path, dk);
   size_t n_dev = 0;
   while (n_dev < path.size() && path[n_dev]->dev >= 0) ++n_dev;
   auto bit = [](size_t p) { return 1u << (p - 1); };

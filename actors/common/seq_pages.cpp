@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <caf/all.hpp>
 
 namespace tandem {
 
@@ -80,6 +81,20 @@ std::vector<int32_t> pages_held(const pool_pages& t) {
     for (auto x : t[p])
       if (x >= 0) ++out[p];
   return out;
+}
+
+void send_free_pages(const bounded_actor& cache, const std::string& id, pool_pages& pages) {
+  if (!holds_pages(pages)) {
+    pages.clear();
+    return;
+  }
+  cache.gate->enter_control();
+  caf::anon_send(cache.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
+                   auto f = env.initFree();
+                   f.setId(id);
+                   write_pool_pages(f, pages);
+                 }));
+  pages.clear();
 }
 
 }  // namespace tandem

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "actors/common/bounded_mailbox.h"
 #include "actors/common/pool_pages_wire.h"
 #include "kernels/model/kv_pools.h"
 
@@ -37,5 +38,9 @@ std::vector<int32_t> pages_lacking(const pool_pages& t, int64_t end, int32_t pag
 
 /// Pages each pool holds (-1 entries left out).
 std::vector<int32_t> pages_held(const pool_pages& t);
+
+/// Gives every page `pages` holds back to the cache tier (a FreePages message, past its
+/// mailbox bound: the pages must come back) and empties it; nothing is sent when it holds none.
+void send_free_pages(const bounded_actor& cache, const std::string& id, pool_pages& pages);
 
 }  // namespace tandem

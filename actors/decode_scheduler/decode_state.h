@@ -118,19 +118,7 @@ struct decode_state {
                               d.req.cached_tokens, state,
                               static_cast<int32_t>(d.req.generated.size() - toks.size()), lps));
   }
-  void free_pages(const std::string& id, pool_pages& pages) {
-    if (!holds_pages(pages)) {
-      pages.clear();
-      return;
-    }
-    peers.cache.gate->enter_control();
-    caf::anon_send(peers.cache.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
-                     auto f = env.initFree();
-                     f.setId(id);
-                     write_pool_pages(f, pages);
-                   }));
-    pages.clear();
-  }
+  void free_pages(const std::string& id, pool_pages& pages) { send_free_pages(peers.cache, id, pages); }
   void fail(dseq& d, const tandem::error& e, const std::string& reason) {
     rejected[reason] += 1;
     log->info("request {}: {}", d.req.id, e.what());

@@ -12,6 +12,7 @@
 #include "actors/runtime/embedded_cluster.h"
 #include "kernels/model/make_model.h"
 #include "kernels/tokenizer/tokenizer.h"
+#include "tests/actors/model_files.h"
 #include "tests/actors/support.h"
 
 using namespace tandem;
@@ -207,22 +208,12 @@ TEST_CASE("radix_cache(pools): host slots and disk files carry the window pages,
 namespace {
 
 const std::string& gemma_path() {
-  static const std::string path = [] {
-    auto p = (std::filesystem::temp_directory_path() / ("tandem_pools_gemma2_" + std::to_string(getpid()) + ".gguf"))
-                 .string();
-    make_model_options o;
-    o.preset = "micro";
-    o.arch = "gemma2";
-    o.sliding_window = 32;
-    o.seed = 5;
-    write_random_llama(o, p);
-    static struct cleanup {
-      std::string p;
-      ~cleanup() { std::filesystem::remove(p); }
-    } c{p};
-    return p;
-  }();
-  return path;
+  make_model_options o;
+  o.preset = "micro";
+  o.arch = "gemma2";
+  o.sliding_window = 32;
+  o.seed = 5;
+  return test_model_file("pools_gemma2", o);
 }
 
 cluster_options gemma_opts(bool prefix_cache) {

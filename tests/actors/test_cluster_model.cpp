@@ -8,6 +8,7 @@
 #include "actors/runtime/embedded_cluster.h"
 #include "kernels/model/make_model.h"
 #include "kernels/tokenizer/tokenizer.h"
+#include "tests/actors/model_files.h"
 #include "tests/actors/support.h"
 
 using namespace tandem;
@@ -17,21 +18,10 @@ namespace {
 
 /// One micro model file per test process (written once, removed at exit).
 const std::string& micro_path() {
-  static const std::string path = [] {
-    auto p = (std::filesystem::temp_directory_path() /
-              ("tandem_actors_micro_" + std::to_string(getpid()) + ".gguf"))
-                 .string();
-    make_model_options o;
-    o.preset = "micro";
-    o.seed = 7;
-    write_random_llama(o, p);
-    static struct cleanup {
-      std::string p;
-      ~cleanup() { std::filesystem::remove(p); }
-    } c{p};
-    return p;
-  }();
-  return path;
+  make_model_options o;
+  o.preset = "micro";
+  o.seed = 7;
+  return test_model_file("micro", o);
 }
 
 cluster_options micro_opts(bool prefix_cache) {

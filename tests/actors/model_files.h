@@ -1,0 +1,30 @@
+#pragma once
+// Random-weight model files for the actor tests: each written once per test process under its
+// tag (the first caller's options) and removed at exit.
+#include <unistd.h>
+
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include "kernels/model/make_model.h"
+
+namespace tandem::test {
+
+inline const std::string& test_model_file(const std::string& tag, const make_model_options& o) {
+  static std::map<std::string, std::string> paths;
+  static struct cleanup {
+    ~cleanup() {
+      for (auto& [t, p] : paths) std::filesystem::remove(p);
+    }
+  } c;
+  auto& path = paths[tag];
+  if (path.empty()) {
+    path = (std::filesystem::temp_directory_path() / ("tandem_actors_" + tag + "_" + std::to_string(getpid()) + ".gguf"))
+               .string();
+    write_random_llama(o, path);
+  }
+  return path;
+}
+
+}  // namespace tandem::test
