@@ -165,6 +165,7 @@ struct proxy_state {
   /// Tell this node's scheduler on the other side of the KV handoff (prefill for a decode
   /// proxy, decode for a prefill proxy) which nodes of the role are down and up.
   bool notify_local = false;
+  caf::actor dialer;  ///< answers redials instead of the middleman (tests)
   const bounded_actor& local_peer() const { return role == "decode" ? peers.prefill : peers.decode; }
   static inline const char* name = "proxy";
 
@@ -198,8 +199,9 @@ std::string handoff_target(schema::Envelope::Reader env) {
 
 caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, std::string role, std::vector<remote_node> targets,
                           std::shared_ptr<mailbox_gate> gate, bool notify_router, std::shared_ptr<spdlog::logger> log,
-                          bool notify_local) {
+                          bool notify_local, caf::actor dialer) {
   auto& st = self->state;
+  st.dialer = std::move(dialer);
   st.notify_router = notify_router;
   st.notify_local = notify_local;
   st.role = std::move(role);
@@ -242,7 +244,8 @@ caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, std::string ro
           self->delayed_send(self, std::chrono::milliseconds(t.redial_ms), redial_atom::value, i);
         };
         // The middleman dials on its own thread; this actor stays responsive meanwhile.
-        self->request(self->system().middleman().actor_handle(), std::chrono::seconds(10), caf::connect_atom::value,
+        auto mm = s.dialer ? s.dialer : caf::actor_cast<caf::actor>(self->system().middleman().actor_handle());
+        self->request(mm, std::chrono::seconds(10), caf::connect_atom::value,
                       n.host, static_cast<uint16_t>(n.cluster_port))
             .then(
                 [self, i, again](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
@@ -359,11 +362,16 @@ caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, std::string ro
 
 }  // namespace
 
+caf::actor spawn_ingress(caf::actor_system& sys, const std::string& node, std::vector<std::string> local_roles,
+                         std::shared_ptr<spdlog::logger> log) {
+  return sys.spawn(ingress_actor, node, std::move(local_roles), std::move(log));
+}
+
 node_links link_nodes(caf::actor_system& sys, const std::string& node, const std::string& host, int32_t port,
                       std::vector<std::string> local_roles, std::vector<remote_node> peers, int64_t timeout_ms,
                       std::shared_ptr<spdlog::logger> log) {
   node_links out;
-  out.ingress = sys.spawn(ingress_actor, node, std::move(local_roles), log);
+  out.ingress = spawn_ingress(sys, node, std::move(local_roles), log);
   auto bound = sys.middleman().publish(out.ingress, static_cast<uint16_t>(port), host.c_str(), true);
   if (!bound) {
     caf::anon_send_exit(out.ingress, caf::exit_reason::user_shutdown);
@@ -402,9 +410,10 @@ node_links link_nodes(caf::actor_system& sys, const std::string& node, const std
 
 bounded_actor spawn_remote_proxy(caf::actor_system& sys, const std::string& role, std::vector<remote_node> targets,
                                  int32_t bound, bool notify_router, std::shared_ptr<spdlog::logger> log,
-                                 const std::string& name, bool notify_local) {
+                                 const std::string& name, bool notify_local, caf::actor dialer) {
   auto gate = std::make_shared<mailbox_gate>(name.empty() ? role : name, bound);
-  auto h = sys.spawn(proxy_actor, role, std::move(targets), gate, notify_router, std::move(log), notify_local);
+  auto h = sys.spawn(proxy_actor, role, std::move(targets), gate, notify_router, std::move(log), notify_local,
+                     std::move(dialer));
   return bounded_actor{h, gate};
 }
 
