@@ -64,6 +64,8 @@ struct prefill_state {
   /// Cross-node handoffs whose source pages the worker is writing out: transfer id -> request.
   std::unordered_map<uint64_t, std::string> sending;
   std::unordered_map<std::string, uint64_t> sending_by_id;
+  /// Low 32 bits of the transfer ids; starts at the spawn time (64 per ms) so a restarted
+  /// prefill node does not reuse the ids its predecessor left live at a decode node.
   uint64_t next_transfer = 0;
   int64_t transfers_done = 0, transfers_failed = 0;
   /// Numbers the handoffs; starts at the spawn time (ms << 20) so a restarted prefill does not
@@ -583,6 +585,7 @@ caf::behavior prefill_actor(prefill_actor_t* self, scheduler_options opt, std::s
   st.clk = std::move(clk);
   st.log = std::move(log);
   st.next_handoff = (static_cast<uint64_t>(st.clk->now_ms()) << 20) + 1;
+  st.next_transfer = static_cast<uint64_t>(st.clk->now_ms()) * 64;
   return {
       [self](peers_atom, const peer_set& p) {
         self->state.peers = p;

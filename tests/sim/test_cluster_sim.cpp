@@ -52,6 +52,15 @@ TEST_CASE("sim cluster: 1000 seeds of node loss, link flaps and KV faults keep e
   CHECK(completed > int64_t(n));  // most requests still complete
 }
 
+TEST_CASE("sim cluster: regression seeds") {
+  // Seeds that found bugs (each failed with its fix reverted):
+  // - a restarted prefill node numbered its KV transfers from 1 again; the decode node still held
+  //   its predecessor's transfer of the same id, so the new handoff failed "already in progress",
+  //   took the old request's worker entry with it and leaked the new one's pages (transfer ids
+  //   now start at the spawn time, as handoff numbers do).
+  for (uint64_t s : {2466}) check_cluster_seed(s);
+}
+
 TEST_CASE("sim cluster: a fault-free run completes every request over the KV transfer") {
   cluster_menu m;
   m.prefill_nodes = 2;
