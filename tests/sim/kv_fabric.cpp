@@ -292,6 +292,20 @@ void kv_fabric::put(sim_kv_port& src, int32_t to, ucx::transfer_id id, const std
     push(std::move(p), false);
     return;
   }
+  // As the engine: page ids outside either pool fail the put (descriptors are untrusted input).
+  auto dst = ports_.find(to);
+  const int32_t dst_n = dst == ports_.end() ? 0 : dst->second->pool_.n_pages();
+  for (size_t i = 0; i < src_pages.size(); ++i)
+    if (src_pages[i] < 0 || src_pages[i] >= src.pool_.n_pages() || i >= dst_pages.size() || dst_pages[i] < 0 ||
+        dst_pages[i] >= dst_n) {
+      p.to = src.self_;
+      p.k = kind::put_done;
+      p.ok = false;
+      p.why = fmt::format("page {} is outside the pools ({} local, {} remote pages)", src_pages[i],
+                          src.pool_.n_pages(), dst_n);
+      push(std::move(p), false);
+      return;
+    }
   const size_t page_bytes = src.pool_.layout().page_bytes();
   for (int32_t s : src_pages) {
     const auto* b = src.pool_.page_data(s);
