@@ -152,6 +152,9 @@ using redial_atom = caf::atom_constant<caf::atom("redial")>;
 /// First redial of a node that went down, doubling up to the cap: a restarted node is found
 /// again within about a second of listening, and a dead one costs one connect every 2 s.
 constexpr int32_t redial_first_ms = 100, redial_max_ms = 2000;
+/// Hops of a chased abort once a proxy fanned it out to several nodes: the schedulers chase while
+/// hops < 8, so it goes one hop further at most.
+constexpr int32_t max_fanout_abort_hops = 7;
 
 struct proxy_state {
   std::string role;
@@ -161,6 +164,7 @@ struct proxy_state {
   std::shared_ptr<spdlog::logger> log;
   size_t next = 0;
   int64_t bounced = 0;
+  int64_t aborts_capped = 0;  ///< chased aborts fanned out with their chase capped
   bool notify_router = false;
   /// Tell this node's scheduler on the other side of the KV handoff (prefill for a decode
   /// proxy, decode for a prefill proxy) which nodes of the role are down and up.
@@ -289,12 +293,29 @@ caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, std::string ro
         s.gate->leave();
         bool rr = false, all = false;
         std::string named;
+        wire out = w;
         try {
           wire_reader rd(w);
           auto env = rd.root();
           rr = env.isSubmit() || env.isRequeue();
           all = env.isAbort();
           named = handoff_target(env);
+          if (all && s.targets.size() > 1 && env.getAbort().getHops() > 0 &&
+              env.getAbort().getHops() < max_fanout_abort_hops) {
+            // A chased abort (a scheduler that did not hold the request follows it) reaches every
+            // node of the role, and each that does not hold it either would chase it on to every
+            // node of the other role: (prefill x decode nodes)^4 messages over the 8 hops. From a
+            // fan-out on it may go one hop further only (the requeues that move a request back to
+            // prefill go through the router, which ends them once the request is aborted).
+            auto a = env.getAbort();
+            out = make_wire([&](schema::Envelope::Builder b) {
+              auto c = b.initAbort();
+              c.setId(a.getId());
+              c.setStopString(a.getStopString());
+              c.setHops(max_fanout_abort_hops);
+            });
+            ++s.aborts_capped;
+          }
         } catch (const std::exception&) {
           s.log->error("proxy {}: malformed message dropped", s.role);
           return;
@@ -303,7 +324,7 @@ caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, std::string ro
           for (auto& t : s.targets)
             if (t.up) {
               ++t.sent;
-              caf::anon_send(t.node.ingress, wire_atom::value, s.role, w);
+              caf::anon_send(t.node.ingress, wire_atom::value, s.role, out);
             }
           return;
         }
@@ -354,6 +375,9 @@ caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, std::string ro
         m.push_back({"remote_bounced_total", fmt::format("role=\"{}\",proxy=\"{}\"", s.role, s.gate->actor_name()),
                      double(s.bounced), "counter",
                      "Messages for a remote role answered locally because its node was not reachable"});
+        m.push_back({"remote_aborts_chase_capped_total",
+                     fmt::format("role=\"{}\",proxy=\"{}\"", s.role, s.gate->actor_name()), double(s.aborts_capped),
+                     "counter", "Chased aborts sent to every node of a remote role with one hop of chase left"});
         // Named like its mailbox gate: per-node proxies of one role are told apart.
         return make_stats_wire(s.gate->actor_name(), m, {});
       },

@@ -59,6 +59,11 @@ TEST_CASE("sim cluster: regression seeds") {
   //   took the old request's worker entry with it and leaked the new one's pages (transfer ids
   //   now start at the spawn time, as handoff numbers do).
   for (uint64_t s : {2466}) check_cluster_seed(s);
+  // - an abort chased by a scheduler that no longer held the request went through a proxy to
+  //   every node of the other role, and each of those chased it on to every node of the first:
+  //   (prefill x decode nodes)^4 messages over 8 hops (340 aborts per link with 2 + 2 nodes),
+  //   piling up far past the prefill mailboxes' bounds (proxies now cap a fanned-out chase).
+  for (uint64_t s : {231, 403, 577}) check_cluster_seed(s);
 }
 
 TEST_CASE("sim cluster: a fault-free run completes every request over the KV transfer") {
