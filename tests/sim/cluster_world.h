@@ -106,6 +106,7 @@ struct cworld : gate_fault {
   std::unique_ptr<kv_fabric> fabric;
   std::vector<cnode> nodes;
   std::map<std::pair<int32_t, int32_t>, caf::actor> links;  ///< live link actors (from, to)
+  std::map<std::pair<int32_t, int32_t>, caf::actor> dead_links;  ///< the last cut one of each direction
   std::map<std::pair<int32_t, int32_t>, int64_t> down_until;  ///< flapped links (min, max)
   int32_t faults = 0, restarts = 0;
   std::deque<std::string> trace;
