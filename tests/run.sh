@@ -52,5 +52,5 @@ if ((asan)); then
   # Only the unit-test executables and the simulation (500 seeds under ASan; the dev run above
   # sweeps its default 2000): the end-to-end suite runs above.
   cmake --build --preset asan -j "$jobs" --target test_kernels test_actors test_transport test_config test_ucx test_sim
-  TANDEM_SIM_SEEDS=500 ctest --preset asan -j "$jobs" --timeout 900 -L 'test_kernels|test_actors|test_transport|test_config|test_ucx|test_sim'
+  TANDEM_SIM_SEEDS=500 TANDEM_SIM_CLUSTER_SEEDS=500 ctest --preset asan -j "$jobs" --timeout 900 -L 'test_kernels|test_actors|test_transport|test_config|test_ucx|test_sim'
 fi

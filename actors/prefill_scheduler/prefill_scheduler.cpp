@@ -169,6 +169,7 @@ caf::behavior prefill_actor(prefill_actor_t* self, scheduler_options opt, std::s
   st.clk = std::move(clk);
   st.log = std::move(log);
   st.next_handoff = (static_cast<uint64_t>(st.clk->now_ms()) << 20) + 1;
+  st.next_transfer = static_cast<uint64_t>(st.clk->now_ms()) * 64;
   return {
       [self](peers_atom, const peer_set& p) {
         self->state.peers = p;

@@ -68,6 +68,8 @@ struct prefill_state {
   /// Cross-node handoffs whose source pages the worker is writing out: transfer id -> request.
   std::unordered_map<uint64_t, std::string> sending;
   std::unordered_map<std::string, uint64_t> sending_by_id;
+  /// Low 32 bits of the transfer ids; starts at the spawn time (64 per ms) so a restarted
+  /// prefill node does not reuse the ids its predecessor left live at a decode node.
   uint64_t next_transfer = 0;
   int64_t transfers_done = 0, transfers_failed = 0;
   /// Numbers the handoffs; starts at the spawn time (ms << 20) so a restarted prefill does not

@@ -152,6 +152,9 @@ using redial_atom = caf::atom_constant<caf::atom("redial")>;
 /// First redial of a node that went down, doubling up to the cap: a restarted node is found
 /// again within about a second of listening, and a dead one costs one connect every 2 s.
 constexpr int32_t redial_first_ms = 100, redial_max_ms = 2000;
+/// Hops of a chased abort once a proxy fanned it out to several nodes: the schedulers chase while
+/// hops < 8, so it goes one hop further at most.
+constexpr int32_t max_fanout_abort_hops = 7;
 
 struct proxy_state {
   std::string role;
@@ -161,10 +164,12 @@ struct proxy_state {
   std::shared_ptr<spdlog::logger> log;
   size_t next = 0;
   int64_t bounced = 0;
+  int64_t aborts_capped = 0;  ///< chased aborts fanned out with their chase capped
   bool notify_router = false;
   /// Tell this node's scheduler on the other side of the KV handoff (prefill for a decode
   /// proxy, decode for a prefill proxy) which nodes of the role are down and up.
   bool notify_local = false;
+  caf::actor dialer;  ///< answers redials instead of the middleman (tests)
   const bounded_actor& local_peer() const { return role == "decode" ? peers.prefill : peers.decode; }
   static inline const char* name = "proxy";
 
@@ -198,8 +203,9 @@ std::string handoff_target(schema::Envelope::Reader env) {
 
 caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, std::string role, std::vector<remote_node> targets,
                           std::shared_ptr<mailbox_gate> gate, bool notify_router, std::shared_ptr<spdlog::logger> log,
-                          bool notify_local) {
+                          bool notify_local, caf::actor dialer) {
   auto& st = self->state;
+  st.dialer = std::move(dialer);
   st.notify_router = notify_router;
   st.notify_local = notify_local;
   st.role = std::move(role);
@@ -242,7 +248,8 @@ caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, std::string ro
           self->delayed_send(self, std::chrono::milliseconds(t.redial_ms), redial_atom::value, i);
         };
         // The middleman dials on its own thread; this actor stays responsive meanwhile.
-        self->request(self->system().middleman().actor_handle(), std::chrono::seconds(10), caf::connect_atom::value,
+        auto mm = s.dialer ? s.dialer : caf::actor_cast<caf::actor>(self->system().middleman().actor_handle());
+        self->request(mm, std::chrono::seconds(10), caf::connect_atom::value,
                       n.host, static_cast<uint16_t>(n.cluster_port))
             .then(
                 [self, i, again](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
@@ -286,12 +293,29 @@ caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, std::string ro
         s.gate->leave();
         bool rr = false, all = false;
         std::string named;
+        wire out = w;
         try {
           wire_reader rd(w);
           auto env = rd.root();
           rr = env.isSubmit() || env.isRequeue();
           all = env.isAbort();
           named = handoff_target(env);
+          if (all && s.targets.size() > 1 && env.getAbort().getHops() > 0 &&
+              env.getAbort().getHops() < max_fanout_abort_hops) {
+            // A chased abort (a scheduler that did not hold the request follows it) reaches every
+            // node of the role, and each that does not hold it either would chase it on to every
+            // node of the other role: (prefill x decode nodes)^4 messages over the 8 hops. From a
+            // fan-out on it may go one hop further only (the requeues that move a request back to
+            // prefill go through the router, which ends them once the request is aborted).
+            auto a = env.getAbort();
+            out = make_wire([&](schema::Envelope::Builder b) {
+              auto c = b.initAbort();
+              c.setId(a.getId());
+              c.setStopString(a.getStopString());
+              c.setHops(max_fanout_abort_hops);
+            });
+            ++s.aborts_capped;
+          }
         } catch (const std::exception&) {
           s.log->error("proxy {}: malformed message dropped", s.role);
           return;
@@ -300,7 +324,7 @@ caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, std::string ro
           for (auto& t : s.targets)
             if (t.up) {
               ++t.sent;
-              caf::anon_send(t.node.ingress, wire_atom::value, s.role, w);
+              caf::anon_send(t.node.ingress, wire_atom::value, s.role, out);
             }
           return;
         }
@@ -351,6 +375,9 @@ caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, std::string ro
         m.push_back({"remote_bounced_total", fmt::format("role=\"{}\",proxy=\"{}\"", s.role, s.gate->actor_name()),
                      double(s.bounced), "counter",
                      "Messages for a remote role answered locally because its node was not reachable"});
+        m.push_back({"remote_aborts_chase_capped_total",
+                     fmt::format("role=\"{}\",proxy=\"{}\"", s.role, s.gate->actor_name()), double(s.aborts_capped),
+                     "counter", "Chased aborts sent to every node of a remote role with one hop of chase left"});
         // Named like its mailbox gate: per-node proxies of one role are told apart.
         return make_stats_wire(s.gate->actor_name(), m, {});
       },
@@ -359,11 +386,16 @@ caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, std::string ro
 
 }  // namespace
 
+caf::actor spawn_ingress(caf::actor_system& sys, const std::string& node, std::vector<std::string> local_roles,
+                         std::shared_ptr<spdlog::logger> log) {
+  return sys.spawn(ingress_actor, node, std::move(local_roles), std::move(log));
+}
+
 node_links link_nodes(caf::actor_system& sys, const std::string& node, const std::string& host, int32_t port,
                       std::vector<std::string> local_roles, std::vector<remote_node> peers, int64_t timeout_ms,
                       std::shared_ptr<spdlog::logger> log) {
   node_links out;
-  out.ingress = sys.spawn(ingress_actor, node, std::move(local_roles), log);
+  out.ingress = spawn_ingress(sys, node, std::move(local_roles), log);
   auto bound = sys.middleman().publish(out.ingress, static_cast<uint16_t>(port), host.c_str(), true);
   if (!bound) {
     caf::anon_send_exit(out.ingress, caf::exit_reason::user_shutdown);
@@ -402,9 +434,10 @@ node_links link_nodes(caf::actor_system& sys, const std::string& node, const std
 
 bounded_actor spawn_remote_proxy(caf::actor_system& sys, const std::string& role, std::vector<remote_node> targets,
                                  int32_t bound, bool notify_router, std::shared_ptr<spdlog::logger> log,
-                                 const std::string& name, bool notify_local) {
+                                 const std::string& name, bool notify_local, caf::actor dialer) {
   auto gate = std::make_shared<mailbox_gate>(name.empty() ? role : name, bound);
-  auto h = sys.spawn(proxy_actor, role, std::move(targets), gate, notify_router, std::move(log), notify_local);
+  auto h = sys.spawn(proxy_actor, role, std::move(targets), gate, notify_router, std::move(log), notify_local,
+                     std::move(dialer));
   return bounded_actor{h, gate};
 }
 

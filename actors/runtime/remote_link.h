@@ -40,6 +40,11 @@ struct node_links {
   std::vector<remote_node> with_role(const std::string& role) const;
 };
 
+/// This node's ingress actor, unpublished (link_nodes publishes it; the deterministic
+/// simulation, tests/sim, connects it through its own stand-in of the link).
+caf::actor spawn_ingress(caf::actor_system& sys, const std::string& node, std::vector<std::string> local_roles,
+                         std::shared_ptr<spdlog::logger> log);
+
 /// Spawns and publishes this node's ingress (delivering to `local_roles`), then connects to
 /// every peer's ingress, retrying refused connections until `timeout_ms` (the peers may start
 /// after us). Throws tandem::error naming the node that could not be reached.
@@ -58,7 +63,8 @@ node_links link_nodes(caf::actor_system& sys, const std::string& node, const std
 /// of its targets goes down (node_down_atom with the target "node/role", router.h), so the
 /// router routes around it and ends the requests it held at once.
 /// `name` names its mailbox gate and stats (default: `role`); per-node proxies of one role
-/// need distinct names. With `notify_local`, the scheduler of this node on the other side of
+/// need distinct names. `dialer` (tests): redials go to it instead of the middleman actor, with
+/// the middleman's (connect_atom, host, port) request and answer. With `notify_local`, the scheduler of this node on the other side of
 /// the KV handoff hears the same down/up notices (node_down_atom / node_up_atom with the target
 /// "node/role"): a prefill scheduler passes its unreachable decode nodes on to the router
 /// (Credit.unreachable: a decode node is routable only once the prefill nodes reach it again);
@@ -66,7 +72,8 @@ node_links link_nodes(caf::actor_system& sys, const std::string& node, const std
 /// that died.
 bounded_actor spawn_remote_proxy(caf::actor_system& sys, const std::string& role, std::vector<remote_node> targets,
                                  int32_t bound, bool notify_router, std::shared_ptr<spdlog::logger> log,
-                                 const std::string& name = "", bool notify_local = false);
+                                 const std::string& name = "", bool notify_local = false,
+                                 caf::actor dialer = {});
 
 /// Answers an envelope that cannot be delivered: a submission or requeue gets an error event
 /// to the router; a handoff an error event and an abort of the source's send to the prefill.

@@ -504,9 +504,12 @@ limits pick_limits(sim_rng& r) {
 std::string sim_result::report() const {
   std::string out = fmt::format(
       "simulation seed {} failed ({} steps, {} simulated ms, {} requests, {} faults, {} restarts)\n"
-      "replay: TANDEM_SIM_SEED={} build/dev/tests/test_sim -tc='sim: replay*'   (TANDEM_SIM_OFF=reject,delay,drop,dup,"
-      "forward,crash,time: the same run without those faults)\n",
-      seed, steps, sim_ms, requests, faults, restarts, seed);
+      "replay: {}\n",
+      seed, steps, sim_ms, requests, faults, restarts,
+      !replay.empty() ? replay
+                      : fmt::format("TANDEM_SIM_SEED={} build/dev/tests/test_sim -tc='sim: replay*'   (TANDEM_SIM_OFF="
+                                    "reject,delay,drop,dup,forward,crash,time: the same run without those faults)",
+                                    seed));
   for (const auto& v : violations) out += "  violation: " + v + "\n";
   out += "  last events:\n";
   for (const auto& t : trace) out += "    " + t + "\n";

@@ -64,6 +64,8 @@ struct sim_result {
   int64_t steps = 0;
   int64_t sim_ms = 0;
   int32_t requests = 0, completed = 0, errors = 0, restarts = 0, faults = 0;
+  int64_t kv_transfers = 0;  ///< KV transfers delivered (the cluster simulation)
+  std::string replay;  ///< the command that replays this run (default: the one-node simulation's)
   bool ok() const { return violations.empty(); }
   /// The seed, the replay command, the violations and the trace.
   std::string report() const;
