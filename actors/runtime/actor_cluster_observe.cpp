@@ -119,6 +119,15 @@ std::vector<stats_snapshot> actor_cluster::snapshots(bool include_worker) const 
 }
 
 namespace {
+/// Bytes of the host tier (the worker reports them).
+double bytes_host(const std::vector<stats_snapshot>& snaps) {
+  double b = 0;
+  for (const auto& x : snaps) b += x.value("kv_host_pool_bytes");
+  return b;
+}
+}  // namespace
+
+namespace {
 double total(const std::vector<stats_snapshot>& v, const std::string& name,
              const std::string* labels = nullptr) {
   double t = 0;
@@ -337,6 +346,19 @@ node_report actor_cluster::inspect() const {
         q.bytes = int64_t(c.value("kv_pool_device_bytes", l));
         r.pools.push_back(q);
       }
+    // The host and disk tiers behind it (slots and entries hold a block's page of every pool).
+    for (const char* tier : {"host", "disk"}) {
+      const std::string l = fmt::format("tier=\"{}\"", tier);
+      const int64_t total = int64_t(c.value("cache_pages_total", l));
+      if (total <= 0) continue;
+      pool_report q;
+      q.name = tier;
+      q.pages_total = total;
+      q.pages_free = total - int64_t(c.value("cache_pages_used", l));
+      q.pages_cached = int64_t(c.value("cache_pages_cached", l));
+      q.bytes = std::string(tier) == "host" ? int64_t(bytes_host(snaps)) : 0;
+      r.pools.push_back(q);
+    }
   }
   return r;
 }

@@ -219,6 +219,16 @@ TEST_CASE("cli: check-config prints each pool of a sliding-window model (one pro
   CHECK(out.find("KV pool 'full':") != std::string::npos);
   CHECK(out.find("KV pool 'window' (window 32):") != std::string::npos);
   CHECK(out.find("host tier:") != std::string::npos);
+  {
+    e2e::child p({TANDEM_BINARY, "check-config", "--json", (dir.path / "one.toml").string()}, {}, err_path);
+    out = p.read_all(std::chrono::seconds(30));
+    code = p.wait(std::chrono::seconds(30));
+  }
+  INFO(out);
+  CHECK(code == 0);
+  CHECK(out.find("\"node\":\"all\"") != std::string::npos);
+  CHECK(out.find("{\"name\":\"window\",\"window_tokens\":32,\"pages\":") != std::string::npos);
+  CHECK(out.find("\"host\":{\"blocks\":") != std::string::npos);
 }
 
 TEST_CASE("config: backend = cuda is refused without a CUDA build or device, naming the fix") {

@@ -3,7 +3,7 @@
 // reply as a call whatever the template's format; "none" keeps the tools out of the prompt.
 #include <doctest/doctest.h>
 
-#include "kernels/grammar/json_doc.h"
+#include "kernels/base/json.h"
 #include "tests/transport/fake_api.h"
 #include "transport/http/json.h"
 #include "transport/http/openai_server.h"
@@ -52,7 +52,7 @@ TEST_CASE("tool_choice http: a named function sends the call's grammar and the r
   REQUIRE(s.api.submitted().size() == 1);
   const grammar_spec g = s.api.submitted()[0].sampling.grammar;  // submitted() is a copy
   REQUIRE(g.kind == grammar_kind::json_schema);
-  auto schema = grammar::json_doc::parse(g.source);
+  auto schema = json::parse(g.source);
   CHECK(schema.find("properties")->find("name")->find("const")->s == "get");
   CHECK(prompt_text(s.api.submitted()[0]).find("<tools>") != std::string::npos);
   auto v = json::parse(r.body);
@@ -89,7 +89,7 @@ TEST_CASE("tool_choice http: a named function sends the call's grammar and the r
   CHECK(finish == "tool_calls");
   // required: the anyOf over both tools went with the request.
   REQUIRE(s.api.submitted().size() == 2);
-  auto any = grammar::json_doc::parse(s.api.submitted()[1].sampling.grammar.source);
+  auto any = json::parse(s.api.submitted()[1].sampling.grammar.source);
   REQUIRE(any.find("anyOf"));
   CHECK(any.find("anyOf")->arr.size() == 2);
 }

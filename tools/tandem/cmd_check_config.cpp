@@ -7,6 +7,7 @@
 
 #include "kernels/base/error.h"
 #include "actors/config/cluster_config.h"
+#include "kernels/base/json.h"
 #include "tools/tandem/backend_select.h"
 #include "tools/tandem/commands.h"
 #include "actors/config/cache_table.h"
@@ -24,12 +25,15 @@ void print_config_problems(const config_check& c) {
 int check_config(args a) {
   flags f;
   f.sw("list-nodes", "if valid, print one line per node instead of the summary (columns below)");
+  f.sw("json", "if valid, print the KV plan of every node as one JSON object instead of the summary");
   f.opt("node", "the node that runs on this machine: its model file must be readable here (as `serve --node` checks)");
-  const char* usage = "usage: tandem check-config [--list-nodes] [--node NAME] FILE\n"
+  const char* usage = "usage: tandem check-config [--list-nodes | --json] [--node NAME] FILE\n"
                       "  checks a cluster config (TOML; see docs/config.md) without starting anything: the same checks\n"
                       "  and KV pool sizing `tandem serve --config FILE --node NAME` runs before it starts.\n"
                       "  --node NAME: the node of this machine; without it, the nodes whose host is this machine.\n"
                       "    The model file of a node on this machine must be readable here.\n"
+                      "  --json: if the config is valid, print each cache node's KV plan (pools, host and disk tiers)\n"
+                      "    as one JSON object on stdout.\n"
                       "  --list-nodes: if the config is valid, print one line per node on stdout, fields separated\n"
                       "    by tabs: name host numa_node roles(comma-joined) http_port rpc_port admin_port page_size\n"
                       "    api_key_file (page_size: the node's effective one; api_key_file: [security]'s, - = auth off).\n"
@@ -74,6 +78,29 @@ int check_config(args a) {
                   c.cfg.api_key_file.empty() ? "-" : c.cfg.api_key_file.c_str());
     }
     return 0;
+  }
+  if (f.on("json")) {
+    // {"nodes":[{"node","numa_node","pools":[{"name","window_tokens","pages","bytes"}],"host":{"blocks","bytes"},
+    //  "disk":{"blocks","bytes"}}]}: what each node with a cache allocates (the model's layout known here).
+    json::writer w;
+    w.begin_object().key("config").str(path).key("nodes").begin_array();
+    for (const auto& p : c.plans) {
+      w.begin_object().key("node").str(p.node).key("numa_node").num(p.numa_node).key("pools").begin_array();
+      for (const auto& pool : p.pools)
+        w.begin_object()
+            .key("name").str(pool.name)
+            .key("window_tokens").num(pool.window_tokens)
+            .key("pages").num(pool.pages)
+            .key("bytes").num(int64_t(pool.bytes))
+            .end_object();
+      w.end_array();
+      w.key("host").begin_object().key("blocks").num(p.host_slots).key("bytes").num(int64_t(p.host_bytes)).end_object();
+      w.key("disk").begin_object().key("blocks").num(p.disk_blocks).key("bytes").num(int64_t(p.disk_bytes)).end_object();
+      w.end_object();
+    }
+    w.end_array().end_object();
+    std::printf("%s\n", w.text().c_str());
+    return exit_ok;
   }
   std::string names;
   for (const auto& n : c.cfg.nodes) names += (names.empty() ? "" : ", ") + n.name;
