@@ -98,7 +98,7 @@ outcome run(const tokenizer& tok, const std::vector<int32_t>& ids, bool render, 
 
 }  // namespace
 
-TEST_CASE("tool call markers: a marker that is a control token is found; one spelled as text is not") {
+TEST_CASE("tool call markers: a marker that is a control token is found, and one spelled as text is not") {
   fixture f;
   CHECK(f.tok->token_bytes(k_marker).empty());  // decodes to no text
   CHECK(f.tok->token_text(k_marker) == "[TOOL_CALLS]");
@@ -112,7 +112,7 @@ TEST_CASE("tool call markers: a marker that is a control token is found; one spe
   CHECK(control_markers(*f.tok, tool_call_format::none).empty());
 }
 
-TEST_CASE("tool call markers: rendered for the parser, a call after the control token is parsed; text never shows it") {
+TEST_CASE("tool call markers: rendered for the parser, a call after the control token is parsed, and text never shows it") {
   fixture f;
   const auto ids = f.ids("Let me check.", R"([{"name": "get_weather", "arguments": {"city": "Paris"}}])");
   // Today's detokenizer alone: the marker is no text, so the call stays content.

@@ -58,7 +58,7 @@ bool accepts(const grammar_spec& g, std::string_view text) {
 
 }  // namespace
 
-TEST_CASE("tool_choice: auto and none constrain nothing; none is its own mode") {
+TEST_CASE("tool_choice: auto and none constrain nothing, and none is its own mode") {
   auto a = parse(std::string(R"("tool_choice":"auto",)") + k_tools);
   CHECK(!a.err);
   CHECK(a.choice.mode == tool_choice_mode::auto_choice);
@@ -96,7 +96,7 @@ TEST_CASE("tool_choice: a named function constrains the output to one call of it
   CHECK(r.content + f.content == "");
 }
 
-TEST_CASE("tool_choice: required is any one tool's call; $refs inside a tool's parameters still resolve") {
+TEST_CASE("tool_choice: required is any one tool's call, and $refs inside a tool's parameters still resolve") {
   auto p = parse(std::string(R"("tool_choice":"required",)") + k_tools);
   REQUIRE_MESSAGE(!p.err, p.err->message);
   CHECK(p.choice.mode == tool_choice_mode::required);

@@ -94,7 +94,7 @@ TEST_CASE("tool_choice http: a named function sends the call's grammar and the r
   CHECK(any.find("anyOf")->arr.size() == 2);
 }
 
-TEST_CASE("tool_choice http: none leaves the tools out of the prompt and parses nothing; errors name the field") {
+TEST_CASE("tool_choice http: none leaves the tools out of the prompt and parses nothing, and errors name the field") {
   server_fixture s(hermes_template());
   s.api.context_tokens = 2048;
   const std::string call = R"(<tool_call>{"name": "get", "arguments": {}}</tool_call>)";
