@@ -205,8 +205,7 @@ int32_t radix_cache::finish_match(match_result& m, std::span<const uint32_t> fai
       for (size_t p = 1; p < n_pools(); ++p)
         if (d.xdevice[p - 1] >= 0 && n->xdev[p - 1] < 0) {
           n->xdev[p - 1] = d.xdevice[p - 1];
-          dev_x_[p - 1]->ref(d.xdevice[p - 1]);
-          dev_x_[p - 1]->set_cached(d.xdevice[p - 1], true);
+          hold_pool(p, d.xdevice[p - 1]);
         }
       n->last_use = clock_;
       at = n;
@@ -218,8 +217,7 @@ int32_t radix_cache::finish_match(match_result& m, std::span<const uint32_t> fai
     for (size_t p = 1; p < n_pools(); ++p)
       if (d.xdevice[p - 1] >= 0) {
         n->xdev[p - 1] = d.xdevice[p - 1];
-        dev_x_[p - 1]->ref(d.xdevice[p - 1]);
-        dev_x_[p - 1]->set_cached(d.xdevice[p - 1], true);
+        hold_pool(p, d.xdevice[p - 1]);
       }
     n->host = d.host;
     n->hmask = d.mask;
@@ -287,8 +285,7 @@ int32_t radix_cache::insert(std::span<const int32_t> tokens, std::span<const int
       for (size_t p = 1; p < n_pools(); ++p)
         if (xpage(p) >= 0) {
           nn->xdev[p - 1] = xpage(p);
-          dev_x_[p - 1]->ref(xpage(p));
-          dev_x_[p - 1]->set_cached(xpage(p), true);
+          hold_pool(p, xpage(p));
         }
       nn->parent = cur;
       nn->key = key;
@@ -316,8 +313,7 @@ int32_t radix_cache::insert(std::span<const int32_t> tokens, std::span<const int
       for (size_t p = 1; p < n_pools(); ++p)
         if (n->xdev[p - 1] < 0 && xpage(p) >= 0) {  // n->dev >= 0 here: the request's or its own
           n->xdev[p - 1] = xpage(p);
-          dev_x_[p - 1]->ref(xpage(p));
-          dev_x_[p - 1]->set_cached(xpage(p), true);
+          hold_pool(p, xpage(p));
         }
       n->last_use = clock_;
     }

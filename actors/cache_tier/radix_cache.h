@@ -212,6 +212,15 @@ class radix_cache {
     dev_.set_cached(page, false);
     dev_.unref(page);
   }
+  /// hold_device / release_device for a page of pool p > 0.
+  void hold_pool(size_t p, int32_t page) {
+    dev_x_[p - 1]->ref(page);
+    dev_x_[p - 1]->set_cached(page, true);
+  }
+  void release_pool(size_t p, int32_t page) {
+    dev_x_[p - 1]->set_cached(page, false);
+    dev_x_[p - 1]->unref(page);
+  }
   void touch_disk(uint64_t hash) { disk_[hash].last_use = ++clock_; }
 
   page_allocator& dev_;

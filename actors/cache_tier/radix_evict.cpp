@@ -279,8 +279,7 @@ void radix_cache::drop_xdev(node* n) {
   for (size_t p = 1; p < n_pools(); ++p) {
     int32_t& x = n->xdev[p - 1];
     if (x < 0) continue;
-    dev_x_[p - 1]->set_cached(x, false);
-    dev_x_[p - 1]->unref(x);
+    release_pool(p, x);
     x = -1;
   }
 }
@@ -313,8 +312,7 @@ bool radix_cache::evict_pool(size_t p, std::vector<copy_op>& ops) {
   // The block's pool-0 page stays; only a resume whose window reads this block loses it.
   if (opt_.policy == cache_write_policy::write_back) backup_xdev(victim, ops);
   int32_t& x = victim->xdev[p - 1];
-  dev_x_[p - 1]->set_cached(x, false);
-  dev_x_[p - 1]->unref(x);
+  release_pool(p, x);
   x = -1;
   ++evictions_[0];
   return true;

@@ -52,7 +52,7 @@ void start_remote_handoff(decode_actor_t* self, dseq d, uint64_t tid, std::strin
   d.source_pages = static_cast<int32_t>(blocks_of(d.pages));
   d.source = std::move(d.pages);  // the source's page ids: not ours (their -1s say which blocks move)
   d.pages.clear();
-  const kv_pools_layout here = s.pools_set();
+  const kv_pools_layout& here = s.opt.pools;
   if (!(got == here) || d.source.size() != here.pools.size()) {
     const std::string why = got.pools.empty() ? std::string("the handoff's KV layout is malformed")
                             : !(got == here)  ? explain_kv_pools_mismatch(here, got, "the source node " + d.source_node)
@@ -260,14 +260,14 @@ void on_handoff(decode_actor_t* self, schema::KvHandoff::Reader h) {
     start_remote_handoff(self, std::move(d), h.getTransferId(), kv.getNode().cStr(), got);
     return;
   }
-  if (std::string(kv.getPoolId().cStr()) != s.opt.pool_id || !(got == s.pools_set()) ||
-      d.pages.size() != s.pools_set().pools.size()) {
+  if (std::string(kv.getPoolId().cStr()) != s.opt.pool_id || !(got == s.opt.pools) ||
+      d.pages.size() != s.opt.pools.pools.size()) {
     // Cross-pool handoff needs a KV transfer this build does not do; the pages stay where they are.
     tandem::error e(
         error_kind::unimplemented,
         fmt::format("KV handoff from pool {} ({}) to pool {} ({}) needs a page transfer, which is not "
                     "implemented; run prefill and decode on the same worker",
-                    kv.getPoolId().cStr(), got.describe(), s.opt.pool_id, s.pools_set().describe()));
+                    kv.getPoolId().cStr(), got.describe(), s.opt.pool_id, s.opt.pools.describe()));
     d.pages.clear();
     s.fail(d, e, "handoff");
     return;

@@ -97,18 +97,13 @@ struct decode_state {
     for (const auto& d : running) t += d.kv_len;
     return t;
   }
-  /// The node's layout set (the one-pool set of opt.layout when none was given).
-  kv_pools_layout pools_set() const {
-    return opt.pools.pools.empty() ? kv_pools_layout::single(opt.layout) : opt.pools;
-  }
   int32_t pages_needed(const dseq& d) const {
     return (d.kv_len + 1 + page_size() - 1) / page_size() - static_cast<int32_t>(blocks_of(d.pages));
   }
   /// Pages per pool the next step of `d` lacks (pool 0's is pages_needed).
   std::vector<int32_t> pool_pages_needed(const dseq& d) const {
-    pool_pages t = d.pages;
-    if (t.empty()) t.resize(std::max<size_t>(1, opt.pools.pools.size()));
-    return pages_lacking(t, d.kv_len + 1, page_size());
+    if (!d.pages.empty()) return pages_lacking(d.pages, d.kv_len + 1, page_size());
+    return pages_lacking(pool_pages(opt.pools.pools.size()), d.kv_len + 1, page_size());
   }
   void emit(const dseq& d, const std::vector<int32_t>& toks, finish_reason reason, const tandem::error* err,
             const char* state, std::span<const token_logprobs> lps = {}) {

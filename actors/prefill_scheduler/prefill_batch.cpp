@@ -121,8 +121,7 @@ void finish_prefill(prefill_actor_t* self, pseq& q, int32_t token, const token_l
                kv.setNode(s.opt.node);
                fill_list([&](unsigned n) { return kv.initPageIds(n); }, q.pages.empty() ? std::vector<int32_t>{} : q.pages[0]);
                write_extra_pools(kv, q.pages);
-               write_kv_pools_layout(kv.initLayout(),
-                                     s.opt.pools.pools.empty() ? kv_pools_layout::single(s.opt.layout) : s.opt.pools);
+               write_kv_pools_layout(kv.initLayout(), s.opt.pools);
                kv.setValidTokens(computed);
                h.setTransferId(tid);
              }));

@@ -165,6 +165,8 @@ caf::behavior prefill_actor(prefill_actor_t* self, scheduler_options opt, std::s
                             std::shared_ptr<const cluster_clock> clk, std::shared_ptr<spdlog::logger> log) {
   auto& st = self->state;
   st.opt = opt;
+  // One form for every caller: no layout set given means the one-pool set of opt.layout.
+  if (st.opt.pools.pools.empty()) st.opt.pools = kv_pools_layout::single(st.opt.layout);
   st.gate = std::move(gate);
   st.clk = std::move(clk);
   st.log = std::move(log);
