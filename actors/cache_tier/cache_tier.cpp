@@ -32,6 +32,7 @@ struct cache_state {
   std::unique_ptr<page_allocator> alloc;
   std::vector<std::unique_ptr<page_allocator>> xalloc;  ///< pools 1.. of the layout set
   std::unique_ptr<page_allocator> host_alloc;
+  std::vector<std::unique_ptr<page_allocator>> xhost_alloc;  ///< host pages of pools 1..
   std::unique_ptr<radix_cache> cache;
   std::shared_ptr<mailbox_gate> gate;
   std::shared_ptr<spdlog::logger> log;
@@ -385,6 +386,15 @@ std::vector<metric_sample> metrics(const cache_state& s) {
     m.push_back({"kv_pool_device_bytes", l, double(a.n_pages()) * pb, "gauge", "Bytes of this pool on the device"});
     m.push_back({"kv_pool_device_bytes_used", l, double(a.n_pages() - a.n_free()) * pb, "gauge",
                  "Bytes of this pool's pages in use (cached or by requests)"});
+    // Zeros without a host tier (dashboards divide by `total > 0`, so an unconfigured tier shows nothing).
+    const page_allocator* h = !s.host_alloc ? nullptr : p == 0 ? s.host_alloc.get() : s.xhost_alloc[p - 1].get();
+    const double h_total = h ? double(h->n_pages()) : 0, h_free = h ? double(h->n_free()) : 0;
+    m.push_back({"kv_pool_host_pages_total", l, h_total, "gauge", "Host (L2) pages of this pool"});
+    m.push_back({"kv_pool_host_pages_free", l, h_free, "gauge", "Host (L2) pages of this pool free"});
+    m.push_back({"kv_pool_host_pages_cached", l, h ? double(s.cache->host_cached_pool_pages(p)) : 0.0, "gauge",
+                 "Host (L2) pages of this pool holding cached blocks"});
+    m.push_back({"kv_pool_host_bytes", l, h_total * pb, "gauge", "Host (L2) bytes of this pool"});
+    m.push_back({"kv_pool_host_bytes_used", l, (h_total - h_free) * pb, "gauge", "Host (L2) bytes of this pool in use"});
   }
   for (int t = 1; t < 3; ++t)
     m.push_back({"cache_backup_tokens_total", fmt::format("tier=\"{}\"", k_tier[t]), double(s.cache->backup_tokens(t)),
@@ -424,7 +434,12 @@ caf::behavior cache_tier_actor(cache_actor_t* self, cache_tier_options opt, boun
   if (st.opt.pools.pools.empty()) st.opt.pools = kv_pools_layout::single(opt.layout);
   for (size_t p = 1; p < st.opt.pools.pools.size(); ++p)
     st.xalloc.push_back(std::make_unique<page_allocator>(p - 1 < opt.extra_pages.size() ? opt.extra_pages[p - 1] : 0));
-  if (opt.host_pages > 0) st.host_alloc = std::make_unique<page_allocator>(opt.host_pages);
+  if (opt.host_pages > 0) {
+    st.host_alloc = std::make_unique<page_allocator>(opt.host_pages);
+    for (size_t p = 1; p < st.opt.pools.pools.size(); ++p)
+      st.xhost_alloc.push_back(std::make_unique<page_allocator>(
+          p - 1 < opt.extra_host_pages.size() ? opt.extra_host_pages[p - 1] : opt.host_pages));
+  }
   radix_cache::options ro;
   ro.page_size = opt.page_size;
   ro.policy = opt.cache.write_policy;
@@ -434,7 +449,10 @@ caf::behavior cache_tier_actor(cache_actor_t* self, cache_tier_options opt, boun
   ro.pools = st.opt.pools;
   std::vector<page_allocator*> devs{st.alloc.get()};
   for (auto& x : st.xalloc) devs.push_back(x.get());
-  st.cache = std::make_unique<radix_cache>(devs, st.host_alloc.get(), ro);
+  std::vector<page_allocator*> hosts;
+  if (st.host_alloc) hosts.push_back(st.host_alloc.get());
+  for (auto& x : st.xhost_alloc) hosts.push_back(x.get());
+  st.cache = std::make_unique<radix_cache>(devs, hosts, ro);
   for (const auto& e : disk_found) st.cache->add_disk_entry(e.hash);
   for (size_t p = 1; p < disk_pools.size(); ++p)
     for (const auto& e : disk_pools[p]) st.cache->add_disk_pool(e.hash, p);

@@ -28,12 +28,14 @@ struct cache_tier_options {
   int32_t mailbox_bound = 1024;
   cache_config cache;        ///< tiers and write policy (validated by the caller)
   kv_layout layout;          ///< the worker's page layout (names disk files)
-  int32_t host_pages = 0;    ///< L2 pages (the worker allocates the same number)
+  int32_t host_pages = 0;    ///< L2 pages of pool 0 (the worker allocates the same number)
+  /// L2 pages of pools 1.. (each pool has its own host allocator); empty = host_pages each.
+  std::vector<int32_t> extra_host_pages;
   int64_t disk_pages = 0;    ///< L3 bound in files; 0 = no disk tier
   int32_t max_background_copies = 8;  ///< backup batches in flight before backups are skipped
   /// The KV layout set (kernels/model/kv_pools.h); empty or one pool = `layout`'s one pool.
-  /// Several pools: `n_pages` is pool 0's, `extra_pages` the others' (in order); host slots and
-  /// disk entries hold a page of every pool of their block.
+  /// Several pools: `n_pages` is pool 0's, `extra_pages` the others' (in order); every pool has
+  /// host pages of its own; a disk entry has a file per pool of its block.
   kv_pools_layout pools;
   std::vector<int32_t> extra_pages;
   /// Tokens a prefill step computes at most (limits.prefill_chunk_tokens): an acquisition gets

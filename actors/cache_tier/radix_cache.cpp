@@ -12,8 +12,18 @@ namespace tandem {
 radix_cache::radix_cache(page_allocator& dev, page_allocator* host, const options& opt)
     : dev_(dev), host_(host), opt_(opt) {}
 
+namespace {
+/// `host` for pool 0 and every other pool of a set of `n` pools (one shared id space).
+std::vector<page_allocator*> shared_host(page_allocator* host, size_t n) {
+  return host ? std::vector<page_allocator*>(std::max<size_t>(n, 1), host) : std::vector<page_allocator*>{};
+}
+}  // namespace
+
 radix_cache::radix_cache(std::vector<page_allocator*> dev, page_allocator* host, const options& opt)
-    : dev_(*dev.at(0)), host_(host), opt_(opt) {
+    : radix_cache(dev, shared_host(host, dev.size()), opt) {}
+
+radix_cache::radix_cache(std::vector<page_allocator*> dev, std::vector<page_allocator*> host, const options& opt)
+    : dev_(*dev.at(0)), host_(host.empty() ? nullptr : host[0]), opt_(opt) {
   const auto& pools = opt_.pools.pools;
   if (dev.size() > 1 || pools.size() > 1) {
     if (pools.size() != dev.size())
@@ -30,6 +40,10 @@ radix_cache::radix_cache(std::vector<page_allocator*> dev, page_allocator* host,
         throw tandem::error(error_kind::failed, fmt::format("radix cache: pool {} has page size {}, the cache {}",
                                                             sp.name, sp.page.page_size, opt_.page_size));
     for (size_t p = 1; p < dev.size(); ++p) dev_x_.push_back(dev[p]);
+    if (!host.empty() && host.size() != dev.size())
+      throw tandem::error(error_kind::failed, fmt::format("radix cache: {} host allocators for a layout of {} pools",
+                                                          host.size(), dev.size()));
+    for (size_t p = 1; p < host.size(); ++p) host_x_.push_back(host[p]);
   }
 }
 
@@ -59,6 +73,7 @@ void radix_cache::walk_path(std::span<const int32_t> tokens, size_t limit, std::
     d.parent = h;
     d.tokens.assign(chunk.begin(), chunk.end());
     d.xdevice.assign(dev_x_.size(), -1);
+    d.xhost.assign(dev_x_.size(), -1);
     d.xop.assign(dev_x_.size(), 0);
     dk.push_back(std::move(d));
     h = hh;
@@ -164,6 +179,8 @@ radix_cache::match_result radix_cache::match(std::span<const int32_t> tokens, in
 int32_t radix_cache::finish_match(match_result& m, std::span<const uint32_t> failed_ops) {
   for (auto h : m.pinned_host) host_->unref(h);
   m.pinned_host.clear();
+  for (auto [p, h] : m.pinned_xhost) host_x_[size_t(p) - 1]->unref(h);
+  m.pinned_xhost.clear();
   for (auto h : m.pinned_disk) {
     auto it = disk_.find(h);
     if (it != disk_.end() && it->second.pins > 0) it->second.pins -= 1;
@@ -184,6 +201,8 @@ int32_t radix_cache::finish_match(match_result& m, std::span<const uint32_t> fai
     }
     if (broken) {
       host_->unref(d.host);  // the device page stays the caller's, recomputed by prefill
+      for (size_t p = 1; p < n_pools(); ++p)
+        if (d.xhost[p - 1] >= 0) host_x_[p - 1]->unref(d.xhost[p - 1]);
       tokens -= opt_.page_size;
       continue;
     }
@@ -192,10 +211,14 @@ int32_t radix_cache::finish_match(match_result& m, std::span<const uint32_t> fai
       node* n = it->second.get();  // cached meanwhile by another request
       if (n->host < 0) {
         n->host = d.host;
-        n->hmask = d.mask;
         ++n_host_nodes_;
       } else {
         host_->unref(d.host);
+      }
+      for (size_t p = 1; p < n_pools(); ++p) {
+        if (d.xhost[p - 1] < 0) continue;
+        if (n->xhost[p - 1] < 0) n->xhost[p - 1] = d.xhost[p - 1];
+        else host_x_[p - 1]->unref(d.xhost[p - 1]);
       }
       if (n->dev < 0) {
         n->dev = d.device;
@@ -220,7 +243,7 @@ int32_t radix_cache::finish_match(match_result& m, std::span<const uint32_t> fai
         hold_pool(p, d.xdevice[p - 1]);
       }
     n->host = d.host;
-    n->hmask = d.mask;
+    for (size_t p = 1; p < n_pools(); ++p) n->xhost[p - 1] = d.xhost[p - 1];
     n->hash = d.hash;
     n->parent = at;
     n->key = d.tokens;

@@ -19,9 +19,11 @@
 /// holds pool 0's page as above and, per other pool, a device page or none. A window pool's
 /// page is dropped once no sequence's window reads the block (a sequence releases it; the cache
 /// may evict it alone), so a node may lack it: a match is only as long as `usable_prefix` allows
-/// (the blocks the next token's window reads must be there, in some tier), never longer. A host
-/// slot holds every pool's page of its block (`hmask`: which other pools it holds); the disk
-/// tier has one file per pool and block.
+/// (the blocks the next token's window reads must be there, in some tier), never longer. Each
+/// pool has its own host allocator (the host budget is split across the pools): a node with a
+/// host page of pool 0 may hold one of another pool too (`xhost`), never without pool 0's; a
+/// window pool's host pages are evicted alone (LRU) when that pool's host pages run out. The
+/// disk tier has one file per pool and block.
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -59,9 +61,13 @@ class radix_cache {
   };
   /// `host` may be null (no L2). One pool.
   radix_cache(page_allocator& dev, page_allocator* host, const options& opt);
-  /// One device allocator per pool of opt.pools (dev[0] = pool 0's). Throws tandem::error if
-  /// they do not match the set or pool 0 is a window pool.
+  /// One device allocator per pool of opt.pools (dev[0] = pool 0's); `host` may be null (no L2)
+  /// or one allocator whose page ids every pool draws from. Throws tandem::error if they do not
+  /// match the set or pool 0 is a window pool.
   radix_cache(std::vector<page_allocator*> dev, page_allocator* host, const options& opt);
+  /// One device and one host allocator per pool (`host` empty = no L2): each pool's host pages
+  /// are its own share of the host budget.
+  radix_cache(std::vector<page_allocator*> dev, std::vector<page_allocator*> host, const options& opt);
   ~radix_cache();
 
   /// A disk-tier page being loaded for a match; attached to the tree by finish_disk_loads.
@@ -72,6 +78,7 @@ class radix_cache {
     size_t op_index = 0;  ///< index of its disk_to_host op in the batch
     uint32_t mask = 0;    ///< other pools read from disk (bit p-1) into the host slot
     std::vector<int32_t> xdevice;  ///< per other pool: the device page loaded (-1 = none)
+    std::vector<int32_t> xhost;    ///< per other pool: the host page read into (-1 = none)
     std::vector<size_t> xop;       ///< per other pool: its disk_to_host op (when in mask)
   };
   struct match_result {
@@ -86,6 +93,7 @@ class radix_cache {
     int32_t skipped_tokens = 0; ///< L2/L3 hits shorter than min_load_back_tokens, recomputed
     std::vector<disk_load> disk;
     std::vector<int32_t> pinned_host;  ///< host pages read by the ops (unpin after the batch)
+    std::vector<std::pair<int32_t, int32_t>> pinned_xhost;  ///< (pool, host page) of pools 1..
     std::vector<uint64_t> pinned_disk;
     /// The path node the disk loads hang below (nullptr = the root).
     const void* attach = nullptr;
@@ -139,6 +147,8 @@ class radix_cache {
 
   int32_t cached_pages() const { return n_device_nodes_; }  ///< nodes with a device page
   int32_t host_cached_pages() const { return n_host_nodes_; }
+  /// Host pages of pool p holding cached blocks (p = 0: host_cached_pages()).
+  int32_t host_cached_pool_pages(size_t p) const;
   int64_t disk_pages() const { return static_cast<int64_t>(disk_.size()); }
   int64_t disk_bound() const { return opt_.disk_pages; }
   int32_t nodes() const { return n_nodes_; }
@@ -158,8 +168,8 @@ class radix_cache {
  private:
   struct node {
     int32_t dev = -1, host = -1;
-    std::vector<int32_t> xdev;  ///< per other pool: its device page (-1 = none)
-    uint32_t hmask = 0;         ///< other pools whose page the host slot holds (bit p-1)
+    std::vector<int32_t> xdev;   ///< per other pool: its device page (-1 = none)
+    std::vector<int32_t> xhost;  ///< per other pool: its host page (-1 = none; only with `host`)
     uint64_t hash = 0;
     uint64_t last_use = 0;
     int32_t hits = 0;
@@ -181,6 +191,16 @@ class radix_cache {
   std::optional<int32_t> take_host(std::vector<copy_op>& ops);
   bool evict_device(std::vector<copy_op>& ops);
   bool evict_host(std::vector<copy_op>& ops);
+  /// One host page of pool p > 0: from its free list or by dropping a cached block's host page
+  /// of that pool alone (LRU, not pinned by a load).
+  std::optional<int32_t> take_xhost(size_t p, std::vector<copy_op>& ops);
+  bool evict_xhost(size_t p);
+  /// Releases n's host pages of the other pools.
+  void drop_xhost(node* n);
+  /// True when none of n's host pages (any pool) is pinned by a pending load.
+  bool host_unpinned(const node* n) const;
+  /// The disk mask (bit p-1) of the other pools whose host page n holds.
+  uint32_t xhost_mask(const node* n) const;
   bool evict_disk(std::vector<copy_op>& ops);
   /// Adds a disk entry for `n` (evicting); false if the disk tier is full of pinned entries.
   bool put_disk(node* n, std::vector<copy_op>& ops);
@@ -194,7 +214,7 @@ class radix_cache {
   void walk_path(std::span<const int32_t> tokens, size_t limit, std::vector<node*>& path, std::vector<disk_load>& dk);
   /// Releases n's pages of the other pools on the device (eviction of its pool-0 page).
   void drop_xdev(node* n);
-  /// Copies n's other pools' device pages into its host slot where it lacks them.
+  /// Copies n's other pools' device pages into host pages of their pools where it lacks them.
   void backup_xdev(node* n, std::vector<copy_op>& ops);
   /// Frees one page of pool p > 0 by dropping a cached block's page (LRU); false if none.
   bool evict_pool(size_t p, std::vector<copy_op>& ops);
@@ -226,6 +246,7 @@ class radix_cache {
   page_allocator& dev_;
   std::vector<page_allocator*> dev_x_;  ///< pools 1..
   page_allocator* host_;
+  std::vector<page_allocator*> host_x_;  ///< host allocators of pools 1.. (with host_)
   options opt_;
   node root_;
   uint64_t clock_ = 0;

@@ -56,7 +56,7 @@ bool radix_cache::put_disk(node* n, std::vector<copy_op>& ops) {
   auto write = [&](size_t p) {
     copy_op op;
     op.kind = copy_op::host_to_disk;
-    op.host = n->host;
+    op.host = p == 0 ? n->host : n->xhost[p - 1];
     op.hash = n->hash;
     op.parent = n->parent->hash;
     op.tokens = n->key;
@@ -66,7 +66,7 @@ bool radix_cache::put_disk(node* n, std::vector<copy_op>& ops) {
   if (auto it = disk_.find(n->hash); it != disk_.end()) {
     for (size_t p = 1; p < n_pools(); ++p) {
       const uint32_t bit = 1u << (p - 1);
-      if ((n->hmask & bit) && !(it->second.mask & bit)) {
+      if (n->xhost[p - 1] >= 0 && !(it->second.mask & bit)) {
         write(p);
         it->second.mask |= bit;
       }
@@ -77,9 +77,9 @@ bool radix_cache::put_disk(node* n, std::vector<copy_op>& ops) {
   if (static_cast<int64_t>(disk_.size()) >= opt_.disk_pages && !evict_disk(ops)) return false;
   write(0);
   for (size_t p = 1; p < n_pools(); ++p)
-    if (n->hmask & (1u << (p - 1))) write(p);
+    if (n->xhost[p - 1] >= 0) write(p);
   touch_disk(n->hash);
-  disk_[n->hash].mask = n->hmask;
+  disk_[n->hash].mask = xhost_mask(n);
   backup_tokens_[2] += opt_.page_size;
   return true;
 }
@@ -89,7 +89,7 @@ bool radix_cache::evict_host(std::vector<copy_op>& ops) {
   walk(&root_, all);
   node* victim = nullptr;
   for (const node* c : all) {
-    if (c->host < 0 || host_->refcount(c->host) != 1) continue;   // pinned by a pending load
+    if (c->host < 0 || !host_unpinned(c)) continue;                // pinned by a pending load
     if (c->dev < 0 && !c->children.empty()) continue;              // would leave a hole in the path
     if (!victim || c->last_use < victim->last_use) victim = const_cast<node*>(c);
   }
@@ -98,7 +98,7 @@ bool radix_cache::evict_host(std::vector<copy_op>& ops) {
   if (victim->dev < 0 && disk_tier() && !disk_.count(victim->hash)) put_disk(victim, ops);
   host_->unref(victim->host);
   victim->host = -1;
-  victim->hmask = 0;
+  drop_xhost(victim);
   --n_host_nodes_;
   ++evictions_[1];
   if (victim->dev < 0) remove_leaf(victim);
@@ -226,7 +226,7 @@ void radix_cache::clear() {
       node* v = const_cast<node*>(c);
       if (!v->children.empty()) continue;
       if (v->dev >= 0 && dev_.refcount(v->dev) != 1) continue;
-      if (v->host >= 0 && host_->refcount(v->host) != 1) continue;
+      if (v->host >= 0 && !host_unpinned(v)) continue;
       if (v->dev >= 0) {
         drop_xdev(v);
         release_device(v->dev);
@@ -234,6 +234,7 @@ void radix_cache::clear() {
       }
       if (v->host >= 0) {
         host_->unref(v->host);
+        drop_xhost(v);
         --n_host_nodes_;
       }
       remove_leaf(v);
@@ -256,6 +257,7 @@ int32_t radix_cache::evictable_pages() const {
 std::unique_ptr<radix_cache::node> radix_cache::new_node() const {
   auto n = std::make_unique<node>();
   n->xdev.assign(dev_x_.size(), -1);
+  n->xhost.assign(dev_x_.size(), -1);
   return n;
 }
 
@@ -287,16 +289,81 @@ void radix_cache::drop_xdev(node* n) {
 void radix_cache::backup_xdev(node* n, std::vector<copy_op>& ops) {
   if (!host_tier() || n->host < 0) return;
   for (size_t p = 1; p < n_pools(); ++p) {
-    const uint32_t bit = 1u << (p - 1);
-    if (n->xdev[p - 1] < 0 || (n->hmask & bit)) continue;
+    if (n->xdev[p - 1] < 0 || n->xhost[p - 1] >= 0) continue;
+    auto h = take_xhost(p, ops);
+    if (!h) {
+      ++backups_skipped_;  // every host page of the pool is pinned: the block keeps pool 0 only
+      continue;
+    }
     copy_op op;
     op.kind = copy_op::device_to_host;
     op.device = n->xdev[p - 1];
-    op.host = n->host;
+    op.host = *h;
     op.pool = static_cast<int32_t>(p);
     ops.push_back(std::move(op));
-    n->hmask |= bit;
+    n->xhost[p - 1] = *h;
   }
+}
+
+bool radix_cache::host_unpinned(const node* n) const {
+  if (n->host >= 0 && host_->refcount(n->host) != 1) return false;
+  for (size_t p = 1; p < n_pools(); ++p)
+    if (n->xhost[p - 1] >= 0 && host_x_[p - 1]->refcount(n->xhost[p - 1]) != 1) return false;
+  return true;
+}
+
+uint32_t radix_cache::xhost_mask(const node* n) const {
+  uint32_t m = 0;
+  for (size_t p = 1; p < n_pools(); ++p)
+    if (n->xhost[p - 1] >= 0) m |= 1u << (p - 1);
+  return m;
+}
+
+void radix_cache::drop_xhost(node* n) {
+  for (size_t p = 1; p < n_pools(); ++p) {
+    int32_t& h = n->xhost[p - 1];
+    if (h < 0) continue;
+    host_x_[p - 1]->unref(h);
+    h = -1;
+  }
+}
+
+bool radix_cache::evict_xhost(size_t p) {
+  std::vector<const node*> all;
+  walk(&root_, all);
+  node* victim = nullptr;
+  for (const node* c : all) {
+    const int32_t h = c->xhost[p - 1];
+    if (h < 0 || host_x_[p - 1]->refcount(h) != 1) continue;  // a pending load reads it
+    if (!victim || c->last_use < victim->last_use) victim = const_cast<node*>(c);
+  }
+  if (!victim) return false;
+  // The block's pool-0 host page stays; only a resume whose window reads this block loses it.
+  // Its disk file (if any) stays too: a later load from disk brings the page back.
+  int32_t& h = victim->xhost[p - 1];
+  host_x_[p - 1]->unref(h);
+  h = -1;
+  ++evictions_[1];
+  return true;
+}
+
+std::optional<int32_t> radix_cache::take_xhost(size_t p, std::vector<copy_op>&) {
+  if (p == 0 || p > host_x_.size()) return std::nullopt;
+  page_allocator& a = *host_x_[p - 1];
+  if (a.n_free() == 0 && !evict_xhost(p)) return std::nullopt;
+  auto r = a.try_alloc(1);
+  if (!r) return std::nullopt;
+  return (*r)[0];
+}
+
+int32_t radix_cache::host_cached_pool_pages(size_t p) const {
+  if (p == 0) return n_host_nodes_;
+  std::vector<const node*> all;
+  walk(&root_, all);
+  int32_t c = 0;
+  for (const node* n : all)
+    if (n->xhost[p - 1] >= 0) ++c;
+  return c;
 }
 
 bool radix_cache::evict_pool(size_t p, std::vector<copy_op>& ops) {

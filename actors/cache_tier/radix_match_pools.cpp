@@ -26,7 +26,7 @@ radix_cache::match_result radix_cache::match_pools(std::span<const int32_t> toke
     if (p == 0) return true;
     if (size_t(b) < path.size()) {
       const node* n = path[size_t(b)];
-      return n->xdev[p - 1] >= 0 || (host_tier() && n->host >= 0 && (n->hmask & bit(p)));
+      return n->xdev[p - 1] >= 0 || (host_tier() && n->xhost[p - 1] >= 0);
     }
     auto it = disk_.find(dk[size_t(b) - path.size()].hash);
     return it != disk_.end() && (it->second.mask & bit(p));
@@ -51,8 +51,15 @@ radix_cache::match_result radix_cache::match_pools(std::span<const int32_t> toke
     std::vector<int32_t> live(X + 1, 0);
     for (size_t p = 1; p <= X; ++p) live[p] = opt_.pools.pools[p].first_live_block(int64_t(kk * ps));
     auto is_live = [&](size_t p, size_t b) { return int64_t(b) >= live[p]; };
+    // Every page a load reads must be in host memory (usable_prefix checked it for k blocks).
+    for (size_t b = nd; b < np; ++b)
+      if (path[b]->host < 0) return false;
+    for (size_t b = 0; b < np; ++b)
+      for (size_t p = 1; p <= X; ++p)
+        if (is_live(p, b) && path[b]->xdev[p - 1] < 0 && path[b]->xhost[p - 1] < 0) return false;
     // Pins: the device pages used as they are, the host pages the loads read, the disk entries.
     std::vector<int32_t> got0, pinned_host;
+    std::vector<std::pair<int32_t, int32_t>> pinned_xhost;  // (pool, host page)
     std::vector<std::pair<size_t, int32_t>> gotx;  // (pool, page) references taken
     for (size_t i = 0; i < nd; ++i) {
       dev_.ref(path[i]->dev);
@@ -64,18 +71,20 @@ radix_cache::match_result radix_cache::match_pools(std::span<const int32_t> toke
           dev_x_[p - 1]->ref(path[b]->xdev[p - 1]);
           gotx.emplace_back(p, path[b]->xdev[p - 1]);
         }
-    for (size_t b = 0; b < np; ++b) {
-      bool reads = b >= nd;
-      for (size_t p = 1; p <= X; ++p) reads |= is_live(p, b) && path[b]->xdev[p - 1] < 0;
-      if (reads) {
-        host_->ref(path[b]->host);
-        pinned_host.push_back(path[b]->host);
-      }
+    for (size_t b = nd; b < np; ++b) {
+      host_->ref(path[b]->host);
+      pinned_host.push_back(path[b]->host);
     }
+    for (size_t b = 0; b < np; ++b)
+      for (size_t p = 1; p <= X; ++p)
+        if (is_live(p, b) && path[b]->xdev[p - 1] < 0) {
+          host_x_[p - 1]->ref(path[b]->xhost[p - 1]);
+          pinned_xhost.emplace_back(int32_t(p), path[b]->xhost[p - 1]);
+        }
     for (size_t j = 0; j < nk; ++j) disk_[dk[j].hash].pins += 1;
     // Allocations into temporaries: nothing is attached until all succeeded.
     std::vector<int32_t> new0, new_host;
-    std::vector<std::vector<int32_t>> newx(X + 1);
+    std::vector<std::vector<int32_t>> newx(X + 1), newxh(X + 1);  // device / host pages of pools 1..
     bool ok = true;
     for (size_t b = nd; b < kk && ok; ++b) {
       auto d = take_device(ops);
@@ -93,12 +102,20 @@ radix_cache::match_result radix_cache::match_pools(std::span<const int32_t> toke
         auto x = alloc_pool(p, 1, ops);
         if (!x) ok = false;
         else newx[p].push_back((*x)[0]);
+        if (ok && b >= np) {  // a disk block: read into a host page of the pool first
+          auto h = take_xhost(p, ops);
+          if (!h) ok = false;
+          else newxh[p].push_back(*h);
+        }
       }
     if (!ok) {
       dev_.unref_all(new0);
       dev_.unref_all(got0);
       for (auto h : new_host) host_->unref(h);
       for (auto h : pinned_host) host_->unref(h);
+      for (size_t p = 1; p <= X; ++p)
+        for (auto h : newxh[p]) host_x_[p - 1]->unref(h);
+      for (auto [p, h] : pinned_xhost) host_x_[size_t(p) - 1]->unref(h);
       for (size_t p = 1; p <= X; ++p) dev_x_[p - 1]->unref_all(newx[p]);
       for (auto [p, x] : gotx) dev_x_[p - 1]->unref(x);
       for (size_t j = 0; j < nk; ++j) disk_[dk[j].hash].pins -= 1;
@@ -107,7 +124,7 @@ radix_cache::match_result radix_cache::match_pools(std::span<const int32_t> toke
     // Commit: pages in block order per pool, copies for every load.
     r.pages = got0;
     r.xpages.assign(X, std::vector<int32_t>(kk, -1));
-    std::vector<size_t> nx(X + 1, 0);
+    std::vector<size_t> nx(X + 1, 0), nxh(X + 1, 0);
     auto load = [&](copy_op::kind_t kind, int32_t dev, int32_t host, size_t p) {
       copy_op op;
       op.kind = kind;
@@ -134,7 +151,7 @@ radix_cache::match_result radix_cache::match_pools(std::span<const int32_t> toke
           n->xdev[p - 1] = x;
           dev_x_[p - 1]->set_cached(x, true);
           dev_x_[p - 1]->ref(x);
-          load(copy_op::host_to_device, x, n->host, p);
+          load(copy_op::host_to_device, x, n->xhost[p - 1], p);
         }
         r.xpages[p - 1][b] = n->xdev[p - 1];
       }
@@ -155,13 +172,15 @@ radix_cache::match_result radix_cache::match_pools(std::span<const int32_t> toke
       load(copy_op::host_to_device, d.device, d.host, 0);
       for (size_t p = 1; p <= X; ++p) {
         if (!is_live(p, b)) continue;
+        d.xhost[p - 1] = newxh[p][nxh[p]++];
         copy_op rx = rd;
         rx.pool = static_cast<int32_t>(p);
+        rx.host = d.xhost[p - 1];
         d.xop[p - 1] = ops.size();
         ops.push_back(std::move(rx));
         d.mask |= bit(p);
         d.xdevice[p - 1] = newx[p][nx[p]++];
-        load(copy_op::host_to_device, d.xdevice[p - 1], d.host, p);
+        load(copy_op::host_to_device, d.xdevice[p - 1], d.xhost[p - 1], p);
         r.xpages[p - 1][b] = d.xdevice[p - 1];
       }
       r.pages.push_back(d.device);
@@ -170,6 +189,7 @@ radix_cache::match_result radix_cache::match_pools(std::span<const int32_t> toke
       r.disk.push_back(std::move(d));
     }
     r.pinned_host = std::move(pinned_host);
+    r.pinned_xhost = std::move(pinned_xhost);
     for (size_t i = 0; i < np; ++i) {
       path[i]->last_use = clock_;
       path[i]->hits += 1;

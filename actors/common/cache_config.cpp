@@ -29,11 +29,59 @@ bool set_valid(const kv_pools_layout& set) {
 }
 }  // namespace
 
+namespace {
+/// The fraction of host_size_gb each pool gets: host_pool_share when it names exactly the set's
+/// pools, else the pools' device bytes (validate_cache_config reports a share that does not fit).
+std::vector<double> host_shares(const cache_config& c, const kv_pools_layout& set, std::span<const int64_t> pool_pages) {
+  const size_t n = set.pools.size();
+  std::vector<double> share(n, 0);
+  bool named = !c.host_pool_share.empty() && c.host_pool_share.size() == n;
+  for (size_t p = 0; named && p < n; ++p) {
+    auto it = std::find_if(c.host_pool_share.begin(), c.host_pool_share.end(),
+                           [&](const auto& e) { return e.first == set.pools[p].name; });
+    if (it == c.host_pool_share.end() || !(it->second > 0)) named = false;
+    else share[p] = it->second;
+  }
+  if (named) return share;
+  double total = 0;
+  for (size_t p = 0; p < n; ++p) {
+    share[p] = double(p < pool_pages.size() ? pool_pages[p] : 0) * double(set.pools[p].page.page_bytes());
+    total += share[p];
+  }
+  for (auto& s : share) s = total > 0 ? s / total : 1.0 / double(n);
+  return share;
+}
+
+std::string percent_list(const kv_pools_layout& set, const std::vector<double>& share) {
+  std::string out;
+  for (size_t p = 0; p < set.pools.size(); ++p)
+    out += fmt::format("{}{} {:.1f}%", out.empty() ? "" : ", ", set.pools[p].name, 100.0 * share[p]);
+  return out;
+}
+}  // namespace
+
+std::vector<int64_t> cache_host_pool_pages(const cache_config& c, const kv_pools_layout& set,
+                                           std::span<const int64_t> pool_pages) {
+  std::vector<int64_t> out;
+  if (set.pools.empty() || pool_pages.size() < set.pools.size()) return out;
+  if (c.host_ratio > 0) {
+    for (size_t p = 0; p < set.pools.size(); ++p)
+      out.push_back(static_cast<int64_t>(std::floor(c.host_ratio * double(pool_pages[p]))));
+    return out;
+  }
+  if (!(c.host_size_gb > 0)) return out;
+  const std::vector<double> share = host_shares(c, set, pool_pages);
+  for (size_t p = 0; p < set.pools.size(); ++p) {
+    const double pb = std::max<double>(1, double(set.pools[p].page.page_bytes()));
+    out.push_back(static_cast<int64_t>(std::floor(c.host_size_gb * k_gib * share[p] / pb)));
+  }
+  return out;
+}
+
 int64_t cache_host_pages(const cache_config& c, const kv_pools_layout& set, int32_t device_pages) {
-  if (c.host_ratio > 0) return static_cast<int64_t>(std::floor(c.host_ratio * double(device_pages)));
-  if (c.host_size_gb > 0 && set.block_bytes() > 0)
-    return static_cast<int64_t>(std::floor(c.host_size_gb * k_gib / double(set.block_bytes())));
-  return 0;
+  const std::vector<int64_t> pages(set.pools.size(), device_pages);
+  const auto host = cache_host_pool_pages(c, set, pages);
+  return host.empty() ? 0 : host[0];
 }
 
 int64_t cache_host_pages(const cache_config& c, const kv_layout& layout, int32_t device_pages) {
@@ -88,6 +136,48 @@ std::vector<std::string> validate_cache_config(const cache_config& c, const kv_l
 
 std::vector<std::string> validate_cache_config(const cache_config& c, const kv_pools_layout& set, int32_t device_pages,
                                                uint64_t host_ram_bytes) {
+  const std::vector<int64_t> pages(set.pools.size(), device_pages);
+  return validate_cache_config(c, set, pages, host_ram_bytes);
+}
+
+namespace {
+/// Problems of cache.host_pool_share for the pools of `set` (names, values, sum).
+void check_host_shares(const cache_config& c, const kv_pools_layout& set, std::vector<std::string>& out) {
+  if (c.host_pool_share.empty()) return;
+  std::string names;
+  for (const auto& sp : set.pools) names += (names.empty() ? "" : ", ") + sp.name;
+  if (c.host_ratio > 0) {
+    out.push_back(fmt::format("cache.host_pool_share splits cache.host_size_gb, but the host tier is sized by "
+                              "cache.host_ratio = {} (each pool gets that multiple of its device pages); remove "
+                              "host_pool_share or size the tier with host_size_gb",
+                              c.host_ratio));
+    return;
+  }
+  double sum = 0;
+  for (const auto& [name, v] : c.host_pool_share) {
+    const bool known = std::any_of(set.pools.begin(), set.pools.end(), [&](const auto& sp) { return sp.name == name; });
+    if (!known)
+      out.push_back(fmt::format("cache.host_pool_share names pool '{}', which this model's KV layout does not have "
+                                "(its pools: {}); name each of them once",
+                                name, names));
+    if (!std::isfinite(v) || v <= 0 || v > 1)
+      out.push_back(fmt::format("cache.host_pool_share.{} = {} must be a fraction in (0, 1]; e.g. 0.5", name, v));
+    sum += v;
+  }
+  for (const auto& sp : set.pools)
+    if (std::none_of(c.host_pool_share.begin(), c.host_pool_share.end(), [&](const auto& e) { return e.first == sp.name; }))
+      out.push_back(fmt::format("cache.host_pool_share does not name pool '{}' (the model's pools: {}); give every "
+                                "pool a fraction, or remove host_pool_share to split by device bytes",
+                                sp.name, names));
+  if (std::abs(sum - 1.0) > 1e-6)
+    out.push_back(fmt::format("cache.host_pool_share fractions sum to {:.6g}; they split cache.host_size_gb, so "
+                              "they must sum to 1",
+                              sum));
+}
+}  // namespace
+
+std::vector<std::string> validate_cache_config(const cache_config& c, const kv_pools_layout& set,
+                                               std::span<const int64_t> pool_pages, uint64_t host_ram_bytes) {
   std::vector<std::string> out;
   auto bad_number = [](double v) { return !std::isfinite(v) || v < 0; };
   if (bad_number(c.host_ratio))
@@ -107,37 +197,63 @@ std::vector<std::string> validate_cache_config(const cache_config& c, const kv_p
                               "ways to size the same host pool; keep one and set the other to 0",
                               c.host_ratio, c.host_size_gb));
   const bool host = c.host_ratio > 0 || c.host_size_gb > 0;
-  const bool layout_ok = set_valid(set);
+  const bool layout_ok = set_valid(set) && pool_pages.size() >= set.pools.size();
   if (!layout_ok && (host || !c.disk_dir.empty()))
     out.push_back(fmt::format("cache: the model's KV layout ({}) is not valid, so no host or disk tier can be "
                               "sized; fix the model file or disable cache.host_ratio / cache.disk_dir",
                               set_text(set)));
-  // A host slot and a disk entry hold a block's page of every pool.
-  const uint64_t page_bytes = layout_ok ? uint64_t(set.block_bytes()) : 0;
-  int64_t host_pages = 0;
-  if (layout_ok && host) host_pages = cache_host_pages(c, set, device_pages);
-  if (layout_ok && c.host_size_gb > 0 && c.host_ratio == 0 && host_pages < 1)
-    // The host pool holds whole KV pages of this model; an absolute size below one page
-    // cannot be honoured for this layout (the ratio always can: it scales with the page).
-    out.push_back(fmt::format("cache.host_size_gb = {} is not supported for this model's KV layout: one page of "
-                              "{} takes {} bytes ({:.6f} GiB), so the host pool would hold no page; use "
-                              "cache.host_ratio (e.g. 2) or a cache.host_size_gb of at least {:.6f}",
-                              c.host_size_gb, set_text(set), page_bytes, double(page_bytes) / k_gib,
-                              double(page_bytes) / k_gib));
-  if (layout_ok && c.host_ratio > 0 && host_pages < 1)
-    out.push_back(fmt::format("cache.host_ratio = {} of a device pool of {} pages gives no host page; use a ratio "
-                              ">= {:.3f} or 0 for no host tier",
-                              c.host_ratio, device_pages, device_pages > 0 ? 1.0 / device_pages : 1.0));
-  if (host_pages > (int64_t(1) << 30))
-    out.push_back(fmt::format("cache: the host pool would hold {} pages, more than the 2^30 page ids a pool can "
-                              "name; lower cache.host_ratio / cache.host_size_gb or raise limits.page_size",
-                              host_pages));
-  if (host_ram_bytes > 0 && host_pages > 0) {
-    const double want = double(host_pages) * double(page_bytes);
+  if (layout_ok) check_host_shares(c, set, out);
+  const bool shares_ok = out.empty();
+  // Each pool has host pages of its own; every pool needs at least one.
+  std::vector<int64_t> host_pages;
+  if (layout_ok && host && shares_ok) host_pages = cache_host_pool_pages(c, set, pool_pages);
+  const bool one = set.pools.size() == 1;
+  auto pool_name = [&](size_t p) { return one ? std::string() : fmt::format(" '{}'", set.pools[p].name); };
+  if (!host_pages.empty() && c.host_size_gb > 0 && c.host_ratio == 0) {
+    // The host pool holds whole KV pages of each pool; an absolute size that leaves a pool
+    // without one cannot be honoured (the ratio always can: it scales with the pages).
+    const std::vector<double> share = host_shares(c, set, pool_pages);
+    double min_bytes = 0;
+    for (size_t p = 0; p < set.pools.size(); ++p)
+      min_bytes = std::max(min_bytes, double(set.pools[p].page.page_bytes()) / std::max(share[p], 1e-12));
+    for (size_t p = 0; p < set.pools.size(); ++p) {
+      if (host_pages[p] >= 1) continue;
+      const uint64_t pb = set.pools[p].page.page_bytes();
+      out.push_back(fmt::format(
+          "cache.host_size_gb = {} is not supported for this model's KV layout: {}one page of {}{} takes {} "
+          "bytes ({:.6f} GiB), so its host pool would hold no page; use cache.host_ratio (e.g. 2) or a "
+          "cache.host_size_gb of at least {:.6f}",
+          c.host_size_gb, one ? "" : fmt::format("split across its pools ({}), ", percent_list(set, share)),
+          one ? "" : fmt::format("pool '{}' (", set.pools[p].name), set.pools[p].page.describe() + (one ? "" : ")"), pb,
+          double(pb) / k_gib, std::ceil(min_bytes / k_gib * 1e6) / 1e6));  // rounded up: enough
+      break;  // the minimum size covers every pool
+    }
+  }
+  if (!host_pages.empty() && c.host_ratio > 0) {
+    for (size_t p = 0; p < set.pools.size(); ++p) {
+      if (host_pages[p] >= 1) continue;
+      out.push_back(fmt::format("cache.host_ratio = {} of device pool{} of {} pages gives no host page; use a ratio "
+                                ">= {:.3f} or 0 for no host tier",
+                                c.host_ratio, pool_name(p), pool_pages[p],
+                                pool_pages[p] > 0 ? 1.0 / double(pool_pages[p]) : 1.0));
+      break;
+    }
+  }
+  for (size_t p = 0; p < host_pages.size(); ++p)
+    if (host_pages[p] > (int64_t(1) << 30)) {
+      out.push_back(fmt::format("cache: the host pool{} would hold {} pages, more than the 2^30 page ids a pool can "
+                                "name; lower cache.host_ratio / cache.host_size_gb or raise limits.page_size",
+                                pool_name(p), host_pages[p]));
+      break;
+    }
+  if (host_ram_bytes > 0 && !host_pages.empty()) {
+    double want = 0;
+    for (size_t p = 0; p < host_pages.size(); ++p) want += double(host_pages[p]) * double(set.pools[p].page.page_bytes());
     if (want > 0.9 * double(host_ram_bytes))
-      out.push_back(fmt::format("cache: the host pool needs {:.2f} GiB ({} pages of {} bytes) but the machine has "
+      out.push_back(fmt::format("cache: the host pool needs {:.2f} GiB ({} pages of {} bytes{}) but the machine has "
                                 "{:.2f} GiB of RAM (at most 90% may go to the pool); lower {} ",
-                                want / k_gib, host_pages, page_bytes, double(host_ram_bytes) / k_gib,
+                                want / k_gib, host_pages[0], set.pools[0].page.page_bytes(),
+                                one ? "" : " and the other pools' pages", double(host_ram_bytes) / k_gib,
                                 c.host_ratio > 0 ? "cache.host_ratio" : "cache.host_size_gb"));
   }
   if (c.write_policy == cache_write_policy::write_through_selective && c.write_through_threshold < 1)
@@ -218,10 +334,14 @@ kv_sizing size_kv_pools(const limits& lim, const cache_config& c, const kv_pools
   }
   k.pool_pages.push_back(k.device_pages);
   for (size_t p = 1; p < set.pools.size(); ++p) k.pool_pages.push_back(std::min(ring[p], k.device_pages));
-  k.problems = validate_cache_config(c, set, static_cast<int32_t>(k.device_pages), host_ram_bytes);
+  k.problems = validate_cache_config(c, set, k.pool_pages, host_ram_bytes);
   if (!k.ok()) return k;
   const bool prefix_cache = lim.prefix_cache && c.enabled;
-  k.host_pages = prefix_cache ? cache_host_pages(c, set, static_cast<int32_t>(k.device_pages)) : 0;
+  if (prefix_cache) k.host_pool_pages = cache_host_pool_pages(c, set, k.pool_pages);
+  k.host_pages = k.host_pool_pages.empty() ? 0 : k.host_pool_pages[0];
+  if (k.host_pages <= 0) k.host_pool_pages.clear();
+  for (size_t p = 0; p < k.host_pool_pages.size(); ++p)
+    k.host_pool_bytes.push_back(uint64_t(k.host_pool_pages[p]) * uint64_t(set.pools[p].page.page_bytes()));
   k.disk_pages = k.host_pages > 0 ? cache_disk_pages(c, set) : 0;
   return k;
 }

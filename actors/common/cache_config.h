@@ -3,7 +3,9 @@
 /// flags or the `[cache]` table of a cluster config; checked by validate_cache_config() both in
 /// `tandem check-config` and at every start, before any actor exists.
 #include <cstdint>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "actors/common/limits.h"
@@ -25,6 +27,9 @@ struct cache_config {
   double host_ratio = 0;
   /// L2 size in GiB; 0 = use host_ratio. Exclusive with host_ratio.
   double host_size_gb = 0;
+  /// How host_size_gb is split across the pools of a layout set (pool name, fraction; the
+  /// fractions name every pool and sum to 1). Empty = in proportion to the pools' device bytes.
+  std::vector<std::pair<std::string, double>> host_pool_share;
   cache_write_policy write_policy = cache_write_policy::write_through_selective;
   int32_t write_through_threshold = 2;  ///< hits before a write_through_selective backup
   std::string disk_dir;                 ///< L3 directory; empty = no disk tier
@@ -35,8 +40,15 @@ struct cache_config {
 /// Host (L2) pages `c` asks for on a device pool of `device_pages` pages: host_ratio x
 /// device_pages, or floor(host_size_gb GiB / page bytes); 0 = no host tier.
 int64_t cache_host_pages(const cache_config& c, const kv_layout& layout, int32_t device_pages);
-/// The same for a layout set: a host slot holds a block's page of every pool (block_bytes).
+/// The same for pool 0 of a layout set on a device pool of `device_pages` pool-0 pages
+/// (cache_host_pool_pages' first entry when every pool has as many device pages).
 int64_t cache_host_pages(const cache_config& c, const kv_pools_layout& set, int32_t device_pages);
+/// Host (L2) pages of every pool of a layout set whose device pools have `pool_pages` pages:
+/// host_ratio x each pool's device pages, or host_size_gb split across the pools (by
+/// host_pool_share, else in proportion to their device bytes), whole pages of each pool.
+/// Empty when `c` asks for no host tier.
+std::vector<int64_t> cache_host_pool_pages(const cache_config& c, const kv_pools_layout& set,
+                                           std::span<const int64_t> pool_pages);
 /// Bytes of a block's L3 files (one per pool).
 uint64_t cache_disk_block_bytes(const kv_pools_layout& set);
 /// L3 entries (blocks, a file per pool each) `c` allows for a layout set.
@@ -55,9 +67,12 @@ const char* cache_write_policy_name(cache_write_policy p);
 /// `device_pages` pages with `host_ram_bytes` of host memory available (0 = unknown, not checked).
 std::vector<std::string> validate_cache_config(const cache_config& c, const kv_layout& layout, int32_t device_pages,
                                                uint64_t host_ram_bytes);
-/// validate_cache_config for a layout set (`device_pages`: pool 0's).
+/// validate_cache_config for a layout set (`device_pages`: pool 0's; the other pools as many).
 std::vector<std::string> validate_cache_config(const cache_config& c, const kv_pools_layout& set, int32_t device_pages,
                                                uint64_t host_ram_bytes);
+/// validate_cache_config for a layout set whose device pools have `pool_pages` pages each.
+std::vector<std::string> validate_cache_config(const cache_config& c, const kv_pools_layout& set,
+                                               std::span<const int64_t> pool_pages, uint64_t host_ram_bytes);
 
 /// The KV memory one node builds: its device pool and the cache tiers behind it, from the
 /// limits and [cache] settings for a model's KV layout. `tandem serve` (actor_cluster) builds
@@ -65,8 +80,14 @@ std::vector<std::string> validate_cache_config(const cache_config& c, const kv_p
 /// check cannot fail at start on sizing.
 struct kv_sizing {
   int64_t device_pages = 0;  ///< limits.device_pages, or kv_cache_mb MiB / page bytes
-  int64_t host_pages = 0;    ///< L2 pages (0 = none; also 0 with the prefix cache off)
+  int64_t host_pages = 0;    ///< L2 pages of pool 0 (0 = none; also 0 with the prefix cache off)
+  /// L2 pages of every pool, pool 0 (= host_pages) first; empty = no host tier. Each pool has
+  /// its own host allocator: a block may keep its full-context page in host memory without its
+  /// window page.
+  std::vector<int64_t> host_pool_pages;
   int64_t disk_pages = 0;    ///< L3 entries (0 = none; only behind a host tier; a file per pool each)
+  /// Host bytes of every pool (host_pool_pages x the pool's page bytes).
+  std::vector<uint64_t> host_pool_bytes;
   /// Device pages of every pool of the layout set, pool 0 (= device_pages) first. A window
   /// pool gets a ring per sequence the node can hold at once (limits.max_running_seqs +
   /// max_prefill_batch_seqs), the full pool the rest of limits.kv_cache_mb.

@@ -6,12 +6,38 @@ namespace tandem::config_detail {
 
 using toml::value;
 
+namespace {
+/// `host_pool_share = { full = 0.75, window = 0.25 }`: how host_size_gb is split across the
+/// model's pools (the names are checked against the model's layout when it is known).
+void read_host_pool_share(checker& ck, const value& t, const std::string& table, cache_config& c) {
+  const value* v = t.find("host_pool_share");
+  if (!v) return;
+  const std::string key = table + ".host_pool_share";
+  if (v->type != toml::value_type::table) {
+    ck.error(v->pos, key, v, "must be a table of pool fractions, e.g. { full = 0.75, window = 0.25 }");
+    return;
+  }
+  for (const auto& e : v->entries) {
+    const bool number = e.val.type == toml::value_type::floating || e.val.type == toml::value_type::integer;
+    const double x = e.val.type == toml::value_type::integer ? double(e.val.integer) : e.val.floating;
+    if (!number || !(x > 0) || x > 1) {
+      ck.error(e.val.pos, key + "." + e.key, &e.val, "must be a fraction in (0, 1] of cache.host_size_gb; e.g. 0.25");
+      continue;
+    }
+    c.host_pool_share.emplace_back(e.key, x);
+  }
+}
+}  // namespace
+
 void read_cache_table(checker& ck, const value& t, const std::string& table, cache_config& c) {
   ck.known_keys(t, table,
                 {"enabled", "host_ratio", "host_size_gb", "write_policy", "write_through_threshold", "disk_dir",
-                 "disk_size_gb", "min_load_back_tokens"});
-  // One size of each tier: a table that sizes it replaces what it inherited, both keys.
-  if (t.find("host_ratio") || t.find("host_size_gb")) c.host_ratio = c.host_size_gb = 0;
+                 "disk_size_gb", "min_load_back_tokens", "host_pool_share"});
+  // One size of each tier: a table that sizes it replaces what it inherited, every key.
+  if (t.find("host_ratio") || t.find("host_size_gb") || t.find("host_pool_share")) {
+    c.host_ratio = c.host_size_gb = 0;
+    c.host_pool_share.clear();
+  }
   if (t.find("disk_dir") || t.find("disk_size_gb")) {
     c.disk_dir.clear();
     c.disk_size_gb = 0;
@@ -19,6 +45,7 @@ void read_cache_table(checker& ck, const value& t, const std::string& table, cac
   ck.boolean(t, table, "enabled", c.enabled);
   ck.real(t, table, "host_ratio", 0, 1024, "use 0 (no host tier) or e.g. 2 for twice the device pool", c.host_ratio);
   ck.real(t, table, "host_size_gb", 0, 1 << 20, "use 0 (size from host_ratio) or a size in GiB", c.host_size_gb);
+  read_host_pool_share(ck, t, table, c);
   std::string policy;
   if (ck.choice(t, table, "write_policy", {"write_through", "write_through_selective", "write_back"}, policy))
     parse_cache_write_policy(policy, c.write_policy);
@@ -37,6 +64,11 @@ void read_cache_table(checker& ck, const value& t, const std::string& table, cac
   if (c.host_ratio > 0 && c.host_size_gb > 0)
     ck.error(at("host_size_gb"), key("host_size_gb"), t.find("host_size_gb"),
              fmt::format("is exclusive with cache.host_ratio = {}; set only one of them", c.host_ratio));
+  if (!c.host_pool_share.empty() && !(c.host_size_gb > 0))
+    ck.error(at("host_pool_share"), key("host_pool_share"), t.find("host_pool_share"),
+             c.host_ratio > 0 ? "splits cache.host_size_gb, but the host tier is sized by host_ratio (each pool gets "
+                                "that multiple of its device pages); remove host_pool_share or use host_size_gb"
+                              : "splits cache.host_size_gb, which is not set; add host_size_gb = <GiB>");
   if (!c.disk_dir.empty() && c.disk_size_gb <= 0 && !t.find("disk_size_gb"))
     ck.error(at("disk_dir"), key("disk_dir"), t.find("disk_dir"),
              "needs cache.disk_size_gb to bound the disk tier; add disk_size_gb = <GiB>");
@@ -53,7 +85,10 @@ void read_cache_table(checker& ck, const value& t, const std::string& table, cac
 
 std::string describe_cache(const cache_config& c) {
   if (!c.enabled) return "prefix cache off";
-  std::string host = c.host_size_gb > 0 ? fmt::format("host {} GiB", c.host_size_gb)
+  std::string shares;
+  for (const auto& [name, x] : c.host_pool_share) shares += fmt::format("{}{} {:g}", shares.empty() ? "" : ", ", name, x);
+  std::string host = c.host_size_gb > 0 ? fmt::format("host {} GiB{}", c.host_size_gb,
+                                                      shares.empty() ? "" : " (" + shares + ")")
                      : c.host_ratio > 0 ? fmt::format("host {}x the device pool", c.host_ratio)
                                         : std::string("no host tier");
   std::string disk = c.disk_dir.empty() ? std::string("no disk tier")

@@ -527,10 +527,11 @@ config_check check_cluster_config(const std::string& text, const std::string& so
       for (size_t p = 0; p < set.pools.size() && p < k.pool_pages.size(); ++p) {
         const uint64_t b = uint64_t(k.pool_pages[p]) * uint64_t(set.pools[p].page.page_bytes());
         device_bytes += double(b);
-        plan.pools.push_back({set.pools[p].name, set.pools[p].window_tokens, k.pool_pages[p], b});
+        const bool h = p < k.host_pool_pages.size();
+        plan.pools.push_back({set.pools[p].name, set.pools[p].window_tokens, k.pool_pages[p], b,
+                              h ? k.host_pool_pages[p] : 0, h ? k.host_pool_bytes[p] : 0});
+        if (h) host_bytes += double(k.host_pool_bytes[p]);
       }
-      host_bytes = double(k.host_pages) * double(set.block_bytes());
-      plan.host_slots = k.host_pages;
       plan.host_bytes = uint64_t(host_bytes);
       plan.disk_blocks = k.disk_pages;
       plan.disk_bytes = uint64_t(k.disk_pages) * cache_disk_block_bytes(set);

@@ -110,10 +110,11 @@ struct node_kv_plan {
     int32_t window_tokens = 0;   ///< 0 = full context
     int64_t pages = 0;
     uint64_t bytes = 0;
+    int64_t host_pages = 0;      ///< the pool's own host (L2) pages; 0 = no host tier
+    uint64_t host_bytes = 0;
   };
   std::vector<pool> pools;       ///< device pools, pool 0 first
-  int64_t host_slots = 0;        ///< a block's page of every pool each
-  uint64_t host_bytes = 0;
+  uint64_t host_bytes = 0;       ///< every pool's host pages
   int64_t disk_blocks = 0;       ///< a file per pool each
   uint64_t disk_bytes = 0;
 };

@@ -68,6 +68,9 @@ actor_cluster::actor_cluster(std::shared_ptr<llama_model> model, actor_cluster_o
 
   s.prefix_cache = prefix_cache;
   s.host_pages = host_pages;
+  s.extra_host_pages.clear();
+  for (size_t p = 1; p < sizing.host_pool_pages.size(); ++p)
+    s.extra_host_pages.push_back(static_cast<int32_t>(sizing.host_pool_pages[p]));
   s.disk_pages = disk_pages;
   s.model = std::move(model);
   s.layout = layout;

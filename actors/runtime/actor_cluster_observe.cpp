@@ -346,7 +346,7 @@ node_report actor_cluster::inspect() const {
         q.bytes = int64_t(c.value("kv_pool_device_bytes", l));
         r.pools.push_back(q);
       }
-    // The host and disk tiers behind it (slots and entries hold a block's page of every pool).
+    // The host and disk tiers behind it (pool 0's pages; a disk entry has a file per pool of its block).
     for (const char* tier : {"host", "disk"}) {
       const std::string l = fmt::format("tier=\"{}\"", tier);
       const int64_t total = int64_t(c.value("cache_pages_total", l));
@@ -359,6 +359,18 @@ node_report actor_cluster::inspect() const {
       q.bytes = std::string(tier) == "host" ? int64_t(bytes_host(snaps)) : 0;
       r.pools.push_back(q);
     }
+    // Each pool has host pages of its own: a row per pool ("host:window") when there are several.
+    if (s.pools.pools.size() > 1 && c.value("cache_pages_total", "tier=\"host\"") > 0)
+      for (const auto& spec : s.pools.pools) {
+        const std::string l = fmt::format("pool=\"{}\"", spec.name);
+        pool_report q;
+        q.name = "host:" + spec.name;
+        q.pages_total = int64_t(c.value("kv_pool_host_pages_total", l));
+        q.pages_free = int64_t(c.value("kv_pool_host_pages_free", l));
+        q.pages_cached = int64_t(c.value("kv_pool_host_pages_cached", l));
+        q.bytes = int64_t(c.value("kv_pool_host_bytes", l));
+        r.pools.push_back(q);
+      }
   }
   return r;
 }

@@ -59,7 +59,8 @@ struct actor_cluster::state {
   std::shared_ptr<spdlog::sinks::sink> sink;
   /// Cache tiers, sized once at start (the same on every restart).
   bool prefix_cache = true;
-  int32_t host_pages = 0;
+  int32_t host_pages = 0;               ///< pool 0's host pages
+  std::vector<int32_t> extra_host_pages;  ///< host pages of pools 1..
   int64_t disk_pages = 0;
   caf::actor supervisor;
   /// Set once by the supervisor's escalation; submissions then fail fast. Guarded by submit_mu.

@@ -92,6 +92,7 @@ void spawn_set(actor_cluster::state& s, const actor_cluster_options& opt, int32_
   wo.fail_at_start = opt.worker_fails_at_start;
   wo.grammar_vocab = opt.grammar_vocab;
   wo.host_pages = s.host_pages;
+  wo.extra_host_pages = s.extra_host_pages;
   if (s.disk_pages > 0) wo.disk_dir = opt.cache.disk_dir;
   s.worker = spawn_worker(*s.sys, s.model, wo, make_actor_logger("worker", s.sink, opt.log_level));
 
@@ -106,6 +107,7 @@ void spawn_set(actor_cluster::state& s, const actor_cluster_options& opt, int32_
   co.extra_pages = s.extra_pages;
   co.chunk_tokens = opt.lim.prefill_chunk_tokens;
   co.host_pages = s.host_pages;
+  co.extra_host_pages = s.extra_host_pages;
   co.disk_pages = s.disk_pages;
   s.cache = spawn_cache_tier(*s.sys, co, s.worker, make_actor_logger("cache_tier", s.sink, opt.log_level));
 

@@ -328,11 +328,14 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
   st.pool = &(*st.pools)[0];
   for (size_t p = 0; p < set.pools.size(); ++p) st.layout_fp.push_back(pool_file_fingerprint(set, p));
   if (opt.host_pages > 0) {
-    const std::vector<int32_t> slots(set.pools.size(), opt.host_pages);
+    std::vector<int32_t> slots(set.pools.size(), opt.host_pages);
+    for (size_t p = 1; p < slots.size() && p - 1 < opt.extra_host_pages.size(); ++p)
+      slots[p] = opt.extra_host_pages[p - 1];
     st.host = std::make_unique<kv_pools>(set, slots);
     size_t bytes = 0;
     for (size_t p = 0; p < st.host->size(); ++p) bytes += (*st.host)[p].bytes();
-    st.log->info("worker: host KV pool of {} slots, {:.1f} MiB", opt.host_pages, double(bytes) / (1024.0 * 1024.0));
+    st.log->info("worker: host KV pool of {} pages ({} pools), {:.1f} MiB", opt.host_pages, slots.size(),
+                 double(bytes) / (1024.0 * 1024.0));
   }
   if (st.port) {
     st.tick_pending = true;

@@ -33,6 +33,8 @@ struct worker_options {
   int32_t mailbox_bound = 256;
   /// Host (L2) pool of the hierarchical KV cache: same page layout, host memory; 0 = none.
   int32_t host_pages = 0;
+  /// Host pages of pools 1.. (each pool has its own); empty = host_pages each.
+  std::vector<int32_t> extra_host_pages;
   /// Directory of the disk (L3) tier; empty = none. The worker reads and writes its files.
   std::string disk_dir;
   /// Cross-node KV transfers: when set, the device pool comes from the port (registered

@@ -205,6 +205,82 @@ TEST_CASE("radix_cache(pools): host slots and disk files carry the window pages,
   CHECK(host.n_free() == 8);
 }
 
+TEST_CASE("radix_cache(pools): each pool has host pages of its own, a window host page is evicted alone") {
+  // Window 4 tokens = 2 blocks of 2: a 5-block prefix reads blocks 3 and 4 of the window pool.
+  const auto set = two_pools(4);
+  page_allocator dev(8), win(8), host(8), whost(2);  // the window pool's host share: 2 pages
+  radix_cache::options o;
+  o.page_size = 2;
+  o.pools = set;
+  o.policy = cache_write_policy::write_through;
+  radix_cache c({&dev, &win}, std::vector<page_allocator*>{&host, &whost}, o);
+  std::vector<copy_op> ops;
+  auto insert = [&](const std::vector<int32_t>& t) {
+    auto p = dev.alloc(int32_t(t.size() / 2));
+    auto w = win.alloc(2);
+    std::vector<std::vector<int32_t>> x(1, std::vector<int32_t>(p.size(), -1));
+    x[0][p.size() - 2] = w[0];
+    x[0][p.size() - 1] = w[1];
+    c.insert(t, p, ops, true, x);
+    dev.unref_all(p);
+    win.unref_all(w);
+  };
+  const std::vector<int32_t> a = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  insert(a);
+  // Every block's pool-0 page backed up into pool 0's host pages, the two window pages into the
+  // window pool's own: no window host page for blocks without a window page.
+  CHECK(count(ops, copy_op::device_to_host, 0) == 5);
+  CHECK(count(ops, copy_op::device_to_host, 1) == 2);
+  CHECK(host.n_free() == 3);
+  CHECK(whost.n_free() == 0);
+  CHECK(c.host_cached_pool_pages(0) == 5);
+  CHECK(c.host_cached_pool_pages(1) == 2);
+  for (const auto& op : ops)
+    if (op.kind == copy_op::device_to_host && op.pool == 1) CHECK(op.host < 2);  // ids of the pool's own allocator
+  ops.clear();
+
+  // A second prompt's window pages need the window pool's host pages: a's (LRU) go, alone.
+  const std::vector<int32_t> b = {21, 22, 23, 24};
+  insert(b);
+  CHECK(count(ops, copy_op::device_to_host, 1) == 2);
+  CHECK(c.host_cached_pool_pages(1) == 2);
+  CHECK(c.host_cached_pages() == 7);  // pool 0's host pages were enough for both: a kept its five
+  CHECK(host.n_free() == 1);
+  ops.clear();
+
+  // Device gone: a's usable prefix from host must stop where its window pages are missing.
+  auto d = c.alloc_device(8, ops);
+  REQUIRE(d.has_value());
+  dev.unref_all(*d);
+  ops.clear();
+  auto ta = a;
+  ta.push_back(11);
+  auto m = c.match(ta, 11, ops);
+  CHECK(m.tokens < 10);  // the window pages of blocks 3 and 4 were evicted from host: not usable at 10
+  CHECK(c.finish_match(m, {}) == m.tokens);
+  dev.unref_all(m.pages);
+  for (const auto& xp : m.xpages)
+    for (auto v : xp)
+      if (v >= 0) win.unref(v);
+  // b comes back whole, window pages from the window pool's host pages.
+  ops.clear();
+  auto tb = b;
+  tb.push_back(25);
+  auto mb = c.match(tb, 5, ops);
+  CHECK(mb.tokens == 4);
+  CHECK(mb.host_tokens == 4);
+  CHECK(count(ops, copy_op::host_to_device, 1) == 2);
+  CHECK(c.finish_match(mb, {}) == 4);
+  dev.unref_all(mb.pages);
+  for (auto v : mb.xpages[0])
+    if (v >= 0) win.unref(v);
+  c.clear();
+  CHECK(dev.n_free() == 8);
+  CHECK(win.n_free() == 8);
+  CHECK(host.n_free() == 8);
+  CHECK(whost.n_free() == 2);
+}
+
 namespace {
 
 const std::string& gemma_path() {

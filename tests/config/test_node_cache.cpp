@@ -3,6 +3,8 @@
 // and shown by `tandem check-config`.
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -42,6 +44,12 @@ std::string joined(const config_check& c) {
   std::string s;
   for (const auto& e : c.errors) s += e + "\n";
   for (const auto& n : c.notes) s += "note: " + n + "\n";
+  return s;
+}
+
+std::string joined(const std::vector<std::string>& lines) {
+  std::string s;
+  for (const auto& e : lines) s += e + "\n";
   return s;
 }
 
@@ -178,10 +186,57 @@ TEST_CASE("kv sizing: a window pool gets a ring per sequence, the full pool the 
   CHECK(k.pool_pages[1] == 6 * ring);
   CHECK(k.pool_pages[0] == ((1 << 20) - 6 * ring * pb) / pb);
   CHECK(k.device_pages == k.pool_pages[0]);
-  CHECK(k.host_pages == k.device_pages);  // host slots: a block's page of each pool
+  // host_ratio: every pool gets that multiple of its own device pages.
+  REQUIRE(k.host_pool_pages.size() == 2);
+  CHECK(k.host_pages == k.device_pages);
+  CHECK(k.host_pool_pages[1] == k.pool_pages[1]);
+  CHECK(k.host_pool_bytes[1] == uint64_t(k.pool_pages[1] * pb));
   c.host_ratio = 0;
-  c.host_size_gb = double(pb) * 2 * 10 / (1024.0 * 1024.0 * 1024.0);  // ten blocks of two pools
-  CHECK(size_kv_pools(lim, c, set, 0).host_pages == 10);
+  // host_size_gb: split across the pools in proportion to their device bytes, whole pages each.
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  c.host_size_gb = double(pb) * 100 / gib;  // a hundred pages' bytes
+  k = size_kv_pools(lim, c, set, 0);
+  REQUIRE(k.ok());
+  REQUIRE(k.host_pool_pages.size() == 2);
+  const double total = double(k.pool_pages[0] + k.pool_pages[1]);
+  CHECK(k.host_pool_pages[0] == int64_t(std::floor(100 * double(k.pool_pages[0]) / total + 1e-9)));
+  CHECK(k.host_pool_pages[1] == int64_t(std::floor(100 * double(k.pool_pages[1]) / total + 1e-9)));
+  CHECK(k.host_pool_pages[1] >= 1);
+  CHECK(k.host_pool_pages[0] + k.host_pool_pages[1] <= 100);
+  CHECK(k.host_pool_pages[0] + k.host_pool_pages[1] >= 99);
+  CHECK(k.host_pages == k.host_pool_pages[0]);
+  // An explicit share per pool.
+  c.host_pool_share = {{"full", 0.75}, {"window", 0.25}};
+  k = size_kv_pools(lim, c, set, 0);
+  REQUIRE(k.ok());
+  CHECK(k.host_pool_pages[0] == 75);
+  CHECK(k.host_pool_pages[1] == 25);
+  // Shares that do not fit the layout are refused, naming the pools.
+  c.host_pool_share = {{"full", 0.75}, {"windw", 0.25}};
+  auto bad = size_kv_pools(lim, c, set, 0);
+  CHECK_FALSE(bad.ok());
+  CHECK(joined(bad.problems).find("names pool 'windw', which this model's KV layout does not have (its pools: full, "
+                                  "window)") != std::string::npos);
+  CHECK(joined(bad.problems).find("does not name pool 'window'") != std::string::npos);
+  c.host_pool_share = {{"full", 0.5}, {"window", 0.25}};
+  CHECK(joined(size_kv_pools(lim, c, set, 0).problems).find("sum to 0.75") != std::string::npos);
+  c.host_pool_share.clear();
+  // A budget that leaves the window pool without a page: refused, naming the minimum size.
+  c.host_size_gb = double(pb) * 4 / gib;  // the window pool's share is under a page
+  auto tiny = size_kv_pools(lim, c, set, 0);
+  CHECK_FALSE(tiny.ok());
+  const std::string why = joined(tiny.problems);
+  INFO(why);
+  CHECK(why.find("one page of pool 'window'") != std::string::npos);
+  CHECK(why.find("host pool would hold no page; use cache.host_ratio (e.g. 2) or a cache.host_size_gb of at least") !=
+        std::string::npos);
+  // ... and the minimum it names is enough.
+  const auto at = why.find("of at least ") + std::strlen("of at least ");
+  c.host_size_gb = std::stod(why.substr(at));
+  auto enough = size_kv_pools(lim, c, set, 0);
+  CHECK(enough.ok());
+  CHECK(enough.host_pool_pages[1] >= 1);
+  c.host_size_gb = double(pb) * 100 / gib;
   // Too small for the rings next to a full page: pools of equal page counts.
   lim.kv_cache_mb = 0;
   lim.device_pages = 0;
@@ -228,7 +283,8 @@ TEST_CASE("cli: check-config prints each pool of a sliding-window model (one pro
   CHECK(code == 0);
   CHECK(out.find("\"node\":\"all\"") != std::string::npos);
   CHECK(out.find("{\"name\":\"window\",\"window_tokens\":32,\"pages\":") != std::string::npos);
-  CHECK(out.find("\"host\":{\"blocks\":") != std::string::npos);
+  CHECK(out.find("\"host\":{\"bytes\":") != std::string::npos);
+  CHECK(out.find("\"window_tokens\":32,\"pages\":256,\"bytes\":1048576,\"host_pages\":256,") != std::string::npos);
 }
 
 TEST_CASE("config: backend = cuda is refused without a CUDA build or device, naming the fix") {
@@ -248,4 +304,53 @@ TEST_CASE("config: backend = cuda is refused without a CUDA build or device, nam
   CHECK(joined(check_cluster_config(one, "t.toml", m)).find("model.backend") == std::string::npos);
   auto bad = check_cluster_config("[model]\nbackend = \"tpu\"\n" + one.substr(one.find("[[node]]")), "t.toml", m);
   CHECK(joined(bad).find("model.backend") != std::string::npos);
+}
+
+TEST_CASE("node cache: host_pool_share splits a sliding-window model's host budget, checked against its pools") {
+  e2e::temp_dir dir;
+  const std::string model = (dir.path / "gemma2.gguf").string();
+  {
+    make_model_options o;
+    o.preset = "micro";
+    o.arch = "gemma2";
+    o.sliding_window = 32;
+    write_random_llama(o, model);
+  }
+  const auto m = fixed_machine();
+  const std::string head = "[limits]\npage_size = 16\nkv_cache_mb = 2\n[model]\npath = \"" + model + "\"\n";
+  // Device bytes split evenly (the micro window pool is as large as the full pool): so is the host.
+  auto even = check_cluster_config(pd(head, "host_size_gb = 0.01\n", ""), "t.toml", m);
+  INFO(joined(even));
+  REQUIRE(even.ok());
+  REQUIRE(even.plans.size() == 2);
+  const auto& pools = even.plans[0].node == "p" ? even.plans[0].pools : even.plans[1].pools;
+  REQUIRE(pools.size() == 2);
+  // Each pool's host bytes in proportion to its device bytes (within a page).
+  CHECK(pools[0].host_pages > 0);
+  CHECK(pools[1].host_pages > 0);
+  CHECK(std::abs(double(pools[0].host_bytes) / double(pools[0].bytes) -
+                 double(pools[1].host_bytes) / double(pools[1].bytes)) < 0.01);
+  // An explicit split.
+  auto split =
+      check_cluster_config(pd(head, "host_size_gb = 0.01\nhost_pool_share = { full = 0.9, window = 0.1 }\n", ""),
+                           "t.toml", m);
+  INFO(joined(split));
+  REQUIRE(split.ok());
+  const auto& sp = split.plans[0].node == "p" ? split.plans[0].pools : split.plans[1].pools;
+  CHECK(sp[0].host_bytes > 8 * sp[1].host_bytes);
+  CHECK(sp[0].host_bytes < 10 * sp[1].host_bytes);
+  // Shares that name another pool, a bad value, or a share next to host_ratio: refused at the key.
+  auto typo = check_cluster_config(pd(head, "host_size_gb = 0.01\nhost_pool_share = { full = 0.5, swa = 0.5 }\n", ""),
+                                   "t.toml", m);
+  CHECK(joined(typo).find("names pool 'swa', which this model's KV layout does not have (its pools: full, window)") !=
+        std::string::npos);
+  auto range =
+      check_cluster_config(pd(head, "host_size_gb = 0.01\nhost_pool_share = { full = 2, window = 0.5 }\n", ""),
+                           "t.toml", m);
+  CHECK(joined(range).find("node[1].cache.host_pool_share.full = 2: must be a fraction in (0, 1]") != std::string::npos);
+  auto ratio = check_cluster_config(pd(head, "host_ratio = 1\nhost_pool_share = { full = 0.5, window = 0.5 }\n", ""),
+                                    "t.toml", m);
+  INFO(joined(ratio));
+  CHECK(joined(ratio).find("node[1].cache.host_pool_share = ") != std::string::npos);
+  CHECK(joined(ratio).find(": splits cache.host_size_gb, but the host tier is sized by host_ratio") != std::string::npos);
 }

@@ -76,6 +76,10 @@ TEST_CASE("seed incident: an absolute host tier size on a deepseek2 and a gemma2
     CHECK(code == 0);
     CHECK(report.find("node prefill-0: cache: host 0.02 GiB") != std::string::npos);
     CHECK(report.find("node decode-0: cache: no host tier") != std::string::npos);
+    // The plan: the GiB split across the model's pools (gemma2: full and window), whole pages each.
+    CHECK(report.find("host tier: 0.02 GiB") != std::string::npos);
+    CHECK(report.find("pool 'full': ") != std::string::npos);
+    if (std::string(arch) == "gemma2") CHECK(report.find("pool 'window': ") != std::string::npos);
 
     const uint16_t port = cl.node("router").http;
     for (size_t i = 0; i < prompts.size(); ++i) {
@@ -99,6 +103,12 @@ TEST_CASE("seed incident: an absolute host tier size on a deepseek2 and a gemma2
     CHECK(series(m, "tandem_cache_evictions_total{tier=\"device\"}") > 0);
     CHECK(series(m, "tandem_cache_hit_tokens_total{tier=\"host\"}") > 0);
     CHECK(series(m, "tandem_cache_pages_total{tier=\"host\"}") > 0);
+    CHECK(series(m, "tandem_kv_pool_host_pages_total{pool=\"full\"}") > 0);
+    if (std::string(arch) == "gemma2") {
+      // The window pool has host pages of its own, in proportion to its (ring-sized) device pool.
+      CHECK(series(m, "tandem_kv_pool_host_pages_total{pool=\"window\"}") > 0);
+      CHECK(series(m, "tandem_kv_pool_host_pages_cached{pool=\"window\"}") > 0);
+    }
     // The decode node allocated no host tier.
     const std::string dm = test::get(cl.node("decode-0").http, "/metrics").body;
     CHECK(series(dm, "tandem_cache_pages_total{tier=\"host\"}") == 0);

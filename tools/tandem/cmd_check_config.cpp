@@ -80,7 +80,8 @@ int check_config(args a) {
     return 0;
   }
   if (f.on("json")) {
-    // {"nodes":[{"node","numa_node","pools":[{"name","window_tokens","pages","bytes"}],"host":{"blocks","bytes"},
+    // {"nodes":[{"node","numa_node","pools":[{"name","window_tokens","pages","bytes","host_pages","host_bytes"}],
+    //  "host":{"bytes"},
     //  "disk":{"blocks","bytes"}}]}: what each node with a cache allocates (the model's layout known here).
     json::writer w;
     w.begin_object().key("config").str(path).key("nodes").begin_array();
@@ -92,9 +93,11 @@ int check_config(args a) {
             .key("window_tokens").num(pool.window_tokens)
             .key("pages").num(pool.pages)
             .key("bytes").num(int64_t(pool.bytes))
+            .key("host_pages").num(pool.host_pages)
+            .key("host_bytes").num(int64_t(pool.host_bytes))
             .end_object();
       w.end_array();
-      w.key("host").begin_object().key("blocks").num(p.host_slots).key("bytes").num(int64_t(p.host_bytes)).end_object();
+      w.key("host").begin_object().key("bytes").num(int64_t(p.host_bytes)).end_object();
       w.key("disk").begin_object().key("blocks").num(p.disk_blocks).key("bytes").num(int64_t(p.disk_bytes)).end_object();
       w.end_object();
     }
@@ -118,10 +121,14 @@ int check_config(args a) {
         std::printf("    KV pool '%s'%s: %lld pages, %.1f MiB on the device\n", pool.name.c_str(),
                     pool.window_tokens > 0 ? fmt::format(" (window {})", pool.window_tokens).c_str() : "",
                     static_cast<long long>(pool.pages), double(pool.bytes) / (1024.0 * 1024.0));
-      if (p.host_slots > 0)
-        std::printf("    host tier: %lld blocks (a page of every pool each), %.2f GiB%s\n",
-                    static_cast<long long>(p.host_slots), double(p.host_bytes) / (1024.0 * 1024.0 * 1024.0),
+      if (p.host_bytes > 0) {
+        std::printf("    host tier: %.2f GiB%s\n", double(p.host_bytes) / (1024.0 * 1024.0 * 1024.0),
                     p.numa_node >= 0 ? fmt::format(" on NUMA node {}", p.numa_node).c_str() : "");
+        for (const auto& pool : p.pools)
+          std::printf("      pool '%s': %lld host pages, %.1f MiB (%.1f%%)\n", pool.name.c_str(),
+                      static_cast<long long>(pool.host_pages), double(pool.host_bytes) / (1024.0 * 1024.0),
+                      100.0 * double(pool.host_bytes) / double(p.host_bytes));
+      }
       if (p.disk_blocks > 0)
         std::printf("    disk tier: %lld blocks (a file per pool each), %.2f GiB\n",
                     static_cast<long long>(p.disk_blocks), double(p.disk_bytes) / (1024.0 * 1024.0 * 1024.0));
