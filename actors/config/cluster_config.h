@@ -112,6 +112,7 @@ struct node_kv_plan {
     uint64_t bytes = 0;
     int64_t host_pages = 0;      ///< the pool's own host (L2) pages; 0 = no host tier
     uint64_t host_bytes = 0;
+    uint64_t disk_bytes = 0;     ///< the pool's files of the disk tier (one per block)
   };
   std::vector<pool> pools;       ///< device pools, pool 0 first
   uint64_t host_bytes = 0;       ///< every pool's host pages

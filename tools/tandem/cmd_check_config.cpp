@@ -80,7 +80,8 @@ int check_config(args a) {
     return 0;
   }
   if (f.on("json")) {
-    // {"nodes":[{"node","numa_node","pools":[{"name","window_tokens","pages","bytes","host_pages","host_bytes"}],
+    // {"nodes":[{"node","numa_node","pools":[{"name","window_tokens","pages","bytes","host_pages","host_bytes",
+    //  "disk_bytes"}],
     //  "host":{"bytes"},
     //  "disk":{"blocks","bytes"}}]}: what each node with a cache allocates (the model's layout known here).
     json::writer w;
@@ -95,6 +96,7 @@ int check_config(args a) {
             .key("bytes").num(int64_t(pool.bytes))
             .key("host_pages").num(pool.host_pages)
             .key("host_bytes").num(int64_t(pool.host_bytes))
+            .key("disk_bytes").num(int64_t(pool.disk_bytes))
             .end_object();
       w.end_array();
       w.key("host").begin_object().key("bytes").num(int64_t(p.host_bytes)).end_object();
@@ -129,9 +131,13 @@ int check_config(args a) {
                       static_cast<long long>(pool.host_pages), double(pool.host_bytes) / (1024.0 * 1024.0),
                       100.0 * double(pool.host_bytes) / double(p.host_bytes));
       }
-      if (p.disk_blocks > 0)
+      if (p.disk_blocks > 0) {
         std::printf("    disk tier: %lld blocks (a file per pool each), %.2f GiB\n",
                     static_cast<long long>(p.disk_blocks), double(p.disk_bytes) / (1024.0 * 1024.0 * 1024.0));
+        if (p.pools.size() > 1)
+          for (const auto& pool : p.pools)
+            std::printf("      pool '%s': %.1f MiB of files\n", pool.name.c_str(), double(pool.disk_bytes) / (1024.0 * 1024.0));
+      }
     }
   }
   return exit_ok;

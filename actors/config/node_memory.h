@@ -1,0 +1,35 @@
+#pragma once
+/// The per-node part of `tandem check-config`: each cache node's KV pools and tiers sized by the
+/// code `tandem serve` runs (size_kv_pools), the plan it prints, and whether the nodes that run
+/// on this machine fit its RAM, its NUMA nodes and their disk directories.
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "actors/config/cluster_config.h"
+#include "actors/config/toml.h"
+#include "kernels/model/kv_pools.h"
+
+namespace tandem::config_detail {
+
+/// What the checks need from the config check around them.
+struct node_memory_inputs {
+  std::string source_name;
+  toml::position lim_pos, cache_pos;
+  /// Per node of the config: where its cache problems are reported (its [node.cache] table, or
+  /// the cluster's [cache]).
+  std::vector<toml::position> node_cache_pos;
+  /// The model's one-pool layout and layout set for a page size; empty when the model is not
+  /// readable here (the checks then use what the settings alone say).
+  std::function<kv_layout(int32_t)> layout;
+  std::function<kv_pools_layout(int32_t)> pools;
+  /// Bytes of the weight copy each worker makes with kernels = "amx"; 0 = none.
+  uint64_t amx_copy_bytes = 0;
+  std::function<bool(const node_config&)> on_this_machine;
+};
+
+/// Appends each cache node's plan to out.plans and every problem to out.errors.
+void check_node_memory(const node_memory_inputs& in, const machine_info& m, config_check& out);
+
+}  // namespace tandem::config_detail
