@@ -32,7 +32,7 @@ struct cache_tier_options {
   /// L2 pages of pools 1.. (each pool has its own host allocator); empty = host_pages each.
   std::vector<int32_t> extra_host_pages;
   int64_t disk_pages = 0;    ///< L3 bound in files; 0 = no disk tier
-  int32_t max_background_copies = 8;  ///< backup batches in flight before backups are skipped
+  int32_t max_background_copies = 8;  ///< backup batches in flight before backups are skipped (limits.cache_max_background_copies)
   /// The KV layout set (kernels/model/kv_pools.h); empty or one pool = `layout`'s one pool.
   /// Several pools: `n_pages` is pool 0's, `extra_pages` the others' (in order); every pool has
   /// host pages of its own; a disk entry has a file per pool of its block.

@@ -101,6 +101,20 @@ struct limits {
   /// window from it, so it bounds what a client that stopped reading holds in flight.
   int32_t rpc_socket_bytes = 262144;
 
+  // --- KV transfers between nodes (transport/ucx/transfer_state.h)
+  int32_t kv_transfer_max_live = 1024;   ///< live transfers of a node; more are refused (overloaded)
+  /// Failed or cancelled transfers kept (their pages unwritable) until the peer confirms or a
+  /// quarantine period ends; beyond this the peer's connection is closed.
+  int32_t kv_transfer_max_quarantined = 1024;
+  int32_t kv_transfer_max_early_descriptors = 256;  ///< page descriptors that arrived before their transfer
+
+  // --- cache tier
+  int32_t cache_max_background_copies = 8;  ///< backup batches in flight before backups are skipped
+
+  // --- node control
+  int32_t query_timeout_ms = 5000;       ///< stats / health / inspect / drain requests to a node's actors
+  int32_t link_timeout_ms = 60000;       ///< how long a node's start waits for the other nodes
+
   // --- supervision
   int32_t supervisor_max_restarts = 3;   ///< restarts of a node's actors allowed per period; one more escalates
   int32_t supervisor_period_ms = 60000;  ///< the restart intensity's period

@@ -158,6 +158,23 @@ const std::vector<limit_field>& table() {
           "tokens of an RPC stream waiting on its sink; the request is aborted beyond", "use e.g. 1024"),
       i32("rpc_socket_bytes", &L::rpc_socket_bytes, 1, i32_max, "bytes", nullptr,
           "SO_SNDBUF of an RPC connection (bounds a stream's flow window)", "use e.g. 262144"),
+      // --- KV transfers
+      i32("kv_transfer_max_live", &L::kv_transfer_max_live, 1, i32_max, "transfers", nullptr,
+          "live KV transfers of a node (sending and receiving); more are refused as overloaded",
+          "use e.g. 1024"),
+      i32("kv_transfer_max_quarantined", &L::kv_transfer_max_quarantined, 1, i32_max, "transfers", nullptr,
+          "failed transfers whose pages stay unwritable until the peer confirms; beyond, the peer is closed",
+          "use e.g. 1024"),
+      i32("kv_transfer_max_early_descriptors", &L::kv_transfer_max_early_descriptors, 1, i32_max, "descriptors",
+          nullptr, "page descriptors that arrived before their transfer started; more are dropped", "use e.g. 256"),
+      // --- cache tier
+      i32("cache_max_background_copies", &L::cache_max_background_copies, 1, i32_max, "batches", nullptr,
+          "host/disk backup batches in flight; beyond, backups are skipped (counted)", "use e.g. 8"),
+      // --- node control
+      i32("query_timeout_ms", &L::query_timeout_ms, 1, i32_max, "ms", nullptr,
+          "stats, health, inspect and drain requests to a node's actors", "use e.g. 5000"),
+      i32("link_timeout_ms", &L::link_timeout_ms, 1, i32_max, "ms", nullptr,
+          "how long a node's start waits for the other nodes of the cluster", "use e.g. 60000 (1 minute)"),
       // --- supervision
       i32("supervisor_max_restarts", &L::supervisor_max_restarts, 0, i32_max, "restarts", nullptr,
           "restarts of a node's actors per period; one more escalates",

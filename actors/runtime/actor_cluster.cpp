@@ -63,7 +63,7 @@ actor_cluster::actor_cluster(std::shared_ptr<llama_model> model, actor_cluster_o
   if (multi_node) {
     std::vector<std::string> local = opt_.roles;
     s.links = link_nodes(*s.sys, opt_.node_name, opt_.cluster_host, opt_.cluster_port, local, opt_.remote_nodes,
-                         opt_.link_timeout_ms, make_actor_logger("cluster", sink, opt_.log_level));
+                         opt_.lim.link_timeout_ms, make_actor_logger("cluster", sink, opt_.log_level));
   }
 
   s.prefix_cache = prefix_cache;
@@ -130,12 +130,12 @@ void actor_cluster::shutdown() {
   {
     caf::scoped_actor self{*s.sys};
     // The supervisor first, so the exits below are not taken for failures.
-    self->request(s.supervisor, std::chrono::milliseconds(opt_.query_timeout_ms), stop_atom::value)
+    self->request(s.supervisor, std::chrono::milliseconds(opt_.lim.query_timeout_ms), stop_atom::value)
         .receive([](bool) {},
                  [&](caf::error& e) { s.log->warn("supervisor did not confirm shutdown: {}", s.sys->render(e)); });
     self->send_exit(s.supervisor, caf::exit_reason::user_shutdown);
     if (s.has("router"))
-      self->request(s.router.handle, std::chrono::milliseconds(opt_.query_timeout_ms), stop_atom::value)
+      self->request(s.router.handle, std::chrono::milliseconds(opt_.lim.query_timeout_ms), stop_atom::value)
           .receive(
               [](bool) {},
               [&](caf::error& e) { s.log->warn("router did not confirm shutdown: {}", s.sys->render(e)); });

@@ -40,7 +40,6 @@ struct actor_cluster_options {
   std::shared_ptr<spdlog::sinks::sink> sink;   ///< default: stderr
   std::shared_ptr<const cluster_clock> clock;  ///< default: steady_clock
   int32_t router_tick_ms = 5;                  ///< deadline check period (real time)
-  int32_t query_timeout_ms = 5000;             ///< stats/health requests to the actors
 
   // --- one node of a multi-node cluster (docs/kv_transfer.md); empty `roles` = every role here
   /// The roles of this node (router, prefill, decode, cache, worker).
@@ -50,7 +49,7 @@ struct actor_cluster_options {
   int32_t cluster_port = 0;
   /// The other nodes; a role not on this node is reached on the first of them that has it.
   std::vector<remote_node> remote_nodes;
-  int64_t link_timeout_ms = 60000;  ///< how long start-up waits for the other nodes
+  // (how long start-up waits for them: limits.link_timeout_ms)
   /// The worker's KV transfer port (cross-node handoffs); required on prefill and decode nodes
   /// whose counterpart runs elsewhere.
   kv_port_factory kv_transfer;

@@ -43,21 +43,21 @@ std::vector<stats_snapshot> actor_cluster::snapshots(bool include_worker) const 
       all_answered = false;  // the escalated set is not restarted; asking would only time out
       continue;
     }
-    self->request(a->handle, std::chrono::milliseconds(opt_.query_timeout_ms), stats_atom::value)
+    self->request(a->handle, std::chrono::milliseconds(opt_.lim.query_timeout_ms), stats_atom::value)
         .receive([&](const wire& w) { out.push_back(read_stats(w)); },
                  [&](caf::error& e) {
                    all_answered = false;
                    s.log->warn("stats from {} failed: {}", g.actor_name(), s.sys->render(e));
                  });
   }
-  self->request(supervisor, std::chrono::milliseconds(opt_.query_timeout_ms), stats_atom::value)
+  self->request(supervisor, std::chrono::milliseconds(opt_.lim.query_timeout_ms), stats_atom::value)
       .receive([&](const wire& w) { out.push_back(read_stats(w)); },
                [&](caf::error& e) {
                  all_answered = false;
                  s.log->warn("stats from the supervisor failed: {}", s.sys->render(e));
                });
   if (s.links.ingress)
-    self->request(s.links.ingress, std::chrono::milliseconds(opt_.query_timeout_ms), stats_atom::value)
+    self->request(s.links.ingress, std::chrono::milliseconds(opt_.lim.query_timeout_ms), stats_atom::value)
         .receive([&](const wire& w) { out.push_back(read_stats(w)); },
                  [&](caf::error& e) {
                    all_answered = false;
@@ -194,7 +194,7 @@ health_info actor_cluster::health() const {
     const auto* a = &actor;
     const bool is_router = a->handle == s.router.handle;
     const bool is_prefill = s.has("prefill") && a->handle == s.prefill.handle;
-    self->request(a->handle, std::chrono::milliseconds(opt_.query_timeout_ms), stats_atom::value)
+    self->request(a->handle, std::chrono::milliseconds(opt_.lim.query_timeout_ms), stats_atom::value)
         .receive([&](const wire& w) {
                    if (is_router) router = read_stats(w);
                    if (is_prefill) prefill = read_stats(w);
@@ -254,7 +254,7 @@ int32_t actor_cluster::set_max_queue_wait_ms(int32_t ms) {
   int32_t before = -1;
   std::string failure;
   caf::scoped_actor self{*s.sys};
-  self->request(s.router.handle, std::chrono::milliseconds(opt_.query_timeout_ms), queue_wait_atom::value, ms)
+  self->request(s.router.handle, std::chrono::milliseconds(opt_.lim.query_timeout_ms), queue_wait_atom::value, ms)
       .receive([&](int32_t b) { before = b; }, [&](caf::error& e) { failure = s.sys->render(e); });
   if (before < 0)
     throw tandem::error(error_kind::disconnected,
@@ -318,7 +318,7 @@ node_report actor_cluster::inspect() const {
   }
   if (!s.unhealthy && s.has("router")) {
     caf::scoped_actor self{*s.sys};
-    self->request(actors[0].handle, std::chrono::milliseconds(opt_.query_timeout_ms), inflight_atom::value)
+    self->request(actors[0].handle, std::chrono::milliseconds(opt_.lim.query_timeout_ms), inflight_atom::value)
         .receive([&](const inflight_list& l) { r.requests = l.requests; },
                  [&](caf::error& e) { s.log->warn("in-flight table from the router failed: {}", s.sys->render(e)); });
   }
@@ -388,7 +388,7 @@ node_report actor_cluster::drain(bool on) {
   caf::scoped_actor self{*s.sys};
   std::string failed;
   for (const auto& [role, a] : actors)
-    self->request(a.handle, std::chrono::milliseconds(opt_.query_timeout_ms), drain_atom::value, on)
+    self->request(a.handle, std::chrono::milliseconds(opt_.lim.query_timeout_ms), drain_atom::value, on)
         .receive([](bool) {}, [&, role = role](caf::error& e) { failed += fmt::format(" {}: {};", role, s.sys->render(e)); });
   if (!failed.empty())
     throw tandem::error(error_kind::disconnected, fmt::format("node {}: actors did not take the {} ({}); retry",

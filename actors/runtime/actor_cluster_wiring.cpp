@@ -106,6 +106,7 @@ void spawn_set(actor_cluster::state& s, const actor_cluster_options& opt, int32_
   co.pools = s.pools;
   co.extra_pages = s.extra_pages;
   co.chunk_tokens = opt.lim.prefill_chunk_tokens;
+  co.max_background_copies = opt.lim.cache_max_background_copies;
   co.host_pages = s.host_pages;
   co.extra_host_pages = s.extra_host_pages;
   co.disk_pages = s.disk_pages;

@@ -15,7 +15,7 @@ TEST_CASE("inspect: actors with mailboxes, the in-flight request with its state 
   o.sink = quiet_sink();
   o.eos_id = -1;
   o.node_name = "n7";
-  o.query_timeout_ms = 300;  // the worker is held on purpose; do not wait long for it
+  o.lim.query_timeout_ms = 300;  // the worker is held on purpose; do not wait long for it
   actor_cluster c(std::make_shared<fake_model>(gate), o);
   collector col;
   // A failed REQUIRE below must not leave the worker held: ~actor_cluster would wait for it.

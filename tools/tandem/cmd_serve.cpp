@@ -116,6 +116,9 @@ void configure_partial_node(const cluster_config& cfg, const node_config& node, 
     ko.engine.limits.waiting_ms = t;
     ko.engine.limits.transferring_ms = t;
     ko.engine.limits.quarantine_ms = t;
+    ko.engine.limits.max_transfers = size_t(cfg.lim.kv_transfer_max_live);
+    ko.engine.limits.max_quarantined = size_t(cfg.lim.kv_transfer_max_quarantined);
+    ko.engine.limits.max_early_descriptors = size_t(cfg.lim.kv_transfer_max_early_descriptors);
     ko.resolve_ms = t;
   }
   const std::string policy = cfg.transfer_failure_policy;

@@ -50,6 +50,7 @@ std::string_view to_string(transfer_phase p);
 std::string_view to_string(notify_kind k);
 
 /// Deadlines per state and bounds of the table.
+/// The timeouts come from [transfer] timeout_ms, the bounds from limits.kv_transfer_* (cmd_serve).
 struct transfer_limits {
   int64_t bootstrap_ms = 5000;
   int64_t waiting_ms = 30000;
