@@ -25,6 +25,7 @@
 /// window pool's host pages are evicted alone (LRU) when that pool's host pages run out. The
 /// disk tier has one file per pool and block.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -183,6 +184,8 @@ class radix_cache {
     uint32_t mask = 0;  ///< other pools with a file (bit p-1)
   };
   bool host_tier() const { return host_ != nullptr; }
+  /// Nodes of the tree for which `pred` holds (a walk: for metrics, not hot paths).
+  int32_t count_nodes(const std::function<bool(const node*)>& pred) const;
   bool disk_tier() const { return opt_.disk_pages > 0; }
   bool device_child(const node* n) const;
   void walk(const node* n, std::vector<const node*>& out) const;

@@ -268,13 +268,7 @@ void radix_cache::add_disk_pool(uint64_t hash, size_t p) {
 }
 
 int32_t radix_cache::cached_pool_pages(size_t p) const {
-  if (p == 0) return n_device_nodes_;
-  std::vector<const node*> all;
-  walk(&root_, all);
-  int32_t c = 0;
-  for (const node* n : all)
-    if (n->xdev[p - 1] >= 0) ++c;
-  return c;
+  return p == 0 ? n_device_nodes_ : count_nodes([p](const node* n) { return n->xdev[p - 1] >= 0; });
 }
 
 void radix_cache::drop_xdev(node* n) {
@@ -357,13 +351,13 @@ std::optional<int32_t> radix_cache::take_xhost(size_t p, std::vector<copy_op>&) 
 }
 
 int32_t radix_cache::host_cached_pool_pages(size_t p) const {
-  if (p == 0) return n_host_nodes_;
+  return p == 0 ? n_host_nodes_ : count_nodes([p](const node* n) { return n->xhost[p - 1] >= 0; });
+}
+
+int32_t radix_cache::count_nodes(const std::function<bool(const node*)>& pred) const {
   std::vector<const node*> all;
   walk(&root_, all);
-  int32_t c = 0;
-  for (const node* n : all)
-    if (n->xhost[p - 1] >= 0) ++c;
-  return c;
+  return static_cast<int32_t>(std::count_if(all.begin(), all.end(), pred));
 }
 
 bool radix_cache::evict_pool(size_t p, std::vector<copy_op>& ops) {

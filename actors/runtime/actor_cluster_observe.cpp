@@ -334,18 +334,22 @@ node_report actor_cluster::inspect() const {
     for (const auto& x : snaps) bytes += x.value("kv_pool_bytes");
     p.bytes = int64_t(bytes);
     r.pools.push_back(p);
-    // A layout of several pools: a row per pool ("device:window"), pages and bytes of each.
-    if (s.pools.pools.size() > 1)
+    // A layout of several pools: a row per pool and tier ("device:window", "host:window") from
+    // the cache tier's `kv_pool_<prefix>...{pool}` series.
+    auto pool_rows = [&](const std::string& tier, const std::string& prefix, const std::string& bytes_name) {
       for (const auto& spec : s.pools.pools) {
         const std::string l = fmt::format("pool=\"{}\"", spec.name);
         pool_report q;
-        q.name = "device:" + spec.name;
-        q.pages_total = int64_t(c.value("kv_pool_pages_total", l));
-        q.pages_free = int64_t(c.value("kv_pool_pages_free", l));
-        q.pages_cached = int64_t(c.value("kv_pool_pages_cached", l));
-        q.bytes = int64_t(c.value("kv_pool_device_bytes", l));
+        q.name = tier + ":" + spec.name;
+        q.pages_total = int64_t(c.value("kv_pool_" + prefix + "pages_total", l));
+        q.pages_free = int64_t(c.value("kv_pool_" + prefix + "pages_free", l));
+        q.pages_cached = int64_t(c.value("kv_pool_" + prefix + "pages_cached", l));
+        q.bytes = int64_t(c.value(bytes_name, l));
         r.pools.push_back(q);
       }
+    };
+    const bool several = s.pools.pools.size() > 1;
+    if (several) pool_rows("device", "", "kv_pool_device_bytes");
     // The host and disk tiers behind it (pool 0's pages; a disk entry has a file per pool of its block).
     for (const char* tier : {"host", "disk"}) {
       const std::string l = fmt::format("tier=\"{}\"", tier);
@@ -359,18 +363,8 @@ node_report actor_cluster::inspect() const {
       q.bytes = std::string(tier) == "host" ? int64_t(bytes_host(snaps)) : 0;
       r.pools.push_back(q);
     }
-    // Each pool has host pages of its own: a row per pool ("host:window") when there are several.
-    if (s.pools.pools.size() > 1 && c.value("cache_pages_total", "tier=\"host\"") > 0)
-      for (const auto& spec : s.pools.pools) {
-        const std::string l = fmt::format("pool=\"{}\"", spec.name);
-        pool_report q;
-        q.name = "host:" + spec.name;
-        q.pages_total = int64_t(c.value("kv_pool_host_pages_total", l));
-        q.pages_free = int64_t(c.value("kv_pool_host_pages_free", l));
-        q.pages_cached = int64_t(c.value("kv_pool_host_pages_cached", l));
-        q.bytes = int64_t(c.value("kv_pool_host_bytes", l));
-        r.pools.push_back(q);
-      }
+    // Each pool has host pages of its own.
+    if (several && c.value("cache_pages_total", "tier=\"host\"") > 0) pool_rows("host", "host_", "kv_pool_host_bytes");
   }
   return r;
 }

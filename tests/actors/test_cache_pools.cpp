@@ -369,3 +369,44 @@ TEST_CASE("embedded_cluster(gemma2): window layers in a pool of rings, same outp
   for (auto x : cached_on) hits += x > 0;
   CHECK(hits >= 1);
 }
+
+TEST_CASE("embedded_cluster(gemma2): an absolute host tier is split across the pools, inspect shows each") {
+  std::vector<completion_request> reqs;
+  std::vector<std::vector<int32_t>> with_host, without;
+  auto conversation = [&](embedded_cluster& c) {
+    std::vector<int32_t> p = c.tok().encode("a long shared system prompt that runs past the sliding window", true);
+    for (int i = 0; i < 4; ++i) {
+      for (auto t : c.tok().encode(" and turn number " + std::to_string(i * 7 + 3), false)) p.push_back(t);
+      reqs.push_back(make_req("h" + std::to_string(i), p, 12));
+    }
+  };
+  {
+    auto o = gemma_opts(true);
+    o.cache.host_size_gb = 0.004;
+    o.cache.write_policy = cache_write_policy::write_through;
+    auto c = embedded_cluster::start(o);
+    conversation(*c);
+    with_host = run_all(*c, reqs, true);
+    const auto r = c->inspect();
+    const pool_report* full = nullptr;
+    const pool_report* win = nullptr;
+    for (const auto& p : r.pools) {
+      if (p.name == "host:full") full = &p;
+      if (p.name == "host:window") win = &p;
+    }
+    REQUIRE(full != nullptr);
+    REQUIRE(win != nullptr);
+    CHECK(full->pages_total > 0);
+    CHECK(win->pages_total > 0);
+    CHECK(win->pages_total < full->pages_total);  // in proportion to the pools' device bytes
+    CHECK(full->pages_cached > 0);
+    CHECK(win->pages_cached > 0);  // write-through: the window pages of cached blocks backed up too
+    const auto text = c->metrics_text();
+    CHECK(metric(text, "tandem_kv_pool_host_pages_total{pool=\"window\"}") == double(win->pages_total));
+  }
+  {
+    auto c = embedded_cluster::start(gemma_opts(false));
+    without = run_all(*c, reqs, true);
+  }
+  CHECK(with_host == without);
+}

@@ -47,6 +47,17 @@ std::string joined(const config_check& c) {
   return s;
 }
 
+/// A micro gemma2 model (window 32: two pools) in `dir`; its path.
+std::string write_micro_gemma2(const fs::path& dir) {
+  const std::string model = (dir / "gemma2.gguf").string();
+  make_model_options o;
+  o.preset = "micro";
+  o.arch = "gemma2";
+  o.sliding_window = 32;
+  write_random_llama(o, model);
+  return model;
+}
+
 std::string joined(const std::vector<std::string>& lines) {
   std::string s;
   for (const auto& e : lines) s += e + "\n";
@@ -249,14 +260,7 @@ TEST_CASE("kv sizing: a window pool gets a ring per sequence, the full pool the 
 
 TEST_CASE("cli: check-config prints each pool of a sliding-window model (one process)") {
   e2e::temp_dir dir;
-  const std::string model = (dir.path / "gemma2.gguf").string();
-  {
-    make_model_options o;
-    o.preset = "micro";
-    o.arch = "gemma2";
-    o.sliding_window = 32;
-    write_random_llama(o, model);
-  }
+  const std::string model = write_micro_gemma2(dir.path);
   std::ofstream(dir.path / "one.toml") << "[limits]\nkv_cache_mb = 2\n[model]\npath = \"" + model +
                                               "\"\n[cache]\nhost_ratio = 1\n[[node]]\nname = \"all\"\nhost = "
                                               "\"127.0.0.1\"\nroles = [\"router\", \"prefill\", \"decode\", "
@@ -308,14 +312,7 @@ TEST_CASE("config: backend = cuda is refused without a CUDA build or device, nam
 
 TEST_CASE("node cache: host_pool_share splits a sliding-window model's host budget, checked against its pools") {
   e2e::temp_dir dir;
-  const std::string model = (dir.path / "gemma2.gguf").string();
-  {
-    make_model_options o;
-    o.preset = "micro";
-    o.arch = "gemma2";
-    o.sliding_window = 32;
-    write_random_llama(o, model);
-  }
+  const std::string model = write_micro_gemma2(dir.path);
   const auto m = fixed_machine();
   const std::string head = "[limits]\npage_size = 16\nkv_cache_mb = 2\n[model]\npath = \"" + model + "\"\n";
   // Device bytes split evenly (the micro window pool is as large as the full pool): so is the host.
