@@ -86,31 +86,11 @@ sim_result run_cluster_seed(uint64_t seed, const cluster_menu* menu) {
                      f.restart_lost ? " (restarted)" : "", f.link_flaps, f.max_flap_ms, f.kv_drop, f.kv_delay,
                      f.kv_max_delay_ms, f.kv_duplicate, f.kv_corrupt, f.kv_put_fail));
 
-  // The workload (as the one-node simulation's) and the faults' times within the busy period.
-  struct arrival {
-    int64_t at_ms;
-    std::string id;
-    std::vector<int32_t> prompt;
-    int32_t max_tokens;
-    int64_t deadline_in_ms;
-  };
-  std::vector<arrival> arrivals;
-  const int n_req = static_cast<int>(w.rng.between(2, 10));
-  std::vector<int32_t> shared;
-  for (int i = 0, n = int(w.rng.between(1, 9)); i < n; ++i) shared.push_back(int32_t(w.rng.below(64)));
+  // The workload (as the one-node simulation's; some arrive after the faults, to nodes that came
+  // back, over links that recovered) and the faults' times within the busy period.
   const int64_t t0 = w.now();
-  for (int i = 0; i < n_req; ++i) {
-    arrival a;
-    // Some arrive after the faults (to nodes that came back, over links that recovered).
-    a.at_ms = t0 + (w.rng.chance(0.6) ? w.rng.between(0, 40) : w.rng.between(40, 800));
-    a.id = fmt::format("r{}", i);
-    if (w.rng.chance(0.5)) a.prompt = shared;
-    for (int j = 0, n = int(w.rng.between(1, 10)); j < n; ++j) a.prompt.push_back(int32_t(w.rng.below(64)));
-    a.max_tokens = static_cast<int32_t>(w.rng.between(1, 10));
-    a.deadline_in_ms = w.rng.chance(0.2) ? w.rng.between(5, 300) : 0;
-    arrivals.push_back(std::move(a));
-  }
-  std::stable_sort(arrivals.begin(), arrivals.end(), [](auto& a, auto& b) { return a.at_ms < b.at_ms; });
+  const std::vector<arrival> arrivals = w.make_workload(workload_shape{2, 10, 0.6, 800, 0.2});
+  const int n_req = static_cast<int>(arrivals.size());
   struct fault_event {
     int64_t at_ms;
     int kind;  // 0 loss, 1 restart, 2 flap
@@ -189,30 +169,10 @@ sim_result run_cluster_seed(uint64_t seed, const cluster_menu* menu) {
   res.sim_ms = w.now() - t0;
 
   // --- invariants
-  for (const auto& a : arrivals) {
-    const auto& r = w.reqs[a.id];
-    if (r.finished != 1) w.violate(fmt::format("request {}: {} finished events (want exactly 1)", a.id, r.finished));
-    auto want = test::expected_greedy(a.prompt, a.max_tokens);
-    if (r.reason == finish_reason::length && r.tokens != want)
-      w.violate(fmt::format("request {}: completed output differs from the fault-free greedy output", a.id));
-    if (r.tokens.size() > want.size() || !std::equal(r.tokens.begin(), r.tokens.end(), want.begin()))
-      w.violate(fmt::format("request {}: streamed tokens are not a prefix of the greedy output", a.id));
-    if (r.reason != finish_reason::length && r.reason != finish_reason::error)
-      w.violate(fmt::format("request {}: unexpected finish reason {}", a.id, int(r.reason)));
-    if (r.reason == finish_reason::length) ++res.completed;
-    if (r.reason == finish_reason::error) ++res.errors;
-  }
+  w.check_requests(arrivals, res);
   for (auto& n : w.nodes) {
     if (!n.up) continue;
-    if (n.cache.handle) {
-      if (auto st = w.stats_of(n.cache.handle)) {
-        const double free = st->value("kv_pages_free"), cached = st->value("kv_pages_evictable");
-        if (free + cached != n.n_pages)
-          w.violate(fmt::format("node {}: {} free + {} evictable of {} pages (leak)", n.name, free, cached, n.n_pages));
-      } else {
-        w.violate(fmt::format("node {}: the cache tier does not answer a stats query", n.name));
-      }
-    }
+    if (n.cache.handle) w.check_pages(n.cache.handle, n.n_pages, "node " + n.name);
     // Every table that holds a request or a transfer is empty once every request ended.
     auto expect_zero = [&](const bounded_actor& a, std::initializer_list<const char*> gauges) {
       if (!a.handle) return;
@@ -232,15 +192,7 @@ sim_result run_cluster_seed(uint64_t seed, const cluster_menu* menu) {
     // event per token plus a few per request and per recompute.
     int64_t slack = 0;
     for (const auto& a : arrivals) slack += a.max_tokens + 8;
-    for (auto* a : n.gated()) {
-      const auto& g = *a->gate;
-      if (g.depth() != 0)
-        w.violate(fmt::format("node {}: mailbox gate of {}: depth {} after quiescence (accounting leak)", n.name,
-                              g.actor_name(), g.depth()));
-      if (g.high_water() > g.bound() + slack)
-        w.violate(fmt::format("node {}: mailbox of {}: {} messages waiting, bound {} (+{} control)", n.name,
-                              g.actor_name(), g.high_water(), g.bound(), slack));
-    }
+    for (auto* a : n.gated()) w.check_gate(*a->gate, slack, "node " + n.name + ": ", true);
   }
   for (const auto& s : w.fabric->in_flight()) w.violate("KV transfer left in flight: " + s);
   for (const auto& s : w.fabric->violations()) w.violate(s);

@@ -28,27 +28,11 @@
 #include "tests/actors/support.h"
 #include "tests/sim/cluster_sim.h"
 #include "tests/sim/kv_fabric.h"
+#include "tests/sim/world_base.h"
 
 namespace tandem::sim::cluster {
 
 using flush_atom = caf::atom_constant<caf::atom("simflush")>;
-
-class sim_clock final : public cluster_clock {
- public:
-  explicit sim_clock(caf::detail::test_actor_clock& c) : c_(c) {}
-  int64_t now_ms() const override {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(c_.current_time.time_since_epoch()).count();
-  }
-
- private:
-  caf::detail::test_actor_clock& c_;
-};
-
-/// See sim.cpp: CAF 0.17's function actors taking nothing but `self` trip UBSan.
-template <class Self, class F>
-caf::actor spawn_fn(caf::actor_system& sys, F f) {
-  return sys.spawn([f = std::move(f)](Self* self, int) mutable { return f(self); }, 0);
-}
 
 enum class role_kind { router, prefill, decode };
 
@@ -70,15 +54,6 @@ struct cnode {
   }
 };
 
-struct req_record {
-  std::vector<int32_t> prompt;
-  int32_t max_tokens = 0;
-  std::vector<int32_t> tokens;
-  int finished = 0;
-  finish_reason reason = finish_reason::none;
-  std::string error;
-};
-
 struct cworld;
 
 /// One direction of the connection between two nodes (the middleman's stand-in).
@@ -91,16 +66,10 @@ struct link_state {
 };
 using link_actor_t = caf::stateful_actor<link_state>;
 
-struct cworld : gate_fault {
+struct cworld : gate_fault, world_base {
   uint64_t seed;
-  sim_rng rng;
   cluster_menu f;
   limits lim;
-  caf::actor_system_config cfg;
-  std::unique_ptr<caf::actor_system> sys;
-  caf::scheduler::test_coordinator* sched = nullptr;
-  std::shared_ptr<sim_clock> clk;
-  std::shared_ptr<spdlog::sinks::sink> sink = std::make_shared<spdlog::sinks::null_sink_mt>();
   std::shared_ptr<test::fake_model> model;
   kv_layout layout;
   std::unique_ptr<kv_fabric> fabric;
@@ -109,21 +78,8 @@ struct cworld : gate_fault {
   std::map<std::pair<int32_t, int32_t>, caf::actor> dead_links;  ///< the last cut one of each direction
   std::map<std::pair<int32_t, int32_t>, int64_t> down_until;  ///< flapped links (min, max)
   int32_t faults = 0, restarts = 0;
-  std::deque<std::string> trace;
-  std::map<std::string, req_record> reqs;
-  std::vector<std::string> violations;
 
-  explicit cworld(uint64_t s) : seed(s), rng(s * 0x9E3779B97F4A7C15ull + 7) {}
-
-  int64_t now() const { return clk->now_ms(); }
-  void note(std::string s) {
-    trace.push_back(fmt::format("t={} {}", now(), s));
-    if (trace.size() > 80) trace.pop_front();
-  }
-  void violate(std::string s) {
-    note("VIOLATION " + s);
-    violations.push_back(std::move(s));
-  }
+  explicit cworld(uint64_t s) : world_base(s * 0x9E3779B97F4A7C15ull + 7, 80), seed(s) {}
   bool reject(const std::string& actor_name) override {
     if (!rng.chance(f.gate_reject)) return false;
     ++faults;
@@ -157,57 +113,7 @@ struct cworld : gate_fault {
   void flap(int32_t a, int32_t b, int64_t ms);
   void start();
   void submit(const std::string& id, std::vector<int32_t> prompt, int32_t max_tokens, int64_t deadline_in_ms) {
-    auto& rec = reqs[id];
-    rec.prompt = prompt;
-    rec.max_tokens = max_tokens;
-    event_callback cb = [this, id](token_event ev) { on_event(id, std::move(ev)); };
-    note(fmt::format("submit {} ({} prompt tokens, max_tokens {})", id, prompt.size(), max_tokens));
-    seq_request r;
-    r.id = id;
-    r.prompt = std::move(prompt);
-    r.max_tokens = max_tokens;
-    r.ignore_eos = true;
-    r.sampling.temperature = 0.0f;
-    if (deadline_in_ms > 0) r.deadline_ms = now() + deadline_in_ms;
-    auto& router = nodes[0].sched;
-    if (!router.gate->try_enter()) {
-      cb(error_event(id, router.gate->overloaded_error()));
-      return;
-    }
-    caf::anon_send(router.handle, submit_atom::value,
-                   make_wire([&](schema::Envelope::Builder env) { r.write(env.initSubmit()); }),
-                   callback_box{std::move(cb), id, static_cast<int32_t>(r.prompt.size())});
-  }
-
-  void on_event(const std::string& id, token_event ev) {
-    auto& r = reqs[id];
-    if (r.finished > 0) violate(fmt::format("request {}: event after its finished event", id));
-    r.tokens.insert(r.tokens.end(), ev.tokens.begin(), ev.tokens.end());
-    if (!ev.finished) return;
-    r.finished += 1;
-    r.reason = ev.reason;
-    r.error = ev.err ? ev.err->what() : "";
-    static const char* names[] = {"none", "stop", "length", "abort", "error"};
-    note(fmt::format("finished {}: {} after {} tokens{}", id, names[int(ev.reason)], r.tokens.size(),
-                     r.error.empty() ? "" : " (" + r.error.substr(0, 100) + ")"));
-  }
-
-  void step() {
-    auto& jobs = sched->jobs;
-    auto i = jobs.begin() + static_cast<std::ptrdiff_t>(rng.below(jobs.size()));
-    std::rotate(jobs.begin(), i, i + 1);
-    sched->run_once();
-  }
-  void drain() {
-    for (int i = 0; i < 100000 && sched->has_job(); ++i) step();
-  }
-  std::optional<stats_snapshot> stats_of(const caf::actor& a) {
-    auto out = std::make_shared<std::optional<stats_snapshot>>();
-    spawn_fn<caf::event_based_actor>(*sys, [a, out](caf::event_based_actor* self) {
-      self->request(a, caf::infinite, stats_atom::value).then([out](const wire& w) { *out = read_stats(w); });
-    });
-    drain();
-    return *out;
+    send_submit(nodes[0].sched, make_request(id, std::move(prompt), max_tokens, deadline_in_ms));
   }
 };
 

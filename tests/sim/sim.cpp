@@ -18,24 +18,13 @@
 #include "actors/supervisor/supervisor.h"
 #include "actors/worker/worker.h"
 #include "tests/actors/support.h"
+#include "tests/sim/world_base.h"
 
 namespace tandem::sim {
 
 namespace {
 
 using link_atom = caf::atom_constant<caf::atom("simlink")>;
-
-/// The cluster clock read from the test scheduler's simulated time (ms).
-class sim_clock final : public cluster_clock {
- public:
-  explicit sim_clock(caf::detail::test_actor_clock& c) : c_(c) {}
-  int64_t now_ms() const override {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(c_.current_time.time_since_epoch()).count();
-  }
-
- private:
-  caf::detail::test_actor_clock& c_;
-};
 
 struct world;
 
@@ -72,41 +61,16 @@ struct link_state {
 };
 using link_actor_t = caf::stateful_actor<link_state>;
 
-/// Spawns the function actor `f(Self*)`. CAF 0.17's init_fun_factory dereferences a null
-/// argument tuple when the function takes nothing besides `self` (UBSan: reference binding to
-/// a null pointer), so every function actor of the simulation goes through this, which hands
-/// it one unused argument.
-template <class Self, class F>
-caf::actor spawn_fn(caf::actor_system& sys, F f) {
-  return sys.spawn([f = std::move(f)](Self* self, int) mutable { return f(self); }, 0);
-}
-
-/// Per request, what the front end saw.
-struct req_record {
-  std::vector<int32_t> prompt;
-  int32_t max_tokens = 0;
-  std::vector<int32_t> tokens;
-  int finished = 0;
-  finish_reason reason = finish_reason::none;
-  std::string error;
-};
-
 /// One actor set (replaced whole on every restart) and its links.
 struct actor_set {
   bounded_actor router, prefill, decode, worker, cache;
   std::vector<caf::actor> links;
 };
 
-struct world : gate_fault {
+struct world : gate_fault, world_base {
   uint64_t seed;
-  sim_rng rng;
   fault_menu f;
   limits lim;
-  caf::actor_system_config cfg;
-  std::unique_ptr<caf::actor_system> sys;
-  caf::scheduler::test_coordinator* sched = nullptr;
-  std::shared_ptr<sim_clock> clk;
-  std::shared_ptr<spdlog::sinks::sink> sink = std::make_shared<spdlog::sinks::null_sink_mt>();
   std::shared_ptr<flaky_model> model;
   kv_layout layout;
   int32_t n_pages = 0;
@@ -116,21 +80,8 @@ struct world : gate_fault {
   int32_t restarts = 0;
   int32_t faults = 0;
   int64_t copies = 0;  ///< duplicates the links delivered
-  std::deque<std::string> trace;
-  std::map<std::string, req_record> reqs;
-  std::vector<std::string> violations;
 
-  explicit world(uint64_t s) : seed(s), rng(s * 0x2545F4914F6CDD1Dull + 1) {}
-
-  int64_t now() const { return clk->now_ms(); }
-  void note(std::string s) {
-    trace.push_back(fmt::format("t={} {}", now(), s));
-    if (trace.size() > 60) trace.pop_front();
-  }
-  void violate(std::string s) {
-    note("VIOLATION " + s);
-    violations.push_back(std::move(s));
-  }
+  explicit world(uint64_t s) : world_base(s * 0x2545F4914F6CDD1Dull + 1, 60), seed(s) {}
 
   bool reject(const std::string& actor_name) override {
     if (!rng.chance(f.gate_reject)) return false;
@@ -363,42 +314,9 @@ struct world : gate_fault {
   }
 
   void submit(const std::string& id, std::vector<int32_t> prompt, int32_t max_tokens, int64_t deadline_in_ms) {
-    auto& rec = reqs[id];
-    rec.prompt = prompt;
-    rec.max_tokens = max_tokens;
-    event_callback cb = [this, id](token_event ev) { on_event(id, std::move(ev)); };
-    note(fmt::format("submit {} ({} prompt tokens, max_tokens {})", id, prompt.size(), max_tokens));
-    if (escalated) {
-      cb(error_event(id, tandem::error(error_kind::disconnected, "node escalated")));
-      return;
-    }
-    seq_request r;
-    r.id = id;
-    r.prompt = std::move(prompt);
-    r.max_tokens = max_tokens;
-    r.ignore_eos = true;
-    r.sampling.temperature = 0.0f;  // greedy: the output is known (expected_greedy)
-    if (deadline_in_ms > 0) r.deadline_ms = now() + deadline_in_ms;
-    if (!cur.router.gate->try_enter()) {
-      cb(error_event(id, cur.router.gate->overloaded_error()));
-      return;
-    }
-    caf::anon_send(cur.router.handle, submit_atom::value,
-                   make_wire([&](schema::Envelope::Builder env) { r.write(env.initSubmit()); }),
-                   callback_box{std::move(cb), id, static_cast<int32_t>(r.prompt.size())});
-  }
-
-  void on_event(const std::string& id, token_event ev) {
-    auto& r = reqs[id];
-    if (r.finished > 0) violate(fmt::format("request {}: event after its finished event", id));
-    r.tokens.insert(r.tokens.end(), ev.tokens.begin(), ev.tokens.end());
-    if (!ev.finished) return;
-    r.finished += 1;
-    r.reason = ev.reason;
-    r.error = ev.err ? ev.err->what() : "";
-    static const char* names[] = {"none", "stop", "length", "abort", "error"};
-    note(fmt::format("finished {}: {} after {} tokens{}", id, names[int(ev.reason)], r.tokens.size(),
-                     r.error.empty() ? "" : " (" + r.error.substr(0, 80) + ")"));
+    seq_request r = make_request(id, std::move(prompt), max_tokens, deadline_in_ms);
+    if (escalated) return on_event(id, error_event(id, tandem::error(error_kind::disconnected, "node escalated")));
+    send_submit(cur.router, r);
   }
 
   void crash_one() {
@@ -416,26 +334,6 @@ struct world : gate_fault {
   }
 
   /// Runs one job chosen by the RNG (any actor with mail may go next).
-  void step() {
-    auto& jobs = sched->jobs;
-    auto i = jobs.begin() + static_cast<std::ptrdiff_t>(rng.below(jobs.size()));
-    std::rotate(jobs.begin(), i, i + 1);
-    sched->run_once();
-  }
-
-  /// Runs every job (no time passes): for queries at the end.
-  void drain() {
-    for (int i = 0; i < 100000 && sched->has_job(); ++i) step();
-  }
-
-  std::optional<stats_snapshot> stats_of(const caf::actor& a) {
-    auto out = std::make_shared<std::optional<stats_snapshot>>();
-    spawn_fn<caf::event_based_actor>(*sys, [a, out](caf::event_based_actor* self) {
-      self->request(a, caf::infinite, stats_atom::value).then([out](const wire& w) { *out = read_stats(w); });
-    });
-    drain();
-    return *out;
-  }
 };
 
 void flaky_model::forward(std::span<const batch_seq> batch, kv_pools& pool, std::vector<float>& logits) {
@@ -530,29 +428,9 @@ sim_result run_seed(uint64_t seed, const fault_menu* menu) {
                      w.f.max_time_step_ms));
 
   // The workload: a few requests arriving over the first ~40 simulated ms; some share a prefix.
-  struct arrival {
-    int64_t at_ms;
-    std::string id;
-    std::vector<int32_t> prompt;
-    int32_t max_tokens;
-    int64_t deadline_in_ms;
-  };
-  std::vector<arrival> arrivals;
-  const int n_req = static_cast<int>(w.rng.between(2, 7));
-  std::vector<int32_t> shared;
-  for (int i = 0, n = int(w.rng.between(1, 9)); i < n; ++i) shared.push_back(int32_t(w.rng.below(64)));
   const int64_t t0 = w.now();
-  for (int i = 0; i < n_req; ++i) {
-    arrival a;
-    a.at_ms = t0 + w.rng.between(0, 40);
-    a.id = fmt::format("r{}", i);
-    if (w.rng.chance(0.5)) a.prompt = shared;
-    for (int j = 0, n = int(w.rng.between(1, 10)); j < n; ++j) a.prompt.push_back(int32_t(w.rng.below(64)));
-    a.max_tokens = static_cast<int32_t>(w.rng.between(1, 10));
-    a.deadline_in_ms = w.rng.chance(0.3) ? w.rng.between(5, 300) : 0;
-    arrivals.push_back(std::move(a));
-  }
-  std::stable_sort(arrivals.begin(), arrivals.end(), [](auto& a, auto& b) { return a.at_ms < b.at_ms; });
+  const std::vector<arrival> arrivals = w.make_workload(workload_shape{2, 7, 1, 0, 0.3});
+  const int n_req = static_cast<int>(arrivals.size());
   // Crashes at random simulated times within the busy period.
   std::vector<int64_t> crash_at;
   for (int i = 0; i < w.f.crashes; ++i) crash_at.push_back(t0 + w.rng.between(0, 120));
@@ -615,44 +493,14 @@ sim_result run_seed(uint64_t seed, const fault_menu* menu) {
   res.sim_ms = w.now() - t0;
 
   // --- invariants
-  for (const auto& a : arrivals) {
-    const auto& r = w.reqs[a.id];
-    if (r.finished != 1) w.violate(fmt::format("request {}: {} finished events (want exactly 1)", a.id, r.finished));
-    auto want = test::expected_greedy(a.prompt, a.max_tokens);
-    if (r.reason == finish_reason::length && r.tokens != want)
-      w.violate(fmt::format("request {}: completed output differs from the fault-free greedy output", a.id));
-    if (r.tokens.size() > want.size() || !std::equal(r.tokens.begin(), r.tokens.end(), want.begin()))
-      w.violate(fmt::format("request {}: streamed tokens are not a prefix of the greedy output", a.id));
-    if (r.reason != finish_reason::length && r.reason != finish_reason::error)
-      w.violate(fmt::format("request {}: unexpected finish reason {}", a.id, int(r.reason)));
-    if (r.reason == finish_reason::length) ++res.completed;
-    if (r.reason == finish_reason::error) ++res.errors;
-  }
-  if (!w.escalated) {
-    if (auto st = w.stats_of(w.cur.cache.handle)) {
-      const double free = st->value("kv_pages_free"), cached = st->value("kv_pages_evictable");
-      if (free + cached != w.n_pages)
-        w.violate(fmt::format("device pool: {} free + {} evictable of {} pages (leak)", free, cached, w.n_pages));
-    } else {
-      w.violate("the cache tier does not answer a stats query");
-    }
-    for (auto* a : {&w.cur.router, &w.cur.prefill, &w.cur.decode, &w.cur.worker, &w.cur.cache}) {
-      const auto& g = *a->gate;
-      if (g.depth() != 0)
-        w.violate(fmt::format("mailbox gate of {}: depth {} after quiescence (accounting leak)", g.actor_name(), g.depth()));
-    }
-  }
-  for (auto* a : {&w.cur.router, &w.cur.prefill, &w.cur.decode, &w.cur.worker, &w.cur.cache}) {
-    const auto& g = *a->gate;
-    // Work-creating messages stop at the bound; control messages (frees, events, aborts of
-    // admitted requests) may pass it: at most one event per token plus a few per request and
-    // per preemption, and the copies a link made.
-    int64_t slack = w.copies;
-    for (const auto& a : arrivals) slack += a.max_tokens + 6;
-    if (g.high_water() > g.bound() + slack)
-      w.violate(fmt::format("mailbox of {}: {} messages waiting, bound {} (+{} control)", g.actor_name(), g.high_water(),
-                            g.bound(), slack));
-  }
+  w.check_requests(arrivals, res);
+  if (!w.escalated) w.check_pages(w.cur.cache.handle, w.n_pages, "device pool");
+  // Control messages may pass a bound: at most one event per token plus a few per request and
+  // per preemption, and the copies a link made.
+  int64_t slack = w.copies;
+  for (const auto& a : arrivals) slack += a.max_tokens + 6;
+  for (auto* a : {&w.cur.router, &w.cur.prefill, &w.cur.decode, &w.cur.worker, &w.cur.cache})
+    w.check_gate(*a->gate, slack, "", !w.escalated);
 
   // --- shutdown: stop the supervisor first so the exits are not failures
   caf::anon_send_exit(w.supervisor, caf::exit_reason::user_shutdown);
