@@ -52,18 +52,7 @@ cluster_menu pick_menu(sim_rng& r) {
 limits pick_limits(sim_rng& r) {
   limits l;
   l.page_size = 4;
-  l.prefill_chunk_tokens = static_cast<int32_t>(r.between(2, 12));
-  l.max_running_seqs = static_cast<int32_t>(r.between(1, 4));
-  l.max_prefill_batch_seqs = static_cast<int32_t>(r.between(1, 3));
-  l.max_queued_requests = static_cast<int32_t>(r.between(2, 8));
-  l.max_inflight_requests = static_cast<int32_t>(r.between(3, 16));
-  l.router_mailbox = static_cast<int32_t>(r.between(2, 16));
-  l.prefill_mailbox = static_cast<int32_t>(r.between(2, 16));
-  l.decode_mailbox = static_cast<int32_t>(r.between(2, 16));
-  l.worker_mailbox = static_cast<int32_t>(r.between(2, 8));
-  l.cache_tier_mailbox = static_cast<int32_t>(r.between(2, 16));
-  l.prefix_cache = r.chance(0.5);
-  l.request_timeout_ms = static_cast<int32_t>(r.between(300, 3000));
+  draw_limits(r, l, 300);
   l.max_new_tokens = 64;
   return l;
 }

@@ -236,14 +236,7 @@ void cworld::flap(int32_t a, int32_t b, int64_t ms) {
 }
 
 void cworld::start() {
-  cfg.set("scheduler.policy", caf::atom("testing"));
-  cfg.set("logger.verbosity", caf::atom("quiet"));
-  cfg.set("logger.console", caf::atom("none"));
-  cfg.add_message_type<wire>("tandem_wire");
-  sys = std::make_unique<caf::actor_system>(cfg);
-  sched = &dynamic_cast<caf::scheduler::test_coordinator&>(sys->scheduler());
-  sched->clock().current_time += std::chrono::hours(1);
-  clk = std::make_shared<sim_clock>(sched->clock());
+  start_system();
   model = std::make_shared<test::fake_model>();
   layout = model->layout(lim.page_size);
   kv_fault_menu kf;

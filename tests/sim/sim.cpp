@@ -284,14 +284,7 @@ struct world : gate_fault, world_base {
   }
 
   void start() {
-    cfg.set("scheduler.policy", caf::atom("testing"));
-    cfg.set("logger.verbosity", caf::atom("quiet"));
-    cfg.set("logger.console", caf::atom("none"));
-    cfg.add_message_type<wire>("tandem_wire");
-    sys = std::make_unique<caf::actor_system>(cfg);
-    sched = &dynamic_cast<caf::scheduler::test_coordinator&>(sys->scheduler());
-    sched->clock().current_time += std::chrono::hours(1);
-    clk = std::make_shared<sim_clock>(sched->clock());
+    start_system();
     model = std::make_shared<flaky_model>(*this);
     layout = model->layout(lim.page_size);
     n_pages = lim.device_pages;
@@ -379,18 +372,7 @@ limits pick_limits(sim_rng& r) {
   limits l;
   l.page_size = 4;
   l.device_pages = static_cast<int32_t>(r.between(6, 32));
-  l.prefill_chunk_tokens = static_cast<int32_t>(r.between(2, 12));
-  l.max_running_seqs = static_cast<int32_t>(r.between(1, 4));
-  l.max_prefill_batch_seqs = static_cast<int32_t>(r.between(1, 3));
-  l.max_queued_requests = static_cast<int32_t>(r.between(2, 8));
-  l.max_inflight_requests = static_cast<int32_t>(r.between(3, 16));
-  l.router_mailbox = static_cast<int32_t>(r.between(2, 16));
-  l.prefill_mailbox = static_cast<int32_t>(r.between(2, 16));
-  l.decode_mailbox = static_cast<int32_t>(r.between(2, 16));
-  l.worker_mailbox = static_cast<int32_t>(r.between(2, 8));
-  l.cache_tier_mailbox = static_cast<int32_t>(r.between(2, 16));
-  l.prefix_cache = r.chance(0.5);
-  l.request_timeout_ms = static_cast<int32_t>(r.between(200, 3000));
+  draw_limits(r, l, 200);
   l.supervisor_max_restarts = static_cast<int32_t>(r.between(1, 3));
   l.supervisor_period_ms = 60000;
   l.max_new_tokens = 64;

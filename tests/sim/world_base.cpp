@@ -59,6 +59,32 @@ void world_base::send_submit(const bounded_actor& router, const seq_request& r) 
                  callback_box{std::move(cb), id, static_cast<int32_t>(r.prompt.size())});
 }
 
+void draw_limits(sim_rng& r, limits& l, int32_t timeout_min_ms) {
+  l.prefill_chunk_tokens = static_cast<int32_t>(r.between(2, 12));
+  l.max_running_seqs = static_cast<int32_t>(r.between(1, 4));
+  l.max_prefill_batch_seqs = static_cast<int32_t>(r.between(1, 3));
+  l.max_queued_requests = static_cast<int32_t>(r.between(2, 8));
+  l.max_inflight_requests = static_cast<int32_t>(r.between(3, 16));
+  l.router_mailbox = static_cast<int32_t>(r.between(2, 16));
+  l.prefill_mailbox = static_cast<int32_t>(r.between(2, 16));
+  l.decode_mailbox = static_cast<int32_t>(r.between(2, 16));
+  l.worker_mailbox = static_cast<int32_t>(r.between(2, 8));
+  l.cache_tier_mailbox = static_cast<int32_t>(r.between(2, 16));
+  l.prefix_cache = r.chance(0.5);
+  l.request_timeout_ms = static_cast<int32_t>(r.between(timeout_min_ms, 3000));
+}
+
+void world_base::start_system() {
+  cfg.set("scheduler.policy", caf::atom("testing"));
+  cfg.set("logger.verbosity", caf::atom("quiet"));
+  cfg.set("logger.console", caf::atom("none"));
+  cfg.add_message_type<wire>("tandem_wire");
+  sys = std::make_unique<caf::actor_system>(cfg);
+  sched = &dynamic_cast<caf::scheduler::test_coordinator&>(sys->scheduler());
+  sched->clock().current_time += std::chrono::hours(1);
+  clk = std::make_shared<sim_clock>(sched->clock());
+}
+
 void world_base::step() {
   auto& jobs = sched->jobs;
   auto i = jobs.begin() + static_cast<std::ptrdiff_t>(rng.below(jobs.size()));

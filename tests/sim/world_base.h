@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "actors/common/bounded_mailbox.h"
+#include "actors/common/limits.h"
 #include "actors/common/metrics.h"
 #include "actors/common/request.h"
 #include "actors/runtime/serving_api.h"
@@ -54,6 +55,10 @@ struct req_record {
   finish_reason reason = finish_reason::none;
   std::string error;
 };
+
+/// The limits both simulations draw (small bounds so every rejection path runs), in one order
+/// so a seed replays; `timeout_min_ms`: the least request timeout drawn.
+void draw_limits(sim_rng& r, limits& l, int32_t timeout_min_ms);
 
 /// One request of a run's workload.
 struct arrival {
@@ -97,6 +102,8 @@ struct world_base {
                            int64_t deadline_in_ms);
   /// Sends `r` to the router through its gate (a full gate answers overloaded at once).
   void send_submit(const bounded_actor& router, const seq_request& r);
+  /// The actor system on the test scheduler, its clock an hour past zero (so no time is 0).
+  void start_system();
   /// Runs one job, chosen by the seed.
   void step();
   /// Runs every job (no time passes): for queries at the end.
