@@ -7,11 +7,9 @@
 
 #include "actors/common/wire.h"
 #include "kernels/base/error.h"
+#include "kernels/model/kv_pools.h"
 
 namespace tandem {
-
-/// Pages per pool, pool 0 first, indexed by block; window pools hold -1 for released blocks.
-using pool_pages = std::vector<std::vector<int32_t>>;
 
 /// Pools one message may carry (a layout set has at most this many).
 constexpr unsigned max_kv_pools = 8;

@@ -128,30 +128,4 @@ void release_dead_blocks(const kv_pool_spec& spec, int64_t next_pos, std::vector
     }
 }
 
-int32_t seq_page_tables::needed(size_t p, int64_t end) const {
-  const int64_t ps = set_->page_size();
-  return int32_t(std::max<int64_t>(0, (end + ps - 1) / ps - int64_t(tables_[p].size())));
-}
-
-std::vector<std::vector<int32_t>> seq_page_tables::release_dead(int64_t next_pos) {
-  std::vector<std::vector<int32_t>> freed(tables_.size());
-  for (size_t p = 0; p < tables_.size(); ++p)
-    release_dead_blocks(set_->pools[p], next_pos, tables_[p], freed[p]);
-  return freed;
-}
-
-std::vector<std::vector<int32_t>> seq_page_tables::take_all() {
-  std::vector<std::vector<int32_t>> all(tables_.size());
-  for (size_t p = 0; p < tables_.size(); ++p) {
-    for (int32_t id : tables_[p])
-      if (id >= 0) all[p].push_back(id);
-    tables_[p].clear();
-  }
-  return all;
-}
-
-int32_t seq_page_tables::held(size_t p) const {
-  return int32_t(std::count_if(tables_[p].begin(), tables_[p].end(), [](int32_t id) { return id >= 0; }));
-}
-
 }  // namespace tandem

@@ -14,6 +14,9 @@
 
 namespace tandem {
 
+/// Pages per pool, pool 0 first, indexed by block; window pools hold -1 for released blocks.
+using pool_pages = std::vector<std::vector<int32_t>>;
+
 /// One pool of a layout set.
 struct kv_pool_spec {
   std::string name = "full";    ///< "full" / "window": metric label, config and error text
@@ -83,31 +86,5 @@ class kv_pools {
 /// that is not -1 is appended to `freed` and set to -1. Full pools release nothing.
 void release_dead_blocks(const kv_pool_spec& spec, int64_t next_pos, std::vector<int32_t>& table,
                          std::vector<int32_t>& freed);
-
-/// One sequence's page tables, one per pool of a layout set, indexed by block. Window pools
-/// hold -1 for the blocks released once out of the window. Plain bookkeeping for schedulers.
-class seq_page_tables {
- public:
-  explicit seq_page_tables(const kv_pools_layout& set) : set_(&set), tables_(set.pools.size()) {}
-  /// Pages pool p lacks for a step ending at position `end` (exclusive): blocks(end) - |table|.
-  int32_t needed(size_t p, int64_t end) const;
-  /// Appends freshly allocated pages to pool p's table (the next blocks in order).
-  void append(size_t p, std::span<const int32_t> pages) {
-    tables_[p].insert(tables_[p].end(), pages.begin(), pages.end());
-  }
-  /// Releases every window block the token at `next_pos` and later do not read; the freed
-  /// page ids per pool (empty lists for full pools).
-  std::vector<std::vector<int32_t>> release_dead(int64_t next_pos);
-  /// Every page still held per pool (-1 entries left out); the tables become empty.
-  std::vector<std::vector<int32_t>> take_all();
-  /// Pages pool p holds now (-1 entries left out).
-  int32_t held(size_t p) const;
-  const std::vector<int32_t>& table(size_t p) const { return tables_[p]; }
-  size_t size() const { return tables_.size(); }
-
- private:
-  const kv_pools_layout* set_;
-  std::vector<std::vector<int32_t>> tables_;
-};
 
 }  // namespace tandem

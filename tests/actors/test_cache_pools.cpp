@@ -41,38 +41,6 @@ int count(const std::vector<copy_op>& ops, copy_op::kind_t k, int32_t pool) {
 
 }  // namespace
 
-TEST_CASE("seq_pages: a chunked prefill rotates its own window pages, shared ones are freed") {
-  const auto set = two_pools(4);  // a step starting at p reads blocks >= (p - 3) / 2
-  // 12 tokens = 6 blocks; block 0 came from the prefix cache (page 50, shared); 4 fresh pages.
-  pool_pages t{{10, 11, 12, 13, 14, 15}, {50, 60, 61, 62, 63, -1}};
-  pool_pages freed;
-  rotate_window_pages(set, 2, 6, 1, 2, t, freed);  // reads from block 0: nothing moves
-  CHECK(t[1] == std::vector<int32_t>{50, 60, 61, 62, 63, -1});
-  CHECK(freed[1].empty());
-  rotate_window_pages(set, 6, 10, 1, 2, t, freed);  // block 0 dies: shared, so freed, not reused
-  CHECK(freed[1] == std::vector<int32_t>{50});
-  CHECK(t[1] == std::vector<int32_t>{-1, 60, 61, 62, 63, -1});
-  freed.clear();
-  rotate_window_pages(set, 10, 12, 1, 2, t, freed);  // blocks 1, 2 die: their pages move on
-  CHECK(t[1] == std::vector<int32_t>{-1, -1, -1, 62, 63, 61});
-  CHECK(freed[1] == std::vector<int32_t>{60});  // no block left to take it
-  CHECK(pages_held(t) == std::vector<int32_t>{6, 3});
-  // Shared pages are never written: with blocks 0..2 shared, block 5 has no page to take.
-  pool_pages t2{{10, 11, 12, 13, 14, 15}, {50, 51, 52, 62, 63, -1}};
-  freed.clear();
-  CHECK_THROWS_WITH_AS(rotate_window_pages(set, 10, 12, 3, 2, t2, freed), doctest::Contains("'window'"),
-                       tandem::error);
-  // After the last step: the next token at 12 reads blocks >= 4.
-  pool_pages dead;
-  CHECK(release_dead_pages(set, 12, t, dead) == 1);
-  CHECK(dead[1] == std::vector<int32_t>{62});
-  CHECK(pages_held(t) == std::vector<int32_t>{6, 2});
-  CHECK(pages_lacking(t, 13, 2) == std::vector<int32_t>{1, 1});
-  CHECK(first_blocks(t, 2)[1] == std::vector<int32_t>{-1, -1});
-  CHECK(holds_pages(t));
-  CHECK_FALSE(holds_pages(pool_pages{{}, {-1, -1}}));
-}
-
 TEST_CASE("radix_cache(pools): a prefix is reused only with its window, never longer, and window pages evict alone") {
   const auto set = two_pools(4);
   page_allocator dev(8), win(8);

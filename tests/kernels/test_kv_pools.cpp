@@ -15,6 +15,7 @@
 #include "kernels/gguf/gguf.h"
 #include "kernels/model/arch/dense_forward.h"
 #include "kernels/model/kv_pools.h"
+#include "kernels/model/seq_pages.h"
 #include "kernels/model/kv_pools_plan.h"
 #include "kernels/model/make_model.h"
 #include "tests/kernels/reference_model.h"
@@ -211,23 +212,21 @@ TEST_CASE("kv pools: a sequence's page tables grow per pool and give back dead w
   const kv_pools_layout set{
       .pools = {kv_pool_spec{.name = "full", .page = kv_layout{1, 2, 8, 4}, .layers = {1}},
                 window_spec(6, 4)}};
-  seq_page_tables t(set);
-  CHECK(t.needed(0, 9) == 3);
-  CHECK(t.needed(1, 9) == 3);
-  t.append(0, std::vector<int32_t>{7, 8, 9});
-  t.append(1, std::vector<int32_t>{1, 2, 3});
-  CHECK(t.needed(0, 12) == 0);
-  CHECK(t.needed(1, 13) == 1);
-  auto freed = t.release_dead(9);  // the token at 9 reads 4..9: block 0 is dead
+  pool_pages t(2);
+  CHECK(pages_lacking(t, 9, 4) == std::vector<int32_t>{3, 3});
+  t[0] = {7, 8, 9};
+  t[1] = {1, 2, 3};
+  CHECK(pages_lacking(t, 12, 4) == std::vector<int32_t>{0, 0});
+  CHECK(pages_lacking(t, 13, 4) == std::vector<int32_t>{1, 1});
+  pool_pages freed;
+  CHECK(release_dead_pages(set, 9, t, freed) == 1);  // the token at 9 reads 4..9: block 0 is dead
   CHECK(freed[0].empty());
   CHECK(freed[1] == std::vector<int32_t>{1});
-  CHECK(t.table(1) == std::vector<int32_t>{-1, 2, 3});
-  CHECK(t.held(0) == 3);
-  CHECK(t.held(1) == 2);
-  const auto all = t.take_all();
-  CHECK(all[0] == std::vector<int32_t>{7, 8, 9});
-  CHECK(all[1] == std::vector<int32_t>{2, 3});
-  CHECK(t.held(1) == 0);
+  CHECK(t[1] == std::vector<int32_t>{-1, 2, 3});
+  CHECK(pages_held(t) == std::vector<int32_t>{3, 2});
+  CHECK(holds_pages(t));
+  CHECK(first_blocks(t, 2) == pool_pages{{7, 8}, {-1, 2}});
+  CHECK_FALSE(holds_pages(pool_pages{{-1}, {}}));
   // Admission counts each pool; refusal names the pool.
   CHECK(set.max_pages(100, 1) == std::vector<int32_t>{25, 3});
   set.check_fits(std::vector<int32_t>{25, 3}, 100, 1);
@@ -235,6 +234,53 @@ TEST_CASE("kv pools: a sequence's page tables grow per pool and give back dead w
                        doctest::Contains("3 pages of the window KV pool, which has 2"), tandem::error);
   CHECK_THROWS_WITH_AS(set.check_fits(std::vector<int32_t>{24, 3}, 100, 1),
                        doctest::Contains("the full KV pool"), tandem::error);
+}
+
+namespace {
+/// A full pool (layer 0) and a window pool of W tokens (layer 1), page size 2.
+kv_pools_layout two_small_pools(int32_t window) {
+  kv_layout page;
+  page.n_layers = 1;
+  page.n_kv_heads = 1;
+  page.head_dim = 4;
+  page.page_size = 2;
+  kv_pools_layout set;
+  set.pools.push_back(kv_pool_spec{"full", page, 0, {0}});
+  set.pools.push_back(kv_pool_spec{"window", page, window, {1}});
+  return set;
+}
+}  // namespace
+
+TEST_CASE("seq_pages: a chunked prefill rotates its own window pages, shared ones are freed") {
+  const auto set = two_small_pools(4);  // a step starting at p reads blocks >= (p - 3) / 2
+  // 12 tokens = 6 blocks; block 0 came from the prefix cache (page 50, shared); 4 fresh pages.
+  pool_pages t{{10, 11, 12, 13, 14, 15}, {50, 60, 61, 62, 63, -1}};
+  pool_pages freed;
+  rotate_window_pages(set, 2, 6, 1, 2, t, freed);  // reads from block 0: nothing moves
+  CHECK(t[1] == std::vector<int32_t>{50, 60, 61, 62, 63, -1});
+  CHECK(freed[1].empty());
+  rotate_window_pages(set, 6, 10, 1, 2, t, freed);  // block 0 dies: shared, so freed, not reused
+  CHECK(freed[1] == std::vector<int32_t>{50});
+  CHECK(t[1] == std::vector<int32_t>{-1, 60, 61, 62, 63, -1});
+  freed.clear();
+  rotate_window_pages(set, 10, 12, 1, 2, t, freed);  // blocks 1, 2 die: their pages move on
+  CHECK(t[1] == std::vector<int32_t>{-1, -1, -1, 62, 63, 61});
+  CHECK(freed[1] == std::vector<int32_t>{60});  // no block left to take it
+  CHECK(pages_held(t) == std::vector<int32_t>{6, 3});
+  // Shared pages are never written: with blocks 0..2 shared, block 5 has no page to take.
+  pool_pages t2{{10, 11, 12, 13, 14, 15}, {50, 51, 52, 62, 63, -1}};
+  freed.clear();
+  CHECK_THROWS_WITH_AS(rotate_window_pages(set, 10, 12, 3, 2, t2, freed), doctest::Contains("'window'"),
+                       tandem::error);
+  // After the last step: the next token at 12 reads blocks >= 4.
+  pool_pages dead;
+  CHECK(release_dead_pages(set, 12, t, dead) == 1);
+  CHECK(dead[1] == std::vector<int32_t>{62});
+  CHECK(pages_held(t) == std::vector<int32_t>{6, 2});
+  CHECK(pages_lacking(t, 13, 2) == std::vector<int32_t>{1, 1});
+  CHECK(first_blocks(t, 2)[1] == std::vector<int32_t>{-1, -1});
+  CHECK(holds_pages(t));
+  CHECK_FALSE(holds_pages(pool_pages{{}, {-1, -1}}));
 }
 
 TEST_CASE("kv pools: a cached prefix is usable only with its window state, else shortened") {
