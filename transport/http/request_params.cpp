@@ -31,7 +31,7 @@ constexpr field_rule rules[] = {
     {"stream", both, field_policy::honoured, ""},
     {"stream_options", both, field_policy::honoured, ""},
     {"ignore_eos", both, field_policy::honoured, ""},
-    {"n", both, field_policy::honoured, ""},  // n = 1 only: other values are refused where parsed
+    {"n", both, field_policy::honoured, ""},  // 1 to limits.max_choices: checked where parsed
     {"prompt", completions, field_policy::honoured, ""},
     {"messages", chat_route, field_policy::honoured, ""},
     {"response_format", both, field_policy::honoured, ""},  // transport/http/response_format.h
