@@ -52,6 +52,8 @@ class fake_tokenizer final : public tokenizer {
   int32_t bos_id() const override { return 1; }
   int32_t eos_id() const override { return 2; }
   std::string_view model_name() const override { return "fake"; }
+  /// Fill-in-the-middle token ids (none by default).
+  void set_fim(int32_t pre, int32_t suf, int32_t mid) { fim_ = {pre, suf, mid}; }
 
   static std::vector<int32_t> ids(std::string_view s) {
     std::vector<int32_t> r;
@@ -86,6 +88,9 @@ class fake_api final : public serving_api {
     cv_.notify_all();
     worker_.join();
   }
+
+  /// The tokenizer's FIM ids (set before the first request).
+  void set_fim(int32_t pre, int32_t suf, int32_t mid) { tok_.set_fim(pre, suf, mid); }
 
   void set(fake_behavior b) {
     std::lock_guard<std::mutex> l(m_);

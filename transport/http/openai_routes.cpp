@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "kernels/tokenizer/tokenizer.h"
+#include "transport/http/fim_prompt.h"
 #include "transport/http/json.h"
 #include "transport/http/openai_choice.h"
 #include "transport/http/openai_request.h"
@@ -309,6 +310,21 @@ kj::Promise<void> openai_server::impl::generate(route_id r, const std::string& t
       if (pr.echo) echo = tok.decode(pr.prompt);
     } else {
       wrong_type("prompt", "a string or an array of token ids", *pv);
+    }
+    // Fill-in-the-middle: the prompt and the suffix around the model's FIM tokens.
+    if (auto* sx = field(body, "suffix")) {
+      if (sx->k != json::kind::string) wrong_type("suffix", "a string", *sx);
+      if (!sx->s.empty()) {
+        if (pr.echo)
+          throw invalid("suffix", "suffix with echo is not supported (the prompt is not what the model continues); "
+                                  "send one of them");
+        std::vector<int32_t> middle_of = pv->k == json::kind::string ? tok.encode(pv->s, false) : pr.prompt;
+        std::string why;
+        auto fim = transport::fim_prompt(tok, middle_of, sx->s, why);
+        if (!fim)
+          throw http_error{422, why, "invalid_request_error", "suffix", "unsupported_parameter", std::nullopt};
+        pr.prompt = std::move(*fim);
+      }
     }
   }
   if (!pr.max_tokens_set) pr.gen.max_tokens = transport::default_max_tokens(pr.prompt.size(), api.max_context(), lim);
