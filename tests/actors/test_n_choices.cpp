@@ -232,3 +232,39 @@ TEST_CASE("n choices (micro gemma2, sliding-window pool): greedy n=3 == n=1, eve
     pages_back(*c);
   }
 }
+
+TEST_CASE("n choices (micro llama): choice 0 ending at its first token still gives every choice") {
+  // max_tokens 1: choice 0 ends at the prefill; the handoff carries the KV for the forks alone.
+  auto c = embedded_cluster::start(opts("llama"));
+  const auto prompt = prompt_of(c->tok());
+  auto one = run(*c, make_req("f1", prompt, 1));
+  auto r = make_req("f3", prompt, 1);
+  r.n = 3;
+  auto three = run(*c, r);
+  REQUIRE(three.size() == 3);
+  for (const auto& t : three) CHECK(t == one[0]);
+  auto text = pages_back(*c);
+  CHECK(metric(text, "tandem_decode_forks_total") == 2);
+  CHECK(metric(text, "tandem_requests_finished_total{reason=\"length\"}") == 2);
+}
+
+TEST_CASE("n choices (micro llama): a full KV pool fails the request (never preempted), every choice ends, pages back") {
+  auto o = opts("llama");
+  o.lim.device_pages = 10;  // 160 tokens: three forks of ~110 tokens each cannot all fit
+  auto c = embedded_cluster::start(o);
+  auto r = make_req("full", prompt_of(c->tok()), 100);
+  r.n = 3;
+  choices_collector col;
+  c->submit(r, col.cb());
+  REQUIRE(col.wait_finished(3));
+  for (int32_t k = 0; k < 3; ++k) {
+    CAPTURE(k);
+    CHECK(col.finishes[k] == 1);
+    auto last = col.last(k);
+    REQUIRE(last.err.has_value());
+    CHECK(last.err->kind() == error_kind::overloaded);
+  }
+  auto text = pages_back(*c);
+  CHECK(metric(text, "tandem_requests_finished_total{reason=\"error\"}") == 1);
+  CHECK(metric(text, "tandem_decode_preemptions_total") == 0);
+}
