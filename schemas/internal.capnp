@@ -58,6 +58,13 @@ struct SubmitRequest {
   transferRetries @10 :Int32; # re-prefills after failed KV transfers (bounds the recompute policy)
   decodeTarget @11 :Text;     # the decode target the router paired with the prefill ("" = the prefill's own)
   logprobs @12 :Int32 = -1;   # log-probabilities per sampled token with this many top entries; -1 = none
+  # `n` choices (OpenAI's n): one prefill; the decode side forks the sequence into n once it
+  # has the prompt's KV and the first token (actors/decode_scheduler/decode_fork.cpp).
+  n @13 :Int32 = 1;
+  choice @14 :Int32;          # a fork's choice index (0 = the sequence the prefill handed off)
+  # n > 1 and choice 0 ended at its first token (the prefill reported its end): the decode side
+  # makes forks 1..n-1 from the handed-off KV and frees the sequence itself.
+  forkOnly @15 :Bool;
 }
 
 # Where KV pages live; a cross-node version ships pages between pools using these fields.
@@ -243,6 +250,7 @@ struct TokenEvent {
                               # this event): the router orders the events of different stages
                               # (links), drops duplicates and holds back after a gap
   logprobs @9 :List(TokenLogprobs);  # parallel to tokens when the request asked for them
+  choice @10 :Int32;          # which of the request's n choices (SubmitRequest.n) these tokens belong to
 }
 
 # Router -> prefill -> decode (-> prefill ...): drop the request and free its pages.
@@ -253,6 +261,8 @@ struct Abort {
   # The front end ended the request because its text reached a stop string: it finishes (and
   # is counted in tandem_requests_finished_total) as `stop`, not `abort`.
   stopString @2 :Bool;
+  # Only this choice of an n > 1 request (its stop string matched); -1 = the whole request.
+  choice @3 :Int32 = -1;
 }
 
 # Cache tier: pages for a prompt (longest cached prefix + fresh pages for the rest).
@@ -276,6 +286,14 @@ struct AllocRequest {
   id @0 :Text;
   count @1 :Int32;
   extraCounts @2 :List(Int32);  # pages of pools 1.. (empty: none)
+  # A sequence forks (decode, n > 1): one more reference on each page of `holds` (pool 0) and
+  # `extraHolds` (pools 1..), which the fork shares; the k-th page allocated in a pool becomes a
+  # copy of the k-th page of `copyFrom` / `extraCopyFrom` of that pool, made by the worker
+  # before the reply (copy-on-write of the block the fork writes first).
+  holds @3 :List(Int32);
+  extraHolds @4 :List(PoolPages);
+  copyFrom @5 :List(Int32);
+  extraCopyFrom @6 :List(PoolPages);
 }
 
 struct AllocReply {
@@ -311,6 +329,7 @@ enum CacheOpKind {
   hostToDisk @2;     # L3 write (write-through, or write-back on L2 eviction)
   diskToHost @3;     # L3 hit: read, verify the checksum, place in a host page
   dropDisk @4;       # L3 eviction: delete the file
+  deviceToDevice @5; # a fork's copy-on-write: device page `device` into device page `deviceTo`
 }
 
 struct CacheOp {
@@ -321,6 +340,7 @@ struct CacheOp {
   parent @4 :UInt64;          # chain hash of the prefix before it (stored, checked on read)
   tokens @5 :List(Int32);     # the page's tokens (stored, checked on read)
   pool @6 :Int32;             # which pool of the layout set the pages belong to (0 = the first)
+  deviceTo @7 :Int32;         # deviceToDevice: the destination page
 }
 
 struct CacheCopy {

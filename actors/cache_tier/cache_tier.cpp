@@ -19,6 +19,12 @@ namespace {
 
 constexpr const char* k_tier[3] = {"device", "host", "disk"};
 
+/// A `List(PoolPages)` field seen as the `extraPools` that read_pool_pages reads.
+struct extra_reader {
+  capnp::List<schema::PoolPages>::Reader l;
+  capnp::List<schema::PoolPages>::Reader getExtraPools() const { return l; }
+};
+
 struct copy_done {
   std::vector<uint32_t> failed;
   uint64_t bytes = 0;
@@ -41,6 +47,7 @@ struct cache_state {
   int64_t load_back_tokens = 0, load_back_skipped_tokens = 0, copy_bytes = 0, copy_batches = 0;
   double load_back_s = 0, copy_s = 0;
   int64_t background_in_flight = 0, disk_restored = 0;
+  int64_t fork_copies = 0;  ///< device pages copied for forks (decode n > 1)
   static inline const char* name = "cache_tier";
 
   bool tiers() const { return host_alloc != nullptr; }
@@ -85,7 +92,9 @@ wire copy_wire(const std::string& id, const std::vector<copy_op>& ops) {
         case copy_op::host_to_disk: o.setKind(schema::CacheOpKind::HOST_TO_DISK); break;
         case copy_op::disk_to_host: o.setKind(schema::CacheOpKind::DISK_TO_HOST); break;
         case copy_op::drop_disk: o.setKind(schema::CacheOpKind::DROP_DISK); break;
+        case copy_op::device_to_device: o.setKind(schema::CacheOpKind::DEVICE_TO_DEVICE); break;
       }
+      o.setDeviceTo(op.device_to);
       o.setDevice(op.device);
       o.setHost(op.host);
       o.setHash(op.hash);
@@ -266,6 +275,28 @@ caf::result<wire> alloc_reply(cache_actor_t* self, schema::AllocRequest::Reader 
   std::vector<copy_op> ops;
   std::string id = rq.getId().cStr();
   const int32_t count = rq.getCount();
+  // A fork shares the pages of `holds`: its references are taken before any allocation, so
+  // no eviction the allocation makes can take them (they are in use by the sequence anyway).
+  pool_pages holds = read_pool_pages(rq.getHolds(), extra_reader{rq.getExtraHolds()});
+  for (size_t p = 0; p < holds.size(); ++p)
+    for (size_t i = 0; i < holds[p].size(); ++i) {
+      if (holds[p][i] < 0) continue;
+      try {
+        if (p > s.xalloc.size()) throw tandem::error(error_kind::failed, fmt::format("no KV pool {}", p));
+        s.pool(p).ref(holds[p][i]);
+      } catch (const tandem::error& e) {
+        ++s.bad_frees;
+        holds[p].resize(i);  // the references taken so far go back
+        s.unref_pools(holds, id);
+        return make_wire([&](schema::Envelope::Builder env) {
+          auto r = env.initAllocReply();
+          r.setOk(false);
+          set_error(r.initError(), tandem::error(error_kind::failed,
+                                                 fmt::format("request {}: fork of pages the sequence does not hold: {}",
+                                                             id, e.what())));
+        });
+      }
+    }
   auto first = s.cache->alloc_device(count, ops);
   // Every pool or none: a sequence steps only with a page in each pool it writes.
   std::optional<pool_pages> pages;
@@ -289,7 +320,26 @@ caf::result<wire> alloc_reply(cache_actor_t* self, schema::AllocRequest::Reader 
       pages.reset();
     }
   }
-  if (!pages) ++s.alloc_failures;
+  if (!pages) {
+    ++s.alloc_failures;
+    s.unref_pools(holds, id);
+  }
+  // The fork's copies (copy-on-write of the block it writes first), after any eviction copies.
+  size_t fork_copies = 0;
+  if (pages) {
+    const pool_pages from = read_pool_pages(rq.getCopyFrom(), extra_reader{rq.getExtraCopyFrom()});
+    for (size_t p = 0; p < from.size() && p < pages->size(); ++p)
+      for (size_t i = 0; i < from[p].size() && i < (*pages)[p].size(); ++i) {
+        if (from[p][i] < 0) continue;
+        copy_op op;
+        op.kind = copy_op::device_to_device;
+        op.device = from[p][i];
+        op.device_to = (*pages)[p][i];
+        op.pool = static_cast<int32_t>(p);
+        ops.push_back(op);
+        ++fork_copies;
+      }
+  }
   auto reply = [self, pages, id, count, why]() {
     auto& st = self->state;
     return make_wire([&](schema::Envelope::Builder env) {
@@ -315,7 +365,30 @@ caf::result<wire> alloc_reply(cache_actor_t* self, schema::AllocRequest::Reader 
   if (ops.empty()) return reply();
   // write_back: the victims' copies run before the caller may overwrite their pages.
   auto rp = self->make_response_promise<wire>();
-  run_copies(self, id, std::move(ops), [rp, reply](const copy_done&) mutable { rp.deliver(reply()); });
+  if (fork_copies == 0) {
+    run_copies(self, id, std::move(ops), [rp, reply](const copy_done&) mutable { rp.deliver(reply()); });
+    return rp;
+  }
+  s.fork_copies += static_cast<int64_t>(fork_copies);
+  const size_t first_fork = ops.size() - fork_copies;
+  run_copies(self, id, std::move(ops), [self, rp, reply, pages, holds, id, first_fork, fork_copies](const copy_done& d) mutable {
+    // A failed copy of the fork fails it, and every page it took goes back.
+    bool fork_failed = false;
+    for (auto i : d.failed) fork_failed = fork_failed || (i >= first_fork && i < first_fork + fork_copies);
+    if (!fork_failed) {
+      rp.deliver(reply());
+      return;
+    }
+    auto& st = self->state;
+    st.unref_pools(*pages, id);
+    st.unref_pools(holds, id);
+    rp.deliver(make_wire([&](schema::Envelope::Builder env) {
+      auto r = env.initAllocReply();
+      r.setOk(false);
+      set_error(r.initError(), tandem::error(error_kind::failed,
+                                             fmt::format("request {}: a page copy of its fork failed", id)));
+    }));
+  });
   return rp;
 }
 
@@ -344,6 +417,8 @@ std::vector<metric_sample> metrics(const cache_state& s) {
   std::vector<metric_sample> m = {
       {"kv_pages_total", "", double(s.alloc->n_pages()), "gauge", "KV pages in the device pool"},
       {"kv_pages_free", "", double(s.alloc->n_free()), "gauge", "KV pages on the free list"},
+      {"kv_fork_page_copies_total", "", double(s.fork_copies), "counter",
+       "KV pages copied for forked sequences (n > 1: the block each fork writes first)"},
       {"kv_pages_cached", "", double(s.cache->cached_pages()), "gauge", "KV pages held by the prefix cache"},
       {"kv_pages_evictable", "", double(s.alloc->n_evictable()), "gauge",
        "Cached KV pages no request uses (reclaimable)"},

@@ -40,9 +40,10 @@ namespace tandem {
 
 /// One page copy for the worker (schema CacheOp).
 struct copy_op {
-  enum kind_t : uint8_t { device_to_host, host_to_device, host_to_disk, disk_to_host, drop_disk };
+  enum kind_t : uint8_t { device_to_host, host_to_device, host_to_disk, disk_to_host, drop_disk, device_to_device };
   kind_t kind = device_to_host;
   int32_t device = -1;
+  int32_t device_to = -1;  ///< device_to_device (a fork's copy-on-write): the destination
   int32_t host = -1;
   uint64_t hash = 0, parent = 0;
   std::vector<int32_t> tokens;  ///< the page's tokens (disk ops)

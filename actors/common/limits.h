@@ -72,6 +72,9 @@ struct limits {
   // --- requests
   int32_t max_context = 0;               ///< 0 = the model's context length
   int32_t max_new_tokens = 4096;
+  /// Choices of one request (OpenAI's n): its forks share the prompt's KV pages at decode and
+  /// take a batch slot each (also bounded by max_running_seqs).
+  int32_t max_choices = 8;
   /// Bytes of a request's response_format JSON schema (compiled by every worker that samples it).
   int32_t max_grammar_bytes = 65536;
   /// A request naming a model this server does not serve is answered (with the served model)

@@ -133,6 +133,8 @@ const std::vector<limit_field>& table() {
           "use 0 for the model's context length"),
       i32("max_new_tokens", &L::max_new_tokens, 1, i32_max, "tokens", nullptr,
           "output tokens of one request (and the default max_tokens' bound)", "use e.g. 4096"),
+      i32("max_choices", &L::max_choices, 1, 64, "choices", "max-choices",
+          "choices of one request (n): forks sharing the prompt's KV pages, one batch slot each", "use e.g. 8"),
       i32("max_grammar_bytes", &L::max_grammar_bytes, 1, i32_max, "bytes", nullptr,
           "a response_format JSON schema (compiled by every worker that samples it)", "use e.g. 65536"),
       flag("accept_any_model_name", &L::accept_any_model_name, "accept-any-model-name",

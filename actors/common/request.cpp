@@ -75,6 +75,9 @@ seq_request seq_request::read(schema::SubmitRequest::Reader r) {
   s.transfer_retries = r.getTransferRetries();
   s.decode_target = r.getDecodeTarget().cStr();
   s.logprobs = r.getLogprobs();
+  s.n = std::max(1, r.getN());
+  s.choice = r.getChoice();
+  s.fork_only = r.getForkOnly();
   return s;
 }
 
@@ -92,6 +95,9 @@ void seq_request::write(schema::SubmitRequest::Builder b) const {
   b.setTransferRetries(transfer_retries);
   if (!decode_target.empty()) b.setDecodeTarget(decode_target);
   b.setLogprobs(logprobs);
+  b.setN(n);
+  b.setChoice(choice);
+  b.setForkOnly(fork_only);
 }
 
 std::vector<int32_t> seq_request::all_tokens() const {
@@ -144,7 +150,8 @@ finish_reason from_schema(schema::FinishReason r) {
 
 wire make_event(const std::string& id, const std::vector<int32_t>& tokens, finish_reason reason,
                 const tandem::error* err, int32_t prompt_tokens, int32_t cached_tokens,
-                const std::string& state, int32_t first_index, std::span<const token_logprobs> logprobs) {
+                const std::string& state, int32_t first_index, std::span<const token_logprobs> logprobs,
+                int32_t choice) {
   return make_wire([&](schema::Envelope::Builder env) {
     auto e = env.initEvent();
     e.setId(id);
@@ -157,6 +164,7 @@ wire make_event(const std::string& id, const std::vector<int32_t>& tokens, finis
     e.setState(state);
     e.setFirstIndex(first_index);
     write_logprobs([&](unsigned n) { return e.initLogprobs(n); }, logprobs);
+    e.setChoice(choice);
   });
 }
 

@@ -27,6 +27,9 @@ struct seq_request {
   int32_t transfer_retries = 0;  ///< re-prefills after failed KV transfers
   std::string decode_target;  ///< the router's choice of decode target ("" = the prefill's own)
   int32_t logprobs = -1;      ///< top log-probabilities per sampled token (-1 = none; 0 = the token's own)
+  int32_t n = 1;              ///< choices: the decode side forks the sequence into n (decode_fork.cpp)
+  int32_t choice = 0;         ///< a fork's choice index
+  bool fork_only = false;     ///< n > 1 and choice 0 ended at the prefill: only its forks go on
 
   static seq_request read(schema::SubmitRequest::Reader r);
   void write(schema::SubmitRequest::Builder b) const;
@@ -59,7 +62,8 @@ finish_reason apply_token(seq_request& r, int32_t token, const model_facts& m);
 /// `logprobs`: parallel to `tokens` when the request asked for them.
 wire make_event(const std::string& id, const std::vector<int32_t>& tokens, finish_reason reason,
                 const tandem::error* err, int32_t prompt_tokens, int32_t cached_tokens,
-                const std::string& state, int32_t first_index, std::span<const token_logprobs> logprobs = {});
+                const std::string& state, int32_t first_index, std::span<const token_logprobs> logprobs = {},
+                int32_t choice = 0);
 
 schema::FinishReason to_schema(finish_reason r);
 finish_reason from_schema(schema::FinishReason r);

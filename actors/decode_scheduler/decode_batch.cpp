@@ -40,7 +40,17 @@ void preempt_or_fail(decode_actor_t* self) {
     s.waiting.erase(s.waiting.begin() + static_cast<std::ptrdiff_t>(idx));
   else
     s.running.erase(s.running.begin() + static_cast<std::ptrdiff_t>(idx));
-  if (candidates == 1) {
+  if (candidates == 1 || !victim.group.empty() || victim.req.n > 1) {
+    if (candidates > 1) {
+      // n > 1: its forks share pages; recompute would need all of them back at prefill.
+      s.fail(victim,
+             tandem::error(error_kind::overloaded,
+                           fmt::format("request {}: KV cache exhausted at {} tokens; a request with n = {} is not "
+                                       "preempted for recompute; retry it, with a smaller n or max_tokens",
+                                       victim.wire_id(), victim.total_len(), victim.req.n)),
+             "kv_pages_n");
+      return;
+    }
     s.fail(
         victim,
         tandem::error(error_kind::overloaded,
@@ -84,7 +94,7 @@ void on_step_done(decode_actor_t* self, const wire* w, const tandem::error* tran
     }
     it->kv_len += batch[i].second;
     if (it->prefilling) {
-      s.local_prefill_tokens += batch[i].second;
+      (it->fork_first ? s.fork_tokens : s.local_prefill_tokens) += batch[i].second;
       if (it->kv_len < static_cast<int32_t>(it->fill.size())) continue;  // more chunks to go
       it->prefilling = false;  // the prompt is in; this step sampled the first token
       it->fill.clear();
@@ -241,6 +251,7 @@ void pump(decode_actor_t* self) {
 
 void pump_once(decode_actor_t* self) {
   auto& s = self->state;
+  start_forks(self);  // n > 1: waiting sequences that have their prompt's KV fork now
   if (s.busy || s.page_stall) return;
   // Aborted sequences not in a batch leave now.
   for (auto it = s.running.begin(); it != s.running.end();) {

@@ -21,7 +21,9 @@ void transfer_failed(decode_actor_t* self, dseq d, const std::string& why) {
   s.transfers_failed += 1;
   s.free_pages(d.req.id, d.pages);
   if (d.aborted) return;
-  if (s.opt.transfer_failure_policy == "recompute" && d.req.transfer_retries < s.opt.max_transfer_retries) {
+  // n > 1 is not recomputed (its first token went out; the forks need a fresh prefill): it fails.
+  if (s.opt.transfer_failure_policy == "recompute" && d.req.n <= 1 &&
+      d.req.transfer_retries < s.opt.max_transfer_retries) {
     s.transfer_recomputes += 1;
     d.req.transfer_retries += 1;
     s.log->info("request {}: KV transfer from node {} failed ({}); re-prefilling (retry {} of {})", d.req.id,

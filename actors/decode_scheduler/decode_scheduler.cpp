@@ -100,8 +100,15 @@ void on_local_submit(decode_actor_t* self, seq_request r) {
           });
 }
 
-void on_abort(decode_actor_t* self, const std::string& id, int32_t hops) {
+void on_abort(decode_actor_t* self, const std::string& id, int32_t hops, int32_t choice) {
   auto& s = self->state;
+  // n > 1: the request's forks (every choice, or one whose stop string matched).
+  if (abort_forks(self, id, choice)) {
+    s.log->info("request {}: {} aborted", id, choice < 0 ? std::string("every choice") : fmt::format("choice {}", choice));
+    pump(self);
+    return;
+  }
+  if (choice >= 0) return;  // that choice ended here already
   if (auto it = s.local_acquiring.find(id); it != s.local_acquiring.end()) {
     it->second = true;  // its pages are freed when the acquisition returns
     return;
@@ -203,7 +210,7 @@ caf::behavior decode_actor(decode_actor_t* self, scheduler_options opt, std::sha
           } else if (env.isSubmit())
             on_local_submit(self, seq_request::read(env.getSubmit()));
           else if (env.isAbort())
-            on_abort(self, env.getAbort().getId().cStr(), env.getAbort().getHops());
+            on_abort(self, env.getAbort().getId().cStr(), env.getAbort().getHops(), env.getAbort().getChoice());
           else if (env.isCreditQuery()) {
             s.drain.on_query(env.getCreditQuery().getHolds());
             s.send_credit(true);
@@ -269,6 +276,12 @@ caf::behavior decode_actor(decode_actor_t* self, scheduler_options opt, std::sha
              "Cross-node handoffs whose KV transfer failed (then recomputed or failed by policy)"},
             {"decode_kv_recomputes_total", "", double(s.transfer_recomputes), "counter",
              "Requests re-prefilled after a failed KV transfer (transfer.failure_policy = recompute)"},
+            {"decode_forks_total", "", double(s.forks), "counter",
+             "Sequences forked from another (n > 1: n - 1 per request, sharing its prompt's KV pages)"},
+            {"decode_fork_failures_total", "", double(s.fork_failures), "counter",
+             "Forks that got no KV pages (the request failed with overloaded)"},
+            {"decode_fork_tokens_total", "", double(s.fork_tokens), "counter",
+             "Last prompt positions recomputed by forks (one per fork) in decode steps"},
             {"decode_local_prefills_total", "", double(s.local_prefills), "counter",
              "Requests prefilled in the decode batch (conditional disaggregation)"},
             {"decode_local_prefill_tokens_total", "", double(s.local_prefill_tokens), "counter",

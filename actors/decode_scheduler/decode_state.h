@@ -39,6 +39,11 @@ struct dseq {
   bool prefilling = false;
   bool parked = false;  ///< a handoff that waited in page_waiting (its allocation is a retry)
   std::vector<int32_t> fill;
+  /// n > 1 (decode_fork.cpp): the request's id on the wire (events, aborts) for the sequence
+  /// and its forks, whose own ids are `group#cK`; empty for a request with one choice.
+  std::string group;
+  bool fork_first = false;  ///< a fork recomputing the last prompt position (not a local prefill)
+  const std::string& wire_id() const { return group.empty() ? req.id : group; }
   int32_t total_len() const { return req.total_len(); }
 };
 
@@ -68,6 +73,10 @@ struct decode_state {
   int64_t handoffs_parked = 0;
   int64_t transfers_done = 0, transfers_failed = 0, transfer_recomputes = 0;
   int64_t steps = 0, tokens = 0, preemptions = 0, joined = 0;
+  /// n > 1: sequences whose forks' pages are being taken and copied (by request id); bounded
+  /// by the batch (each came from `waiting`).
+  std::unordered_map<std::string, dseq> forking;
+  int64_t forks = 0, fork_failures = 0, fork_tokens = 0;
   int32_t pool_free_pages = -1;  ///< KV pages free at the last allocation reply (-1 = none yet)
   int32_t pool_total_pages = 0;  ///< pages in the pool, from the allocation replies (0 = unknown)
   /// The lone sequence here found no page while others (prefills, transfers) hold the rest:
@@ -109,9 +118,9 @@ struct decode_state {
             const char* state, std::span<const token_logprobs> lps = {}) {
     peers.router.gate->enter_control();
     caf::anon_send(peers.router.handle, wire_atom::value,
-                   make_event(d.req.id, toks, reason, err, static_cast<int32_t>(d.req.prompt.size()),
+                   make_event(d.wire_id(), toks, reason, err, static_cast<int32_t>(d.req.prompt.size()),
                               d.req.cached_tokens, state,
-                              static_cast<int32_t>(d.req.generated.size() - toks.size()), lps));
+                              static_cast<int32_t>(d.req.generated.size() - toks.size()), lps, d.req.choice));
   }
   void free_pages(const std::string& id, pool_pages& pages) { send_free_pages(peers.cache, id, pages); }
   void fail(dseq& d, const tandem::error& e, const std::string& reason) {
@@ -177,5 +186,10 @@ void release_source(decode_actor_t* self, const dseq& q);
 void on_kv_done(decode_actor_t* self, const wire& w);
 void on_handoff(decode_actor_t* self, schema::KvHandoff::Reader h);
 void preempt_or_fail(decode_actor_t* self);
+/// n > 1: forks the waiting sequences that have their prompt's KV and first token and were not
+/// forked yet (decode_fork.cpp); true if one is being forked now.
+void start_forks(decode_actor_t* self);
+/// Aborts the forks of request `id` (every choice, or only `choice` >= 0); true if any was here.
+bool abort_forks(decode_actor_t* self, const std::string& id, int32_t choice);
 
 }  // namespace tandem::decode_detail

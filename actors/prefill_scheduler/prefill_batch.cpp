@@ -58,9 +58,11 @@ void finish_prefill(prefill_actor_t* self, pseq& q, int32_t token, const token_l
   auto& s = self->state;
   const int32_t computed = q.computed;
   // Window blocks the next token does not read go back before the cache sees the tables.
+  // n > 1: the forks recompute the last prompt position, which reads one position further back.
   {
     pool_pages dead;
-    if (release_dead_pages(s.opt.pools, int64_t(q.tokens.size()), q.pages, dead) > 0) s.free_pages(q.req.id, dead);
+    const int64_t next = int64_t(q.tokens.size()) - (q.req.n > 1 ? 1 : 0);
+    if (release_dead_pages(s.opt.pools, next, q.pages, dead) > 0) s.free_pages(q.req.id, dead);
   }
   // Cache the full pages of what was computed before ownership moves on.
   if (s.opt.lim.prefix_cache) {
@@ -79,12 +81,19 @@ void finish_prefill(prefill_actor_t* self, pseq& q, int32_t token, const token_l
   // The token's log-probabilities travel with it (none for a stop token, which is not emitted).
   std::span<const token_logprobs> lps;
   if (lp && !out.empty() && q.req.logprobs >= 0) lps = std::span<const token_logprobs>(lp, 1);
-  if (reason != finish_reason::none) {
+  if (reason != finish_reason::none && q.req.n > 1 && q.req.choice == 0) {
+    // n choices: choice 0 ended at its first token, but its forks still need the prompt's KV.
+    // Its end goes out now; the handoff carries the KV for the forks alone (decode_fork.cpp).
+    s.emit_event(q, out, reason, nullptr, "decode", lps);
+    if (q.req.generated.empty()) q.req.generated.push_back(token);  // the handoff's shape: KV + one token
+    q.req.fork_only = true;
+  } else if (reason != finish_reason::none) {
     s.free_pages(q.req.id, q.pages);
     s.emit_event(q, out, reason, nullptr, "prefill", lps);
     return;
+  } else {
+    s.emit_event(q, out, finish_reason::none, nullptr, "decode", lps);
   }
-  s.emit_event(q, out, finish_reason::none, nullptr, "decode", lps);
   if (!s.peers.decode.gate->try_enter()) {
     s.fail(q, s.peers.decode.gate->overloaded_error(), "decode_mailbox");
     return;

@@ -117,8 +117,20 @@ void pump(prefill_actor_t* self) {
   s.send_credit(false);
 }
 
-void on_abort(prefill_actor_t* self, const std::string& id, int32_t hops) {
+void on_abort(prefill_actor_t* self, const std::string& id, int32_t hops, int32_t choice) {
   auto& s = self->state;
+  // One choice of an n > 1 request (its stop string): only its fork at decode stops.
+  if (choice >= 0) {
+    s.peers.decode.gate->enter_control();
+    self->send(s.peers.decode.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
+                 auto a = env.initAbort();
+                 a.setId(id);
+                 a.setHops(8);
+                 a.setStopString(true);
+                 a.setChoice(choice);
+               }));
+    return;
+  }
   for (auto it = s.waiting.begin(); it != s.waiting.end(); ++it) {
     if (it->req.id != id) continue;
     if (!it->requeued) s.queued_tokens -= static_cast<int64_t>(it->tokens.size());
@@ -188,7 +200,7 @@ caf::behavior prefill_actor(prefill_actor_t* self, scheduler_options opt, std::s
           else if (env.isRequeue())
             on_submit(self, seq_request::read(env.getRequeue()), true);
           else if (env.isAbort())
-            on_abort(self, env.getAbort().getId().cStr(), env.getAbort().getHops());
+            on_abort(self, env.getAbort().getId().cStr(), env.getAbort().getHops(), env.getAbort().getChoice());
           else if (env.isCreditQuery()) {
             s.drain_ctl.on_query(env.getCreditQuery().getHolds());
             s.send_credit(true);

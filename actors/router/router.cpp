@@ -111,6 +111,10 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
             on_requeue(self, w, env.getRequeue());
           } else if (env.isAbort()) {
             std::string id = env.getAbort().getId().cStr();
+            if (env.getAbort().getChoice() >= 0) {
+              stop_choice(self, id, env.getAbort().getChoice());  // one choice of n > 1
+              return;
+            }
             auto it = s.table.find(id);
             if (it == s.table.end()) return;
             const int target = it->second.state == "retrying" ? -1 : it->second.prefill;

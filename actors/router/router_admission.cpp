@@ -239,7 +239,8 @@ placement router_state::place(const seq_request& r, const std::vector<int>& avoi
       const int64_t w = estimate_queue_wait_ms(p.backlog_tokens(), p.load.prefill_tokens_per_s);
       if (w >= 0 && (shortest < 0 || w < shortest)) shortest = w;
     }
-    if (prefill_locally(opt.local_prefill, static_cast<int32_t>(n), cached, shortest, dlo)) {
+    // n > 1 forks at its decode target after a prefill on the prefill path (decode_fork.cpp).
+    if (r.n <= 1 && prefill_locally(opt.local_prefill, static_cast<int32_t>(n), cached, shortest, dlo)) {
       local_prefill_candidates += 1;
       // Acted on only where it saves a KV transfer (the decode target runs on another node
       // than the prefill target), and only if the decode pool can hold the prompt now: its
@@ -268,6 +269,9 @@ std::string router_state::validate(const seq_request& r) const {
   if (r.max_tokens <= 0 || r.max_tokens > opt.lim.max_new_tokens)
     return fmt::format("request {}: max_tokens = {} must be in [1, {}] (limits.max_new_tokens)", r.id,
                        r.max_tokens, opt.lim.max_new_tokens);
+  if (r.n < 1 || r.n > opt.lim.max_choices || r.n > opt.lim.max_running_seqs)
+    return fmt::format("request {}: n = {} must be in [1, {}] (limits.max_choices, at most limits.max_running_seqs)",
+                       r.id, r.n, std::min(opt.lim.max_choices, opt.lim.max_running_seqs));
   auto sv = r.sampling.validate();
   if (!sv.empty()) return fmt::format("request {}: {}", r.id, sv);
   return "";
@@ -395,6 +399,7 @@ void on_submit(router_actor_t* self, const wire& w, event_callback cb) {
   e.deadline_ms = r.deadline_ms;
   e.prompt_tokens = prompt_len;
   e.req = r;
+  e.choices.resize(static_cast<size_t>(r.n - 1));
   auto [it, fresh] = s.table.emplace(r.id, std::move(e));
   (void)fresh;
   if (!dispatch(self, it->second, pl)) return;

@@ -60,6 +60,12 @@ void lose(router_actor_t* self, const std::string& id, bool decode_side, const s
              "streams on another node");
     return;
   }
+  if (e.req.n > 1) {
+    // Its forks hold shared pages on one decode node: not moved (documented in docs/api.md).
+    s.migration_failures["n_choices"] += 1;
+    end_lost(s, id, cause, fmt::format("a request with n = {} is not moved to another node; retry it", e.req.n));
+    return;
+  }
   if (e.migrations >= lim.router_max_migrations) {
     s.migration_failures["budget"] += 1;
     end_lost(s, id, cause,

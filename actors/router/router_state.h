@@ -104,6 +104,21 @@ struct entry {
   std::vector<int> lost_prefill, lost_decode;  ///< targets it lost: never again for this request
   /// Events that overtook an earlier one, by completion index (at most max_new_tokens + 1).
   std::map<int32_t, stage_event> early;
+  /// n > 1: choices 1..n-1 (choice 0 is the fields above); the entry ends once every choice
+  /// ended (router_choices.cpp).
+  struct choice_track {
+    int32_t completion_tokens = 0;
+    std::map<int32_t, stage_event> early;
+    bool done = false;
+  };
+  std::vector<choice_track> choices;
+  bool done0 = false;  ///< n > 1: choice 0 ended (its finished event went out)
+  finish_reason reason0 = finish_reason::none;
+  int32_t completion_total() const {
+    int32_t t = completion_tokens;
+    for (const auto& c : choices) t += c.completion_tokens;
+    return t;
+  }
 };
 
 /// Where a request goes, or why it cannot go anywhere now.
@@ -211,6 +226,18 @@ void send_abort(router_actor_t* self, const std::string& id, int target, int loc
 /// Where a request is now: at its decode target or at its prefill target.
 bool is_at_decode(const entry& e);
 void on_event(router_actor_t* self, schema::TokenEvent::Reader r);
+
+// router_choices.cpp
+/// An event of choice `choice` >= 1 of an n > 1 request (its fork at the decode target).
+void on_choice_event(router_actor_t* self, router_state::entry_it it, int32_t choice, int32_t first, stage_event ev);
+/// Choice `choice` of `it` ended with `reason` (its finished event went out); true when that
+/// was the last open choice: the request is accounted and erased.
+bool end_choice(router_state& s, router_state::entry_it it, int32_t choice, finish_reason reason);
+/// The stop string of one choice matched at the front end: that choice ends as `stop` and its
+/// fork is aborted (Abort.choice).
+void stop_choice(router_actor_t* self, const std::string& id, int32_t choice);
+/// n > 1: `err` ends every open choice (the request is accounted once) and its forks are aborted.
+void fail_choices(router_actor_t* self, router_state::entry_it it, const tandem::error& err);
 void on_tick(router_actor_t* self);
 
 // router_admission.cpp

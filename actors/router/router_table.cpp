@@ -33,6 +33,30 @@ void router_state::finish_here(const std::string& id, finish_reason reason, cons
                                 const std::string& reject_reason, int64_t retry_after_ms) {
   auto it = table.find(id);
   if (it == table.end()) return;
+  // n > 1: the open choices other than the last end first (the last event ends the request).
+  for (size_t k = 0; k < it->second.choices.size(); ++k) {
+    auto& c = it->second.choices[k];
+    if (c.done) continue;
+    c.done = true;
+    token_event cev;
+    cev.request_id = id;
+    cev.choice = static_cast<int32_t>(k + 1);
+    cev.finished = true;
+    cev.reason = reason;
+    if (err) cev.err = *err;
+    cev.prompt_tokens = it->second.prompt_tokens;
+    cev.completion_tokens = c.completion_tokens;
+    cev.cached_tokens = it->second.cached_tokens;
+    cev.reject_reason = reject_reason;
+    cev.retry_after_ms = retry_after_ms;
+    deliver(it->second.cb, std::move(cev), *log);
+  }
+  if (it->second.done0) {
+    // Choice 0 ended already: this ends the request without another event of it.
+    account_finish(it->second, reason);
+    erase(it);
+    return;
+  }
   token_event ev;
   ev.request_id = id;
   ev.finished = true;
@@ -126,6 +150,13 @@ bool deliver_in_order(router_state& s, std::unordered_map<std::string, entry>::i
     router_state::deliver(e.cb, std::move(out), *s.log);
     return false;
   }
+  if (!e.choices.empty() && !out.err) {
+    // n > 1: choice 0 ended; the request ends with its last choice (router_choices.cpp).
+    const finish_reason why = out.reason;
+    router_state::deliver(e.cb, std::move(out), *s.log);
+    end_choice(s, it, 0, why);
+    return true;
+  }
   s.account_finish(e, out.reason);
   if (out.err) s.log->info("request {}: ended with error: {}", it->first, out.err->what());
   auto cb = std::move(e.cb);
@@ -196,6 +227,10 @@ void on_event(router_actor_t* self, schema::TokenEvent::Reader r) {
   if (ev.reason == finish_reason::error) ev.err = read_error(r.getError());
   if (ev.tokens.empty() && !ev.finished) return;  // progress only
   const int32_t first = r.getFirstIndex();
+  if (r.getChoice() > 0 || e.done0) {
+    on_choice_event(self, it, r.getChoice(), first, std::move(ev));
+    return;
+  }
   // A stage error after the stream started (or on a continuation) that is not the client's
   // fault: the stream moves on (lose() decides whether it can).
   if (ev.finished && ev.reason == finish_reason::error && ev.err && s.opt.lim.router_migration &&
@@ -250,6 +285,11 @@ void on_event(router_actor_t* self, schema::TokenEvent::Reader r) {
         return;
       }
     }
+  }
+  if (!e.choices.empty() && ev.finished && ev.reason == finish_reason::error && ev.err) {
+    // n > 1: an error of choice 0 ends every choice and aborts the forks.
+    fail_choices(self, it, *ev.err);
+    return;
   }
   // Prefill and decode (possibly on other nodes) send on different links: an event may
   // overtake an earlier one, or come twice. Hold it until the tokens before it arrived; a gap

@@ -192,6 +192,7 @@ void actor_cluster::submit(completion_request req, event_callback cb) {
   r.max_tokens = req.max_tokens;
   r.ignore_eos = req.ignore_eos;
   r.logprobs = req.logprobs;
+  r.n = std::max(1, req.n);
   if (req.deadline != std::chrono::steady_clock::time_point::max()) {
     // The API deadline is steady_clock; the cluster clock may be another (tests): carry the remaining time.
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(req.deadline -
@@ -207,7 +208,7 @@ void actor_cluster::submit(completion_request req, event_callback cb) {
                  callback_box{std::move(cb), r.id, static_cast<int32_t>(r.prompt.size())});
 }
 
-void actor_cluster::abort(const std::string& request_id, finish_reason why) {
+void actor_cluster::abort(const std::string& request_id, finish_reason why, int32_t choice) {
   auto& s = *st_;
   std::shared_lock<std::shared_mutex> sl(s.submit_mu);
   if (s.stopped || s.unhealthy || !s.has("router")) return;
@@ -216,6 +217,7 @@ void actor_cluster::abort(const std::string& request_id, finish_reason why) {
                    auto a = env.initAbort();
                    a.setId(request_id);
                    a.setStopString(why == finish_reason::stop);
+                   a.setChoice(choice);
                  }));
 }
 

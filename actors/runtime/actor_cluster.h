@@ -77,7 +77,7 @@ class actor_cluster {
   void submit(completion_request req, event_callback cb);
   /// Thread-safe, best effort. `why` is the reason the request finishes with: abort (the
   /// client's), or stop (the front end cut the text at a stop string).
-  void abort(const std::string& request_id, finish_reason why = finish_reason::abort);
+  void abort(const std::string& request_id, finish_reason why = finish_reason::abort, int32_t choice = -1);
   health_info health() const;
   stats_info stats() const;
   std::string metrics_text() const;

@@ -74,6 +74,9 @@ void embedded_cluster::abort(const std::string& request_id) { impl_->cluster->ab
 void embedded_cluster::stop_at_stop_string(const std::string& request_id) {
   impl_->cluster->abort(request_id, finish_reason::stop);
 }
+void embedded_cluster::stop_choice_at_stop_string(const std::string& request_id, int32_t choice) {
+  impl_->cluster->abort(request_id, finish_reason::stop, choice);
+}
 health_info embedded_cluster::health() const { return impl_->cluster->health(); }
 stats_info embedded_cluster::stats() const { return impl_->cluster->stats(); }
 std::string embedded_cluster::metrics_text() const { return impl_->cluster->metrics_text(); }

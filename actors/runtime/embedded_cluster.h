@@ -45,6 +45,7 @@ class embedded_cluster : public serving_api {
   void submit(completion_request req, event_callback cb) override;
   void abort(const std::string& request_id) override;
   void stop_at_stop_string(const std::string& request_id) override;
+  void stop_choice_at_stop_string(const std::string& request_id, int32_t choice) override;
   health_info health() const override;
   stats_info stats() const override;
   std::string metrics_text() const override;

@@ -312,6 +312,7 @@ caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, std::string ro
               auto c = b.initAbort();
               c.setId(a.getId());
               c.setStopString(a.getStopString());
+              c.setChoice(a.getChoice());
               c.setHops(max_fanout_abort_hops);
             });
             ++s.aborts_capped;

@@ -27,23 +27,28 @@ struct completion_request {
   /// Log-probabilities per generated token with this many top alternatives (0..max_top_logprobs);
   /// -1 = none (kernels/model/logprobs.h says which distribution).
   int32_t logprobs = -1;
+  /// Choices (OpenAI's n): one prefill, then n sequences sharing the prompt's KV pages. Each
+  /// choice streams its own events (token_event::choice) and ends with its own finished event.
+  int32_t n = 1;
   /// Absolute deadline; the request ends with an `overloaded`/timeout error past it.
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
 };
 
 enum class finish_reason : uint8_t { none = 0, stop = 1, length = 2, abort = 3, error = 4 };
 
-/// One event of a request's stream. Exactly one event per accepted request has
-/// `finished == true` (a completion or an error); no event follows it.
+/// One event of a request's stream. Exactly one event per accepted request and choice has
+/// `finished == true` (a completion or an error); no event of that choice follows it. An
+/// error ends every choice: its event is the last of the request.
 struct token_event {
   std::string request_id;
+  int32_t choice = 0;  ///< which of the request's n choices (completion_request::n)
   std::vector<int32_t> tokens;  ///< new tokens since the previous event
   std::vector<token_logprobs> logprobs;  ///< parallel to tokens when the request asked for them
   bool finished = false;
   finish_reason reason = finish_reason::none;
   std::optional<tandem::error> err;  ///< set iff reason == error
   int32_t prompt_tokens = 0;
-  int32_t completion_tokens = 0;     ///< total so far
+  int32_t completion_tokens = 0;     ///< total so far (of this choice)
   int32_t cached_tokens = 0;         ///< prompt tokens served from the prefix cache
   /// Set on a refusal: the bound or check that refused (e.g. "queue_wait", "queue_timeout");
   /// the HTTP front end picks the status from it (queue_timeout -> 504).
@@ -130,6 +135,12 @@ class serving_api {
   /// The front end's text reached a stop string: the engine request ends like abort, but with
   /// reason `stop` (what the client was told, and what the finish metrics count).
   virtual void stop_at_stop_string(const std::string& request_id) { abort(request_id); }
+  /// n > 1: the text of choice `choice` reached a stop string: that choice alone ends (as
+  /// `stop`, with its finished event); the others go on. The default ends nothing early (the
+  /// choice runs to its own end, which the front end no longer shows).
+  virtual void stop_choice_at_stop_string(const std::string& request_id, int32_t choice) {
+    (void)request_id, (void)choice;
+  }
   virtual health_info health() const = 0;
   virtual stats_info stats() const = 0;
   /// Prometheus text exposition of every metric of this node.

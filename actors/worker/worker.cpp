@@ -198,6 +198,18 @@ wire run_copy(worker_state& st, schema::CacheCopy::Reader cc) {
     const bool d_ok = d >= 0 && d < dev.n_pages();
     const bool h_ok = host && h >= 0 && h < host->n_pages();
     auto kind = op.getKind();
+    if (kind == schema::CacheOpKind::DEVICE_TO_DEVICE) {
+      // A fork's copy-on-write: the block it writes first gets its own page.
+      const int32_t to = op.getDeviceTo();
+      if (!d_ok || to < 0 || to >= dev.n_pages() || to == d) {
+        fail(i, fmt::format("device copy {} -> {} outside the pool of {} pages", d, to, dev.n_pages()));
+        continue;
+      }
+      if (st.opt.device.copy) st.opt.device.copy(dev.page_data(to), dev.page_data(d), pb);
+      else std::memcpy(dev.page_data(to), dev.page_data(d), pb);
+      bytes += pb;
+      continue;
+    }
     if (kind != schema::CacheOpKind::DROP_DISK && !h_ok) {
       fail(i, fmt::format("host page {} outside the host pool of {} pages", h, host ? host->n_pages() : 0));
       continue;
@@ -242,6 +254,8 @@ wire run_copy(worker_state& st, schema::CacheCopy::Reader cc) {
         case schema::CacheOpKind::DROP_DISK:
           if (!st.opt.disk_dir.empty()) remove_page_file(st.opt.disk_dir, fp, op.getHash());
           break;
+        case schema::CacheOpKind::DEVICE_TO_DEVICE:
+          break;  // handled above
       }
     } catch (const std::exception& e) {
       fail(i, e.what());

@@ -378,6 +378,9 @@ void write_random_llama(const make_model_options& opt, const std::string& path) 
   w.set_bool("tokenizer.ggml.add_bos_token", true);
   w.set_bool("tokenizer.ggml.add_eos_token", false);
   if (!opt.chat_template.empty()) w.set_string("tokenizer.chat_template", opt.chat_template);
+  if (opt.fim_pre >= 0) w.set_u32("tokenizer.ggml.fim_pre_token_id", uint32_t(opt.fim_pre));
+  if (opt.fim_suf >= 0) w.set_u32("tokenizer.ggml.fim_suf_token_id", uint32_t(opt.fim_suf));
+  if (opt.fim_mid >= 0) w.set_u32("tokenizer.ggml.fim_mid_token_id", uint32_t(opt.fim_mid));
 
   const float std_dev = 0.02f;
   auto matrix = [&](const std::string& name, int64_t ne0, int64_t ne1, int64_t ne2 = 1) {

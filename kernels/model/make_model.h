@@ -35,6 +35,9 @@ struct make_model_options {
   bool yarn_rope = false;
   /// Written as `tokenizer.chat_template` when not empty (a Jinja chat template).
   std::string chat_template;
+  /// Written as `tokenizer.ggml.fim_pre/suf/mid_token_id` when >= 0 (fill-in-the-middle
+  /// tokens, for tests of completions `suffix`: any ids of the vocabulary).
+  int32_t fim_pre = -1, fim_suf = -1, fim_mid = -1;
 };
 
 /// Writes the model to `path`. Throws tandem::error naming the bad preset/arch/dtype or I/O error.

@@ -227,6 +227,21 @@ std::unique_ptr<tokenizer> tokenizer::from_gguf(const gguf::file& f) {
       if (ct->type != gguf::value_type::string) bad(f, "has a tokenizer.chat_template that is not a string");
       t->chat_template_ = ct->as_string();
     }
+    // FIM token ids: llama.cpp's keys, the older names as a fallback; ids outside the
+    // vocabulary are a malformed file.
+    auto fim_id = [&](const char* key, const char* old_key) -> int32_t {
+      const gguf::value* x = f.find(key);
+      if (x == nullptr) x = f.find(old_key);
+      if (x == nullptr) return -1;
+      const int64_t id = x->as_i64();
+      if (id < -1 || id >= t->n_vocab())
+        bad(f, std::string(key) + " = " + std::to_string(id) + " is outside the vocabulary of " +
+                   std::to_string(t->n_vocab()));
+      return int32_t(id);
+    };
+    t->fim_.pre = fim_id("tokenizer.ggml.fim_pre_token_id", "tokenizer.ggml.prefix_token_id");
+    t->fim_.suf = fim_id("tokenizer.ggml.fim_suf_token_id", "tokenizer.ggml.suffix_token_id");
+    t->fim_.mid = fim_id("tokenizer.ggml.fim_mid_token_id", "tokenizer.ggml.middle_token_id");
     return t;
   }
   throw tandem::error(error_kind::unimplemented,

@@ -56,10 +56,18 @@ class tokenizer {
   const std::string& chat_template() const { return chat_template_; }
   /// Replaces it (tests, and files whose template lives elsewhere).
   void set_chat_template(std::string t) { chat_template_ = std::move(t); }
+  /// Fill-in-the-middle tokens (GGUF `tokenizer.ggml.fim_pre_token_id` / `fim_suf_token_id` /
+  /// `fim_mid_token_id`, or the older `prefix_token_id` / `suffix_token_id` /
+  /// `middle_token_id`); -1 where the model has none.
+  struct fim_ids {
+    int32_t pre = -1, suf = -1, mid = -1;
+  };
+  const fim_ids& fim() const { return fim_; }
 
  protected:
   std::vector<std::string> warnings_;
   std::string chat_template_;
+  fim_ids fim_;
 };
 
 /// Turns a stream of token ids into valid UTF-8 text chunks: bytes of a character split

@@ -68,6 +68,24 @@ TEST_CASE("pd: router, prefill and decode processes give the single-process gree
       CHECK(b.find("top_logprobs")->arr[i].obj.size() >= 1);
     }
   }
+  // n = 3 across nodes: one prefill and one KV transfer, three greedy choices on the decode node
+  // (forks sharing the received pages), each the single process's text.
+  {
+    json::writer w;
+    w.begin_object().key("prompt").str(prompts[0]).key("max_tokens").num(24).key("temperature").real(0);
+    w.key("n").num(3).end_object();
+    auto r = test::post(pd.router().http, "/v1/completions", w.take());
+    INFO(r.body);
+    REQUIRE(r.status == 200);
+    const json::value v = json::parse(r.body);
+    const auto& ch = v.find("choices")->arr;
+    REQUIRE(ch.size() == 3);
+    for (size_t k = 0; k < 3; ++k) {
+      CHECK(ch[k].find("index")->i == int64_t(k));
+      CHECK(ch[k].find("text")->s == want[0].text);
+    }
+    CHECK(series(test::get(pd.decode().http, "/metrics").body, "tandem_decode_forks_total") == 2);
+  }
   // Concurrent: the same prompts, three times over, all at once (batched on both sides).
   std::vector<completion> got(prompts.size() * 3);
   std::vector<std::thread> ts;
@@ -91,7 +109,7 @@ TEST_CASE("pd: router, prefill and decode processes give the single-process gree
     }
   }
   // The KV really crossed: every request's pages were sent by prefill and received by decode.
-  const auto n = double(prompts.size() * 4 + 1);  // + the logprobs request
+  const auto n = double(prompts.size() * 4 + 2);  // + the logprobs and the n = 3 requests
   auto pm = test::get(pd.prefill().http, "/metrics").body;
   auto dm = test::get(pd.decode().http, "/metrics").body;
   CHECK(series(pm, "tandem_prefill_kv_sends_total") == n);

@@ -52,6 +52,8 @@ class fake_tokenizer final : public tokenizer {
   int32_t bos_id() const override { return 1; }
   int32_t eos_id() const override { return 2; }
   std::string_view model_name() const override { return "fake"; }
+  /// Fill-in-the-middle token ids (none by default).
+  void set_fim(int32_t pre, int32_t suf, int32_t mid) { fim_ = {pre, suf, mid}; }
 
   static std::vector<int32_t> ids(std::string_view s) {
     std::vector<int32_t> r;
@@ -86,6 +88,9 @@ class fake_api final : public serving_api {
     cv_.notify_all();
     worker_.join();
   }
+
+  /// The tokenizer's FIM ids (set before the first request).
+  void set_fim(int32_t pre, int32_t suf, int32_t mid) { tok_.set_fim(pre, suf, mid); }
 
   void set(fake_behavior b) {
     std::lock_guard<std::mutex> l(m_);
@@ -183,13 +188,21 @@ class fake_api final : public serving_api {
     }
   }
 
+  /// Each of the request's n choices in turn (the same output; events carry the choice).
   void run(job& j, std::unique_lock<std::mutex>& l) {
+    for (int32_t k = 0; k < std::max(1, j.req.n); ++k)
+      if (!run_choice(j, l, k)) return;
+  }
+
+  /// False once the request ended (an error, or an abort while held).
+  bool run_choice(job& j, std::unique_lock<std::mutex>& l, int32_t choice) {
     auto toks = fake_tokenizer::ids(j.beh.output);
     if (!j.req.ignore_eos) toks.push_back(2);
     int32_t n = 0;
     auto ev = [&](std::vector<int32_t> t) {
       token_event e;
       e.request_id = j.req.request_id;
+      e.choice = choice;
       e.tokens = std::move(t);
       if (j.req.logprobs >= 0)  // token id k at -0.25, then k+1, k+2, ... one nat apart
         for (int32_t id : e.tokens) {
@@ -212,7 +225,7 @@ class fake_api final : public serving_api {
       e.reject_reason = j.beh.reject_reason;
       e.retry_after_ms = j.beh.retry_after_ms;
       j.cb(e);
-      return;
+      return false;
     }
     size_t i = 0;
     bool first = true;
@@ -239,7 +252,7 @@ class fake_api final : public serving_api {
         e.finished = true;
         e.reason = finish_reason::abort;
         j.cb(e);
-        return;
+        return false;
       }
       if (!first && j.beh.interval_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(j.beh.interval_ms));
       first = false;
@@ -249,7 +262,7 @@ class fake_api final : public serving_api {
         e.reason = length && !stop ? finish_reason::length : finish_reason::stop;
       }
       j.cb(e);
-      if (end) return;
+      if (end) return true;
     }
   }
 

@@ -263,7 +263,7 @@ TEST_CASE("http: bad requests get JSON errors with status and a message naming t
       {"/v1/completions", R"({"prompt":")" + std::string(120, 'a') + R"(","max_tokens":20})", 422,
        "prompt (121 tokens) + max_tokens (20) = 141 exceeds the model context of 128"},
       {"/v1/completions", R"({"prompt":[1,999]})", 422, "prompt token id 999 is out of range"},
-      {"/v1/completions", R"({"prompt":"x","n":2})", 422, "n = 2 is not supported"},
+      {"/v1/completions", R"({"prompt":"x","n":9})", 422, "n = 9 is out of range; use 1 to 8 (limits.max_choices = 8"},
       {"/v1/chat/completions", R"({"messages":"hi"})", 400, "'messages' must be an array"},
       {"/v1/chat/completions", R"({"messages":[{"role":"robot","content":"x"}]})", 422, "role \"robot\" is not supported"},
       {"/v1/chat/completions", R"({"messages":[]})", 422, "messages is empty"},

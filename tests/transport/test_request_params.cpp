@@ -19,7 +19,7 @@ TEST_CASE("request params: fields are classified per route") {
   CHECK(transport::classify_field("user", true) == field_policy::advisory);
   CHECK(transport::classify_field("metadata", false) == field_policy::advisory);
   CHECK(transport::classify_field("echo", false) == field_policy::honoured);
-  CHECK(transport::classify_field("suffix", false) == field_policy::refused);
+  CHECK(transport::classify_field("suffix", false) == field_policy::honoured);
   CHECK(transport::classify_field("echo", true) == field_policy::unknown);
   CHECK(transport::classify_field("top_logprobs", true) == field_policy::honoured);
   CHECK(transport::classify_field("best_of", false) == field_policy::refused);
@@ -38,9 +38,8 @@ TEST_CASE("request params: neutral values of refused fields pass, others are nam
   REQUIRE(e.has_value());
   CHECK(e->param == "best_of");
   CHECK(e->message.find("send 1") != std::string::npos);
-  e = transport::check_fields(json::parse(R"({"prompt":"a","suffix":"b"})"), false);
-  REQUIRE(e.has_value());
-  CHECK(e->param == "suffix");
+  // suffix is honoured where the model has FIM tokens (checked where parsed: test_fim_http).
+  CHECK_FALSE(transport::check_fields(json::parse(R"({"prompt":"a","suffix":"b"})"), false).has_value());
   e = transport::check_fields(json::parse(R"({"prompt":"a","bogus":1})"), false);
   REQUIRE(e.has_value());
   CHECK(e->param == "bogus");

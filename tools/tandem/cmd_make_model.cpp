@@ -26,6 +26,9 @@ int make_model(args a) {
            "none")
       .opt("seed", "random seed of the weights", "1")
       .opt("chat-template", "a Jinja chat template file to write as tokenizer.chat_template (e.g. one of shared/chat-templates)")
+      .opt("fim-tokens",
+           "PRE,SUF,MID: token ids to write as tokenizer.ggml.fim_pre/suf/mid_token_id (fill-in-the-middle, "
+           "for completions `suffix`; any ids of the vocabulary)")
       .opt("out", "output .gguf path (required)")
       .sw("untied", "write a separate output.weight instead of reusing token_embd.weight");
   if (!f.parse(a)) {
@@ -71,6 +74,23 @@ int make_model(args a) {
     ss << in.rdbuf();
     opt.chat_template = ss.str();
     if (opt.chat_template.empty()) throw tandem::error("--chat-template: '" + ct + "' is empty");
+  }
+
+  if (const std::string fim = f.str("fim-tokens"); !fim.empty()) {
+    int32_t ids[3] = {-1, -1, -1};
+    size_t at = 0;
+    for (int k = 0; k < 3; ++k) {
+      const size_t end = k < 2 ? fim.find(',', at) : fim.size();
+      if (end == std::string::npos) throw tandem::error("--fim-tokens '" + fim + "': give three ids, PRE,SUF,MID");
+      try {
+        ids[k] = std::stoi(fim.substr(at, end - at));
+      } catch (const std::exception&) {
+        throw tandem::error("--fim-tokens '" + fim + "': '" + fim.substr(at, end - at) + "' is not a token id");
+      }
+      if (ids[k] < 0) throw tandem::error("--fim-tokens '" + fim + "': ids must be >= 0");
+      at = end + 1;
+    }
+    opt.fim_pre = ids[0], opt.fim_suf = ids[1], opt.fim_mid = ids[2];
   }
 
   const auto t0 = std::chrono::steady_clock::now();

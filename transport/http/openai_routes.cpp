@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "kernels/tokenizer/tokenizer.h"
+#include "transport/http/fim_prompt.h"
 #include "transport/http/json.h"
 #include "transport/http/openai_choice.h"
 #include "transport/http/openai_request.h"
@@ -265,7 +266,16 @@ kj::Promise<void> openai_server::impl::generate(route_id r, const std::string& t
   auto invalid = [](std::string param, std::string msg) {
     return http_error{422, std::move(msg), "invalid_request_error", std::move(param), "invalid_value", std::nullopt};
   };
-  if (auto n = get_int(body, "n"); n && *n != 1) throw invalid("n", fmt::format("n = {} is not supported; only n = 1 is allowed", *n));
+  // n choices: one prefill, n sequences sharing the prompt's KV pages at decode.
+  int32_t n_choices = 1;
+  if (auto n = get_int(body, "n")) {
+    const int32_t bound = std::min(lim.max_choices, lim.max_running_seqs);
+    if (*n < 1 || *n > bound)
+      throw invalid("n", fmt::format("n = {} is out of range; use 1 to {} (limits.max_choices = {}, at most "
+                                     "limits.max_running_seqs = {})",
+                                     *n, bound, lim.max_choices, lim.max_running_seqs));
+    n_choices = static_cast<int32_t>(*n);
+  }
 
   std::string echo;  // completions: the prompt's text, when echoed
   if (chat) {
@@ -301,11 +311,26 @@ kj::Promise<void> openai_server::impl::generate(route_id r, const std::string& t
     } else {
       wrong_type("prompt", "a string or an array of token ids", *pv);
     }
+    // Fill-in-the-middle: the prompt and the suffix around the model's FIM tokens.
+    if (auto* sx = field(body, "suffix")) {
+      if (sx->k != json::kind::string) wrong_type("suffix", "a string", *sx);
+      if (!sx->s.empty()) {
+        if (pr.echo)
+          throw invalid("suffix", "suffix with echo is not supported (the prompt is not what the model continues); "
+                                  "send one of them");
+        std::vector<int32_t> middle_of = pv->k == json::kind::string ? tok.encode(pv->s, false) : pr.prompt;
+        std::string why;
+        auto fim = transport::fim_prompt(tok, middle_of, sx->s, why);
+        if (!fim)
+          throw http_error{422, why, "invalid_request_error", "suffix", "unsupported_parameter", std::nullopt};
+        pr.prompt = std::move(*fim);
+      }
+    }
   }
   if (!pr.max_tokens_set) pr.gen.max_tokens = transport::default_max_tokens(pr.prompt.size(), api.max_context(), lim);
   if (auto pe = transport::check_params(pr.gen, pr.prompt.size(), api.max_context(), lim)) throw invalid(pe->param, pe->message);
 
-  auto g = kj::heap<gen_state>(*this, tok, pr.gen.stop);
+  auto g = kj::heap<gen_state>(*this, tok, pr.gen.stop, n_choices);
   g->id = chat ? chat_ids.next() : ids.next();
   g->chat = chat;
   g->include_usage = pr.include_usage;
@@ -314,24 +339,27 @@ kj::Promise<void> openai_server::impl::generate(route_id r, const std::string& t
   g->prompt_tokens = static_cast<int32_t>(pr.prompt.size());
   g->logprobs = pr.logprobs;
   g->echo = std::move(echo);
-  g->text_offset = utf8_chars(g->echo);
+  for (auto& c : g->choices) c->text_offset = utf8_chars(g->echo);
   // A forced call is a bare {name, arguments} object (the grammar's), whatever the template's format.
   const tool_call_format calls_format = choice.forced() ? tool_call_format::llama3_json : tool_format;
   if (pr.parse_tools && calls_format != tool_call_format::none) {
     // Markers that are control tokens decode to nothing: render them for the parser alone.
     std::vector<std::string> hidden;
+    std::vector<std::pair<int32_t, std::string>> render;
     if (!choice.forced() && !tool_markers.empty()) {
-      std::vector<std::pair<int32_t, std::string>> render;
       for (const auto& m : tool_markers) {
         render.emplace_back(m.id, m.text);
         hidden.push_back(m.text);
       }
-      g->text.render_control(std::move(render));
     }
-    g->tools = std::make_unique<tool_call_parser>(calls_format, std::move(hidden));
+    for (auto& c : g->choices) {
+      if (!render.empty()) c->text.render_control(render);
+      c->tools = std::make_unique<tool_call_parser>(calls_format, hidden);
+    }
   }
   auto req = transport::make_request(g->id, std::move(pr.prompt), pr.gen, tok, lim);
   req.logprobs = pr.logprobs;
+  req.n = n_choices;
   g->deadline = req.deadline + std::chrono::milliseconds(std::min(2000, lim.request_timeout_ms));
   g->submitted = true;
   api.submit(std::move(req), g->ch.callback());
@@ -346,7 +374,7 @@ kj::Promise<void> openai_server::impl::generate(route_id r, const std::string& t
   if (!pr.stream) {
     auto work = collect(gs).then([this, &gs, &response, r]() -> kj::Promise<void> {
       if (gs.err) return send_error(response, from_engine(*gs.err, gs.reject_reason, gs.retry_after_ms), r);
-      completion_tokens += gs.completion_tokens;
+      completion_tokens += gs.completion_tokens();
       return send_body(response, 200, "application/json", response_json(gs), r);
     });
     return work.exclusiveJoin(kj::mv(disconnected)).attach(kj::mv(g));

@@ -13,83 +13,131 @@
 namespace tandem::openai {
 
 
-gen_state::gen_state(openai_server::impl& s, const tokenizer& tok, std::vector<std::string> stop)
-    : srv(s), text(tok, std::move(stop)) {
+gen_state::gen_state(openai_server::impl& s, const tokenizer& tok, std::vector<std::string> stop, int32_t n)
+    : srv(s) {
+  for (int32_t k = 0; k < std::max(1, n); ++k) {
+    choices.push_back(std::make_unique<choice_state>(tok, stop));
+    choices.back()->index = k;
+  }
+  last = choices.front().get();
   ++srv.in_flight;
 }
 
 gen_state::~gen_state() {
   ch.close();
   if (submitted && !engine_done) {
-    if (text.stopped())
-      srv.api.stop_at_stop_string(id);  // finished as `stop`, not counted as an abort
+    // Every choice the engine still runs stopped at a stop string: a normal finish (counted as
+    // `stop`, not as an abort). Otherwise the client went away (or the server stops): abort.
+    bool all_stopped = true;
+    for (const auto& c : choices) all_stopped = all_stopped && (c->engine_done || c->text.stopped());
+    if (all_stopped && choices.size() == 1)
+      srv.api.stop_at_stop_string(id);
+    else if (all_stopped)
+      for (const auto& c : choices) {
+        if (!c->engine_done) srv.api.stop_choice_at_stop_string(id, c->index);
+      }
     else
       srv.api.abort(id);
   }
   --srv.in_flight;
 }
 
+int32_t gen_state::completion_tokens() const {
+  int32_t t = 0;
+  for (const auto& c : choices) t += c->completion_tokens;
+  return t;
+}
+
 std::string gen_state::consume_one(token_event& ev) {
   if (done) return "";
-  const int32_t before = text.tokens_consumed();
-  std::string delta = consume_text(ev);
+  if (ev.choice < 0 || size_t(ev.choice) >= choices.size()) return "";  // not a choice of this request
+  choice_state& c = *choices[size_t(ev.choice)];
+  last = &c;
+  if (c.done && !(ev.finished && ev.err)) {
+    // A choice whose stop string matched: the engine's own end of it comes later.
+    if (ev.finished) c.engine_done = true;
+    bool all = true;
+    for (const auto& x : choices) all = all && x->engine_done;
+    engine_done = engine_done || all;
+    return "";
+  }
+  const int32_t before = c.text.tokens_consumed();
+  std::string delta = consume_text(c, ev);
   // The log-probabilities of the tokens the text took (none past a stop string).
   if (logprobs >= 0 && ev.logprobs.size() == ev.tokens.size()) {
-    const size_t n = std::min(ev.tokens.size(), static_cast<size_t>(std::max(0, text.tokens_consumed() - before)));
-    lps.insert(lps.end(), ev.logprobs.begin(), ev.logprobs.begin() + static_cast<std::ptrdiff_t>(n));
+    const size_t n = std::min(ev.tokens.size(), static_cast<size_t>(std::max(0, c.text.tokens_consumed() - before)));
+    c.lps.insert(c.lps.end(), ev.logprobs.begin(), ev.logprobs.begin() + static_cast<std::ptrdiff_t>(n));
   }
-  if (tools) {
-    auto r = tools->push(delta);
-    if (done && !err) {
-      auto f = tools->finish();
+  if (c.tools) {
+    auto r = c.tools->push(delta);
+    if (c.done && !err) {
+      auto f = c.tools->finish();
       r.content += f.content;
-      for (auto& c : f.calls) r.calls.push_back(std::move(c));
+      for (auto& x : f.calls) r.calls.push_back(std::move(x));
     }
     srv.tool_calls += static_cast<int64_t>(r.calls.size());
-    for (auto& c : r.calls) calls.push_back(std::move(c));
+    for (auto& x : r.calls) c.calls.push_back(std::move(x));
     delta = std::move(r.content);
   }
+  bool all_done = true, all_engine = true;
+  for (const auto& x : choices) all_done = all_done && x->done, all_engine = all_engine && x->engine_done;
+  done = done || all_done;
+  engine_done = engine_done || all_engine;
   return delta;
 }
 
-std::string gen_state::finish_name() const {
+std::string choice_state::finish_name() const {
   if (!calls.empty() && reason == finish_reason::stop) return "tool_calls";
   return transport::finish_reason_name(reason);
 }
 
-std::string gen_state::consume_text(token_event& ev) {
+std::string gen_state::consume_text(choice_state& c, token_event& ev) {
   if (ev.prompt_tokens > 0) prompt_tokens = ev.prompt_tokens;
   cached_tokens = ev.cached_tokens;
-  std::string delta = text.push(ev.tokens);
-  if (text.stopped()) {
-    done = true;
-    reason = finish_reason::stop;
-    completion_tokens = text.tokens_consumed();
-    engine_done = engine_done || (ev.finished && !timed_out);
-    return delta;
-  }
-  if (ev.finished) {
+  std::string delta = c.text.push(ev.tokens);
+  if (ev.finished && ev.err) {
+    // An error ends every choice (and the request).
     engine_done = !timed_out;  // our own timeout event: the engine still runs it
     done = true;
-    reason = ev.reason;
     err = ev.err;
     reject_reason = ev.reject_reason;
     retry_after_ms = ev.retry_after_ms;
-    completion_tokens = ev.completion_tokens;
-    if (!err) {
-      delta += text.finish();
-      if (text.stopped()) reason = finish_reason::stop;
-    } else {
-      reason = finish_reason::error;
+    for (auto& x : choices) {
+      x->done = true;
+      x->engine_done = engine_done;
+      if (x->reason == finish_reason::none) x->reason = finish_reason::error;
     }
+    c.completion_tokens = ev.completion_tokens;
+    return delta;
+  }
+  if (c.text.stopped()) {
+    c.done = true;
+    c.reason = finish_reason::stop;
+    c.completion_tokens = c.text.tokens_consumed();
+    c.engine_done = c.engine_done || (ev.finished && !timed_out);
+    if (!c.engine_done && choices.size() > 1) {
+      // n > 1: only this choice stops; the others go on.
+      srv.api.stop_choice_at_stop_string(id, c.index);
+      c.engine_done = true;
+    }
+    return delta;
+  }
+  if (ev.finished) {
+    c.engine_done = !timed_out;
+    c.done = true;
+    c.reason = ev.reason;
+    c.completion_tokens = ev.completion_tokens;
+    delta += c.text.finish();
+    if (c.text.stopped()) c.reason = finish_reason::stop;
   }
   return delta;
 }
 
-std::string gen_state::consume(std::vector<token_event>& evs) {
-  std::string delta;
-  for (auto& ev : evs) delta += consume_one(ev);
-  return delta;
+void gen_state::consume(std::vector<token_event>& evs) {
+  for (auto& ev : evs) {
+    std::string d = consume_one(ev);
+    last->full += d;
+  }
 }
 
 kj::Promise<std::vector<token_event>> gen_state::next() {
@@ -106,7 +154,7 @@ kj::Promise<std::vector<token_event>> gen_state::next() {
                                "retry with fewer max_tokens or when the server is less busy",
                                id, srv.lim.request_timeout_ms));
     ev.prompt_tokens = prompt_tokens;
-    ev.completion_tokens = text.tokens_consumed();
+    ev.completion_tokens = choices.front()->text.tokens_consumed();
     std::vector<token_event> v;
     v.push_back(std::move(ev));
     return v;
@@ -116,8 +164,10 @@ kj::Promise<std::vector<token_event>> gen_state::next() {
 
 void write_usage(json::writer& w, const gen_state& g) {
   w.key("usage").begin_object();
-  w.key("prompt_tokens").num(g.prompt_tokens).key("completion_tokens").num(g.completion_tokens);
-  w.key("total_tokens").num(g.prompt_tokens + g.completion_tokens);
+  // As OpenAI: the prompt once, the completion tokens of every choice.
+  const int32_t completion = g.completion_tokens();
+  w.key("prompt_tokens").num(g.prompt_tokens).key("completion_tokens").num(completion);
+  w.key("total_tokens").num(g.prompt_tokens + completion);
   if (g.cached_tokens > 0) w.key("prompt_tokens_details").begin_object().key("cached_tokens").num(g.cached_tokens).end_object();
   w.end_object();
 }
@@ -129,41 +179,41 @@ void write_head(json::writer& w, const gen_state& g, bool chunk) {
 }
 
 /// "logprobs": the tokens' not written yet (then forgotten), or null when not asked for.
-void write_choice_logprobs(json::writer& w, gen_state& g) {
+void write_choice_logprobs(json::writer& w, gen_state& g, choice_state& c) {
   w.key("logprobs");
   if (g.logprobs < 0) {
     w.null();
     return;
   }
   const tokenizer& tok = g.srv.api.tok();
-  if (g.chat) write_chat_logprobs(w, tok, g.lps);
-  else write_completion_logprobs(w, tok, g.lps, g.text_offset);
-  g.lps.clear();
+  if (g.chat) write_chat_logprobs(w, tok, c.lps);
+  else write_completion_logprobs(w, tok, c.lps, c.text_offset);
+  c.lps.clear();
 }
 
-/// One SSE chunk carrying `delta` (and the finish reason when `final`).
-std::string chunk_json(gen_state& g, const std::string& delta, bool final) {
+/// One SSE chunk of choice `c` carrying `delta` (and its finish reason when `final`).
+std::string chunk_json(gen_state& g, choice_state& c, const std::string& delta, bool final) {
   json::writer w;
   w.begin_object();
   write_head(w, g, true);
-  w.key("choices").begin_array().begin_object().key("index").num(0);
+  w.key("choices").begin_array().begin_object().key("index").num(c.index);
   if (g.chat) {
     w.key("delta").begin_object();
-    if (g.first_chunk) w.key("role").str("assistant");
-    if (!final || !delta.empty() || g.first_chunk) w.key("content").str(delta);
-    if (g.calls_sent < g.calls.size()) {
+    if (c.first_chunk) w.key("role").str("assistant");
+    if (!final || !delta.empty() || c.first_chunk) w.key("content").str(delta);
+    if (c.calls_sent < c.calls.size()) {
       w.key("tool_calls");
-      write_tool_calls(w, g.id, std::span<const parsed_tool_call>(g.calls).subspan(g.calls_sent), g.calls_sent, true);
-      g.calls_sent = g.calls.size();
+      write_tool_calls(w, g.id, std::span<const parsed_tool_call>(c.calls).subspan(c.calls_sent), c.calls_sent, true);
+      c.calls_sent = c.calls.size();
     }
     w.end_object();
   } else {
-    w.key("text").str(g.first_chunk ? g.echo + delta : delta);
+    w.key("text").str(c.first_chunk ? g.echo + delta : delta);
   }
-  g.first_chunk = false;
-  write_choice_logprobs(w, g);
+  c.first_chunk = false;
+  write_choice_logprobs(w, g, c);
   w.key("finish_reason");
-  if (final) w.str(g.finish_name());
+  if (final) w.str(c.finish_name());
   else w.null();
   w.end_object().end_array();
   if (g.include_usage) w.key("usage").null();
@@ -175,23 +225,28 @@ std::string response_json(gen_state& g) {
   json::writer w;
   w.begin_object();
   write_head(w, g, false);
-  w.key("choices").begin_array().begin_object().key("index").num(0);
-  if (g.chat) {
-    w.key("message").begin_object().key("role").str("assistant").key("content");
-    // A reply that is only calls has null content (the whitespace between calls is dropped).
-    if (!g.calls.empty() && g.full.find_first_not_of(" \t\r\n") == std::string::npos) w.null();
-    else w.str(g.full);
-    if (!g.calls.empty()) {
-      w.key("tool_calls");
-      write_tool_calls(w, g.id, g.calls, 0, false);
+  w.key("choices").begin_array();
+  for (auto& cp : g.choices) {
+    choice_state& c = *cp;
+    w.begin_object().key("index").num(c.index);
+    if (g.chat) {
+      w.key("message").begin_object().key("role").str("assistant").key("content");
+      // A reply that is only calls has null content (the whitespace between calls is dropped).
+      if (!c.calls.empty() && c.full.find_first_not_of(" \t\r\n") == std::string::npos) w.null();
+      else w.str(c.full);
+      if (!c.calls.empty()) {
+        w.key("tool_calls");
+        write_tool_calls(w, g.id, c.calls, 0, false);
+      }
+      w.end_object();
+    } else {
+      w.key("text").str(g.echo + c.full);
     }
+    write_choice_logprobs(w, g, c);
+    w.key("finish_reason").str(c.finish_name());
     w.end_object();
-  } else {
-    w.key("text").str(g.echo + g.full);
   }
-  write_choice_logprobs(w, g);
-  w.key("finish_reason").str(g.finish_name());
-  w.end_object().end_array();
+  w.end_array();
   write_usage(w, g);
   w.end_object();
   return w.take();
@@ -202,7 +257,7 @@ std::string sse(const std::string& json) { return "data: " + json + "\n\n"; }
 kj::Promise<void> collect(gen_state& g) {
   if (g.done) return kj::READY_NOW;
   return g.next().then([&g](std::vector<token_event> evs) {
-    g.full += g.consume(evs);
+    g.consume(evs);
     return collect(g);
   });
 }
@@ -211,28 +266,31 @@ kj::Promise<void> collect(gen_state& g) {
 /// that carried tokens gets its chunk even when their text is held back (the first bytes of a
 /// UTF-8 sequence, a possible stop string), as vLLM does: the client sees each token when it
 /// is generated, so its TTFT and inter-token gaps are the engine's, not the tokenizer's.
-std::string render_events(gen_state& g, const std::string& delta, bool had_tokens) {
+std::string render_events(gen_state& g, choice_state& c, const std::string& delta, bool had_tokens) {
   std::string data;
-  if (!g.done) {
-    if (!delta.empty() || had_tokens || (g.chat && g.first_chunk)) data = sse(chunk_json(g, delta, false));
-  } else if (g.err) {
-    if (!delta.empty()) data = sse(chunk_json(g, delta, false));
+  if (g.err) {
+    if (!delta.empty()) data = sse(chunk_json(g, c, delta, false));
     // The status line went out with the first token: the error travels in-band, then [DONE].
     ++g.srv.stream_errors;
     data += sse(error_json(from_engine(*g.err, g.reject_reason, g.retry_after_ms))) + "data: [DONE]\n\n";
+  } else if (!c.done) {
+    if (!delta.empty() || had_tokens || (g.chat && c.first_chunk)) data = sse(chunk_json(g, c, delta, false));
   } else {
-    g.srv.completion_tokens += g.completion_tokens;
-    data = sse(chunk_json(g, delta, true));
-    if (g.include_usage) {
-      json::writer w;
-      w.begin_object();
-      write_head(w, g, true);
-      w.key("choices").begin_array().end_array();
-      write_usage(w, g);
-      w.end_object();
-      data += sse(w.take());
+    // This choice ended (each gets one chunk with its finish_reason); the request with the last.
+    data = sse(chunk_json(g, c, delta, true));
+    if (g.done) {
+      g.srv.completion_tokens += g.completion_tokens();
+      if (g.include_usage) {
+        json::writer w;
+        w.begin_object();
+        write_head(w, g, true);
+        w.key("choices").begin_array().end_array();
+        write_usage(w, g);
+        w.end_object();
+        data += sse(w.take());
+      }
+      data += "data: [DONE]\n\n";
     }
-    data += "data: [DONE]\n\n";
   }
   if (!data.empty()) ++g.srv.stream_events;
   return data;
@@ -245,8 +303,12 @@ kj::Promise<void> stream_step(gen_state& g, std::vector<token_event> evs) {
   for (auto& ev : evs) {
     if (g.done) break;
     const bool had_tokens = !ev.tokens.empty();
+    if (ev.choice < 0 || size_t(ev.choice) >= g.choices.size()) continue;
+    choice_state& c = *g.choices[size_t(ev.choice)];
+    const bool was_done = c.done;
     std::string d = g.consume_one(ev);
-    data += render_events(g, d, had_tokens);
+    if (was_done && !g.err) continue;  // a stopped choice's late events
+    data += render_events(g, c, d, had_tokens);
   }
   kj::Promise<void> wrote = kj::READY_NOW;
   if (!data.empty()) {

@@ -31,7 +31,7 @@ constexpr field_rule rules[] = {
     {"stream", both, field_policy::honoured, ""},
     {"stream_options", both, field_policy::honoured, ""},
     {"ignore_eos", both, field_policy::honoured, ""},
-    {"n", both, field_policy::honoured, ""},  // n = 1 only: other values are refused where parsed
+    {"n", both, field_policy::honoured, ""},  // 1 to limits.max_choices: checked where parsed
     {"prompt", completions, field_policy::honoured, ""},
     {"messages", chat_route, field_policy::honoured, ""},
     {"response_format", both, field_policy::honoured, ""},  // transport/http/response_format.h
@@ -53,7 +53,7 @@ constexpr field_rule rules[] = {
     {"logit_bias", both, field_policy::honoured, ""},
     {"best_of", completions, field_policy::refused, "1"},
     {"echo", completions, field_policy::honoured, ""},
-    {"suffix", completions, field_policy::refused, "\"\""},
+    {"suffix", completions, field_policy::honoured, ""},  // needs a model with FIM tokens: checked where parsed
     // Chat: rendered by the model's chat template (transport/chat); a model without one refuses
     // them there, naming --chat-template-file. The reply's calls are parsed (transport/chat/tool_call_parser.h).
     {"tools", chat_route, field_policy::honoured, ""},
@@ -98,7 +98,6 @@ bool is_neutral_value(std::string_view name, const json::value& v) {
   if (name == "tool_choice" || name == "function_call")
     return v.k == json::kind::string && (v.s == "none" || v.s == "auto");  // without tools both mean plain text
   if (name == "parallel_tool_calls") return v.k == json::kind::boolean;  // meaningless without tools
-  if (name == "suffix") return v.k == json::kind::string && v.s.empty();
   if (name == "response_format") {
     auto* t = v.find("type");
     return v.k == json::kind::object && v.obj.size() == 1 && t && t->k == json::kind::string && t->s == "text";

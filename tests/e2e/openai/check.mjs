@@ -142,6 +142,43 @@ check(typeof penalized.choices[0].message.content === "string", "penalties and m
   check(valid === 5, `json_schema outputs parse and validate (${valid} of 5)`);
 }
 
+// n = 3: three indexed choices from one prefill (the metrics count one), non-streaming and streaming.
+{
+  const root = baseURL.replace(/\/v1\/?$/, "");
+  const metric = async (name) => {
+    const text = await fetch(`${root}/metrics`).then((r) => r.text());
+    const m = text.match(new RegExp(`^${name} ([0-9.e+]+)$`, "m"));
+    return m ? Number(m[1]) : NaN;
+  };
+  const admitted0 = await metric("tandem_prefill_admitted_total");
+  const forks0 = await metric("tandem_decode_forks_total");
+  const n3 = await client.completions.create({ ...params, prompt: "Hello world", n: 3 });
+  check(n3.choices.length === 3 && n3.choices.every((ch, i) => ch.index === i && typeof ch.text === "string" &&
+                                                            ["stop", "length"].includes(ch.finish_reason)),
+        `n=3: choices with indices 0,1,2 and finish reasons (${JSON.stringify(n3.choices.map((ch) => [ch.index, ch.finish_reason]))})`);
+  check(n3.choices.every((ch) => ch.text === c.choices[0].text), "n=3 at temperature 0: every choice is the n=1 text");
+  check(n3.usage.prompt_tokens === c.usage.prompt_tokens && n3.usage.completion_tokens === 3 * c.usage.completion_tokens,
+        `n=3 usage: the prompt once, the completion tokens of all choices (${JSON.stringify(n3.usage)})`);
+  check(await metric("tandem_prefill_admitted_total") === admitted0 + 1, "n=3: one prefill (tandem_prefill_admitted_total)");
+  check(await metric("tandem_decode_forks_total") === forks0 + 2, "n=3: two forks (tandem_decode_forks_total)");
+  const texts = ["", "", ""];
+  const finishes = [null, null, null];
+  for await (const chunk of await client.chat.completions.create({ ...params, messages, n: 3, stream: true }))
+    for (const ch of chunk.choices) {
+      texts[ch.index] += ch.delta?.content ?? "";
+      if (ch.finish_reason) finishes[ch.index] = ch.finish_reason;
+    }
+  check(finishes.every((f) => f === "stop" || f === "length"), `n=3 streamed: one finish_reason per index (${JSON.stringify(finishes)})`);
+  check(texts.every((t) => t === chat.choices[0].message.content), "n=3 streamed at temperature 0: every choice is the n=1 content");
+  try {
+    await client.completions.create({ ...params, prompt: "x", n: 100 });
+    check(false, "n=100 is refused");
+  } catch (e) {
+    check(e instanceof OpenAI.APIError && e.status === 422 && e.param === "n" && /limits\.max_choices/.test(e.message),
+          `422 naming n and its limit (${e.message})`);
+  }
+}
+
 if (failures) {
   console.error(`${failures} check(s) failed`);
   process.exit(1);
