@@ -204,7 +204,7 @@ struct SeqStep {
 # Scheduler -> worker; the reply is a ForwardResult.
 struct ForwardBatch {
   seqs @0 :List(SeqStep);
-  phase @1 :Text;             # "prefill" or "decode" (for logs and metrics)
+  phase @1 :StageRole;        # for logs and metrics
 }
 
 struct ForwardResult {
@@ -236,6 +236,22 @@ enum FinishReason {
   error @4;
 }
 
+# The two scheduling stages (a credit's sender, a forward batch's phase).
+enum StageRole {
+  prefill @0;
+  decode @1;
+}
+
+# Where a request is (the router's in-flight table; `tandem inspect` shows its name).
+enum RequestStage {
+  queued @0;     # at the router, or waiting in a prefill queue
+  prefill @1;
+  decode @2;
+  preempted @3;  # decode gave it back for recompute (its pages were needed)
+  refused @4;    # a handoff the decode side refused
+  retrying @5;   # router-internal: between targets after a refusal
+}
+
 # Stage -> router: new tokens of a request and, at most once, its end.
 struct TokenEvent {
   id @0 :Text;
@@ -245,7 +261,7 @@ struct TokenEvent {
   error @4 :Error;            # meaningful iff reason == error
   promptTokens @5 :Int32;
   cachedTokens @6 :Int32;
-  state @7 :Text;             # where the request is now ("queued", "prefill", "decode")
+  state @7 :RequestStage;     # where the request is now
   firstIndex @8 :Int32;       # index in the completion of tokens[0] (tokens generated before
                               # this event): the router orders the events of different stages
                               # (links), drops duplicates and holds back after a gap
@@ -390,7 +406,7 @@ struct StatsReply {
 # sends work, so it can refuse what the target could not place.
 struct Credit {
   target @0 :Text;            # "node/prefill" or "node/decode"
-  role @1 :Text;              # "prefill" or "decode"
+  role @1 :StageRole;
   seq @2 :UInt64;             # increases with every credit of the target
   received @3 :UInt64;        # prefill: submissions taken off its mailbox (admitted or refused); decode: handoffs taken from its own node's prefill
   queuedRequests @4 :Int32;   # prefill: requests waiting

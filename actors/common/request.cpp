@@ -148,9 +148,28 @@ finish_reason from_schema(schema::FinishReason r) {
   return finish_reason::none;
 }
 
+const char* to_string(request_stage s) {
+  switch (s) {
+    case request_stage::queued: return "queued";
+    case request_stage::prefill: return "prefill";
+    case request_stage::decode: return "decode";
+    case request_stage::preempted: return "preempted";
+    case request_stage::refused: return "refused";
+    case request_stage::retrying: return "retrying";
+  }
+  return "queued";
+}
+
+schema::RequestStage to_schema(request_stage s) { return static_cast<schema::RequestStage>(static_cast<uint16_t>(s)); }
+
+request_stage from_schema(schema::RequestStage s) {
+  const auto v = static_cast<uint16_t>(s);
+  return v <= static_cast<uint16_t>(request_stage::retrying) ? static_cast<request_stage>(v) : request_stage::queued;
+}
+
 wire make_event(const std::string& id, const std::vector<int32_t>& tokens, finish_reason reason,
                 const tandem::error* err, int32_t prompt_tokens, int32_t cached_tokens,
-                const std::string& state, int32_t first_index, std::span<const token_logprobs> logprobs,
+                request_stage state, int32_t first_index, std::span<const token_logprobs> logprobs,
                 int32_t choice) {
   return make_wire([&](schema::Envelope::Builder env) {
     auto e = env.initEvent();
@@ -161,7 +180,7 @@ wire make_event(const std::string& id, const std::vector<int32_t>& tokens, finis
     if (err) set_error(e.initError(), *err);
     e.setPromptTokens(prompt_tokens);
     e.setCachedTokens(cached_tokens);
-    e.setState(state);
+    e.setState(to_schema(state));
     e.setFirstIndex(first_index);
     write_logprobs([&](unsigned n) { return e.initLogprobs(n); }, logprobs);
     e.setChoice(choice);

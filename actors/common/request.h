@@ -57,12 +57,19 @@ struct model_facts {
 /// finish_reason::none if the request continues.
 finish_reason apply_token(seq_request& r, int32_t token, const model_facts& m);
 
+/// Where a request is (schema RequestStage); the router keeps it per in-flight request.
+enum class request_stage : uint8_t { queued, prefill, decode, preempted, refused, retrying };
+/// "queued", "prefill", ... (the in-flight table of `tandem inspect`).
+const char* to_string(request_stage s);
+schema::RequestStage to_schema(request_stage s);
+request_stage from_schema(schema::RequestStage s);
+
 /// A TokenEvent envelope. `first_index`: index in the completion of tokens[0], i.e. how many
 /// tokens the request generated before these (r.generated.size() - tokens.size()).
 /// `logprobs`: parallel to `tokens` when the request asked for them.
 wire make_event(const std::string& id, const std::vector<int32_t>& tokens, finish_reason reason,
                 const tandem::error* err, int32_t prompt_tokens, int32_t cached_tokens,
-                const std::string& state, int32_t first_index, std::span<const token_logprobs> logprobs = {},
+                request_stage state, int32_t first_index, std::span<const token_logprobs> logprobs = {},
                 int32_t choice = 0);
 
 schema::FinishReason to_schema(finish_reason r);

@@ -64,7 +64,7 @@ void preempt_or_fail(decode_actor_t* self) {
   s.log->info("request {}: preempted at {} tokens (KV cache full), requeued for recompute", victim.req.id,
               victim.total_len());
   s.free_pages(victim.req.id, victim.pages);
-  s.emit(victim, {}, finish_reason::none, nullptr, "preempted");
+  s.emit(victim, {}, finish_reason::none, nullptr, request_stage::preempted);
   requeue(self, victim);
 }
 
@@ -113,7 +113,7 @@ void on_step_done(decode_actor_t* self, const wire* w, const tandem::error* tran
     // The token's log-probabilities travel with it (none for a stop token, which is not emitted).
     std::span<const token_logprobs> lp;
     if (!out.empty() && it->req.logprobs >= 0 && i < lps.size()) lp = std::span<const token_logprobs>(&lps[i], 1);
-    s.emit(*it, out, reason, nullptr, "decode", lp);
+    s.emit(*it, out, reason, nullptr, request_stage::decode, lp);
     if (reason != finish_reason::none) {
       // Cache prompt ++ generated (the next turn of a conversation starts with them) before
       // the pages go back; the cache takes its own references.
@@ -140,7 +140,7 @@ void start_step(decode_actor_t* self) {
   auto& s = self->state;
   capnp::MallocMessageBuilder mb;
   auto fb = mb.initRoot<schema::Envelope>().initForward();
-  fb.setPhase("decode");
+  fb.setPhase(schema::StageRole::DECODE);
   // Local prefills take chunks of at most prefill_chunk_tokens per step in all, so the decode
   // sequences beside them are not held up by a long prompt.
   int32_t budget = std::max(1, s.opt.lim.prefill_chunk_tokens);

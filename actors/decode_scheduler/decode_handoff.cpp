@@ -29,7 +29,7 @@ void transfer_failed(decode_actor_t* self, dseq d, const std::string& why) {
     s.log->info("request {}: KV transfer from node {} failed ({}); re-prefilling (retry {} of {})", d.req.id,
                 d.source_node, why, d.req.transfer_retries, s.opt.max_transfer_retries);
     // Like a preemption: the tokens so far were emitted; prefill recomputes prompt ++ generated.
-    s.emit(d, {}, finish_reason::none, nullptr, "preempted");
+    s.emit(d, {}, finish_reason::none, nullptr, request_stage::preempted);
     requeue(self, d);
     return;
   }

@@ -86,7 +86,7 @@ void on_local_submit(decode_actor_t* self, seq_request r) {
             d.prefilling = true;
             st.local_prefills += 1;
             st.log->debug("request {}: local prefill ({} tokens, {} cached)", d.req.id, d.fill.size(), d.kv_len);
-            st.emit(d, {}, finish_reason::none, nullptr, "prefill");
+            st.emit(d, {}, finish_reason::none, nullptr, request_stage::prefill);
             st.waiting.push_back(std::move(d));
             pump(self);
           },

@@ -115,7 +115,7 @@ struct decode_state {
     return pages_lacking(pool_pages(opt.pools.pools.size()), d.kv_len + 1, page_size());
   }
   void emit(const dseq& d, const std::vector<int32_t>& toks, finish_reason reason, const tandem::error* err,
-            const char* state, std::span<const token_logprobs> lps = {}) {
+            request_stage state, std::span<const token_logprobs> lps = {}) {
     peers.router.gate->enter_control();
     caf::anon_send(peers.router.handle, wire_atom::value,
                    make_event(d.wire_id(), toks, reason, err, static_cast<int32_t>(d.req.prompt.size()),
@@ -128,7 +128,7 @@ struct decode_state {
     log->info("request {}: {}", d.req.id, e.what());
     if (holds_pages(d.pages)) page_retry_due = true;
     free_pages(d.req.id, d.pages);
-    emit(d, {}, finish_reason::error, &e, "decode");
+    emit(d, {}, finish_reason::error, &e, request_stage::decode);
   }
   /// Sends the router a credit if the batch, the waiting list or the free pages changed
   /// (or `force`: a heartbeat answer).
@@ -147,7 +147,7 @@ struct decode_state {
     auto w = make_wire([&](schema::Envelope::Builder env) {
       auto c = env.initCredit();
       c.setTarget(opt.node + "/decode");
-      c.setRole("decode");
+      c.setRole(schema::StageRole::DECODE);
       c.setSeq(++credit_seq);
       c.setFreePages(pool_free_pages);
       c.setRunningSeqs(static_cast<int32_t>(running.size()));

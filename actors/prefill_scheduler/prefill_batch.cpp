@@ -31,7 +31,7 @@ void on_acquired(prefill_actor_t* self, const wire& w) {
       if (!q.requeued) s.queue_wait_ms.observe(double(q.start_ms - q.arrival_ms));
       s.log->debug("request {}: prefill starts ({} tokens, {} cached)", q.req.id, q.tokens.size(),
                    q.computed);
-      s.emit_event(q, {}, finish_reason::none, nullptr, "prefill");
+      s.emit_event(q, {}, finish_reason::none, nullptr, request_stage::prefill);
       s.active.push_back(std::move(q));
       return;
     }
@@ -84,15 +84,15 @@ void finish_prefill(prefill_actor_t* self, pseq& q, int32_t token, const token_l
   if (reason != finish_reason::none && q.req.n > 1 && q.req.choice == 0) {
     // n choices: choice 0 ended at its first token, but its forks still need the prompt's KV.
     // Its end goes out now; the handoff carries the KV for the forks alone (decode_fork.cpp).
-    s.emit_event(q, out, reason, nullptr, "decode", lps);
+    s.emit_event(q, out, reason, nullptr, request_stage::decode, lps);
     if (q.req.generated.empty()) q.req.generated.push_back(token);  // the handoff's shape: KV + one token
     q.req.fork_only = true;
   } else if (reason != finish_reason::none) {
     s.free_pages(q.req.id, q.pages);
-    s.emit_event(q, out, reason, nullptr, "prefill", lps);
+    s.emit_event(q, out, reason, nullptr, request_stage::prefill, lps);
     return;
   } else {
-    s.emit_event(q, out, finish_reason::none, nullptr, "decode", lps);
+    s.emit_event(q, out, finish_reason::none, nullptr, request_stage::decode, lps);
   }
   if (!s.peers.decode.gate->try_enter()) {
     s.fail(q, s.peers.decode.gate->overloaded_error(), "decode_mailbox");
@@ -202,7 +202,7 @@ void start_batch(prefill_actor_t* self) {
   capnp::MallocMessageBuilder mb;
   auto env = mb.initRoot<schema::Envelope>();
   auto fb = env.initForward();
-  fb.setPhase("prefill");
+  fb.setPhase(schema::StageRole::PREFILL);
   std::vector<pseq*> chosen;
   std::vector<int32_t> counts;
   for (;;) {

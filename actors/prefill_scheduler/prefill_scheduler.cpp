@@ -204,7 +204,7 @@ caf::behavior prefill_actor(prefill_actor_t* self, scheduler_options opt, std::s
           else if (env.isCreditQuery()) {
             s.drain_ctl.on_query(env.getCreditQuery().getHolds());
             s.send_credit(true);
-          } else if (env.isCredit() && env.getCredit().getRole() == "decode") {
+          } else if (env.isCredit() && env.getCredit().getRole() == schema::StageRole::DECODE) {
             // The decode scheduler on this worker: a step held back for it may go now.
             auto c = env.getCredit();
             s.decode_running = c.getRunningSeqs();

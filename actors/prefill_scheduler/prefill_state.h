@@ -133,7 +133,7 @@ struct prefill_state {
     emit(make_wire([&](schema::Envelope::Builder env) {
       auto c = env.initCredit();
       c.setTarget(opt.node + "/prefill");
-      c.setRole("prefill");
+      c.setRole(schema::StageRole::PREFILL);
       c.setSeq(++credit_seq);
       c.setReceived(received);
       c.setQueuedRequests(static_cast<int32_t>(waiting.size()));
@@ -167,7 +167,7 @@ struct prefill_state {
     caf::anon_send(peers.router.handle, wire_atom::value, w);
   }
   void emit_event(const pseq& s, const std::vector<int32_t>& toks, finish_reason reason,
-                  const tandem::error* err, const char* state, std::span<const token_logprobs> lps = {}) {
+                  const tandem::error* err, request_stage state, std::span<const token_logprobs> lps = {}) {
     emit(make_event(s.req.id, toks, reason, err, static_cast<int32_t>(s.req.prompt.size()),
                     s.req.cached_tokens, state, static_cast<int32_t>(s.req.generated.size() - toks.size()), lps));
   }
@@ -176,7 +176,7 @@ struct prefill_state {
     rejected[reason] += 1;
     log->info("request {}: {}", s.req.id, e.what());
     free_pages(s.req.id, s.pages);
-    emit_event(s, {}, finish_reason::error, &e, "prefill");
+    emit_event(s, {}, finish_reason::error, &e, request_stage::prefill);
   }
 };
 

@@ -117,10 +117,10 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
             }
             auto it = s.table.find(id);
             if (it == s.table.end()) return;
-            const int target = it->second.state == "retrying" ? -1 : it->second.prefill;
+            const int target = it->second.state == request_stage::retrying ? -1 : it->second.prefill;
             const std::string wid = it->second.req.id;  // the current attempt's
             const auto& ie = it->second;
-            const int local_decode = ie.state != "retrying" && ie.local && is_at_decode(ie) ? ie.decode : -1;
+            const int local_decode = ie.state != request_stage::retrying && ie.local && is_at_decode(ie) ? ie.decode : -1;
             // A stop string ends the request at the front end: a normal finish, counted as stop.
             const bool stop_string = env.getAbort().getStopString();
             if (stop_string)
@@ -190,7 +190,7 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
         int64_t now = s.clk->now_ms();
         out.requests.reserve(s.table.size());
         for (const auto& [id, e] : s.table)
-          out.requests.push_back({id, e.state, now - e.submit_ms, e.prompt_tokens, e.completion_tokens});
+          out.requests.push_back({id, to_string(e.state), now - e.submit_ms, e.prompt_tokens, e.completion_tokens});
         std::sort(out.requests.begin(), out.requests.end(),
                   [](const request_report& a, const request_report& b) { return a.age_ms > b.age_ms; });
         return out;

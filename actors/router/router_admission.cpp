@@ -296,7 +296,7 @@ bool dispatch(router_actor_t* self, entry& e, const placement& pl) {
       e.prefill = pl.prefill;
       e.decode = pl.decode;
       e.local = true;
-      e.state = "queued";
+      e.state = request_stage::queued;
       e.stage_since_ms = now;
       e.req.decode_target = d.t.name;
       s.local_prefills += 1;
@@ -317,7 +317,7 @@ bool dispatch(router_actor_t* self, entry& e, const placement& pl) {
   p.breaker.allow(now);  // takes the half-open probe slot, if that is the state
   e.prefill = pl.prefill;
   e.decode = pl.decode;
-  e.state = "queued";
+  e.state = request_stage::queued;
   e.stage_since_ms = now;
   e.req.decode_target = pl.decode >= 0 ? s.decodes[size_t(pl.decode)].t.name : "";
   if (pl.decode >= 0) {
@@ -414,7 +414,7 @@ void on_submit(router_actor_t* self, const wire& w, event_callback cb) {
 void on_retry(router_actor_t* self, const std::string& id) {
   auto& s = self->state;
   auto it = s.table.find(id);
-  if (it == s.table.end() || it->second.state != "retrying") return;
+  if (it == s.table.end() || it->second.state != request_stage::retrying) return;
   auto& e = it->second;
   auto pl = s.place(e.req, e.tried, e.lost_prefill, e.lost_decode);
   if (pl.err) {

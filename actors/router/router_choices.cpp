@@ -70,9 +70,9 @@ void fail_choices(router_actor_t* self, router_state::entry_it it, const tandem:
   auto& s = self->state;
   const std::string id = it->first;
   const auto& e = it->second;
-  const int target = e.state == "retrying" ? -1 : e.prefill;
+  const int target = e.state == request_stage::retrying ? -1 : e.prefill;
   const std::string wid = e.req.id;
-  const int local_decode = e.state != "retrying" && e.local && is_at_decode(e) ? e.decode : -1;
+  const int local_decode = e.state != request_stage::retrying && e.local && is_at_decode(e) ? e.decode : -1;
   const int decode = e.decode;
   s.log->info("request {}: a choice failed, ending all {}: {}", id, e.choices.size() + 1, err.what());
   s.finish_here(id, finish_reason::error, &err);  // erases the entry

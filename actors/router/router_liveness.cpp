@@ -24,7 +24,7 @@ bool router_state::heard(liveness& l, const std::string& name, int64_t now) {
 bool router_state::on_credit(schema::Credit::Reader c) {
   const std::string name = c.getTarget().cStr();
   const int64_t now = clk->now_ms();
-  if (std::string(c.getRole().cStr()) == "decode") {
+  if (c.getRole() == schema::StageRole::DECODE) {
     for (auto& d : decodes) {
       if (d.t.name != name) continue;
       d.health.on_credit(now);
@@ -125,7 +125,7 @@ void check_silence(router_actor_t* self, int64_t now) {
   const int64_t query_every = std::max<int64_t>(hb / 2, 1);
   std::vector<int64_t> p_silent(s.prefills.size(), -1), d_silent(s.decodes.size(), -1);
   for (const auto& [id, e] : s.table) {
-    if (e.state == "retrying") continue;
+    if (e.state == request_stage::retrying) continue;
     if (is_at_decode(e)) {
       if (e.decode < 0) continue;  // the prefill's own decode peer: its credits do not come here
       auto& v = d_silent[size_t(e.decode)];
@@ -164,7 +164,7 @@ void check_silence(router_actor_t* self, int64_t now) {
   if (!any) return;
   std::vector<std::pair<std::string, bool>> hit;
   for (const auto& [id, e] : s.table) {
-    if (e.state == "retrying") continue;
+    if (e.state == request_stage::retrying) continue;
     if (is_at_decode(e) && e.decode >= 0 && d_lost[size_t(e.decode)]) hit.emplace_back(id, true);
     else if (!is_at_decode(e) && p_lost[size_t(e.prefill)]) hit.emplace_back(id, false);
   }
@@ -190,7 +190,7 @@ void on_node_down(router_actor_t* self, const std::string& what, const std::stri
     if (all_d || match(s.decodes[i].t.name)) dd[i] = true, mark_lost(s, s.decodes[i].live, s.decodes[i].t.name, why);
   std::vector<std::pair<std::string, bool>> hit;
   for (const auto& [id, e] : s.table) {
-    if (e.state == "retrying") continue;
+    if (e.state == request_stage::retrying) continue;
     if (is_at_decode(e)) {
       if (all_d || (e.decode >= 0 && dd[size_t(e.decode)])) hit.emplace_back(id, true);
     } else if (pd[size_t(e.prefill)]) {

@@ -37,10 +37,10 @@ void lose(router_actor_t* self, const std::string& id, bool decode_side, const s
   // Fence the attempt: its late events are dropped (by id); a stage still holding it frees it.
   const std::string old_id = e.req.id;
   // (The prefill follows an abort into decode; the decode target directly only if the prefill is gone.)
-  if (e.local && e.state != "retrying" && is_at_decode(e) && e.decode >= 0) {
+  if (e.local && e.state != request_stage::retrying && is_at_decode(e) && e.decode >= 0) {
     if (!s.decodes[size_t(e.decode)].live.lost) send_abort_to(self, s.decodes[size_t(e.decode)].t.actor, old_id);
   } else if (!s.prefills[size_t(e.prefill)].live.lost) {
-    if (e.state != "retrying") send_abort(self, old_id, e.prefill);
+    if (e.state != request_stage::retrying) send_abort(self, old_id, e.prefill);
   } else if (e.decode >= 0 && !s.decodes[size_t(e.decode)].live.lost) {
     send_abort_to(self, s.decodes[size_t(e.decode)].t.actor, old_id);
   }
@@ -127,7 +127,7 @@ void on_requeue(router_actor_t* self, const wire& w, schema::SubmitRequest::Read
   auto it = s.find_attempt(r.getId().cStr());
   if (it == s.table.end()) return;  // ended here already (abort, deadline): nothing to recompute
   auto& e = it->second;
-  if (e.state == "retrying") return;
+  if (e.state == request_stage::retrying) return;
   const std::string id = it->first;
   int t = -1;
   const auto usable = [&](int i, bool draining_too) {
@@ -144,7 +144,7 @@ void on_requeue(router_actor_t* self, const wire& w, schema::SubmitRequest::Read
     }
   if (t < 0) {
     const auto& p = s.prefills[size_t(std::clamp(e.prefill, 0, n - 1))];
-    e.state = "preempted";
+    e.state = request_stage::preempted;
     lose(self, id, false,
          fmt::format("its decode target sent it back for recompute and prefill target {} is lost ({})", p.t.name,
                      p.live.lost ? p.live.lost_why : std::string("no live prefill target")));
@@ -155,7 +155,7 @@ void on_requeue(router_actor_t* self, const wire& w, schema::SubmitRequest::Read
                 s.prefills[size_t(e.prefill)].t.name);
   e.prefill = t;
   e.local = false;  // it re-prefills on the prefill target now
-  e.state = "preempted";
+  e.state = request_stage::preempted;
   e.stage_since_ms = s.clk->now_ms();
   auto& p = s.prefills[size_t(t)];
   p.t.actor.gate->enter_control();  // already admitted: must not be dropped

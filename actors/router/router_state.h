@@ -97,7 +97,7 @@ struct entry {
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;
   int32_t cached_tokens = 0;
-  std::string state = "queued";
+  request_stage state = request_stage::queued;
   int64_t stage_since_ms = 0;  ///< when it reached its current stage (silence counts from here at most)
   std::vector<int32_t> emitted;  ///< tokens delivered (with migration on: the continuation's `generated`)
   int32_t migrations = 0;

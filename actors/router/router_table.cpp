@@ -191,7 +191,7 @@ void send_abort(router_actor_t* self, const std::string& id, int target, int loc
 /// A local prefill (conditional disaggregation) is on its decode target from the start, until
 /// it is preempted.
 bool is_at_decode(const entry& e) {
-  return e.state == "decode" || (e.local && (e.state == "queued" || e.state == "prefill"));
+  return e.state == request_stage::decode || (e.local && (e.state == request_stage::queued || e.state == request_stage::prefill));
 }
 
 void on_event(router_actor_t* self, schema::TokenEvent::Reader r) {
@@ -201,7 +201,7 @@ void on_event(router_actor_t* self, schema::TokenEvent::Reader r) {
   if (it == s.table.end()) return;  // already ended here (abort, deadline): the stage's late event is moot
   auto& e = it->second;
   const std::string id = it->first;
-  if (e.state == "retrying") return;  // a late event of the attempt that was refused
+  if (e.state == request_stage::retrying) return;  // a late event of the attempt that was refused
   const int64_t now = s.clk->now_ms();
   // A sign of life of the stage that sent it: the decode target once the request is there
   // (the first token's event, which moves it there, comes from the prefill).
@@ -214,8 +214,8 @@ void on_event(router_actor_t* self, schema::TokenEvent::Reader r) {
     auto& p = s.prefills[size_t(e.prefill)];
     if (s.heard(p.live, p.t.name, now)) s.back(p);
   }
-  const std::string prev = e.state;
-  e.state = r.getState().cStr();
+  const request_stage prev = e.state;
+  e.state = from_schema(r.getState());
   if (e.state != prev) e.stage_since_ms = now;
   if (r.getCachedTokens() > 0 && e.migrations == 0) e.cached_tokens = r.getCachedTokens();
   stage_event ev;
@@ -245,7 +245,7 @@ void on_event(router_actor_t* self, schema::TokenEvent::Reader r) {
         part.logprobs = std::move(ev.logprobs);
         if (deliver_in_order(s, it, first, std::move(part))) return;
       }
-      const bool decode_side = e.state == "decode" && e.decode >= 0;
+      const bool decode_side = e.state == request_stage::decode && e.decode >= 0;
       const std::string where = decode_side ? s.decodes[size_t(e.decode)].t.name : s.prefills[size_t(e.prefill)].t.name;
       lose(self, id, decode_side, fmt::format("{} target {} failed the request: {}", decode_side ? "decode" : "prefill",
                                               where, ev.err->what()));
@@ -256,7 +256,7 @@ void on_event(router_actor_t* self, schema::TokenEvent::Reader r) {
   if (ev.finished && ev.reason == finish_reason::error && ev.err && e.first_token_ms < 0 && ev.tokens.empty()) {
     const auto& err = *ev.err;
     const bool retryable = err.kind() == error_kind::overloaded || err.kind() == error_kind::disconnected;
-    const bool at_decode = e.state == "decode" && e.decode >= 0;
+    const bool at_decode = e.state == request_stage::decode && e.decode >= 0;
     if (err.kind() == error_kind::disconnected) {
       // Counted against the node that failed: a decode node its prefill could not reach
       // (a refused handoff arrives in state "decode") is not chosen again for this request.
@@ -276,7 +276,7 @@ void on_event(router_actor_t* self, schema::TokenEvent::Reader r) {
       if (now + delay < e.deadline_ms) {
         e.retries += 1;
         e.tried.push_back(e.prefill);
-        e.state = "retrying";
+        e.state = request_stage::retrying;
         e.early.clear();  // the next attempt numbers its events from 0 again
         s.retries_total += 1;
         s.log->info("request {}: {} refused it ({}); retry {} in {} ms", id, s.prefills[size_t(e.prefill)].t.name,
@@ -312,14 +312,14 @@ void on_tick(router_actor_t* self) {
   std::vector<std::string> expired;
   const int32_t qt = s.opt.lim.queue_timeout_ms;
   // (A continuation waiting at its new prefill target streamed already: a deadline, not a queue timeout.)
-  auto queued = [](const entry& e) { return (e.state == "queued" || e.state == "retrying") && e.first_token_ms < 0; };
+  auto queued = [](const entry& e) { return (e.state == request_stage::queued || e.state == request_stage::retrying) && e.first_token_ms < 0; };
   for (const auto& [id, e] : s.table)
     if (now >= e.deadline_ms || (qt > 0 && queued(e) && now - e.submit_ms >= qt)) expired.push_back(id);
   for (const auto& id : expired) {
     const auto& e = s.table.at(id);
-    const int target = e.state == "retrying" ? -1 : e.prefill;
+    const int target = e.state == request_stage::retrying ? -1 : e.prefill;
     const std::string wid = e.req.id;
-    const int local_decode = e.state != "retrying" && e.local && is_at_decode(e) ? e.decode : -1;
+    const int local_decode = e.state != request_stage::retrying && e.local && is_at_decode(e) ? e.decode : -1;
     if (queued(e)) {
       // Never started: the queue (not the request) took too long -> 504 at the front end.
       const auto& p = s.prefills[size_t(e.prefill)];
@@ -337,7 +337,7 @@ void on_tick(router_actor_t* self) {
           error_kind::overloaded,
           fmt::format("request deadline exceeded after {} ms in state {} (request_timeout_ms = {}); raise "
                       "request_timeout_ms or reduce load",
-                      now - e.submit_ms, e.state, s.opt.lim.request_timeout_ms));
+                      now - e.submit_ms, to_string(e.state), s.opt.lim.request_timeout_ms));
       s.log->warn("request {}: {}", id, err.what());
       s.rejected_by_reason["deadline"] += 1;
       s.finish_here(id, finish_reason::error, &err, "deadline");

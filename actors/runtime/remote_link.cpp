@@ -45,7 +45,7 @@ void bounce(const peer_set& peers, const wire& w, const tandem::error& e) {
       peers.router.gate->enter_control();
       caf::anon_send(peers.router.handle, wire_atom::value,
                      make_event(id, {}, finish_reason::error, &e, static_cast<int32_t>(r.getPrompt().size()),
-                                r.getCachedTokens(), handoff ? "decode" : "refused",
+                                r.getCachedTokens(), handoff ? request_stage::decode : request_stage::refused,
                                 static_cast<int32_t>(r.getGenerated().size())));
     }
     if (handoff && peers.prefill) {

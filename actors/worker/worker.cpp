@@ -164,7 +164,7 @@ wire run_forward(worker_state& st, const wire& w) {
   st.batches += 1;
   st.tokens += n_tok;
   st.forward_ms.observe(double(us) / 1000.0);
-  st.log->debug("{} batch: {} seqs, {} tokens, {} us", fb.getPhase().cStr(), seqs.size(), n_tok, us);
+  st.log->debug("{} batch: {} seqs, {} tokens, {} us", fb.getPhase() == schema::StageRole::DECODE ? "decode" : "prefill", seqs.size(), n_tok, us);
   return make_wire([&](schema::Envelope::Builder env2) {
     auto r = env2.initForwardResult();
     fill_list([&](unsigned n) { return r.initTokens(n); }, out);

@@ -58,7 +58,7 @@ struct target_box {
         caf::anon_send(router.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder e) {
                          auto c = e.initCredit();
                          c.setTarget(name);
-                         c.setRole(role);
+                         c.setRole(role == "decode" ? schema::StageRole::DECODE : schema::StageRole::PREFILL);
                          c.setSeq(++seq);
                          c.setFreePages(-1);
                        }));

@@ -58,7 +58,7 @@ struct rig : router_rig {
     send(make_wire([&](schema::Envelope::Builder env) {
       auto c = env.initCredit();
       c.setTarget("n" + std::to_string(target) + "/prefill");
-      c.setRole("prefill");
+      c.setRole(schema::StageRole::PREFILL);
       c.setSeq(seq);
       c.setReceived(received);
       c.setQueuedRequests(queued);
@@ -69,11 +69,11 @@ struct rig : router_rig {
   }
   void fail(const std::string& id, error_kind k) {
     tandem::error e(k, "scripted refusal");
-    send(make_event(id, {}, finish_reason::error, &e, 0, 0, "prefill", 0));
+    send(make_event(id, {}, finish_reason::error, &e, 0, 0, request_stage::prefill, 0));
   }
   /// The next token of `id` (its completion index counts up from 0, as a stage numbers them).
   void token(const std::string& id, int32_t t, bool last) {
-    send(make_event(id, {t}, last ? finish_reason::length : finish_reason::none, nullptr, 0, 0, "decode",
+    send(make_event(id, {t}, last ? finish_reason::length : finish_reason::none, nullptr, 0, 0, request_stage::decode,
                     sent_tokens[id]++));
   }
 };
@@ -414,10 +414,10 @@ TEST_CASE("router: log-probabilities stay paired with their tokens through reord
     for (int32_t t : ts) v.push_back({t, -float(t), {{t, -float(t)}}});
     return v;
   };
-  r.send(make_event("lp", {10}, finish_reason::none, nullptr, 0, 0, "prefill", 0, lp({10})));
-  r.send(make_event("lp", {12}, finish_reason::none, nullptr, 0, 0, "decode", 2, lp({12})));  // early: held back
-  r.send(make_event("lp", {10, 11}, finish_reason::none, nullptr, 0, 0, "decode", 0, lp({10, 11})));  // 10 again
-  r.send(make_event("lp", {13}, finish_reason::length, nullptr, 0, 0, "decode", 3, lp({13})));
+  r.send(make_event("lp", {10}, finish_reason::none, nullptr, 0, 0, request_stage::prefill, 0, lp({10})));
+  r.send(make_event("lp", {12}, finish_reason::none, nullptr, 0, 0, request_stage::decode, 2, lp({12})));  // early: held back
+  r.send(make_event("lp", {10, 11}, finish_reason::none, nullptr, 0, 0, request_stage::decode, 0, lp({10, 11})));  // 10 again
+  r.send(make_event("lp", {13}, finish_reason::length, nullptr, 0, 0, request_stage::decode, 3, lp({13})));
   REQUIRE(r.col.wait_finished(1));
   CHECK(r.col.tokens("lp") == std::vector<int32_t>{10, 11, 12, 13});
   std::lock_guard lk(r.col.m);

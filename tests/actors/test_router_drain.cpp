@@ -35,7 +35,8 @@ struct rig : router_rig {
     send(make_wire([&](schema::Envelope::Builder env) {
       auto c = env.initCredit();
       c.setTarget(target);
-      c.setRole(target.substr(target.find('/') + 1));
+      c.setRole(target.substr(target.find('/') + 1) == "decode" ? schema::StageRole::DECODE
+                                                                  : schema::StageRole::PREFILL);
       c.setSeq(++seq[target]);
       c.setFreePages(-1);
       c.setDraining(draining);
@@ -63,7 +64,7 @@ TEST_CASE("router drain: a draining decode target gets no new request and is tol
   // b is still there: the heartbeat's queries say 1 until it ends, then 0.
   auto& box = *r.decode[1];
   REQUIRE(box.wait([&] { return !box.holds.empty() && box.holds.back() == 1; }));
-  r.send(make_event("b", {7}, finish_reason::length, nullptr, 4, 0, "decode", 0));
+  r.send(make_event("b", {7}, finish_reason::length, nullptr, 4, 0, request_stage::decode, 0));
   REQUIRE(r.col.wait_finished(1));
   REQUIRE(box.wait([&] { return !box.holds.empty() && box.holds.back() == 0; }));
   // The other decode target, not draining, is not told anything about holds.
@@ -128,10 +129,10 @@ TEST_CASE("router: a handoff refused because its decode node is unreachable coun
   auto [p, d] = r.placed("a");
   REQUIRE(d == "n2/decode");
   // The first token from prefill, then the prefill node's proxy refuses the handoff to n2.
-  r.send(make_event("a", {7}, finish_reason::none, nullptr, 4, 0, "prefill", 0));
+  r.send(make_event("a", {7}, finish_reason::none, nullptr, 4, 0, request_stage::prefill, 0));
   REQUIRE(r.col.wait_tokens("a", 1));
   tandem::error e(error_kind::disconnected, "decode node n2 the router chose is not reachable; retry the request");
-  r.send(make_event("a", {}, finish_reason::error, &e, 4, 0, "decode", 1));
+  r.send(make_event("a", {}, finish_reason::error, &e, 4, 0, request_stage::decode, 1));
   auto [p2, d2] = r.placed("a#m1");
   CHECK(p2 >= 0);
   CHECK(d2 == "n3/decode");

@@ -60,7 +60,7 @@ struct rig : router_rig {
     a.seq.push_back(tok);
     const bool last = a.next + 1 >= a.q.max_tokens;
     send(make_event(a.q.id, {tok}, last ? finish_reason::length : finish_reason::none, nullptr,
-                    static_cast<int32_t>(a.q.prompt.size()), 0, "decode", a.next));
+                    static_cast<int32_t>(a.q.prompt.size()), 0, request_stage::decode, a.next));
     a.next += 1;
   }
   static attempt start(const seq_request& q) {
@@ -78,7 +78,7 @@ struct rig : router_rig {
     send(make_wire([&](schema::Envelope::Builder env) {
       auto c = env.initCredit();
       c.setTarget(name);
-      c.setRole(role);
+      c.setRole(role == "decode" ? schema::StageRole::DECODE : schema::StageRole::PREFILL);
       c.setSeq(seq);
       c.setFreePages(-1);
     }));
@@ -165,7 +165,7 @@ TEST_CASE("router migration: a decode node down mid-stream, its streams continue
     const size_t emitted = base == "s0" ? 6 : 5;
     CHECK(c.generated == expected_greedy(prompt_of(i), int(emitted)));
     // A late event of the old attempt (the dead node's last words) must not reach the client.
-    r.send(make_event(base, {63}, finish_reason::error, nullptr, 4, 0, "decode", int32_t(emitted)));
+    r.send(make_event(base, {63}, finish_reason::error, nullptr, 4, 0, request_stage::decode, int32_t(emitted)));
     live[base] = rig::start(c);
   }
   CHECK(r.stats().value("router_migrations_total") == 3);
@@ -318,7 +318,7 @@ TEST_CASE("router migration: the budget bounds the moves, and a stream with nowh
   // A decode-side failure that is not the client's fault: the stream moves (the error's own
   // token is delivered first).
   tandem::error boom(error_kind::failed, "worker forward failed: injected");
-  r.send(make_event("s0", {expected_greedy(prompt_of(0), 4)[3]}, finish_reason::error, &boom, 4, 0, "decode", 3));
+  r.send(make_event("s0", {expected_greedy(prompt_of(0), 4)[3]}, finish_reason::error, &boom, 4, 0, request_stage::decode, 3));
   REQUIRE(r.prefills[0]->wait_submits(2));
   auto c = r.prefills[0]->submit(1);
   CHECK(c.id == "s0#m1");
@@ -390,7 +390,7 @@ TEST_CASE("router migration: a client-side error mid-stream is not moved, an ove
   rig r(l, 1, 2);
   auto live = start_streams(r, 1, 10, 2);
   tandem::error full(error_kind::overloaded, "KV cache exhausted; lower max_tokens");
-  r.send(make_event("s0", {}, finish_reason::error, &full, 4, 0, "decode", 3));
+  r.send(make_event("s0", {}, finish_reason::error, &full, 4, 0, request_stage::decode, 3));
   REQUIRE(r.col.wait_finished(1));
   REQUIRE(r.col.last("s0").err);
   CHECK(r.col.last("s0").err->kind() == error_kind::overloaded);
@@ -438,7 +438,7 @@ TEST_CASE("router admission: a decode target with two batches of sequences waiti
     r.send(make_wire([&](schema::Envelope::Builder env) {
       auto c = env.initCredit();
       c.setTarget("d0/decode");
-      c.setRole("decode");
+      c.setRole(schema::StageRole::DECODE);
       c.setSeq(seq);
       c.setFreePages(100000);  // pages are not what is short
       c.setRunningSeqs(2);
@@ -475,7 +475,7 @@ TEST_CASE("router admission: max_decode_waiting_seqs = -1 turns the decode queue
   r.send(make_wire([&](schema::Envelope::Builder env) {
     auto c = env.initCredit();
     c.setTarget("d0/decode");
-    c.setRole("decode");
+    c.setRole(schema::StageRole::DECODE);
     c.setSeq(1000);
     c.setFreePages(100000);
     c.setRunningSeqs(2);
@@ -491,7 +491,7 @@ namespace {
 /// What a decode target sends when it gives a sequence back for recompute (its KV transfer
 /// failed, or its pages were preempted): the "preempted" event, then the requeue.
 void send_back(rig& r, const attempt& a) {
-  r.send(make_event(a.q.id, {}, finish_reason::none, nullptr, int32_t(a.q.prompt.size()), 0, "preempted", a.next));
+  r.send(make_event(a.q.id, {}, finish_reason::none, nullptr, int32_t(a.q.prompt.size()), 0, request_stage::preempted, a.next));
   seq_request q = a.q;
   q.generated.assign(a.seq.begin() + static_cast<std::ptrdiff_t>(a.q.prompt.size()), a.seq.end());
   q.transfer_retries += 1;

@@ -31,7 +31,7 @@ struct rig : router_rig {
     stats();
   }
   /// A token of `id` from the stage in `state` ("decode": it is decoding now).
-  void token(const std::string& id, bool last, const std::string& state = "decode") {
+  void token(const std::string& id, bool last, request_stage state = request_stage::decode) {
     send(make_event(id, {7}, last ? finish_reason::length : finish_reason::none, nullptr, 0, 0, state,
                     sent_tokens[id]++));
   }

@@ -101,7 +101,7 @@ TEST_CASE("wire limits: the largest real messages decode in full under the scale
   std::vector<wire> msgs;
   msgs.push_back(make_wire([&](schema::Envelope::Builder env) {
     auto seqs = env.initForward().initSeqs(256);
-    env.getForward().setPhase("decode");
+    env.getForward().setPhase(schema::StageRole::DECODE);
     for (unsigned i = 0; i < seqs.size(); ++i) {
       seqs[i].setId("request-" + std::to_string(i));
       fill_list([&](unsigned n) { return seqs[i].initTokens(n); }, std::vector<int32_t>{int32_t(i)});
@@ -113,7 +113,7 @@ TEST_CASE("wire limits: the largest real messages decode in full under the scale
   }));
   msgs.push_back(make_wire([&](schema::Envelope::Builder env) {
     auto seqs = env.initForward().initSeqs(8);
-    env.getForward().setPhase("prefill");
+    env.getForward().setPhase(schema::StageRole::PREFILL);
     for (unsigned i = 0; i < seqs.size(); ++i) {
       seqs[i].setId("request-" + std::to_string(i));
       fill_list([&](unsigned n) { return seqs[i].initTokens(n); }, iota(256));
