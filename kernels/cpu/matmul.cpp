@@ -511,15 +511,17 @@ void matmul_jobs(std::span<const matmul_job> jobs, std::vector<float>& scratch, 
   for (const matmul_job* j : other) matmul(*j->w, j->x, j->batch, j->y, scratch, pool);
   if (!qw.empty()) quant_matmul_jobs(qw, qx, qb, qy, pool, qisa);
   if (vec.empty()) return;
-  std::vector<int64_t> off(1, 0);
+  // A row group weighs its job's batch: a prefill's experts get very different row counts.
+  std::vector<int64_t> off(1, 0), per;
   int64_t work = 0;
   for (const matmul_job* j : vec) {
-    off.push_back(off.back() + (j->w->view.rows() + matmul_group_rows - 1) / matmul_group_rows);
+    per.push_back(j->batch);
+    off.push_back(off.back() + (j->w->view.rows() + matmul_group_rows - 1) / matmul_group_rows * j->batch);
     work += j->w->view.rows() * j->w->view.cols() * j->batch;
   }
-  auto run = [&](int64_t g0, int64_t g1) {
+  auto run = [&](int64_t u0, int64_t u1) {
     std::vector<float> buf;  // per chunk: the decoded weight rows of the generic path
-    for_parts(off, g0, g1, [&](size_t i, int64_t lo, int64_t hi) {
+    for_weighted_parts(off, per, u0, u1, [&](size_t i, int64_t lo, int64_t hi) {
       const matmul_job& j = *vec[i];
       matmul_rows(j.w->view, j.x, j.batch, j.y, buf, lo * matmul_group_rows,
                   std::min(j.w->view.rows(), hi * matmul_group_rows), isa);

@@ -226,7 +226,8 @@ void quant_matmul_jobs(std::span<const tensor_view* const> ws, std::span<const f
   if (ws.size() != xs.size() || ws.size() != batches.size() || ws.size() != ys.size())
     throw tandem::error("quant_matmul_jobs: one input, batch and output per weight");
   int64_t work = 0;
-  std::vector<int64_t> off(1, 0);  // first row group of each weight
+  // Row groups weighing their job's batch (see matmul_jobs), numbered one after another.
+  std::vector<int64_t> off(1, 0), per;
   // Kept between calls on the calling thread (a decode step runs a few of these a layer);
   // only read by the workers.
   thread_local std::vector<quant_acts> acts;
@@ -237,11 +238,12 @@ void quant_matmul_jobs(std::span<const tensor_view* const> ws, std::span<const f
     const int64_t b = std::max<int64_t>(0, batches[i]);
     if (b > 0) quantize_acts(xs[i], b, w.cols(), act_group(w.type), acts[i]);
     work += w.rows() * w.cols() * b;
-    off.push_back(off.back() + (b > 0 ? (w.rows() + group_rows - 1) / group_rows : 0));
+    per.push_back(std::max<int64_t>(1, b));
+    off.push_back(off.back() + (b > 0 ? (w.rows() + group_rows - 1) / group_rows * b : 0));
   }
   const std::vector<quant_acts>& a = acts;  // the caller's, named here (see quant_matmul_many)
-  auto run = [&](int64_t g0, int64_t g1) {
-    for_parts(off, g0, g1, [&](size_t i, int64_t lo, int64_t hi) {
+  auto run = [&](int64_t u0, int64_t u1) {
+    for_weighted_parts(off, per, u0, u1, [&](size_t i, int64_t lo, int64_t hi) {
       run_rows(*ws[i], a[i], ys[i], lo * group_rows, std::min(ws[i]->rows(), hi * group_rows), isa);
     });
   };

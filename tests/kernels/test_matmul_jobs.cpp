@@ -122,3 +122,25 @@ TEST_CASE("matmul_jobs: each job gets the bits matmul gives it alone, on every p
         }
   }
 }
+
+TEST_CASE("matmul_jobs: weighted parts give every group to exactly one range of any split") {
+  // Parts of 5, 0, 3 and 7 groups weighing 4, 1, 1 and 9 units each (a job's batch).
+  const std::vector<int64_t> groups = {5, 0, 3, 7}, per = {4, 1, 1, 9};
+  std::vector<int64_t> off(1, 0);
+  for (size_t i = 0; i < groups.size(); ++i) off.push_back(off.back() + groups[i] * per[i]);
+  for (int64_t chunks : {1, 2, 3, 7, 16, 200}) {
+    CAPTURE(chunks);
+    std::vector<std::vector<int>> seen(groups.size());
+    for (size_t i = 0; i < groups.size(); ++i) seen[i].assign(size_t(groups[i]), 0);
+    for (int64_t c = 0; c < chunks; ++c)
+      cpu::for_weighted_parts(off, per, off.back() * c / chunks, off.back() * (c + 1) / chunks,
+                              [&](size_t i, int64_t g0, int64_t g1) {
+                                REQUIRE(0 <= g0);
+                                REQUIRE(g0 < g1);
+                                REQUIRE(g1 <= groups[i]);
+                                for (int64_t g = g0; g < g1; ++g) ++seen[i][size_t(g)];
+                              });
+    for (const auto& s : seen)
+      for (int n : s) REQUIRE(n == 1);
+  }
+}
