@@ -250,7 +250,8 @@ TANDEM_AVX512 void tile_avx512(const uint8_t* const* rows, int64_t k, const floa
       __m512 wv[R];
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(rows[r] + ahead + elem * i), B == 1 ? _MM_HINT_T1 : _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(rows[r] + ahead + elem * i),
+                     B == 1 ? _MM_HINT_T1 : _MM_HINT_T0);
         wv[r] = load_w16<T>(rows[r], i);
       }
       fma_step16<R, B>(acc, wv, xs, i);

@@ -33,7 +33,8 @@ std::vector<uint8_t> encode(ggml_type t, const std::vector<float>& w, int64_t ro
     return out;
   }
   auto* d = reinterpret_cast<uint16_t*>(out.data());
-  for (size_t i = 0; i < w.size(); ++i) d[i] = t == ggml_type::f16 ? cpu::fp32_to_fp16(w[i]) : cpu::fp32_to_bf16(w[i]);
+  for (size_t i = 0; i < w.size(); ++i)
+    d[i] = t == ggml_type::f16 ? cpu::fp32_to_fp16(w[i]) : cpu::fp32_to_bf16(w[i]);
   return out;
 }
 
@@ -107,7 +108,8 @@ TEST_CASE("matmul_jobs: each job gets the bits matmul gives it alone, on every p
             const bool int8 = cpu::int8_matmul(views[i].type);
             for (int64_t b = 0; b < batches[i]; ++b) {
               double xmax = 0;
-              for (int64_t j = 0; j < k; ++j) xmax = std::max(xmax, std::fabs(double(xs[i][size_t(b * k + j)])));
+              for (int64_t j = 0; j < k; ++j)
+                xmax = std::max(xmax, std::fabs(double(xs[i][size_t(b * k + j)])));
               for (int64_t r = 0; r < rows[i]; ++r) {
                 double ref = 0, wabs = 0;
                 for (int64_t j = 0; j < k; ++j) {
