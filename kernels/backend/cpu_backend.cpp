@@ -59,13 +59,25 @@ class cpu_ops final : public ops {
   }
   void matmul_batch(std::span<const matmul_task> tasks) override {
     int64_t work = 0, largest = 0;
+    bool amx = false;
     for (const matmul_task& t : tasks) {
       const int64_t w = get(t.w).view.rows() * get(t.w).view.cols() * t.rows;
       work += w;
       largest = std::max(largest, w);
+      amx = amx || get(t.w).amx != nullptr;
     }
-    // Small tasks side by side, each whole on one thread (a matmul's bits do not depend on its
-    // thread count); a task big enough to split runs alone on every thread, as matmul does.
+    // On the vector paths: one fork-join over the row groups of every task, taken as threads
+    // free up. Whole tasks side by side left a thread idle whenever the tasks did not share
+    // out evenly (a decode step's 2 routed + 1 shared expert down-projections: 2 on one
+    // thread, 1 on the other).
+    if (!amx) {
+      jobs_.clear();
+      for (const matmul_task& t : tasks) jobs_.push_back(cpu::matmul_job{&get(t.w), t.x, t.rows, t.y});
+      cpu::matmul_jobs(jobs_, scratch_, &pool_);
+      return;
+    }
+    // Amx tiles: small tasks side by side, each whole on one thread (a matmul's bits do not
+    // depend on its thread count); a task big enough to split runs alone on every thread.
     if (largest >= batch_split_work) {
       for (const matmul_task& t : tasks) cpu::matmul(get(t.w), t.x, t.rows, t.y, scratch_, &pool_);
       return;
@@ -180,6 +192,7 @@ class cpu_ops final : public ops {
   cpu::thread_pool pool_;
   std::vector<cpu::packed_weight> weights_;
   std::vector<const cpu::packed_weight*> many_;
+  std::vector<cpu::matmul_job> jobs_;
   std::vector<float> scratch_;
 };
 

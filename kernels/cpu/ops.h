@@ -84,6 +84,21 @@ void matmul(const packed_weight& w, const float* x, int64_t batch, float* y, std
 void matmul_many(std::span<const packed_weight* const> ws, const float* x, int64_t batch, std::span<float* const> ys,
                  std::vector<float>& scratch, thread_pool* pool = nullptr);
 
+/// One of several independent matmuls run together by matmul_jobs: y = W x for `batch` rows
+/// of x ([batch][cols] in, [batch][rows] out).
+struct matmul_job {
+  const packed_weight* w = nullptr;
+  const float* x = nullptr;
+  int64_t batch = 0;
+  float* y = nullptr;
+};
+/// Several matmuls, each on an input of its own, in one fork-join over the 24-row groups of
+/// all of them taken as threads free up (small ones, like a decode step's experts, keep
+/// every thread busy instead of one whole matrix per thread); low-bit weights in a second
+/// one. Each output has the bits matmul gives it alone. Weights on the amx path run one
+/// matmul each.
+void matmul_jobs(std::span<const matmul_job> jobs, std::vector<float>& scratch, thread_pool* pool = nullptr);
+
 /// The index std::max_element(x, x + n) returns (first position of the largest value; NaNs
 /// never win unless x[0] is one), with a vector max where the CPU has AVX-512; -1 if n is 0.
 int64_t argmax(const float* x, int64_t n);

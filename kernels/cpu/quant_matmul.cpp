@@ -220,4 +220,35 @@ void quant_matmul_many(std::span<const tensor_view* const> ws, const float* x, i
   pool->parallel_for_dynamic(off.back(), 4, run);
 }
 
+void quant_matmul_jobs(std::span<const tensor_view* const> ws, std::span<const float* const> xs,
+                       std::span<const int64_t> batches, std::span<float* const> ys, thread_pool* pool,
+                       cpu_isa isa) {
+  if (ws.size() != xs.size() || ws.size() != batches.size() || ws.size() != ys.size())
+    throw tandem::error("quant_matmul_jobs: one input, batch and output per weight");
+  int64_t work = 0;
+  // Row groups weighing their job's batch (see matmul_jobs), numbered one after another.
+  std::vector<int64_t> off(1, 0), per;
+  // Kept between calls on the calling thread (a decode step runs a few of these a layer);
+  // only read by the workers.
+  thread_local std::vector<quant_acts> acts;
+  if (acts.size() < ws.size()) acts.resize(ws.size());
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const tensor_view& w = *ws[i];
+    check_weight(w);
+    const int64_t b = std::max<int64_t>(0, batches[i]);
+    if (b > 0) quantize_acts(xs[i], b, w.cols(), act_group(w.type), acts[i]);
+    work += w.rows() * w.cols() * b;
+    per.push_back(std::max<int64_t>(1, b));
+    off.push_back(off.back() + (b > 0 ? (w.rows() + group_rows - 1) / group_rows * b : 0));
+  }
+  const std::vector<quant_acts>& a = acts;  // the caller's, named here (see quant_matmul_many)
+  auto run = [&](int64_t u0, int64_t u1) {
+    for_weighted_parts(off, per, u0, u1, [&](size_t i, int64_t lo, int64_t hi) {
+      run_rows(*ws[i], a[i], ys[i], lo * group_rows, std::min(ws[i]->rows(), hi * group_rows), isa);
+    });
+  };
+  if (pool == nullptr || pool->size() == 1 || work < matmul_min_parallel_work) return run(0, off.back());
+  pool->parallel_for_dynamic(off.back(), 4, run);
+}
+
 }  // namespace tandem::cpu

@@ -56,6 +56,13 @@ void quant_matmul(const tensor_view& w, const float* x, int64_t batch, float* y,
 void quant_matmul_many(std::span<const tensor_view* const> ws, const float* x, int64_t batch,
                        std::span<float* const> ys, thread_pool* pool, cpu_isa isa);
 
+/// quant_matmul of several low-bit weights, each on its own input (xs[i], batches[i] rows;
+/// ys[i] is [batches[i]][rows_i]): every input quantized once, one fork-join over the row
+/// groups of all of them; each output has the bits quant_matmul gives it alone.
+void quant_matmul_jobs(std::span<const tensor_view* const> ws, std::span<const float* const> xs,
+                       std::span<const int64_t> batches, std::span<float* const> ys, thread_pool* pool,
+                       cpu_isa isa);
+
 namespace quant_detail {
 /// y[b][r] for rows [r0, r1) of w and every activation row of `a`, on one path.
 void rows_scalar(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, int64_t r1);

@@ -145,7 +145,7 @@ struct kblock<ggml_type::q6_K> {
 };
 
 // R weight rows x B activation rows of a k-quant weight.
-template <ggml_type T, int R, int B>
+template <ggml_type T, int R, int B, bool Fetch>
 TANDEM_Q512 void tile_k(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, int64_t b0) {
   using K = kblock<T>;
   using block = typename K::block;
@@ -154,16 +154,18 @@ TANDEM_Q512 void tile_k(const tensor_view& w, const quant_acts& a, float* y, int
   for (int r = 0; r < R; ++r) rows[r] = reinterpret_cast<const block*>(w.row(r0 + r));
   float acc[R][B] = {};
   // Batch 1: the next tile's rows start R rows further on; request each block of them one
-  // tile ahead (rows of a few blocks are too short for the hardware prefetcher to find).
-  const int64_t ahead = B == 1 && R > 1 ? (reinterpret_cast<const char*>(rows[1]) - reinterpret_cast<const char*>(rows[0])) * R : 0;
+  // tile ahead (rows of a few blocks are too short for the hardware prefetcher to find),
+  // into L2 (see kernels/cpu/matmul.cpp's tile_avx512: T0 requests held L1's few miss
+  // buffers). Not from the range's last tile (Fetch false): what follows is not ours.
+  const int64_t ahead = Fetch && B == 1 && R > 1 ? (reinterpret_cast<const char*>(rows[1]) - reinterpret_cast<const char*>(rows[0])) * R : 0;
   for (int64_t i = 0; i < nb; ++i) {
     K kb[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       if (ahead != 0) {
         const char* next = reinterpret_cast<const char*>(rows[r] + i) + ahead;
-        for (size_t o = 0; o < sizeof(block); o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
-        _mm_prefetch(next + sizeof(block) - 1, _MM_HINT_T0);
+        for (size_t o = 0; o < sizeof(block); o += 64) _mm_prefetch(next + o, _MM_HINT_T1);
+        _mm_prefetch(next + sizeof(block) - 1, _MM_HINT_T1);
       }
       kb[r].load(rows[r] + i);
     }
@@ -299,7 +301,7 @@ struct q8_0_blocks {
 
 // R weight rows x B activation rows of a 32-element block type: two blocks (64 elements) a
 // step, the pair's scales blended into the low and high 8 lanes.
-template <class P, int R, int B>
+template <class P, int R, int B, bool Fetch>
 TANDEM_Q512 void tile_blocks(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, int64_t b0) {
   using block = typename P::block;
   const int64_t nb = w.cols() / P::elems, n = w.rows();
@@ -309,7 +311,7 @@ TANDEM_Q512 void tile_blocks(const tensor_view& w, const quant_acts& a, float* y
   for (int r = 0; r < R; ++r)
     for (int b = 0; b < B; ++b) acc[r][b] = _mm512_setzero_ps();
   // Batch 1: request the next tile's rows one tile ahead (see tile_k), a line per block pair.
-  const int64_t ahead = B == 1 && R > 1 ? (reinterpret_cast<const char*>(rows[1]) - reinterpret_cast<const char*>(rows[0])) * R : 0;
+  const int64_t ahead = Fetch && B == 1 && R > 1 ? (reinterpret_cast<const char*>(rows[1]) - reinterpret_cast<const char*>(rows[0])) * R : 0;
   for (int64_t i = 0; i < nb; i += 2) {
     const bool pair = i + 1 < nb;
     const __mmask16 lanes = pair ? 0xFFFF : 0x00FF;
@@ -326,7 +328,7 @@ TANDEM_Q512 void tile_blocks(const tensor_view& w, const quant_acts& a, float* y
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const block* p = rows[r] + i;
-      if (ahead != 0) _mm_prefetch(reinterpret_cast<const char*>(p) + ahead, _MM_HINT_T0);
+      if (ahead != 0) _mm_prefetch(reinterpret_cast<const char*>(p) + ahead, _MM_HINT_T1);
       const typename P::w_reg wr = P::load(p, pair);
       const __m512 dw = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(_cvtsh_ss(p[0].d)),
                                              _mm512_set1_ps(pair ? _cvtsh_ss(p[1].d) : 0.0f));
@@ -339,17 +341,23 @@ TANDEM_Q512 void tile_blocks(const tensor_view& w, const quant_acts& a, float* y
     for (int b = 0; b < B; ++b) y[(b0 + b) * n + r0 + r] = hsum16(acc[r][b]);
 }
 
-template <ggml_type T, int R, int B>
+template <ggml_type T, int R, int B, bool Fetch = true>
 TANDEM_Q512 void tile(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, int64_t b0) {
-  if constexpr (T == ggml_type::q4_0) tile_blocks<q4_0_blocks, R, B>(w, a, y, r0, b0);
-  else if constexpr (T == ggml_type::q8_0) tile_blocks<q8_0_blocks, R, B>(w, a, y, r0, b0);
-  else tile_k<T, R, B>(w, a, y, r0, b0);
+  if constexpr (T == ggml_type::q4_0) tile_blocks<q4_0_blocks, R, B, Fetch>(w, a, y, r0, b0);
+  else if constexpr (T == ggml_type::q8_0) tile_blocks<q8_0_blocks, R, B, Fetch>(w, a, y, r0, b0);
+  else tile_k<T, R, B, Fetch>(w, a, y, r0, b0);
 }
 
 template <ggml_type T>
 void rows_typed(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, int64_t r1) {
+  // Batch 1: the range's first tile requested at once up front (each tile fetches the
+  // next), as the f16 kernel does (kernels/cpu/matmul.cpp).
+  if (a.batch == 1)
+    for (const uint8_t* p = w.row(r0); p < w.row(std::min(r1, r0 + 8)); p += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1);
   for_tiles<8, 4, 4>(int64_t(row_bytes(w.type, w.cols())), a.batch, r0, r1,
                      [&](int64_t r, int rows, int64_t b, int64_t count) {
+                       if (rows == 8 && r + 16 > r1) return tile<T, 8, 1, false>(w, a, y, r, b);
                        if (rows == 8) return tile<T, 8, 1>(w, a, y, r, b);
                        if (rows == 1) return tile<T, 1, 1>(w, a, y, r, b);
                        switch (count) {

@@ -10,7 +10,8 @@ namespace tandem::cpu {
 class thread_pool;
 
 /// Streaming read bandwidth in bytes/s over `bytes` (make it well above the last-level
-/// cache), all of `pool`'s threads reading disjoint parts with wide loads; best of `reps`.
+/// cache), all of `pool`'s threads reading disjoint parts with wide loads, with and without
+/// software prefetch (as the batch-1 matmuls read); best of `reps` of each.
 double measure_read_bandwidth(thread_pool& pool, size_t bytes, int reps);
 
 /// Peak fused multiply-add rate in FLOP/s (an FMA = 2 FLOP) of the `isa` path on all of

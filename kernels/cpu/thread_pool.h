@@ -80,4 +80,20 @@ void for_parts(const std::vector<int64_t>& off, int64_t u0, int64_t u1, F&& fn) 
   }
 }
 
+/// for_parts over parts of whole groups that weigh differently: part i's group g stands for
+/// the `per[i]` units [off[i] + g * per[i], off[i] + (g + 1) * per[i]) (e.g. a matmul's row
+/// group weighs its batch), so that a split into equal unit ranges is a split by work. Each
+/// group goes to the range that holds its first unit: fn(i, g0, g1) runs for the groups
+/// [g0, g1) of part i whose first unit is in [u0, u1), so adjacent ranges never share one.
+template <class F>
+void for_weighted_parts(const std::vector<int64_t>& off, const std::vector<int64_t>& per, int64_t u0, int64_t u1,
+                        F&& fn) {
+  for (size_t i = 0; i + 1 < off.size(); ++i) {
+    const int64_t lo = off[i] > u0 ? off[i] : u0, hi = off[i + 1] < u1 ? off[i + 1] : u1;
+    if (lo >= hi) continue;
+    const int64_t g0 = (lo - off[i] + per[i] - 1) / per[i], g1 = (hi - off[i] + per[i] - 1) / per[i];
+    if (g0 < g1) fn(i, g0, g1);
+  }
+}
+
 }  // namespace tandem::cpu
