@@ -6,6 +6,7 @@
 //        split into pieces: the result must not depend on the split
 //   otherwise: the whole input is the raw HTTP request stream (through the framer and kj-http).
 // Also checks JSON invariants on the body: quote() of valid UTF-8 parses back to itself.
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -25,19 +26,23 @@ namespace {
 
 using namespace tandem;
 
-/// Finishes every request at once with a few tokens: the engine is not what is fuzzed here.
+/// Finishes every request at once with a few tokens, each of its n choices (the engine's
+/// contract: every choice ends): the engine is not what is fuzzed here.
 class instant_api final : public serving_api {
  public:
   void submit(completion_request req, event_callback cb) override {
     ++submitted;
-    token_event ev;
-    ev.request_id = req.request_id;
-    ev.tokens = {'o', 'k'};
-    ev.finished = true;
-    ev.reason = finish_reason::length;
-    ev.prompt_tokens = static_cast<int32_t>(req.prompt.size());
-    ev.completion_tokens = 2;
-    cb(std::move(ev));
+    for (int32_t k = 0; k < std::max(1, req.n); ++k) {
+      token_event ev;
+      ev.request_id = req.request_id;
+      ev.choice = k;
+      ev.tokens = {'o', 'k'};
+      ev.finished = true;
+      ev.reason = finish_reason::length;
+      ev.prompt_tokens = static_cast<int32_t>(req.prompt.size());
+      ev.completion_tokens = 2;
+      cb(std::move(ev));
+    }
   }
   void abort(const std::string&) override {}
   health_info health() const override { return {true, "ok", 1}; }
