@@ -11,6 +11,7 @@
 #include "actors/runtime/embedded_cluster.h"
 #include "kernels/model/make_model.h"
 #include "kernels/tokenizer/tokenizer.h"
+#include "tests/actors/model_files.h"
 #include "tests/actors/support.h"
 
 using namespace tandem;
@@ -22,22 +23,11 @@ namespace {
 /// A micro model of `arch` (written once per process, removed at exit). gemma2's window of 32
 /// is crossed by every conversation below; deepseek2's pages hold its latent.
 std::string micro_model(const std::string& arch) {
-  static std::map<std::string, std::string> paths;
-  static struct cleanup {
-    ~cleanup() {
-      for (auto& [a, p] : paths) fs::remove(p);
-    }
-  } c;
-  auto& path = paths[arch];
-  if (path.empty()) {
-    path = (fs::temp_directory_path() / ("tandem_cache_micro_" + arch + "_" + std::to_string(getpid()) + ".gguf")).string();
-    make_model_options o;
-    o.preset = "micro";
-    o.arch = arch;
-    o.seed = 11;
-    write_random_llama(o, path);
-  }
-  return path;
+  make_model_options o;
+  o.preset = "micro";
+  o.arch = arch;
+  o.seed = 11;
+  return test_model_file("cache_micro_" + arch, o);
 }
 
 cluster_options opts(const std::string& arch, bool cache, const cache_config& cc) {

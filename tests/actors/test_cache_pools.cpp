@@ -14,24 +14,12 @@
 #include "kernels/tokenizer/tokenizer.h"
 #include "tests/actors/model_files.h"
 #include "tests/actors/support.h"
+#include "tests/kernels/pool_sets.h"
 
 using namespace tandem;
 using namespace tandem::test;
 
 namespace {
-
-/// A full pool (layer 0) and a window pool of W tokens (layer 1), page size 2.
-kv_pools_layout two_pools(int32_t window) {
-  kv_layout page;
-  page.n_layers = 1;
-  page.n_kv_heads = 1;
-  page.head_dim = 4;
-  page.page_size = 2;
-  kv_pools_layout set;
-  set.pools.push_back(kv_pool_spec{"full", page, 0, {0}});
-  set.pools.push_back(kv_pool_spec{"window", page, window, {1}});
-  return set;
-}
 
 int count(const std::vector<copy_op>& ops, copy_op::kind_t k, int32_t pool) {
   int n = 0;
@@ -42,7 +30,7 @@ int count(const std::vector<copy_op>& ops, copy_op::kind_t k, int32_t pool) {
 }  // namespace
 
 TEST_CASE("radix_cache(pools): a prefix is reused only with its window, never longer, and window pages evict alone") {
-  const auto set = two_pools(4);
+  const auto set = two_small_pools(4);
   page_allocator dev(8), win(8);
   radix_cache::options o;
   o.page_size = 2;
@@ -98,7 +86,7 @@ TEST_CASE("radix_cache(pools): a prefix is reused only with its window, never lo
 }
 
 TEST_CASE("radix_cache(pools): host slots and disk files carry the window pages, loads bring back the live ones") {
-  const auto set = two_pools(4);
+  const auto set = two_small_pools(4);
   page_allocator dev(8), win(8), host(8);
   radix_cache::options o;
   o.page_size = 2;
@@ -175,7 +163,7 @@ TEST_CASE("radix_cache(pools): host slots and disk files carry the window pages,
 
 TEST_CASE("radix_cache(pools): each pool has host pages of its own, a window host page is evicted alone") {
   // Window 4 tokens = 2 blocks of 2: a 5-block prefix reads blocks 3 and 4 of the window pool.
-  const auto set = two_pools(4);
+  const auto set = two_small_pools(4);
   page_allocator dev(8), win(8), host(8), whost(2);  // the window pool's host share: 2 pages
   radix_cache::options o;
   o.page_size = 2;

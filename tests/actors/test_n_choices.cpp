@@ -12,6 +12,7 @@
 #include "actors/runtime/embedded_cluster.h"
 #include "kernels/model/make_model.h"
 #include "kernels/tokenizer/tokenizer.h"
+#include "tests/actors/model_files.h"
 #include "tests/actors/support.h"
 
 using namespace tandem;
@@ -21,22 +22,11 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string micro_model(const std::string& arch) {
-  static std::map<std::string, std::string> paths;
-  static struct cleanup {
-    ~cleanup() {
-      for (auto& [a, p] : paths) fs::remove(p);
-    }
-  } c;
-  auto& path = paths[arch];
-  if (path.empty()) {
-    path = (fs::temp_directory_path() / ("tandem_n_micro_" + arch + "_" + std::to_string(getpid()) + ".gguf")).string();
-    make_model_options o;
-    o.preset = "micro";
-    o.arch = arch;
-    o.seed = 13;
-    write_random_llama(o, path);
-  }
-  return path;
+  make_model_options o;
+  o.preset = "micro";
+  o.arch = arch;
+  o.seed = 13;
+  return test_model_file("n_micro_" + arch, o);
 }
 
 cluster_options opts(const std::string& arch) {

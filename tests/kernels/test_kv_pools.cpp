@@ -16,6 +16,7 @@
 #include "kernels/model/arch/dense_forward.h"
 #include "kernels/model/kv_pools.h"
 #include "kernels/model/seq_pages.h"
+#include "tests/kernels/pool_sets.h"
 #include "kernels/model/kv_pools_plan.h"
 #include "kernels/model/make_model.h"
 #include "tests/kernels/reference_model.h"
@@ -235,21 +236,6 @@ TEST_CASE("kv pools: a sequence's page tables grow per pool and give back dead w
   CHECK_THROWS_WITH_AS(set.check_fits(std::vector<int32_t>{24, 3}, 100, 1),
                        doctest::Contains("the full KV pool"), tandem::error);
 }
-
-namespace {
-/// A full pool (layer 0) and a window pool of W tokens (layer 1), page size 2.
-kv_pools_layout two_small_pools(int32_t window) {
-  kv_layout page;
-  page.n_layers = 1;
-  page.n_kv_heads = 1;
-  page.head_dim = 4;
-  page.page_size = 2;
-  kv_pools_layout set;
-  set.pools.push_back(kv_pool_spec{"full", page, 0, {0}});
-  set.pools.push_back(kv_pool_spec{"window", page, window, {1}});
-  return set;
-}
-}  // namespace
 
 TEST_CASE("seq_pages: a chunked prefill rotates its own window pages, shared ones are freed") {
   const auto set = two_small_pools(4);  // a step starting at p reads blocks >= (p - 3) / 2
