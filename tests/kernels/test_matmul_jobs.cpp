@@ -98,7 +98,8 @@ TEST_CASE("matmul_jobs: each job gets the bits matmul gives it alone, on every p
           cpu::matmul_jobs(jobs, scratch, pool);
           for (size_t i = 0; i < rows.size(); ++i) {
             CAPTURE(i);
-            REQUIRE(std::memcmp(alone[i].data(), together[i].data(), alone[i].size() * 4) == 0);
+            // (a job of batch 0 writes nothing; memcmp may not see its null data)
+            if (!alone[i].empty()) REQUIRE(std::memcmp(alone[i].data(), together[i].data(), alone[i].size() * 4) == 0);
             // And near a naive f64 product of the stored weights: the low-bit types also
             // round each input to int8 steps of max|x| / 127 (an error of at most half a step
             // times sum |w|); 1e-3 covers the f32 accumulation.
