@@ -223,6 +223,17 @@ class parser {
                   end - b_.size());
       }
       ti.data = b_.data() + data_start + ti.offset;
+      // The kernels read elements and blocks in place (f32 words, f16 halves, block scales):
+      // data must sit at a multiple of their alignment, which general.alignment = 1 or 2 allows
+      // a file to break.
+      const uint64_t ts = traits(uint32_t(ti.type)).type_size;
+      const uint64_t need = ts % 4 == 0 ? 4 : ts % 2 == 0 ? 2 : 1;
+      if (reinterpret_cast<uintptr_t>(ti.data) % need != 0)
+        fail(data_start + ti.offset,
+             "has tensor '" + ti.name + "' of type " + std::string(type_name(uint32_t(ti.type))) + " at file offset " +
+                 std::to_string(data_start + ti.offset) + ", not a multiple of its " + std::to_string(need) +
+                 "-byte element alignment",
+             "re-convert the model with the default general.alignment (32)");
     }
   }
 
