@@ -197,7 +197,7 @@ class radix_cache {
   bool evict_host(std::vector<copy_op>& ops);
   /// One host page of pool p > 0: from its free list or by dropping a cached block's host page
   /// of that pool alone (LRU, not pinned by a load).
-  std::optional<int32_t> take_xhost(size_t p, std::vector<copy_op>& ops);
+  std::optional<int32_t> take_xhost(size_t p);
   bool evict_xhost(size_t p);
   /// Releases n's host pages of the other pools.
   void drop_xhost(node* n);

@@ -284,7 +284,7 @@ void radix_cache::backup_xdev(node* n, std::vector<copy_op>& ops) {
   if (!host_tier() || n->host < 0) return;
   for (size_t p = 1; p < n_pools(); ++p) {
     if (n->xdev[p - 1] < 0 || n->xhost[p - 1] >= 0) continue;
-    auto h = take_xhost(p, ops);
+    auto h = take_xhost(p);
     if (!h) {
       ++backups_skipped_;  // every host page of the pool is pinned: the block keeps pool 0 only
       continue;
@@ -341,7 +341,7 @@ bool radix_cache::evict_xhost(size_t p) {
   return true;
 }
 
-std::optional<int32_t> radix_cache::take_xhost(size_t p, std::vector<copy_op>&) {
+std::optional<int32_t> radix_cache::take_xhost(size_t p) {
   if (p == 0 || p > host_x_.size()) return std::nullopt;
   page_allocator& a = *host_x_[p - 1];
   if (a.n_free() == 0 && !evict_xhost(p)) return std::nullopt;

@@ -103,7 +103,7 @@ radix_cache::match_result radix_cache::match_pools(std::span<const int32_t> toke
         if (!x) ok = false;
         else newx[p].push_back((*x)[0]);
         if (ok && b >= np) {  // a disk block: read into a host page of the pool first
-          auto h = take_xhost(p, ops);
+          auto h = take_xhost(p);
           if (!h) ok = false;
           else newxh[p].push_back(*h);
         }

@@ -27,4 +27,13 @@ inline const std::string& test_model_file(const std::string& tag, const make_mod
   return path;
 }
 
+/// A micro model of `arch` with weights from `seed` (tagged by both).
+inline std::string micro_model_file(const std::string& arch, uint64_t seed) {
+  make_model_options o;
+  o.preset = "micro";
+  o.arch = arch;
+  o.seed = seed;
+  return test_model_file("micro_" + arch + "_" + std::to_string(seed), o);
+}
+
 }  // namespace tandem::test

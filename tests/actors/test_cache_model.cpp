@@ -22,13 +22,7 @@ namespace {
 
 /// A micro model of `arch` (written once per process, removed at exit). gemma2's window of 32
 /// is crossed by every conversation below; deepseek2's pages hold its latent.
-std::string micro_model(const std::string& arch) {
-  make_model_options o;
-  o.preset = "micro";
-  o.arch = arch;
-  o.seed = 11;
-  return test_model_file("cache_micro_" + arch, o);
-}
+std::string micro_model(const std::string& arch) { return micro_model_file(arch, 11); }
 
 cluster_options opts(const std::string& arch, bool cache, const cache_config& cc) {
   cluster_options o;

@@ -21,13 +21,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string micro_model(const std::string& arch) {
-  make_model_options o;
-  o.preset = "micro";
-  o.arch = arch;
-  o.seed = 13;
-  return test_model_file("n_micro_" + arch, o);
-}
+std::string micro_model(const std::string& arch) { return micro_model_file(arch, 13); }
 
 cluster_options opts(const std::string& arch) {
   cluster_options o;

@@ -8,21 +8,15 @@
 #include <random>
 #include <vector>
 
+#include "tests/kernels/matmul_fixtures.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/quant_ref.h"
 #include "kernels/cpu/thread_pool.h"
 
 using namespace tandem;
+using namespace tandem::test;
 
 namespace {
-
-std::vector<float> random_floats(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
 
 /// f32 rows [rows][cols] stored as `t`.
 std::vector<uint8_t> encode(ggml_type t, const std::vector<float>& w, int64_t rows, int64_t cols) {
@@ -36,17 +30,6 @@ std::vector<uint8_t> encode(ggml_type t, const std::vector<float>& w, int64_t ro
   for (size_t i = 0; i < w.size(); ++i)
     d[i] = t == ggml_type::f16 ? cpu::fp32_to_fp16(w[i]) : cpu::fp32_to_bf16(w[i]);
   return out;
-}
-
-tensor_view view_of(ggml_type t, const std::vector<uint8_t>& bytes, int64_t rows, int64_t cols) {
-  tensor_view v;
-  v.type = t;
-  v.ne[0] = cols;
-  v.ne[1] = rows;
-  v.n_dims = 2;
-  v.data = bytes.data();
-  v.nbytes = bytes.size();
-  return v;
 }
 
 }  // namespace

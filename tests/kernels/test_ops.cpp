@@ -13,20 +13,14 @@
 #include <random>
 #include <vector>
 
+#include "tests/kernels/matmul_fixtures.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/thread_pool.h"
 
 using namespace tandem;
+using namespace tandem::test;
 
 namespace {
-
-std::vector<float> random_floats(size_t n, uint64_t seed, float scale = 1.0f) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> d(-scale, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
 
 /// Encodes f32 rows [rows][cols] as `t`.
 std::vector<uint8_t> encode(ggml_type t, const std::vector<float>& w, int64_t rows, int64_t cols) {
@@ -51,17 +45,6 @@ std::vector<uint8_t> encode(ggml_type t, const std::vector<float>& w, int64_t ro
     }
   }
   return out;
-}
-
-tensor_view view_of(ggml_type t, const std::vector<uint8_t>& bytes, int64_t rows, int64_t cols) {
-  tensor_view v;
-  v.type = t;
-  v.ne[0] = cols;
-  v.ne[1] = rows;
-  v.n_dims = 2;
-  v.data = bytes.data();
-  v.nbytes = bytes.size();
-  return v;
 }
 
 /// Normalised mean squared error, as ggml's test-backend-ops uses.
