@@ -212,25 +212,32 @@ placement router_state::place(const seq_request& r, const std::vector<int>& avoi
       return out;
     }
     const auto& dlo = decodes[size_t(d)].load;
-    const int32_t need = pages_for(n + 1);
+    // Choices fork at the decode target: each fork beyond the first takes a page of its own for
+    // the block holding the last prompt position (decode_fork.cpp) and a batch slot.
+    const int32_t forks = std::max(0, r.n - 1);
+    const int32_t need = pages_for(n + 1) + forks;
     if (!continuation && opt.lim.decode_page_admission && dlo.free_pages >= 0 && dlo.waiting_seqs > 0 && dlo.free_pages < need) {
       // The decode batch is full and backed up with sequences holding pages: a new one
       // would only be preempted (recomputed) or fail there.
       return decode_busy(out, "decode_pages",
                          fmt::format("decode target {} has {} free KV pages and {} sequences waiting for a batch "
-                                     "slot; the prompt needs {} pages; retry later or raise limits.kv_cache_mb",
-                                     decodes[size_t(d)].t.name, dlo.free_pages, dlo.waiting_seqs, need));
+                                     "slot; the prompt needs {} pages{}; retry later or raise limits.kv_cache_mb",
+                                     decodes[size_t(d)].t.name, dlo.free_pages, dlo.waiting_seqs, need,
+                                     forks > 0 ? fmt::format(" (one of them for each of its {} extra choices)", forks) : ""));
     }
     const int32_t wait_bound = opt.lim.max_decode_waiting_seqs > 0 ? opt.lim.max_decode_waiting_seqs
                                                                     : 2 * dlo.max_running_seqs;
-    if (!continuation && opt.lim.max_decode_waiting_seqs >= 0 && wait_bound > 0 && dlo.waiting_seqs >= wait_bound) {
+    const bool queue_full = dlo.waiting_seqs >= wait_bound || (dlo.waiting_seqs > 0 && dlo.waiting_seqs + 1 + forks > wait_bound);
+    if (!continuation && opt.lim.max_decode_waiting_seqs >= 0 && wait_bound > 0 && queue_full) {
       // Prefill outruns decode in a burst: sequences pile up waiting for a batch slot, each
-      // holding its pages, and every new one would wait behind them.
+      // holding its pages, and every new one would wait behind them. A request of n choices
+      // adds n sequences; behind an empty queue it is admitted whatever its n.
       return decode_busy(out, "decode_queue",
                          fmt::format("decode target {} has {} sequences waiting for a slot in its batch of {} "
-                                     "(limits.max_decode_waiting_seqs = {}); retry later or add decode capacity",
+                                     "(limits.max_decode_waiting_seqs = {}){}; retry later or add decode capacity",
                                      decodes[size_t(d)].t.name, dlo.waiting_seqs, dlo.max_running_seqs,
-                                     opt.lim.max_decode_waiting_seqs));
+                                     opt.lim.max_decode_waiting_seqs,
+                                     forks > 0 ? fmt::format(" and the request's n = {} choices would add {}", r.n, r.n) : ""));
     }
     out.decode = d;
     // Conditional disaggregation: would this prompt be better prefilled next to its decode batch?
