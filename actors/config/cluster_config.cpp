@@ -509,8 +509,9 @@ config_check check_cluster_config(const std::string& text, const std::string& so
     mem.node_cache_pos.push_back(own && own->type == value_type::table ? own->pos : cache_pos);
   }
   if (kv.known) {
-    mem.layout = [kv](int32_t ps) { return kv.layout(ps); };
-    mem.pools = [kv](int32_t ps) { return kv.pools(ps); };
+    mem.model.layout = [kv](int32_t ps) { return kv.layout(ps); };
+    mem.model.pools = [kv](int32_t ps) { return kv.pools(ps); };
+    mem.model.n_ctx = kv.n_ctx;
     if (cfg.kernel_isa == "amx") mem.amx_copy_bytes = kv.amx_copy_bytes;
   }
   mem.on_this_machine = on_this_machine;

@@ -30,13 +30,13 @@ void check_node_memory(const node_memory_inputs& in, const machine_info& m, conf
     if (!n.has_role("cache")) continue;
     // Problems of a node's own [node.cache] are reported there; else at the cluster's [cache].
     const toml::position where = i < in.node_cache_pos.size() ? in.node_cache_pos[i] : in.cache_pos;
-    const int32_t ps = n.effective_page_size(out.cfg.lim);
     double device_bytes = double(out.cfg.lim.kv_cache_mb) * 1024.0 * 1024.0, host_bytes = 0;
-    if (in.pools) {
-      const kv_layout layout = in.layout(ps);
-      // The set `tandem serve` runs (actor_cluster.cpp): the model's pools.
-      const kv_pools_layout set = in.pools(ps);
-      const kv_sizing k = size_kv_pools(out.cfg.lim, n.cache, set, 0);  // RAM: over all local nodes below
+    if (in.model.pools) {
+      // The plan `tandem serve --node` makes of this node (actor_cluster); RAM: over all local nodes below.
+      const node_plan np = plan_node(spec_of(out.cfg, n), in.model, 0);
+      const kv_layout& layout = np.layout;
+      const kv_pools_layout& set = np.pools;
+      const kv_sizing& k = np.sizing;
       device_bytes = 0;
       node_kv_plan plan;
       plan.node = n.name;

@@ -1,7 +1,7 @@
 #pragma once
-/// The per-node part of `tandem check-config`: each cache node's KV pools and tiers sized by the
-/// code `tandem serve` runs (size_kv_pools), the plan it prints, and whether the nodes that run
-/// on this machine fit its RAM, its NUMA nodes and their disk directories.
+/// The per-node part of `tandem check-config`: each cache node's KV pools and tiers planned by the
+/// code `tandem serve` runs (plan_node over spec_of the node), the plan it prints, and whether
+/// the nodes that run on this machine fit its RAM, its NUMA nodes and their disk directories.
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -9,6 +9,7 @@
 
 #include "actors/config/cluster_config.h"
 #include "actors/config/toml.h"
+#include "actors/runtime/node_plan.h"
 #include "kernels/model/kv_pools.h"
 
 namespace tandem::config_detail {
@@ -20,10 +21,9 @@ struct node_memory_inputs {
   /// Per node of the config: where its cache problems are reported (its [node.cache] table, or
   /// the cluster's [cache]).
   std::vector<toml::position> node_cache_pos;
-  /// The model's one-pool layout and layout set for a page size; empty when the model is not
-  /// readable here (the checks then use what the settings alone say).
-  std::function<kv_layout(int32_t)> layout;
-  std::function<kv_pools_layout(int32_t)> pools;
+  /// The model's KV shape for the node plans (plan_node, what serve runs); its layout functions
+  /// are empty when the model is not readable here (the checks then use what the settings alone say).
+  model_shape model;
   /// Bytes of the weight copy each worker makes with kernels = "amx"; 0 = none.
   uint64_t amx_copy_bytes = 0;
   std::function<bool(const node_config&)> on_this_machine;

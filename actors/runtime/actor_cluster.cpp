@@ -5,92 +5,77 @@ namespace tandem {
 using cluster_detail::children_of;
 using cluster_detail::spawn_set;
 
+namespace {
+
+/// Physical memory of this machine (bytes; 0 = unknown): bounds the host tier.
+uint64_t physical_ram_bytes() {
+  const long ram_pages = ::sysconf(_SC_PHYS_PAGES), ram_page = ::sysconf(_SC_PAGESIZE);
+  return ram_pages > 0 && ram_page > 0 ? uint64_t(ram_pages) * uint64_t(ram_page) : 0;
+}
+
+/// The start-up line: what the plan allocates here.
+void log_plan(spdlog::logger& log, const node_plan& p, const actor_cluster_options& opt) {
+  const auto& set = p.pools;
+  if (!p.holds_kv) {  // a router-only node: the KV pools live on its prefill and decode nodes
+    log.info("cluster up: model {} (tokenizer and limits only), no KV pool on this node (roles: {}), context {}",
+             opt.model_id, fmt::join(p.spec.roles, ", "), p.model.max_context);
+    return;
+  }
+  log.info("cluster up: model {} (kernels {}), {} KV pages of {} ({:.1f} MiB), context {}, prefix cache {}",
+           opt.model_id, opt.kernels, p.n_pages, set.pools[0].page.describe(),
+           double(p.n_pages) * double(set.pools[0].page.page_bytes()) / (1024.0 * 1024.0), p.model.max_context,
+           p.spec.lim.prefix_cache ? "on" : "off");
+  for (size_t i = 1; i < set.pools.size(); ++i)
+    log.info("KV pool '{}': {} pages of {} ({:.1f} MiB)", set.pools[i].name, p.extra_pages[i - 1], set.pools[i].describe(),
+             double(p.extra_pages[i - 1]) * double(set.pools[i].page.page_bytes()) / (1024.0 * 1024.0));
+}
+
+}  // namespace
+
 actor_cluster::actor_cluster(std::shared_ptr<llama_model> model, actor_cluster_options opt)
     : opt_(std::move(opt)), st_(std::make_unique<state>()) {
   if (!model) throw tandem::error(error_kind::failed, "actor_cluster needs a model");
-  auto bad = opt_.lim.validate();
-  if (!bad.empty()) throw tandem::error(error_kind::failed, bad);
-  const auto& mc = model->config();
-  const auto layout = model->layout(opt_.lim.page_size);
-  // The layout set served: a sliding-window model keeps its window layers in a pool of rings
-  // (in every tier, and across nodes: transfers carry every pool).
-  const kv_pools_layout set = model->pools_layout(opt_.lim.page_size);
-  max_context_ = mc.n_ctx > 0 ? mc.n_ctx : opt_.lim.max_context;
-  if (opt_.lim.max_context > 0) max_context_ = std::min(max_context_, opt_.lim.max_context);
-  if (max_context_ <= 1)
-    throw tandem::error(
-        error_kind::failed,
-        fmt::format("context length {} is too small; set limits.max_context > 1", max_context_));
-  // The same sizing `tandem check-config` checks (size_kv_pools), so a checked config starts.
-  // Only a node with a worker or cache tier allocates pools (check-config checks those).
-  const bool holds_kv = opt_.roles.empty() ||
-                        std::find(opt_.roles.begin(), opt_.roles.end(), "worker") != opt_.roles.end() ||
-                        std::find(opt_.roles.begin(), opt_.roles.end(), "cache") != opt_.roles.end();
-  kv_sizing sizing;
-  {
-    const long ram_pages = ::sysconf(_SC_PHYS_PAGES), ram_page = ::sysconf(_SC_PAGESIZE);
-    const uint64_t ram = ram_pages > 0 && ram_page > 0 ? uint64_t(ram_pages) * uint64_t(ram_page) : 0;
-    sizing = size_kv_pools(opt_.lim, opt_.cache, set, ram);
-    if (!sizing.ok() && holds_kv) {
-      std::string msg = sizing.problems.size() == 1 ? "invalid KV cache settings: " : "invalid KV cache settings:";
-      for (const auto& p : sizing.problems) msg += (sizing.problems.size() == 1 ? "" : "\n  ") + p;
-      throw tandem::error(error_kind::failed, msg);
-    }
-  }
-  n_pages_ = static_cast<int32_t>(std::clamp<int64_t>(sizing.device_pages, 1, int64_t(1) << 30));
-  const bool prefix_cache = opt_.lim.prefix_cache && opt_.cache.enabled;
-  const int32_t host_pages = static_cast<int32_t>(sizing.host_pages);
-  const int64_t disk_pages = sizing.disk_pages;
-  // Fail on an unusable disk directory now, before any actor (and the worker's thread) exists.
-  if (disk_pages > 0)
-    for (size_t p = 0; p < set.pools.size(); ++p)
-      scan_page_files(opt_.cache.disk_dir, pool_file_fingerprint(set, p), cache_disk_file_bytes(set.pools[p].page));
-
   auto& s = *st_;
-  s.clk = opt_.clock ? opt_.clock : std::make_shared<steady_cluster_clock>();
+  // The same plan `tandem check-config` prints (plan_node), so a checked config starts.
+  s.plan = plan_node(opt_, shape_of(*model, opt_.eos_id), physical_ram_bytes());
+  if (!s.plan.ok()) throw tandem::error(error_kind::failed, s.plan.error);
+  const node_plan& plan = s.plan;
+  const limits& lim = plan.spec.lim;
+  // Fail on an unusable disk directory now, before any actor (and the worker's thread) exists.
+  if (plan.disk_pages > 0)
+    for (size_t p = 0; p < plan.pools.pools.size(); ++p)
+      scan_page_files(plan.spec.cache.disk_dir, pool_file_fingerprint(plan.pools, p),
+                      cache_disk_file_bytes(plan.pools.pools[p].page));
+
+  s.clk = plan.spec.clock ? plan.spec.clock : std::make_shared<steady_cluster_clock>();
   auto sink = opt_.sink ? opt_.sink : make_stderr_sink(opt_.log_json);
   s.log = make_actor_logger("cluster", sink, opt_.log_level);
   s.start_ms = s.clk->now_ms();
   s.last_heartbeat_ms = s.start_ms;
-  s.facts = model_facts{opt_.eos_id, max_context_, mc.n_vocab};
 
-  s.cfg.set("scheduler.max-threads", static_cast<size_t>(opt_.lim.scheduler_threads));
+  s.cfg.set("scheduler.max-threads", static_cast<size_t>(lim.scheduler_threads));
   s.cfg.add_message_type<wire>("tandem_wire");
-  s.roles = opt_.roles;
-  const bool multi_node = !opt_.remote_nodes.empty();
+  const bool multi_node = !plan.spec.remote_nodes.empty();
   if (multi_node) s.cfg.load<caf::io::middleman>();
   s.sys = std::make_unique<caf::actor_system>(s.cfg);
-  if (multi_node) {
-    std::vector<std::string> local = opt_.roles;
-    s.links = link_nodes(*s.sys, opt_.node_name, opt_.cluster_host, opt_.cluster_port, local, opt_.remote_nodes,
-                         opt_.lim.link_timeout_ms, make_actor_logger("cluster", sink, opt_.log_level));
-  }
+  if (multi_node)
+    s.links = link_nodes(*s.sys, plan.spec.node_name, plan.spec.cluster_host, plan.spec.cluster_port, plan.spec.roles,
+                         plan.spec.remote_nodes, lim.link_timeout_ms, make_actor_logger("cluster", sink, opt_.log_level));
 
-  s.prefix_cache = prefix_cache;
-  s.host_pages = host_pages;
-  s.extra_host_pages.clear();
-  for (size_t p = 1; p < sizing.host_pool_pages.size(); ++p)
-    s.extra_host_pages.push_back(static_cast<int32_t>(sizing.host_pool_pages[p]));
-  s.disk_pages = disk_pages;
   s.model = std::move(model);
-  s.layout = layout;
-  s.pools = set;
-  s.extra_pages.clear();
-  for (size_t p = 1; p < sizing.pool_pages.size(); ++p)
-    s.extra_pages.push_back(static_cast<int32_t>(std::clamp<int64_t>(sizing.pool_pages[p], 1, int64_t(1) << 30)));
   s.sink = sink;
-  spawn_set(s, opt_, n_pages_);
+  spawn_set(s, opt_);
   supervisor_options sv;
-  sv.node_name = opt_.node_name;
-  sv.max_restarts = opt_.lim.supervisor_max_restarts;
-  sv.period_ms = opt_.lim.supervisor_period_ms;
+  sv.node_name = plan.spec.node_name;
+  sv.max_restarts = lim.supervisor_max_restarts;
+  sv.period_ms = lim.supervisor_period_ms;
   sv.restart_all = [this] {
     auto& st = *st_;
     std::unique_lock<std::shared_mutex> sl(st.submit_mu);
     // The old set goes first: the router's state ends its in-flight requests with `disconnected`.
     for (auto* a : st.all())
       if (a->handle) caf::anon_send_exit(a->handle, caf::exit_reason::user_shutdown);
-    spawn_set(st, opt_, n_pages_);
+    spawn_set(st, opt_);
     return children_of(st);
   };
   sv.escalate = [this](const std::string& why) {
@@ -102,20 +87,12 @@ actor_cluster::actor_cluster(std::shared_ptr<llama_model> model, actor_cluster_o
   };
   s.supervisor = spawn_supervisor(*s.sys, std::move(sv), children_of(s), s.clk,
                                   make_actor_logger("supervisor", sink, opt_.log_level));
-  if (holds_kv) {
-    s.log->info("cluster up: model {} (kernels {}), {} KV pages of {} ({:.1f} MiB), context {}, prefix cache {}",
-                opt_.model_id, opt_.kernels, n_pages_, set.pools[0].page.describe(),
-                double(n_pages_) * double(set.pools[0].page.page_bytes()) / (1024.0 * 1024.0), max_context_,
-                opt_.lim.prefix_cache ? "on" : "off");
-    for (size_t p = 1; p < set.pools.size(); ++p)
-      s.log->info("KV pool '{}': {} pages of {} ({:.1f} MiB)", set.pools[p].name, s.extra_pages[p - 1],
-                  set.pools[p].describe(),
-                  double(s.extra_pages[p - 1]) * double(set.pools[p].page.page_bytes()) / (1024.0 * 1024.0));
-  }
-  else  // a router-only node: the KV pools live on its prefill and decode nodes
-    s.log->info("cluster up: model {} (tokenizer and limits only), no KV pool on this node (roles: {}), context {}",
-                opt_.model_id, fmt::join(opt_.roles, ", "), max_context_);
+  log_plan(*s.log, plan, opt_);
 }
+
+int32_t actor_cluster::max_context() const { return st_->plan.model.max_context; }
+int32_t actor_cluster::n_pages() const { return st_->plan.n_pages; }
+const node_plan& actor_cluster::plan() const { return st_->plan; }
 
 actor_cluster::~actor_cluster() { shutdown(); }
 

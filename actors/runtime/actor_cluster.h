@@ -4,6 +4,9 @@
 /// prefill scheduler -> (KvHandoff) -> decode scheduler, sharing one worker and one cache
 /// tier (same pool, so the handoff moves page ownership without copying).
 /// `embedded_cluster` wraps this with model loading; tests build it with a fake model.
+/// Its files: node_plan.cpp (what the node runs with, computed once), actor_cluster.cpp (start,
+/// supervision, submissions, shutdown), actor_cluster_wiring.cpp (spawn and connect an actor
+/// set from the plan), actor_cluster_observe.cpp (stats, health, inspect, drain).
 #include <spdlog/sinks/sink.h>
 
 #include <memory>
@@ -15,6 +18,7 @@
 #include "kernels/base/clock.h"
 #include "actors/common/limits.h"
 #include "actors/common/metrics.h"
+#include "actors/runtime/node_plan.h"
 #include "actors/runtime/remote_link.h"
 #include "actors/router/router_policy.h"
 #include "actors/runtime/serving_api.h"
@@ -24,37 +28,23 @@
 
 namespace tandem {
 
-struct actor_cluster_options {
-  limits lim;
-  cache_config cache;  ///< hierarchical KV cache tiers (validated with the model's layout at start)
+/// A node's settings (node_spec: limits, cache, roles, links, policies; what plan_node reads)
+/// and what the running process adds to them: the model's names, the device, logging, the KV
+/// transfer port and the supervision hooks.
+struct actor_cluster_options : node_spec {
   std::string model_id = "model";
   std::string kernels = "cpu";                 ///< the model's kernel path, for the start-up log line
   /// The device the model runs on and its KV pools live in (kernels/backend/device.h); empty = CPU.
   backend::device device;
-  std::string node_name = "local";             ///< `node` label of the node health metrics
   int32_t eos_id = -1;
   /// The vocabulary the worker masks with for response_format (kernels/grammar); null = none.
   std::shared_ptr<const grammar::token_trie> grammar_vocab;
   std::string log_level = "info";
   bool log_json = false;
   std::shared_ptr<spdlog::sinks::sink> sink;   ///< default: stderr
-  std::shared_ptr<const cluster_clock> clock;  ///< default: steady_clock
-  int32_t router_tick_ms = 5;                  ///< deadline check period (real time)
-
-  // --- one node of a multi-node cluster (docs/kv_transfer.md); empty `roles` = every role here
-  /// The roles of this node (router, prefill, decode, cache, worker).
-  std::vector<std::string> roles;
-  /// Where this node's ingress listens for the other nodes (CAF middleman).
-  std::string cluster_host = "127.0.0.1";
-  int32_t cluster_port = 0;
-  /// The other nodes; a role not on this node is reached on the first of them that has it.
-  std::vector<remote_node> remote_nodes;
-  // (how long start-up waits for them: limits.link_timeout_ms)
   /// The worker's KV transfer port (cross-node handoffs); required on prefill and decode nodes
   /// whose counterpart runs elsewhere.
   kv_port_factory kv_transfer;
-  std::string transfer_failure_policy = "recompute";  ///< recompute | fail
-  route_policy_options policy;                 ///< the router's target choice ([router] policy)
   /// Test hook (`TANDEM_WORKER_FAULT=start`): every worker this node spawns fails as it starts,
   /// so supervision's restart budget can be checked on a real process.
   bool worker_fails_at_start = false;
@@ -65,8 +55,8 @@ struct actor_cluster_options {
 
 class actor_cluster {
  public:
-  /// Validates limits (throws tandem::error with limits::validate's message), sizes the
-  /// KV pool, spawns and wires the actors.
+  /// Plans the node (plan_node: limits, context, KV pools; throws tandem::error with the
+  /// plan's error), then spawns and wires the actors.
   actor_cluster(std::shared_ptr<llama_model> model, actor_cluster_options opt);
   /// shutdown() and wait for every actor.
   ~actor_cluster();
@@ -91,9 +81,11 @@ class actor_cluster {
   /// Every actor's metrics plus the mailbox gates (actor "mailboxes"). The worker answers
   /// between forward passes; `include_worker = false` skips it (stats() does).
   std::vector<stats_snapshot> snapshots(bool include_worker = true) const;
-  int32_t max_context() const { return max_context_; }
-  int32_t n_pages() const { return n_pages_; }
+  int32_t max_context() const;
+  int32_t n_pages() const;
   const std::string& model_id() const { return opt_.model_id; }
+  /// What this node runs with (computed once at start; restarts reuse it).
+  const node_plan& plan() const;
   /// Ends running requests with `disconnected`, stops the actors. Idempotent.
   void shutdown();
   /// Makes the actor of `role` (router, prefill, decode, worker, cache_tier) exit with an
@@ -104,9 +96,8 @@ class actor_cluster {
   struct state;
 
  private:
+  /// The settings as given (its node_spec part is plan().spec: plan_node copies it).
   actor_cluster_options opt_;
-  int32_t max_context_ = 0;
-  int32_t n_pages_ = 0;
   std::unique_ptr<state> st_;
 };
 

@@ -5,6 +5,18 @@
 namespace tandem {
 
 using cluster_detail::children_of;
+
+namespace cluster_detail {
+
+double process_rss_bytes() {
+  std::ifstream in("/proc/self/statm");
+  uint64_t size = 0, resident = 0;
+  if (!(in >> size >> resident)) return 0;
+  return double(resident) * double(::sysconf(_SC_PAGESIZE));
+}
+
+}  // namespace cluster_detail
+
 using cluster_detail::process_rss_bytes;
 
 std::vector<stats_snapshot> actor_cluster::snapshots(bool include_worker) const {
@@ -337,7 +349,7 @@ node_report actor_cluster::inspect() const {
     // A layout of several pools: a row per pool and tier ("device:window", "host:window") from
     // the cache tier's `kv_pool_<prefix>...{pool}` series.
     auto pool_rows = [&](const std::string& tier, const std::string& prefix, const std::string& bytes_name) {
-      for (const auto& spec : s.pools.pools) {
+      for (const auto& spec : s.plan.pools.pools) {
         const std::string l = fmt::format("pool=\"{}\"", spec.name);
         pool_report q;
         q.name = tier + ":" + spec.name;
@@ -348,7 +360,7 @@ node_report actor_cluster::inspect() const {
         r.pools.push_back(q);
       }
     };
-    const bool several = s.pools.pools.size() > 1;
+    const bool several = s.plan.pools.pools.size() > 1;
     if (several) pool_rows("device", "", "kv_pool_device_bytes");
     // The host and disk tiers behind it (pool 0's pages; a disk entry has a file per pool of its block).
     for (const char* tier : {"host", "disk"}) {

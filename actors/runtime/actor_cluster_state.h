@@ -1,7 +1,7 @@
 #pragma once
-/// actor_cluster's state and the pieces its files share (actor_cluster.cpp: start, shutdown,
-/// submissions; actor_cluster_wiring.cpp: spawning and wiring a node's actor set;
-/// actor_cluster_observe.cpp: stats, health, inspect, drain). Internal to actors/runtime.
+/// actor_cluster's state and the pieces its files share (actor_cluster.cpp: start, supervision,
+/// submissions, shutdown; actor_cluster_wiring.cpp: spawning and wiring a node's actor set from
+/// the plan; actor_cluster_observe.cpp: stats, health, inspect, drain). Internal to actors/runtime.
 #include "actors/runtime/actor_cluster.h"
 
 #include <fmt/format.h>
@@ -48,20 +48,13 @@ struct actor_cluster::state {
   /// every submission either reaches the router before its stop message or sees `stopped`.
   std::shared_mutex submit_mu;
   int64_t start_ms = 0;
-  model_facts facts;
+  /// What the node runs with (sizes, pools, roles, limits), computed once at start: every
+  /// restart spawns the same set from it.
+  node_plan plan;
   /// Cluster time at which every actor last answered a stats query (a heartbeat round).
   std::atomic<int64_t> last_heartbeat_ms{0};
-  // What a restart needs to spawn the actor set again.
-  std::shared_ptr<llama_model> model;
-  kv_layout layout;
-  kv_pools_layout pools;             ///< the layout set the node serves (one pool: `layout`)
-  std::vector<int32_t> extra_pages;  ///< device pages of pools 1..
+  std::shared_ptr<llama_model> model;  ///< moves into each worker spawned (start and restarts)
   std::shared_ptr<spdlog::sinks::sink> sink;
-  /// Cache tiers, sized once at start (the same on every restart).
-  bool prefix_cache = true;
-  int32_t host_pages = 0;               ///< pool 0's host pages
-  std::vector<int32_t> extra_host_pages;  ///< host pages of pools 1..
-  int64_t disk_pages = 0;
   caf::actor supervisor;
   /// Set once by the supervisor's escalation; submissions then fail fast. Guarded by submit_mu.
   std::string unhealthy_why;
@@ -75,10 +68,7 @@ struct actor_cluster::state {
   /// breakers see every node. `prefill`/`decode` above are then the local scheduler or the
   /// proxy over all nodes of the role that the local schedulers send to (none on a router-only node).
   std::vector<bounded_actor> route_proxies;
-  std::vector<std::string> roles;  ///< empty = every role
-  bool has(const std::string& r) const {
-    return roles.empty() || std::find(roles.begin(), roles.end(), r) != roles.end();
-  }
+  bool has(const std::string& r) const { return plan.has(r); }
 
   /// The current actors, copied under the lock (the supervisor may replace them). Roles of
   /// other nodes are their local proxies; roles nobody here needs have no actor.
@@ -95,8 +85,9 @@ namespace cluster_detail {
 
 /// Resident set size of this process (bytes), from /proc/self/statm; 0 if unreadable.
 double process_rss_bytes();
-/// Spawns and wires one set of the node's actors into `s` (at start and on every restart).
-void spawn_set(actor_cluster::state& s, const actor_cluster_options& opt, int32_t n_pages);
+/// Spawns and wires one set of the node's actors into `s` from s.plan (at start and on every
+/// restart); `opt` gives what the running process adds (KV port, device, logging, test hooks).
+void spawn_set(actor_cluster::state& s, const actor_cluster_options& opt);
 /// The actors the supervisor watches.
 std::vector<supervised_child> children_of(actor_cluster::state& s);
 

@@ -1,15 +1,9 @@
 /// Spawning and wiring one set of a node's actors (at start and on every restart): the worker,
 /// cache tier, schedulers and router, or proxies for the roles other nodes run.
 #include "actors/runtime/actor_cluster_state.h"
+#include "actors/runtime/node_plan_views.h"
 
 namespace tandem::cluster_detail {
-
-double process_rss_bytes() {
-  std::ifstream in("/proc/self/statm");
-  uint64_t size = 0, resident = 0;
-  if (!(in >> size >> resident)) return 0;
-  return double(resident) * double(::sysconf(_SC_PAGESIZE));
-}
 
 namespace {
 
@@ -31,7 +25,7 @@ bounded_actor remote_role(actor_cluster::state& s, const actor_cluster_options& 
 /// named after the role when it is the role's only stand-in here, else after its target.
 std::vector<route_target> route_targets(actor_cluster::state& s, const actor_cluster_options& opt,
                                         const std::string& role, const bounded_actor& local, int32_t bound) {
-  if (s.has(role)) return {route_target{opt.node_name + "/" + role, local}};
+  if (s.has(role)) return {route_target{s.plan.spec.node_name + "/" + role, local}};
   std::vector<route_target> v;
   auto nodes = s.links.with_role(role);
   const bool alone = nodes.size() == 1 && !local;
@@ -47,17 +41,13 @@ std::vector<route_target> route_targets(actor_cluster::state& s, const actor_clu
 
 /// The router over every prefill and decode target this node reaches (local or proxied).
 bounded_actor spawn_router_for(actor_cluster::state& s, const actor_cluster_options& opt) {
-  router_options ro;
-  ro.lim = opt.lim;
-  ro.model = s.facts;
-  ro.tick_ms = opt.router_tick_ms;
-  ro.policy = opt.policy;
-  auto prefills = route_targets(s, opt, "prefill", s.prefill, opt.lim.prefill_mailbox);
-  auto decodes = route_targets(s, opt, "decode", s.decode, opt.lim.decode_mailbox);
+  const router_options ro = router_options_of(s.plan);
+  auto prefills = route_targets(s, opt, "prefill", s.prefill, ro.lim.prefill_mailbox);
+  auto decodes = route_targets(s, opt, "decode", s.decode, ro.lim.decode_mailbox);
   if (prefills.empty())
     throw tandem::error(error_kind::failed,
                         fmt::format("node {} runs the router but no node has the prefill role; give one node it",
-                                    opt.node_name));
+                                    s.plan.spec.node_name));
   return spawn_router(*s.sys, ro, std::move(prefills), std::move(decodes), s.clk,
                       make_actor_logger("router", s.sink, opt.log_level));
 }
@@ -69,7 +59,7 @@ void send_peers_to_proxies(actor_cluster::state& s, const peer_set& peers) {
 
 }  // namespace
 
-void spawn_set(actor_cluster::state& s, const actor_cluster_options& opt, int32_t n_pages) {
+void spawn_set(actor_cluster::state& s, const actor_cluster_options& opt) {
   s.route_proxies.clear();  // a restart sent the old ones their exit with the rest
   if (!s.has("worker")) {
     // A router-only node: the front ends and the router over one proxy per remote node.
@@ -80,61 +70,27 @@ void spawn_set(actor_cluster::state& s, const actor_cluster_options& opt, int32_
     if (s.links.ingress) caf::anon_send(s.links.ingress, peers_atom::value, peers);
     return;
   }
-  worker_options wo;
+  const limits& lim = s.plan.spec.lim;
+  // The plan's view for each role, plus what only this process has.
+  worker_options wo = worker_options_of(s.plan);
   wo.kv_transfer = opt.kv_transfer;
-  wo.pool_id = opt.node_name + "/worker0";
-  wo.n_pages = n_pages;
-  wo.page_size = opt.lim.page_size;
-  wo.pools = s.pools;
-  wo.extra_pages = s.extra_pages;
   wo.device = opt.device;
-  wo.mailbox_bound = opt.lim.worker_mailbox;
   wo.fail_at_start = opt.worker_fails_at_start;
   wo.grammar_vocab = opt.grammar_vocab;
-  wo.host_pages = s.host_pages;
-  wo.extra_host_pages = s.extra_host_pages;
-  if (s.disk_pages > 0) wo.disk_dir = opt.cache.disk_dir;
   s.worker = spawn_worker(*s.sys, s.model, wo, make_actor_logger("worker", s.sink, opt.log_level));
 
-  cache_tier_options co;
-  co.n_pages = n_pages;
-  co.page_size = opt.lim.page_size;
-  co.prefix_cache = s.prefix_cache;
-  co.mailbox_bound = opt.lim.cache_tier_mailbox;
-  co.cache = opt.cache;
-  co.layout = s.layout;
-  co.pools = s.pools;
-  co.extra_pages = s.extra_pages;
-  co.chunk_tokens = opt.lim.prefill_chunk_tokens;
-  co.max_background_copies = opt.lim.cache_max_background_copies;
-  co.host_pages = s.host_pages;
-  co.extra_host_pages = s.extra_host_pages;
-  co.disk_pages = s.disk_pages;
+  const cache_tier_options co = cache_tier_options_of(s.plan);
   s.cache = spawn_cache_tier(*s.sys, co, s.worker, make_actor_logger("cache_tier", s.sink, opt.log_level));
 
-  scheduler_options so;
-  so.lim = opt.lim;
-  so.lim.prefix_cache = s.prefix_cache;
-  so.model = s.facts;
-  so.layout = s.layout;
-  so.pools = s.pools;
-  so.pool_id = wo.pool_id;
-  so.node = opt.node_name;
-  so.transfer_failure_policy = opt.transfer_failure_policy;
-  so.shares_worker = s.has("prefill") && s.has("decode");
-  if (!s.has("decode")) {
-    auto d = s.links.with_role("decode");
-    if (!d.empty()) so.remote_decode_node = d.front().name;
-  }
-  if (!s.has("prefill")) so.lim.prefix_cache = false;  // nothing acquires prefixes on a decode-only node
+  const scheduler_options so = scheduler_options_of(s.plan);
   s.prefill = s.has("prefill")
                   ? spawn_prefill_scheduler(*s.sys, so, s.clk, make_actor_logger("prefill", s.sink, opt.log_level))
-                  : remote_role(s, opt, "prefill", opt.lim.prefill_mailbox);
+                  : remote_role(s, opt, "prefill", lim.prefill_mailbox);
   s.decode = s.has("decode")
                  ? spawn_decode_scheduler(*s.sys, so, s.clk, make_actor_logger("decode", s.sink, opt.log_level))
-                 : remote_role(s, opt, "decode", opt.lim.decode_mailbox);
+                 : remote_role(s, opt, "decode", lim.decode_mailbox);
 
-  s.router = s.has("router") ? spawn_router_for(s, opt) : remote_role(s, opt, "router", opt.lim.router_mailbox);
+  s.router = s.has("router") ? spawn_router_for(s, opt) : remote_role(s, opt, "router", lim.router_mailbox);
 
   peer_set peers{s.router, s.prefill, s.decode, s.worker, s.cache};
   for (auto* a : {&s.prefill, &s.decode, &s.router})

@@ -26,12 +26,9 @@ struct embedded_cluster::impl {
 };
 
 std::unique_ptr<embedded_cluster> embedded_cluster::start(const cluster_options& opt) {
+  // Before the model loads (plan_node checks them again with the model's layout).
   auto bad = opt.lim.validate();
   if (!bad.empty()) throw tandem::error(error_kind::failed, bad);
-  auto policy = parse_route_policy(opt.router_policy);
-  if (!policy)
-    throw tandem::error(error_kind::failed, "router policy '" + opt.router_policy +
-                                                "' is not a policy; use round_robin, power_of_two or cache_aware");
   auto p = std::make_unique<impl>(gguf::file::open(opt.model_path));
   p->tok = tokenizer::from_gguf(p->file);
   cpu_options co;
@@ -43,8 +40,7 @@ std::unique_ptr<embedded_cluster> embedded_cluster::start(const cluster_options&
   p->model_id = model->config().name.empty() ? std::filesystem::path(opt.model_path).stem().string()
                                              : model->config().name;
   actor_cluster_options ao;
-  ao.lim = opt.lim;
-  ao.cache = opt.cache;
+  static_cast<node_spec&>(ao) = opt;  // the node's settings as given; the plan is made from them
   ao.model_id = p->model_id;
   ao.kernels = opt.device.active() ? opt.device.name
                                     : fmt::format("{}, {} thread{}", cpu::to_string(cpu::resolve_isa(co.isa)),
@@ -54,11 +50,7 @@ std::unique_ptr<embedded_cluster> embedded_cluster::start(const cluster_options&
   ao.grammar_vocab = grammar::make_grammar_vocab(*p->tok);
   ao.log_level = opt.log_level;
   ao.log_json = opt.log_json;
-  ao.node_name = opt.node_name;
   if (opt.configure_node) opt.configure_node(ao);
-  ao.policy.kind = *policy;
-  ao.policy.balance_abs_tokens = opt.router_balance_abs_tokens;
-  ao.policy.balance_rel = opt.router_balance_rel;
   p->cluster = std::make_unique<actor_cluster>(std::move(model), ao);
   return std::unique_ptr<embedded_cluster>(new embedded_cluster(std::move(p)));
 }

@@ -8,6 +8,7 @@
 
 #include "actors/common/cache_config.h"
 #include "actors/common/limits.h"
+#include "actors/runtime/node_plan.h"
 #include "actors/runtime/serving_api.h"
 #include "kernels/backend/device.h"
 
@@ -15,24 +16,20 @@ namespace tandem {
 
 struct actor_cluster_options;
 
-struct cluster_options {
+/// A node's settings (node_spec: limits, cache, name, roles, links, router policy) and how to
+/// load its model.
+struct cluster_options : node_spec {
   std::string model_path;           ///< GGUF file
-  limits lim;
-  cache_config cache;               ///< KV cache tiers: host (L2) and disk (L3), write policy
   std::string log_level = "info";   ///< spdlog level name
   bool log_json = false;
-  std::string node_name = "local";  ///< the config's [[node]] name; labels the node health metrics
-  /// One node of a multi-node cluster: sets the roles, links and KV transfer port of the
-  /// actor cluster's options (model_id is already filled in). Empty = every role here.
+  /// What the running process adds to the actor cluster's options (the KV transfer port of a
+  /// node whose prefill and decode run apart, supervision hooks); model_id is already filled in.
   std::function<void(actor_cluster_options&)> configure_node;
-  std::string router_policy = "round_robin";  ///< round_robin | power_of_two | cache_aware ([router] policy)
   std::string kernel_isa = "best";            ///< CPU kernel path ([model] kernels; cpu::parse_isa names)
   std::string kv_cache_dtype = "f32";         ///< KV cache element type ([model] kv_cache_dtype: f32 | f16)
   /// The device to run on ([model] backend / device, --backend): its op table and KV pools
   /// (kernels/backend/device.h, e.g. backend::make_cuda_device); empty = the CPU backend.
   backend::device device;
-  int64_t router_balance_abs_tokens = 2048;   ///< [router] balance_abs_tokens (cache_aware)
-  double router_balance_rel = 1.5;            ///< [router] balance_rel (cache_aware)
 };
 
 class embedded_cluster : public serving_api {

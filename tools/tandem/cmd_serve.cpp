@@ -81,14 +81,9 @@ int port_flag(const flags& f, const std::string& name) {
   return static_cast<int>(v);
 }
 
-/// A node with only some roles: links to the other nodes (CAF middleman) and, on prefill and
-/// decode nodes whose counterpart runs elsewhere, the worker's KV transfer port over UCX.
-void configure_partial_node(const cluster_config& cfg, const node_config& node, cluster_options& co) {
-  std::vector<remote_node> peers;
-  for (const auto& n : cfg.nodes) {
-    if (n.name == node.name) continue;
-    peers.push_back({n.name, n.host, n.cluster_port, n.roles, {}});
-  }
+/// A node with only some roles (its links to the other nodes are in its spec, spec_of): on
+/// prefill and decode nodes whose counterpart runs elsewhere, the worker's KV transfer port over UCX.
+void configure_kv_port(const cluster_config& cfg, const node_config& node, cluster_options& co) {
   const bool needs_kv = (node.has_role("prefill") && !node.has_role("decode")) ||
                         (node.has_role("decode") && !node.has_role("prefill"));
   ucx::kv_port_options ko;
@@ -121,19 +116,11 @@ void configure_partial_node(const cluster_config& cfg, const node_config& node, 
     ko.engine.limits.max_early_descriptors = size_t(cfg.lim.kv_transfer_max_early_descriptors);
     ko.resolve_ms = t;
   }
-  const std::string policy = cfg.transfer_failure_policy;
-  const node_config self = node;
-  co.configure_node = [peers, ko, needs_kv, policy, self](actor_cluster_options& ao) {
-    ao.roles = self.roles;
-    ao.cluster_host = self.host;
-    ao.cluster_port = self.cluster_port;
-    ao.remote_nodes = peers;
-    ao.transfer_failure_policy = policy;
-    if (needs_kv) {
-      auto k = ko;
-      k.model = ao.model_id;
-      ao.kv_transfer = ucx::make_kv_port_factory(k);
-    }
+  if (!needs_kv) return;
+  co.configure_node = [ko](actor_cluster_options& ao) {
+    auto k = ko;
+    k.model = ao.model_id;
+    ao.kv_transfer = ucx::make_kv_port_factory(k);
   };
 }
 
@@ -170,20 +157,16 @@ void configure_from_file(const flags& f, cluster_options& co, front_end_options&
   if (!f.has("node")) throw usage_error(fmt::format("--config needs --node NAME, one of: {}", names));
   const node_config* node = c.cfg.find_node(f.str("node"));
   if (!node) throw config_error(fmt::format("--node {}: {} has no such node; use one of: {}", f.str("node"), path, names));
-  if (!node->all_roles()) configure_partial_node(c.cfg, *node, co);
   if (c.cfg.model_path.empty())
     throw config_error(fmt::format("{}: model.path is not set; add [model] path = \"FILE.gguf\"", path));
+  // The node's settings as check-config planned them (spec_of: limits with its page size, its
+  // effective cache, policy, roles and links).
+  static_cast<node_spec&>(co) = spec_of(c.cfg, *node);
+  if (!node->all_roles()) configure_kv_port(c.cfg, *node, co);
   co.model_path = c.cfg.model_path;
-  co.node_name = node->name;
-  co.lim = c.cfg.lim;
-  co.cache = node->cache;  // [cache] with the node's [node.cache] over it
-  co.router_policy = c.cfg.router_policy;
   co.kernel_isa = c.cfg.kernel_isa;
   co.kv_cache_dtype = c.cfg.kv_cache_dtype;
   co.device = select_backend(c.cfg.backend, c.cfg.device);
-  co.router_balance_abs_tokens = c.cfg.router_balance_abs_tokens;
-  co.router_balance_rel = c.cfg.router_balance_rel;
-  if (node->page_size) co.lim.page_size = node->page_size;
   fo.host = node->host;
   fo.http_port = node->http_port;
   fo.rpc_port = node->rpc_port;
@@ -323,7 +306,11 @@ int serve(args a) {
     if (f.str("model").empty()) throw usage_error("--model FILE is required (write one with `tandem make-model`)");
     co.model_path = f.str("model");
     read_limit_flags(f, co.lim);
-    co.router_policy = f.str("router-policy");
+    const auto policy = parse_route_policy(f.str("router-policy"));
+    if (!policy)
+      throw tandem::error(error_kind::failed, "router policy '" + f.str("router-policy") +
+                                                  "' is not a policy; use round_robin, power_of_two or cache_aware");
+    co.policy.kind = *policy;
     co.kernel_isa = f.str("kernels");
     co.kv_cache_dtype = f.str("kv-cache-dtype");
     co.device = select_backend(f.str("backend"), static_cast<int32_t>(f.num("device")));
