@@ -113,7 +113,8 @@ inline std::vector<int32_t> expected_greedy(std::vector<int32_t> prompt, int n) 
   return out;
 }
 
-/// Collects events per request; wait for finished ones with a generous timeout.
+/// Collects events per request; wait for finished ones with a generous timeout, or (on the
+/// test scheduler) by running the actors until they are in.
 struct collector {
   std::mutex m;
   std::condition_variable cv;
@@ -121,6 +122,9 @@ struct collector {
   int finished = 0;
   int duplicate_finishes = 0;
   std::function<void(const token_event&)> on_event;
+  /// Set by a rig on the test scheduler (test_system::run_until): the waits below run the
+  /// actors until their condition holds instead of blocking on `cv` (the timeouts then unused).
+  std::function<bool(const std::function<bool()>&, const std::string&)> pump;
 
   event_callback cb() {
     return [this](token_event ev) {
@@ -134,17 +138,29 @@ struct collector {
     };
   }
   bool wait_finished(int n, std::chrono::milliseconds t = std::chrono::milliseconds(30000)) {
+    auto ok = [&] { return finished >= n; };
+    if (pump) return pump(locked(ok), std::to_string(n) + " finished requests");
     std::unique_lock lk(m);
-    return cv.wait_for(lk, t, [&] { return finished >= n; });
+    return cv.wait_for(lk, t, ok);
   }
   bool wait_tokens(const std::string& id, size_t n,
                    std::chrono::milliseconds t = std::chrono::milliseconds(30000)) {
-    std::unique_lock lk(m);
-    return cv.wait_for(lk, t, [&] {
+    auto ok = [&] {
       size_t c = 0;
       for (auto& e : events[id]) c += e.tokens.size();
       return c >= n;
-    });
+    };
+    if (pump) return pump(locked(ok), std::to_string(n) + " tokens of " + id);
+    std::unique_lock lk(m);
+    return cv.wait_for(lk, t, ok);
+  }
+  /// `ok` evaluated with `m` held (as the condition-variable waits evaluate it).
+  template <class F>
+  std::function<bool()> locked(F ok) {
+    return [this, ok] {
+      std::lock_guard lk(m);
+      return ok();
+    };
   }
   std::vector<int32_t> tokens(const std::string& id) {
     std::lock_guard lk(m);
