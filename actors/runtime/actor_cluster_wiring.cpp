@@ -89,6 +89,7 @@ void spawn_set(actor_cluster::state& s, const actor_cluster_options& opt, int32_
   wo.extra_pages = s.extra_pages;
   wo.device = opt.device;
   wo.mailbox_bound = opt.lim.worker_mailbox;
+  wo.detached = opt.system == nullptr;  // a given system's scheduler (the test scheduler) runs it
   wo.fail_at_start = opt.worker_fails_at_start;
   wo.grammar_vocab = opt.grammar_vocab;
   wo.host_pages = s.host_pages;

@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,7 +21,21 @@
 
 namespace tandem::test {
 
-/// Pauses the forward call number `pause_at` (0-based) until release().
+/// Set by a rig on the test scheduler for its lifetime (tests/actors/cluster_rig.h): how the waits
+/// below run the actors when they have no pump of their own, and whether a worker's job waits
+/// (held by a forward gate).
+struct scheduler_hooks {
+  std::function<bool(const std::function<bool()>&, const std::string&)> pump;
+  std::function<bool()> worker_waiting;
+};
+inline scheduler_hooks& current_scheduler() {
+  static scheduler_hooks h;
+  return h;
+}
+
+/// Pauses the forward call number `pause_at` (0-based) until release(). On the test scheduler
+/// nothing blocks: the rig holds the worker's jobs while holds() (its next forward pass would be
+/// `pause_at`), and wait_paused() runs the actors until a worker job waits there.
 struct forward_gate {
   std::mutex m;
   std::condition_variable cv;
@@ -28,6 +43,20 @@ struct forward_gate {
   bool paused = false;
   bool released = false;
   int calls = 0;
+
+  forward_gate() { live().insert(this); }
+  ~forward_gate() { live().erase(this); }
+  forward_gate(const forward_gate&) = delete;
+  forward_gate& operator=(const forward_gate&) = delete;
+  /// Every gate in the process (a rig on the test scheduler asks them whether to hold the worker).
+  static std::set<forward_gate*>& live() {
+    static std::set<forward_gate*> gates;
+    return gates;
+  }
+  bool holds() {
+    std::lock_guard lk(m);
+    return pause_at >= 0 && calls >= pause_at && !released;
+  }
 
   void on_forward() {
     std::unique_lock lk(m);
@@ -38,6 +67,9 @@ struct forward_gate {
     cv.wait(lk, [&] { return released; });
   }
   bool wait_paused(std::chrono::milliseconds t = std::chrono::milliseconds(20000)) {
+    if (auto& h = current_scheduler(); h.pump)
+      return h.pump([&] { return holds() && h.worker_waiting(); },
+                    "the worker held before forward pass " + std::to_string(pause_at));
     std::unique_lock lk(m);
     return cv.wait_for(lk, t, [&] { return paused; });
   }
@@ -139,7 +171,7 @@ struct collector {
   }
   bool wait_finished(int n, std::chrono::milliseconds t = std::chrono::milliseconds(30000)) {
     auto ok = [&] { return finished >= n; };
-    if (pump) return pump(locked(ok), std::to_string(n) + " finished requests");
+    if (auto& p = pump ? pump : current_scheduler().pump) return p(locked(ok), std::to_string(n) + " finished requests");
     std::unique_lock lk(m);
     return cv.wait_for(lk, t, ok);
   }
@@ -150,7 +182,7 @@ struct collector {
       for (auto& e : events[id]) c += e.tokens.size();
       return c >= n;
     };
-    if (pump) return pump(locked(ok), std::to_string(n) + " tokens of " + id);
+    if (auto& p = pump ? pump : current_scheduler().pump) return p(locked(ok), std::to_string(n) + " tokens of " + id);
     std::unique_lock lk(m);
     return cv.wait_for(lk, t, ok);
   }

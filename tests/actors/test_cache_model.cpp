@@ -2,6 +2,8 @@
 // (llama; gemma2 with its window crossed; deepseek2 with latent pages): multi-turn conversations
 // give the same greedy output with the cache off, L1 only, and L1+L2+L3 (after evictions and
 // load-backs), and a new cluster on the same disk directory reuses the files.
+// Threaded: real model forward passes on the worker's own thread, through embedded_cluster, whose
+// queries and shutdown block on scoped_actor requests (tests/actors/test_system.h).
 #include <doctest/doctest.h>
 #include <unistd.h>
 

@@ -2,6 +2,8 @@
 // chunked prefill, release of blocks no step reads), the radix cache keeping a page per pool and
 // block (a prefix is reused only with the window its next token reads, in any tier), and a
 // gemma2 model served with its sliding-window layers in a pool of rings.
+// The served-model cases are threaded: real forward passes on the worker's thread through
+// embedded_cluster, whose queries block on scoped_actor requests (tests/actors/test_system.h).
 #include <doctest/doctest.h>
 #include <unistd.h>
 

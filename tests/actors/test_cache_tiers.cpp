@@ -1,6 +1,8 @@
 // The hierarchical KV cache: disk file format, settings validation, tier bookkeeping, and the
 // cluster with device -> host -> disk tiers (outputs identical to no cache, pages all returned,
 // the disk tier found again by a new cluster).
+// The cluster cases are threaded: actor_cluster's stats and shutdown are blocking scoped_actor
+// requests the test scheduler's one thread cannot answer (tests/actors/test_system.h).
 #include <doctest/doctest.h>
 #include <unistd.h>
 

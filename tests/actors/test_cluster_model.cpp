@@ -1,4 +1,6 @@
 // The embedded cluster with a real (random-weight) micro Llama written by write_random_llama.
+// Threaded: real model forward passes on the worker's own thread, through embedded_cluster, whose
+// queries and shutdown block on scoped_actor requests (tests/actors/test_system.h).
 #include <doctest/doctest.h>
 #include <unistd.h>
 

@@ -1,4 +1,8 @@
 // actor_cluster::inspect(): what `tandem inspect` shows, with a request held in flight.
+// Threaded (real CAF threads, condition-variable waits): actor_cluster's stats, inspect, drain
+// and shutdown are blocking scoped_actor requests, which the one thread of the test scheduler
+// (tests/actors/test_system.h, where the router rigs run) cannot answer.
+// The request is held in flight by pausing the worker's own thread in a forward pass (forward_gate).
 #include <doctest/doctest.h>
 
 #include "actors/runtime/actor_cluster.h"

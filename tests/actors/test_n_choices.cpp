@@ -1,6 +1,8 @@
 // n > 1 (OpenAI's n) through the embedded cluster with real (random-weight) micro models: one
 // prefill, the decode side forks the sequence (decode_fork.cpp), each choice streams its own
 // events and ends once, and every KV page comes back after the choices end or are aborted.
+// Threaded: real model forward passes on the worker's own thread, through embedded_cluster, whose
+// queries and shutdown block on scoped_actor requests (tests/actors/test_system.h).
 #include <doctest/doctest.h>
 #include <unistd.h>
 

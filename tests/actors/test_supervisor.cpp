@@ -1,5 +1,9 @@
 // The node supervisor: a failed actor restarts the node's actor set within the restart
 // intensity, in-flight requests end with `disconnected`, and one failure too many escalates.
+// Threaded (real CAF threads, condition-variable waits): actor_cluster's stats, inspect, drain
+// and shutdown are blocking scoped_actor requests, which the one thread of the test scheduler
+// (tests/actors/test_system.h, where the router rigs run) cannot answer.
+// It supervises the real node actor set (restarts, escalation) as a serving process runs it.
 #include <doctest/doctest.h>
 
 #include <thread>

@@ -56,6 +56,9 @@ struct test_system {
   int64_t max_steps = 2'000'000;
   /// Jobs this returns false for wait (an actor held as if stuck); null = every job runs.
   std::function<bool(caf::resumable*)> runnable;
+  /// When a wait finds the actors quiet, it moves the clock to the next timer if that is due at
+  /// most this long after the wait began (a scheduler's retry tick); 0 = only advance_ms moves it.
+  int64_t timers_within_ms = 0;
 
   test_system() = default;
   test_system(const test_system&) = delete;
@@ -86,21 +89,31 @@ struct test_system {
     return true;
   }
 
-  /// Runs the actors until `done()` holds. No time passes: a timer fires only when the test
-  /// advances the clock. False, with a message naming `what`, if the actors went quiet first
-  /// (nothing left to run) or did not within `max_steps` jobs (a hang).
+  /// Runs the actors until `done()` holds. No time passes (but see timers_within_ms): a timer
+  /// fires only when the test advances the clock. False, with a message naming `what`, if the
+  /// actors went quiet first (nothing left to run) or did not within `max_steps` jobs (a hang).
   bool run_until(const std::function<bool()>& done, const std::string& what = "the awaited state") {
+    const int64_t until_ms = now_ms() + timers_within_ms;
     for (int64_t steps = 0;; ++steps) {
       if (done()) return true;
       if (steps >= max_steps) {
         MESSAGE("still waiting for " << what << " after " << steps << " jobs: the actors do not go quiet");
         return false;
       }
-      if (!step_once()) {
-        MESSAGE("the actors went quiet at t=" << now_ms() << " ms without " << what);
-        return false;
+      if (step_once()) continue;
+      if (timers_within_ms > 0 && next_timer_ms() <= until_ms) {
+        sched->trigger_timeout();
+        continue;
       }
+      MESSAGE("the actors went quiet at t=" << now_ms() << " ms without " << what);
+      return false;
     }
+  }
+  /// When the next timer is due (INT64_MAX if none).
+  int64_t next_timer_ms() const {
+    const auto& sc = sched->clock().schedule();
+    if (sc.empty()) return INT64_MAX;
+    return std::chrono::duration_cast<std::chrono::milliseconds>(sc.begin()->first.time_since_epoch()).count();
   }
 
   /// Runs every job there is (no time passes); false if they do not end within `max_steps`.
