@@ -1,8 +1,8 @@
 // actor_cluster::inspect(): what `tandem inspect` shows, with a request held in flight.
-// Threaded (real CAF threads, condition-variable waits): actor_cluster's stats, inspect, drain
-// and shutdown are blocking scoped_actor requests, which the one thread of the test scheduler
-// (tests/actors/test_system.h, where the router rigs run) cannot answer.
-// The request is held in flight by pausing the worker's own thread in a forward pass (forward_gate).
+// Threaded on purpose (real CAF threads): the worker's own thread is stuck inside a forward pass
+// (forward_gate), and inspect must report it "not answering" after query_timeout_ms while the
+// other actors answer. On the test scheduler (tests/actors/cluster_rig.h) a held actor's mail
+// schedules nothing, so a blocking query to it could never time out there.
 #include <doctest/doctest.h>
 
 #include "actors/runtime/actor_cluster.h"
