@@ -77,11 +77,12 @@ class node_rig : public test_system {
   bool answering_ = false, in_run_ = false;
 
   /// `job` is the worker and the next message it takes is a forward pass (or a cache copy: the
-  /// worker's calls). Peeking is safe here: no actor runs while the test thread looks.
+  /// worker's calls). Peeking is safe here: no actor runs while the test thread looks. (Through
+  /// libcaf's own peek: CAF's intrusive queue headers, inlined here, trip UBSan's downcast check.)
   static bool forward_next(caf::resumable* job) {
     auto* a = dynamic_cast<caf::scheduled_actor*>(job);
     if (!a || std::strcmp(a->name(), "worker") != 0) return false;
-    auto* next = a->mailbox().peek();
+    auto* next = a->peek_at_next_mailbox_element();
     return next && next->content().match_elements<call_atom, wire>();
   }
   /// A live forward gate holds the worker before its next forward pass.
