@@ -57,7 +57,11 @@ actor_cluster::actor_cluster(std::shared_ptr<llama_model> model, actor_cluster_o
   s.cfg.add_message_type<wire>("tandem_wire");
   const bool multi_node = !plan.spec.remote_nodes.empty();
   if (multi_node) s.cfg.load<caf::io::middleman>();
-  s.sys = std::make_unique<caf::actor_system>(s.cfg);
+  if (opt_.system && multi_node)
+    throw tandem::error(error_kind::failed, "an actor system given in actor_cluster_options::system serves one "
+                                            "process only; leave remote_nodes empty");
+  s.sys = opt_.system ? decltype(s.sys)(opt_.system, system_release{false})
+                      : decltype(s.sys)(new caf::actor_system(s.cfg), system_release{true});
   if (multi_node)
     s.links = link_nodes(*s.sys, plan.spec.node_name, plan.spec.cluster_host, plan.spec.cluster_port, plan.spec.roles,
                          plan.spec.remote_nodes, lim.link_timeout_ms, make_actor_logger("cluster", sink, opt_.log_level));
@@ -125,7 +129,7 @@ void actor_cluster::shutdown() {
     }
   }
   s.links = node_links{};
-  s.sys->await_all_actors_done();
+  if (!opt_.system) s.sys->await_all_actors_done();  // the owner of a given system runs it to the end
   s.router = s.prefill = s.decode = s.cache = s.worker = bounded_actor{};
   s.route_proxies.clear();
   s.supervisor = caf::actor{};

@@ -51,6 +51,10 @@ struct actor_cluster_options : node_spec {
   /// Called once when the supervisor gives up (restart budget spent), with its report; the
   /// serving process exits on it (non-zero, so systemd's Restart=on-failure takes over).
   std::function<void(const std::string&)> on_escalate;
+  /// Test hook: the actors run on this actor system (tests/actors: CAF's deterministic test
+  /// scheduler), which the caller owns and ends after the cluster; null = the cluster's own. The
+  /// worker then runs on that system's scheduler, not on a thread of its own. One process only.
+  caf::actor_system* system = nullptr;
 };
 
 class actor_cluster {

@@ -36,9 +36,17 @@
 
 namespace tandem {
 
+/// Ends the actor system unless it is the caller's (actor_cluster_options::system).
+struct system_release {
+  bool owned = true;
+  void operator()(caf::actor_system* sys) const {
+    if (owned) delete sys;
+  }
+};
+
 struct actor_cluster::state {
   caf::actor_system_config cfg;
-  std::unique_ptr<caf::actor_system> sys;
+  std::unique_ptr<caf::actor_system, system_release> sys;
   bounded_actor router, prefill, decode, worker, cache;
   std::shared_ptr<const cluster_clock> clk;
   std::shared_ptr<spdlog::logger> log;

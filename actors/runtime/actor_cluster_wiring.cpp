@@ -75,6 +75,7 @@ void spawn_set(actor_cluster::state& s, const actor_cluster_options& opt) {
   worker_options wo = worker_options_of(s.plan);
   wo.kv_transfer = opt.kv_transfer;
   wo.device = opt.device;
+  wo.detached = opt.system == nullptr;  // a given system's scheduler (the test scheduler) runs it
   wo.fail_at_start = opt.worker_fails_at_start;
   wo.grammar_vocab = opt.grammar_vocab;
   s.worker = spawn_worker(*s.sys, s.model, wo, make_actor_logger("worker", s.sink, opt.log_level));

@@ -1,20 +1,21 @@
 #pragma once
 // The router against scripted targets (test_router_{admission,drain,node_down,migration}):
-// each test plays the prefill and decode stages by hand, on a manual clock, so every decision
-// the router makes is deterministic. One scripted target records everything the router sends
-// it; one rig owns the actor system, the targets and the router, and each test file adds the
-// helpers (credits, tokens) its cases speak in.
+// each test plays the prefill and decode stages by hand, on CAF's test scheduler and its
+// simulated clock (tests/actors/test_system.h), so every decision the router makes is
+// deterministic: the actors run one message at a time in one thread, a wait runs them until
+// its condition holds (or fails at once when they go quiet), and the router's ticks,
+// heartbeats and backoffs fire only when a test advances the clock. One scripted target
+// records everything the router sends it; one rig owns the actor system, the targets and the
+// router, and each test file adds the helpers (credits, tokens) its cases speak in.
 #include <doctest/doctest.h>
 
 #include <caf/all.hpp>
-#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include "actors/common/wire.h"
 #include "actors/router/router.h"
 #include "tests/actors/support.h"
+#include "tests/actors/test_system.h"
 
 namespace tandem::test {
 
@@ -41,6 +43,8 @@ struct target_box {
   bool answer = true;  ///< answers credit queries (alive); false = silent
   bounded_actor router;
   uint64_t seq = 0;
+  /// Runs the actors until a condition holds (the rig's test_system::run_until).
+  std::function<bool(const std::function<bool()>&, const std::string&)> pump;
 
   void push(const wire& w) {
     wire_reader rd(w);
@@ -67,18 +71,23 @@ struct target_box {
     }
     cv.notify_all();
   }
-  bool wait(const std::function<bool()>& ok) {
-    std::unique_lock lk(m);
-    return cv.wait_for(lk, std::chrono::seconds(20), ok);
+  /// Runs the actors until `ok` holds (evaluated with `m` held); false if they went quiet first.
+  bool wait(const std::function<bool()>& ok, const std::string& what = "") {
+    return pump(
+        [&] {
+          std::lock_guard lk(m);
+          return ok();
+        },
+        what.empty() ? "the awaited state of target " + name : what + " at target " + name);
   }
   bool wait_submits(size_t n) {
-    return wait([&] { return submits.size() >= n; });
+    return wait([&] { return submits.size() >= n; }, std::to_string(n) + " submissions");
   }
   bool wait_requeues(size_t n) {
-    return wait([&] { return requeues.size() >= n; });
+    return wait([&] { return requeues.size() >= n; }, std::to_string(n) + " requeues");
   }
   bool wait_queries(int n) {
-    return wait([&] { return queries >= n; });
+    return wait([&] { return queries >= n; }, std::to_string(n) + " credit queries");
   }
   int query_count() {
     std::lock_guard lk(m);
@@ -108,29 +117,30 @@ inline caf::behavior scripted_target(caf::event_based_actor*, std::shared_ptr<ma
   }};
 }
 
-/// A router over scripted targets: add the targets, then launch() it with the options.
-struct router_rig {
-  caf::actor_system_config cfg;
-  std::unique_ptr<caf::actor_system> sys;
-  std::shared_ptr<manual_clock> clk = std::make_shared<manual_clock>();
+/// A router over scripted targets on the test scheduler: add the targets, then launch() it
+/// with the options. `clk` (the scheduler's clock) is the router's cluster clock; move it
+/// with advance_ms().
+struct router_rig : test_system {
   std::vector<std::shared_ptr<target_box>> prefill, decode;
   std::vector<route_target> prefill_targets, decode_targets;
+  std::vector<caf::actor> targets;  ///< every scripted target (stopped with the router)
   bounded_actor router;
   collector col;
   bool stopped_ = false;
 
   router_rig() {
-    cfg.add_message_type<wire>("tandem_wire");
-    sys = std::make_unique<caf::actor_system>(cfg);
+    start();
+    col.pump = [this](const std::function<bool()>& ok, const std::string& what) { return run_until(ok, what); };
   }
   ~router_rig() { stop(); }
-  /// Stops the router and waits for every actor. A rig whose own members the actors reach
-  /// (a collector callback writing them) calls it from its destructor, before they go.
+  /// Stops the router and the targets and ends the system. A rig whose own members the actors
+  /// reach (a collector callback writing them) calls it from its destructor, before they go.
   void stop() {
     if (stopped_) return;
     stopped_ = true;
-    caf::anon_send_exit(router.handle, caf::exit_reason::user_shutdown);
-    sys->await_all_actors_done();
+    auto all = targets;
+    all.push_back(router.handle);
+    shutdown(all);
   }
   router_rig(const router_rig&) = delete;
   router_rig& operator=(const router_rig&) = delete;
@@ -140,11 +150,12 @@ struct router_rig {
     auto box = std::make_shared<target_box>();
     box->name = name;
     box->role = role;
+    box->pump = col.pump;
     auto gate = std::make_shared<mailbox_gate>(gate_name, 1024);
     const bool is_prefill = role == "prefill";
     (is_prefill ? prefill : decode).push_back(box);
-    (is_prefill ? prefill_targets : decode_targets)
-        .push_back(route_target{name, bounded_actor{sys->spawn(scripted_target, gate, box), gate}});
+    targets.push_back(sys->spawn(scripted_target, gate, box));
+    (is_prefill ? prefill_targets : decode_targets).push_back(route_target{name, bounded_actor{targets.back(), gate}});
   }
   /// Spawns the router over the targets added so far; `answering` targets get its handle.
   void launch(const router_options& ro, bool answering = false) {
@@ -178,27 +189,27 @@ struct router_rig {
     router.gate->enter_control();
     caf::anon_send(router.handle, wire_atom::value, w);
   }
-  /// Where `id` went: (prefill index, the decode target it names); waits for the submission.
+  /// Where `id` went: (prefill index, the decode target it names); runs the actors until it
+  /// was submitted somewhere ({-1, ""} if they went quiet first).
   std::pair<int, std::string> placed(const std::string& id) {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    while (std::chrono::steady_clock::now() < until) {
+    std::pair<int, std::string> at{-1, ""};
+    auto find = [&] {
       for (size_t i = 0; i < prefill.size(); ++i) {
         std::lock_guard lk(prefill[i]->m);
         // The latest submission of `id` there (a retry names another decode target).
         for (auto q = prefill[i]->submits.rbegin(); q != prefill[i]->submits.rend(); ++q)
-          if (q->id == id) return {int(i), q->decode_target};
+          if (q->id == id) {
+            at = {int(i), q->decode_target};
+            return true;
+          }
       }
-      std::this_thread::yield();
-    }
-    return {-1, ""};
+      return false;
+    };
+    run_until(find, "a submission of " + id);
+    return at;
   }
-  stats_snapshot stats() {
-    caf::scoped_actor self{*sys};
-    stats_snapshot out;
-    self->request(router.handle, std::chrono::seconds(10), stats_atom::value)
-        .receive([&](const wire& w) { out = read_stats(w); }, [](caf::error&) {});
-    return out;
-  }
+  /// The router's stats, after it processed everything sent so far.
+  stats_snapshot stats() { return stats_of(router.handle); }
 };
 
 }  // namespace tandem::test

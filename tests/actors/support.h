@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,7 +21,21 @@
 
 namespace tandem::test {
 
-/// Pauses the forward call number `pause_at` (0-based) until release().
+/// Set by a rig on the test scheduler for its lifetime (tests/actors/cluster_rig.h): how the waits
+/// below run the actors when they have no pump of their own, and whether a worker's job waits
+/// (held by a forward gate).
+struct scheduler_hooks {
+  std::function<bool(const std::function<bool()>&, const std::string&)> pump;
+  std::function<bool()> worker_waiting;
+};
+inline scheduler_hooks& current_scheduler() {
+  static scheduler_hooks h;
+  return h;
+}
+
+/// Pauses the forward call number `pause_at` (0-based) until release(). On the test scheduler
+/// nothing blocks: the rig holds the worker's jobs while holds() (its next forward pass would be
+/// `pause_at`), and wait_paused() runs the actors until a worker job waits there.
 struct forward_gate {
   std::mutex m;
   std::condition_variable cv;
@@ -28,6 +43,20 @@ struct forward_gate {
   bool paused = false;
   bool released = false;
   int calls = 0;
+
+  forward_gate() { live().insert(this); }
+  ~forward_gate() { live().erase(this); }
+  forward_gate(const forward_gate&) = delete;
+  forward_gate& operator=(const forward_gate&) = delete;
+  /// Every gate in the process (a rig on the test scheduler asks them whether to hold the worker).
+  static std::set<forward_gate*>& live() {
+    static std::set<forward_gate*> gates;
+    return gates;
+  }
+  bool holds() {
+    std::lock_guard lk(m);
+    return pause_at >= 0 && calls >= pause_at && !released;
+  }
 
   void on_forward() {
     std::unique_lock lk(m);
@@ -38,6 +67,9 @@ struct forward_gate {
     cv.wait(lk, [&] { return released; });
   }
   bool wait_paused(std::chrono::milliseconds t = std::chrono::milliseconds(20000)) {
+    if (auto& h = current_scheduler(); h.pump)
+      return h.pump([&] { return holds() && h.worker_waiting(); },
+                    "the worker held before forward pass " + std::to_string(pause_at));
     std::unique_lock lk(m);
     return cv.wait_for(lk, t, [&] { return paused; });
   }
@@ -113,7 +145,8 @@ inline std::vector<int32_t> expected_greedy(std::vector<int32_t> prompt, int n) 
   return out;
 }
 
-/// Collects events per request; wait for finished ones with a generous timeout.
+/// Collects events per request; wait for finished ones with a generous timeout, or (on the
+/// test scheduler) by running the actors until they are in.
 struct collector {
   std::mutex m;
   std::condition_variable cv;
@@ -121,6 +154,9 @@ struct collector {
   int finished = 0;
   int duplicate_finishes = 0;
   std::function<void(const token_event&)> on_event;
+  /// Set by a rig on the test scheduler (test_system::run_until): the waits below run the
+  /// actors until their condition holds instead of blocking on `cv` (the timeouts then unused).
+  std::function<bool(const std::function<bool()>&, const std::string&)> pump;
 
   event_callback cb() {
     return [this](token_event ev) {
@@ -134,17 +170,29 @@ struct collector {
     };
   }
   bool wait_finished(int n, std::chrono::milliseconds t = std::chrono::milliseconds(30000)) {
+    auto ok = [&] { return finished >= n; };
+    if (auto& p = pump ? pump : current_scheduler().pump) return p(locked(ok), std::to_string(n) + " finished requests");
     std::unique_lock lk(m);
-    return cv.wait_for(lk, t, [&] { return finished >= n; });
+    return cv.wait_for(lk, t, ok);
   }
   bool wait_tokens(const std::string& id, size_t n,
                    std::chrono::milliseconds t = std::chrono::milliseconds(30000)) {
-    std::unique_lock lk(m);
-    return cv.wait_for(lk, t, [&] {
+    auto ok = [&] {
       size_t c = 0;
       for (auto& e : events[id]) c += e.tokens.size();
       return c >= n;
-    });
+    };
+    if (auto& p = pump ? pump : current_scheduler().pump) return p(locked(ok), std::to_string(n) + " tokens of " + id);
+    std::unique_lock lk(m);
+    return cv.wait_for(lk, t, ok);
+  }
+  /// `ok` evaluated with `m` held (as the condition-variable waits evaluate it).
+  template <class F>
+  std::function<bool()> locked(F ok) {
+    return [this, ok] {
+      std::lock_guard lk(m);
+      return ok();
+    };
   }
   std::vector<int32_t> tokens(const std::string& id) {
     std::lock_guard lk(m);

@@ -2,6 +2,7 @@
 // (llama; gemma2 with its window crossed; deepseek2 with latent pages): multi-turn conversations
 // give the same greedy output with the cache off, L1 only, and L1+L2+L3 (after evictions and
 // load-backs), and a new cluster on the same disk directory reuses the files.
+// On the test scheduler (tests/actors/cluster_rig.h): the forward passes run on the test's thread.
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include "kernels/model/make_model.h"
 #include "kernels/tokenizer/tokenizer.h"
 #include "tests/actors/model_files.h"
+#include "tests/actors/cluster_rig.h"
 #include "tests/actors/support.h"
 
 using namespace tandem;
@@ -49,7 +51,7 @@ struct turns_result {
 };
 
 /// 3 sessions x 4 turns, sessions interleaved, one request at a time.
-turns_result conversations(embedded_cluster& c) {
+turns_result conversations(embedded_rig& c) {
   turns_result r;
   const auto& tok = c.tok();
   auto system = tok.encode("you are a helpful assistant. answer briefly and precisely, and keep the tone friendly.", true);
@@ -73,18 +75,17 @@ turns_result conversations(embedded_cluster& c) {
       r.cached.push_back(last.cached_tokens);
       h.insert(h.end(), out.begin(), out.end());
     }
-  // Wait until no request holds a page and no copy is in flight: used == cached in every tier.
-  for (int i = 0; i < 20000; ++i) {
-    r.metrics = c.metrics_text();
-    if (metric(r.metrics, "tandem_cache_pages_used{tier=\"device\"}") ==
-            metric(r.metrics, "tandem_cache_pages_cached{tier=\"device\"}") &&
-        metric(r.metrics, "tandem_kv_pages_evictable") == metric(r.metrics, "tandem_kv_pages_cached") &&
-        metric(r.metrics, "tandem_cache_pages_used{tier=\"host\"}") ==
-            metric(r.metrics, "tandem_cache_pages_cached{tier=\"host\"}") &&
-        metric(r.metrics, "tandem_cache_background_copies") == 0)
-      return r;
-    std::this_thread::yield();
-  }
+  // Once the actors are quiet no request holds a page and no copy is in flight: used == cached
+  // in every tier.
+  c.run();
+  r.metrics = c.metrics_text();
+  if (metric(r.metrics, "tandem_cache_pages_used{tier=\"device\"}") ==
+          metric(r.metrics, "tandem_cache_pages_cached{tier=\"device\"}") &&
+      metric(r.metrics, "tandem_kv_pages_evictable") == metric(r.metrics, "tandem_kv_pages_cached") &&
+      metric(r.metrics, "tandem_cache_pages_used{tier=\"host\"}") ==
+          metric(r.metrics, "tandem_cache_pages_cached{tier=\"host\"}") &&
+      metric(r.metrics, "tandem_cache_background_copies") == 0)
+    return r;
   FAIL("pages did not return to the pools");
   return r;
 }
@@ -104,19 +105,19 @@ TEST_CASE("embedded_cluster(micro): multi-turn output with cache off == L1 == L1
 
     turns_result off, l1, hier, again;
     {
-      auto c = embedded_cluster::start(opts(arch, false, {}));
+      auto c = std::make_unique<embedded_rig>(opts(arch, false, {}));
       off = conversations(*c);
     }
     {
-      auto c = embedded_cluster::start(opts(arch, true, {}));
+      auto c = std::make_unique<embedded_rig>(opts(arch, true, {}));
       l1 = conversations(*c);
     }
     {
-      auto c = embedded_cluster::start(opts(arch, true, tiers));
+      auto c = std::make_unique<embedded_rig>(opts(arch, true, tiers));
       hier = conversations(*c);
     }
     {
-      auto c = embedded_cluster::start(opts(arch, true, tiers));
+      auto c = std::make_unique<embedded_rig>(opts(arch, true, tiers));
       again = conversations(*c);
     }
     CHECK(l1.out == off.out);

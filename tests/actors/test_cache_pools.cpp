@@ -2,6 +2,8 @@
 // chunked prefill, release of blocks no step reads), the radix cache keeping a page per pool and
 // block (a prefix is reused only with the window its next token reads, in any tier), and a
 // gemma2 model served with its sliding-window layers in a pool of rings.
+// The served-model cases run on the test scheduler (tests/actors/cluster_rig.h): the forward
+// passes run on the test's thread.
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -13,6 +15,7 @@
 #include "kernels/model/make_model.h"
 #include "kernels/tokenizer/tokenizer.h"
 #include "tests/actors/model_files.h"
+#include "tests/actors/cluster_rig.h"
 #include "tests/actors/support.h"
 #include "tests/kernels/pool_sets.h"
 
@@ -261,7 +264,7 @@ cluster_options gemma_opts(bool prefix_cache) {
   return o;
 }
 
-std::vector<std::vector<int32_t>> run_all(embedded_cluster& c, const std::vector<completion_request>& reqs,
+std::vector<std::vector<int32_t>> run_all(embedded_rig& c, const std::vector<completion_request>& reqs,
                                           bool one_by_one, std::vector<int32_t>* cached = nullptr) {
   collector col;
   int done = 0;
@@ -293,7 +296,7 @@ TEST_CASE("embedded_cluster(gemma2): window layers in a pool of rings, same outp
   std::vector<std::vector<int32_t>> on, off, together;
   std::vector<int32_t> cached_on;
   {
-    auto c = embedded_cluster::start(gemma_opts(true));
+    auto c = std::make_unique<embedded_rig>(gemma_opts(true));
     // A conversation that grows past the window (32) and the chunk (16): each turn repeats
     // the last prompt and the answer, so the cache can resume right where the window is.
     std::vector<int32_t> p = c->tok().encode("a long shared system prompt that runs past the sliding window", true);
@@ -316,7 +319,7 @@ TEST_CASE("embedded_cluster(gemma2): window layers in a pool of rings, same outp
     together = run_all(*c, reqs, false);
   }
   {
-    auto c = embedded_cluster::start(gemma_opts(false));
+    auto c = std::make_unique<embedded_rig>(gemma_opts(false));
     off = run_all(*c, reqs, true);
   }
   CHECK(on == off);
@@ -329,7 +332,7 @@ TEST_CASE("embedded_cluster(gemma2): window layers in a pool of rings, same outp
 TEST_CASE("embedded_cluster(gemma2): an absolute host tier is split across the pools, inspect shows each") {
   std::vector<completion_request> reqs;
   std::vector<std::vector<int32_t>> with_host, without;
-  auto conversation = [&](embedded_cluster& c) {
+  auto conversation = [&](embedded_rig& c) {
     std::vector<int32_t> p = c.tok().encode("a long shared system prompt that runs past the sliding window", true);
     for (int i = 0; i < 4; ++i) {
       for (auto t : c.tok().encode(" and turn number " + std::to_string(i * 7 + 3), false)) p.push_back(t);
@@ -340,7 +343,7 @@ TEST_CASE("embedded_cluster(gemma2): an absolute host tier is split across the p
     auto o = gemma_opts(true);
     o.cache.host_size_gb = 0.004;
     o.cache.write_policy = cache_write_policy::write_through;
-    auto c = embedded_cluster::start(o);
+    auto c = std::make_unique<embedded_rig>(o);
     conversation(*c);
     with_host = run_all(*c, reqs, true);
     const auto r = c->inspect();
@@ -361,7 +364,7 @@ TEST_CASE("embedded_cluster(gemma2): an absolute host tier is split across the p
     CHECK(metric(text, "tandem_kv_pool_host_pages_total{pool=\"window\"}") == double(win->pages_total));
   }
   {
-    auto c = embedded_cluster::start(gemma_opts(false));
+    auto c = std::make_unique<embedded_rig>(gemma_opts(false));
     without = run_all(*c, reqs, true);
   }
   CHECK(with_host == without);

@@ -1,6 +1,7 @@
 // The hierarchical KV cache: disk file format, settings validation, tier bookkeeping, and the
 // cluster with device -> host -> disk tiers (outputs identical to no cache, pages all returned,
 // the disk tier found again by a new cluster).
+// The cluster cases run on the test scheduler (tests/actors/cluster_rig.h).
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include "actors/cache_tier/page_file.h"
 #include "actors/cache_tier/radix_cache.h"
 #include "actors/common/cache_config.h"
+#include "tests/actors/cluster_rig.h"
 #include "tests/actors/support.h"
 
 using namespace tandem;
@@ -58,19 +60,16 @@ double tier(const stats_snapshot& s, const std::string& name, const char* t) {
   return s.value(name, std::string("tier=\"") + t + "\"");
 }
 
-/// No request holds a page and no copy is in flight: what is used is exactly what the cache holds.
-bool pages_settled(const actor_cluster& c) {
-  for (int i = 0; i < 20000; ++i) {
-    auto v = c.snapshots(false);
-    auto* s = find_actor(v, "cache_tier");
-    if (s && tier(*s, "cache_pages_used", "device") == tier(*s, "cache_pages_cached", "device") &&
-        s->value("kv_pages_evictable") == s->value("kv_pages_cached") &&
-        tier(*s, "cache_pages_used", "host") == tier(*s, "cache_pages_cached", "host") &&
-        s->value("cache_background_copies") == 0)
-      return true;
-    std::this_thread::yield();
-  }
-  return false;
+/// Once the actors are quiet, no request holds a page and no copy is in flight: what is used is
+/// exactly what the cache holds.
+bool pages_settled(cluster_rig& c) {
+  c.run();
+  auto v = c.snapshots(false);
+  auto* s = find_actor(v, "cache_tier");
+  return s && tier(*s, "cache_pages_used", "device") == tier(*s, "cache_pages_cached", "device") &&
+         s->value("kv_pages_evictable") == s->value("kv_pages_cached") &&
+         tier(*s, "cache_pages_used", "host") == tier(*s, "cache_pages_cached", "host") &&
+         s->value("cache_background_copies") == 0;
 }
 
 /// A multi-turn workload: `sessions` conversations sharing a system prompt, each turn = history
@@ -82,7 +81,7 @@ struct conversation_run {
   std::vector<stats_snapshot> snaps;
 };
 
-conversation_run run_conversations(actor_cluster& c, int sessions, int turns, int reply) {
+conversation_run run_conversations(cluster_rig& c, int sessions, int turns, int reply) {
   conversation_run r;
   std::vector<int32_t> system;
   for (int i = 0; i < 10; ++i) system.push_back((i * 7 + 3) % 64);
@@ -468,7 +467,7 @@ TEST_CASE("cluster(fake): every write policy gives the cache-off output, L2 hits
     cc.host_ratio = 4;
     cc.write_policy = pol;
     cc.write_through_threshold = 1;
-    actor_cluster c(std::make_shared<fake_model>(), tier_opts(cc));
+    cluster_rig c(std::make_shared<fake_model>(), tier_opts(cc));
     auto r = run_conversations(c, 4, 4, 4);
     check_expected(r, 4);
     auto* s = find_actor(r.snaps, "cache_tier");
@@ -482,7 +481,7 @@ TEST_CASE("cluster(fake): every write policy gives the cache-off output, L2 hits
     CHECK(s->value("kv_bad_frees_total") == 0);
   }
   // L1 only, same workload: fewer reused tokens than with the host tier.
-  actor_cluster c1(std::make_shared<fake_model>(), tier_opts(cache_config{}));
+  cluster_rig c1(std::make_shared<fake_model>(), tier_opts(cache_config{}));
   auto r1 = run_conversations(c1, 4, 4, 4);
   check_expected(r1, 4);
   auto* s1 = find_actor(r1.snaps, "cache_tier");
@@ -500,7 +499,7 @@ TEST_CASE("cluster(fake): disk tier survives a restart, corrupted files are miss
   cc.disk_size_gb = 0.01;
   double disk_hits_first = 0;
   {
-    actor_cluster c(std::make_shared<fake_model>(), tier_opts(cc));
+    cluster_rig c(std::make_shared<fake_model>(), tier_opts(cc));
     auto r = run_conversations(c, 4, 3, 4);
     check_expected(r, 4);
     auto* s = find_actor(r.snaps, "cache_tier");
@@ -514,7 +513,7 @@ TEST_CASE("cluster(fake): disk tier survives a restart, corrupted files are miss
   {
     // A new cluster on the same directory: its tree is empty, the first turn of every session
     // finds the shared prefix and the history on disk.
-    actor_cluster c(std::make_shared<fake_model>(), tier_opts(cc));
+    cluster_rig c(std::make_shared<fake_model>(), tier_opts(cc));
     auto r = run_conversations(c, 4, 3, 4);
     check_expected(r, 4);
     auto* s = find_actor(r.snaps, "cache_tier");
@@ -530,7 +529,7 @@ TEST_CASE("cluster(fake): disk tier survives a restart, corrupted files are miss
     f.put(char(0x7f));
   }
   {
-    actor_cluster c(std::make_shared<fake_model>(), tier_opts(cc));
+    cluster_rig c(std::make_shared<fake_model>(), tier_opts(cc));
     auto r = run_conversations(c, 4, 3, 4);
     check_expected(r, 4);
     auto* s = find_actor(r.snaps, "cache_tier");
@@ -544,7 +543,7 @@ TEST_CASE("cluster(fake): bad cache settings fail at start with the validator's 
   cc.host_ratio = 2;
   cc.host_size_gb = 1;
   try {
-    actor_cluster c(std::make_shared<fake_model>(), tier_opts(cc));
+    cluster_rig c(std::make_shared<fake_model>(), tier_opts(cc));
     FAIL("conflicting host sizes must throw");
   } catch (const tandem::error& e) {
     CHECK(std::string(e.what()).find("cache.host_ratio") != std::string::npos);

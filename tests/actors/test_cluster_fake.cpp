@@ -1,9 +1,13 @@
-// End-to-end through the actors (router -> prefill -> handoff -> decode) with a fake model.
+// End-to-end through the actors (router -> prefill -> handoff -> decode) with a fake model, on
+// the test scheduler (tests/actors/cluster_rig.h): a forward gate holds the worker's jobs, time
+// moves only by advance_ms. One case stays threaded on purpose: many submitters on their own
+// threads at once (submit's thread safety) on a cluster of real CAF threads.
 #include <doctest/doctest.h>
 
 #include <set>
 
 #include "kernels/base/clock.h"
+#include "tests/actors/cluster_rig.h"
 #include "tests/actors/support.h"
 
 using namespace tandem;
@@ -27,7 +31,8 @@ std::vector<int32_t> prompt_of(int n, int salt) {
 }
 
 
-std::vector<std::vector<int32_t>> run_all(actor_cluster& c, const std::vector<completion_request>& reqs) {
+template <class Cluster>
+std::vector<std::vector<int32_t>> run_all(Cluster& c, const std::vector<completion_request>& reqs) {
   collector col;
   for (auto r : reqs) c.submit(r, col.cb());
   REQUIRE(col.wait_finished(static_cast<int>(reqs.size())));
@@ -53,13 +58,13 @@ TEST_CASE("cluster(fake): greedy output matches the model and is batching invari
     reqs.push_back(make_req("r" + std::to_string(i), prompt_of(3 + i * 5, i), 10 + i));
   std::vector<std::vector<int32_t>> alone;
   {
-    actor_cluster c(std::make_shared<fake_model>(), opts(l));
+    cluster_rig c(std::make_shared<fake_model>(), opts(l));
     for (const auto& r : reqs) alone.push_back(run_all(c, {r})[0]);
     CHECK(wait_stats(c, [&](const stats_info& s) { return s.kv_pages_free == c.n_pages(); }));
   }
   for (size_t i = 0; i < reqs.size(); ++i)
     CHECK(alone[i] == expected_greedy(reqs[i].prompt, reqs[i].max_tokens));
-  actor_cluster c(std::make_shared<fake_model>(), opts(l));
+  cluster_rig c(std::make_shared<fake_model>(), opts(l));
   auto together = run_all(c, reqs);
   CHECK(together == alone);
   auto st = c.stats();
@@ -83,10 +88,10 @@ TEST_CASE("cluster(fake): seeded sampling is the same alone and batched") {
     reqs.push_back(make_req("s" + std::to_string(i), prompt_of(9, i), 12, 1.5f, 100 + i));
   std::vector<std::vector<int32_t>> alone;
   {
-    actor_cluster c(std::make_shared<fake_model>(), opts(l));
+    cluster_rig c(std::make_shared<fake_model>(), opts(l));
     for (const auto& r : reqs) alone.push_back(run_all(c, {r})[0]);
   }
-  actor_cluster c(std::make_shared<fake_model>(), opts(l));
+  cluster_rig c(std::make_shared<fake_model>(), opts(l));
   CHECK(run_all(c, reqs) == alone);
 }
 
@@ -101,7 +106,7 @@ TEST_CASE("cluster(fake): prefix cache on and off give the same output, hits are
   auto run = [&](bool cache, stats_snapshot* prefill_stats, int64_t* hit_tokens) {
     auto l = small_limits();
     l.prefix_cache = cache;
-    actor_cluster c(std::make_shared<fake_model>(), opts(l));
+    cluster_rig c(std::make_shared<fake_model>(), opts(l));
     std::vector<std::vector<int32_t>> out;
     std::vector<int32_t> cached;
     for (const auto& r : reqs) {  // one after another, so later ones find the first one's pages
@@ -143,7 +148,7 @@ TEST_CASE("cluster(fake): admission bounds reject explicitly and lose no request
   auto l = small_limits();
   l.max_queued_requests = 2;
   l.max_prefill_batch_seqs = 1;
-  actor_cluster c(std::make_shared<fake_model>(gate), opts(l));
+  cluster_rig c(std::make_shared<fake_model>(gate), opts(l));
   collector col;
   c.submit(make_req("a0", prompt_of(5, 0), 4), col.cb());
   REQUIRE(gate->wait_paused());
@@ -194,7 +199,7 @@ TEST_CASE("cluster(fake): prefill on the decode worker pauses while decode is ba
   for (int32_t pause_at : {0, -1}) {
     CAPTURE(pause_at);
     l.prefill_pause_decode_waiting_seqs = pause_at;
-    actor_cluster c(std::make_shared<fake_model>(), opts(l));
+    cluster_rig c(std::make_shared<fake_model>(), opts(l));
     auto out = run_all(c, reqs);
     for (size_t i = 0; i < reqs.size(); ++i) CHECK(out[i] == expected_greedy(reqs[i].prompt, reqs[i].max_tokens));
     CHECK(wait_stats(c, [&](const stats_info& s) { return s.kv_pages_free == c.n_pages(); }));
@@ -216,7 +221,7 @@ TEST_CASE("cluster(fake): prefill on the decode worker pauses while decode is ba
 TEST_CASE("cluster(fake): the queue-wait bound is set live through the cluster, a bad one is refused") {
   auto l = small_limits();
   l.max_queue_wait_ms = 300;
-  actor_cluster c(std::make_shared<fake_model>(), opts(l));
+  cluster_rig c(std::make_shared<fake_model>(), opts(l));
   CHECK(c.set_max_queue_wait_ms(50) == 300);
   CHECK(c.metrics_text().find("tandem_queue_wait_bound_ms 50") != std::string::npos);
   CHECK_THROWS_WITH_AS(c.set_max_queue_wait_ms(-1), doctest::Contains("must be >= 0"), tandem::error);
@@ -231,7 +236,7 @@ TEST_CASE("cluster(fake): queued-token bound rejects explicitly") {
   auto l = small_limits();
   l.max_queued_tokens = 30;
   l.max_prefill_batch_seqs = 1;
-  actor_cluster c(std::make_shared<fake_model>(gate), opts(l));
+  cluster_rig c(std::make_shared<fake_model>(gate), opts(l));
   collector col;
   c.submit(make_req("t0", prompt_of(20, 0), 2), col.cb());
   REQUIRE(gate->wait_paused());
@@ -252,7 +257,7 @@ TEST_CASE("cluster(fake): invalid requests fail with a message, router in-flight
   l.max_inflight_requests = 1;
   auto gate = std::make_shared<forward_gate>();
   gate->pause_at = 0;
-  actor_cluster c(std::make_shared<fake_model>(gate), opts(l));
+  cluster_rig c(std::make_shared<fake_model>(gate), opts(l));
   collector col;
   c.submit(make_req("ok", prompt_of(5, 0), 3), col.cb());
   REQUIRE(gate->wait_paused());
@@ -282,7 +287,7 @@ TEST_CASE("cluster(fake): abort while queued, mid-prefill and mid-decode frees e
   SUBCASE("queued") {
     auto gate = std::make_shared<forward_gate>();
     gate->pause_at = 0;
-    actor_cluster c(std::make_shared<fake_model>(gate), opts(l));
+    cluster_rig c(std::make_shared<fake_model>(gate), opts(l));
     collector col;
     c.submit(make_req("q0", prompt_of(6, 0), 5), col.cb());
     REQUIRE(gate->wait_paused());
@@ -299,7 +304,7 @@ TEST_CASE("cluster(fake): abort while queued, mid-prefill and mid-decode frees e
   SUBCASE("mid-prefill") {
     auto gate = std::make_shared<forward_gate>();
     gate->pause_at = 1;  // second chunk of a 40-token prompt (chunks of 16)
-    actor_cluster c(std::make_shared<fake_model>(gate), opts(l));
+    cluster_rig c(std::make_shared<fake_model>(gate), opts(l));
     collector col;
     c.submit(make_req("m0", prompt_of(40, 0), 5), col.cb());
     REQUIRE(gate->wait_paused());
@@ -312,7 +317,7 @@ TEST_CASE("cluster(fake): abort while queued, mid-prefill and mid-decode frees e
   SUBCASE("mid-decode") {
     auto gate = std::make_shared<forward_gate>();
     gate->pause_at = 4;  // prefill is call 0, decode steps follow
-    actor_cluster c(std::make_shared<fake_model>(gate), opts(l));
+    cluster_rig c(std::make_shared<fake_model>(gate), opts(l));
     collector col;
     c.submit(make_req("d0", prompt_of(6, 0), 50), col.cb());
     REQUIRE(gate->wait_paused());
@@ -330,21 +335,20 @@ TEST_CASE("cluster(fake): abort while queued, mid-prefill and mid-decode frees e
 }
 
 TEST_CASE("cluster(fake): deadline expiry in prefill and in the queue (injected clock)") {
-  auto clk = std::make_shared<manual_clock>();
   auto gate = std::make_shared<forward_gate>();
   gate->pause_at = 0;
   auto l = small_limits();
   l.prefix_cache = false;
   l.request_timeout_ms = 1000;
   l.max_prefill_batch_seqs = 1;
-  actor_cluster c(std::make_shared<fake_model>(gate), opts(l, clk));
+  cluster_rig c(std::make_shared<fake_model>(gate), opts(l));
   collector col;
   c.submit(make_req("x0", prompt_of(6, 0), 5), col.cb());
   REQUIRE(gate->wait_paused());
   c.submit(make_req("x1", prompt_of(6, 1), 5), col.cb());
   // Make sure both were accepted before time moves.
   REQUIRE(wait_stats(c, [](const stats_info& s) { return s.requests_total == 2; }));
-  clk->advance_ms(1500);
+  c.advance_ms(1500);
   REQUIRE(col.wait_finished(2));
   for (const char* id : {"x0", "x1"}) {
     auto ev = col.last(id);
@@ -375,7 +379,8 @@ TEST_CASE("cluster(fake): page exhaustion preempts the youngest and keeps output
   // the machine is (an ASan build on a busy CI runner once finished e0 before e2 came in).
   auto gate = std::make_shared<forward_gate>();
   gate->pause_at = 0;
-  actor_cluster c(std::make_shared<fake_model>(gate), opts(l));
+  cluster_rig c(std::make_shared<fake_model>(gate), opts(l));
+  c.timers_within_ms = 1000;  // a preempted sequence is taken again on the decode scheduler's retry tick
   collector first;
   for (const auto& r : reqs) c.submit(r, first.cb());
   REQUIRE(gate->wait_paused());
@@ -416,7 +421,7 @@ TEST_CASE("cluster(fake): shutdown ends running requests with disconnected and d
   };
   {
     auto l = small_limits();
-    actor_cluster c(std::make_shared<fake_model>(gate), opts(l));
+    cluster_rig c(std::make_shared<fake_model>(gate), opts(l));
     c.submit(make_req("z0", prompt_of(6, 0), 100), col.cb());
     REQUIRE(gate->wait_paused());
   }

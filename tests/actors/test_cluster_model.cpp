@@ -1,4 +1,5 @@
 // The embedded cluster with a real (random-weight) micro Llama written by write_random_llama.
+// On the test scheduler (tests/actors/cluster_rig.h): the forward passes run on the test's thread.
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include "kernels/model/make_model.h"
 #include "kernels/tokenizer/tokenizer.h"
 #include "tests/actors/model_files.h"
+#include "tests/actors/cluster_rig.h"
 #include "tests/actors/support.h"
 
 using namespace tandem;
@@ -35,7 +37,7 @@ cluster_options micro_opts(bool prefix_cache) {
   return o;
 }
 
-std::vector<std::vector<int32_t>> run(embedded_cluster& c, const std::vector<completion_request>& reqs,
+std::vector<std::vector<int32_t>> run(embedded_rig& c, const std::vector<completion_request>& reqs,
                                       bool one_by_one, std::vector<int32_t>* cached = nullptr) {
   collector col;
   if (one_by_one) {
@@ -80,7 +82,7 @@ std::vector<completion_request> prompts(const tokenizer& tok, float temperature)
 }  // namespace
 
 TEST_CASE("embedded_cluster(micro): greedy output alone == 8 concurrent (batching invariance)") {
-  auto c = embedded_cluster::start(micro_opts(false));
+  auto c = std::make_unique<embedded_rig>(micro_opts(false));
   CHECK(c->max_context() == 512);
   CHECK_FALSE(c->model_id().empty());
   CHECK(c->health().ok);
@@ -98,7 +100,7 @@ TEST_CASE("embedded_cluster(micro): greedy output alone == 8 concurrent (batchin
 }
 
 TEST_CASE("embedded_cluster(micro): seeded sampling alone == concurrent") {
-  auto c = embedded_cluster::start(micro_opts(true));
+  auto c = std::make_unique<embedded_rig>(micro_opts(true));
   auto reqs = prompts(c->tok(), 0.9f);
   CHECK(run(*c, reqs, true) == run(*c, reqs, false));
 }
@@ -108,7 +110,7 @@ TEST_CASE("embedded_cluster(micro): prefix cache on vs off gives identical outpu
   std::vector<std::vector<int32_t>> on, off;
   std::vector<int32_t> cached_on, cached_off;
   {
-    auto c = embedded_cluster::start(micro_opts(true));
+    auto c = std::make_unique<embedded_rig>(micro_opts(true));
     auto base = c->tok().encode(
         "a shared system prompt that is long enough to fill a few pages of the cache, "
         "followed by a question number",
@@ -124,7 +126,7 @@ TEST_CASE("embedded_cluster(micro): prefix cache on vs off gives identical outpu
     CHECK(text.find("tandem_prefix_cache_hits_total 3") != std::string::npos);
   }
   {
-    auto c = embedded_cluster::start(micro_opts(false));
+    auto c = std::make_unique<embedded_rig>(micro_opts(false));
     off = run(*c, reqs, true, &cached_off);
   }
   CHECK(on == off);
@@ -138,7 +140,7 @@ TEST_CASE("embedded_cluster(micro): an f16 KV cache serves batched, prefix-cache
   // every request still gives what it gives alone, and no page is lost.
   auto o = micro_opts(true);
   o.kv_cache_dtype = "f16";
-  auto c = embedded_cluster::start(o);
+  auto c = std::make_unique<embedded_rig>(o);
   auto reqs = prompts(c->tok(), 0.0f);
   auto alone = run(*c, reqs, true);
   auto together = run(*c, reqs, false);
@@ -172,7 +174,7 @@ TEST_CASE("embedded_cluster: bad limits and a missing model fail with a message"
 }
 
 TEST_CASE("embedded_cluster(micro): penalties and logit_bias travel to the worker's sampler") {
-  auto c = embedded_cluster::start(micro_opts(false));
+  auto c = std::make_unique<embedded_rig>(micro_opts(false));
   auto base = make_req("plain", c->tok().encode("numbers 1 2 3 4 5 6 7 8 9 10", true), 24, 0.0f, 1);
   auto plain = run(*c, {base}, true)[0];
   REQUIRE(plain.size() == 24);

@@ -1,4 +1,8 @@
 // actor_cluster::inspect(): what `tandem inspect` shows, with a request held in flight.
+// Threaded on purpose (real CAF threads): the worker's own thread is stuck inside a forward pass
+// (forward_gate), and inspect must report it "not answering" after query_timeout_ms while the
+// other actors answer. On the test scheduler (tests/actors/cluster_rig.h) a held actor's mail
+// schedules nothing, so a blocking query to it could never time out there.
 #include <doctest/doctest.h>
 
 #include "actors/runtime/actor_cluster.h"

@@ -2,7 +2,7 @@
 // which prefills it as chunks of its own decode steps (beside the sequences it is decoding)
 // and then decodes it. Prefill and decode run as two nodes' schedulers ("p0", "d0") over one
 // worker with the fake model, so the outputs can be compared with the disaggregated path and
-// with the model's own rule.
+// with the model's own rule. On the test scheduler (tests/actors/test_system.h).
 #include <doctest/doctest.h>
 
 #include <caf/all.hpp>
@@ -16,28 +16,27 @@
 #include "actors/router/router.h"
 #include "actors/worker/worker.h"
 #include "tests/actors/support.h"
+#include "tests/actors/test_system.h"
 
 using namespace tandem;
 using namespace tandem::test;
 
 namespace {
 
-struct two_nodes {
-  caf::actor_system_config cfg;
-  std::unique_ptr<caf::actor_system> sys;
-  std::shared_ptr<steady_cluster_clock> clk = std::make_shared<steady_cluster_clock>();
+struct two_nodes : test_system {
   bounded_actor worker, cache, prefill, decode, router;
   collector col;
 
   two_nodes(limits lim, local_prefill_rule rule) {
-    cfg.add_message_type<wire>("tandem_wire");
-    sys = std::make_unique<caf::actor_system>(cfg);
+    start();
+    col.pump = [this](const std::function<bool()>& ok, const std::string& what) { return run_until(ok, what); };
     auto model = std::make_shared<fake_model>();
     const kv_layout layout = model->layout(lim.page_size);
     const model_facts facts{-1, 512, 64};
     worker_options wo;
     wo.n_pages = lim.device_pages;
     wo.page_size = lim.page_size;
+    wo.detached = false;  // on the test scheduler's one thread
     worker = spawn_worker(*sys, model, wo, make_actor_logger("worker", quiet_sink(), "off"));
     cache_tier_options co;
     co.n_pages = lim.device_pages;
@@ -68,11 +67,7 @@ struct two_nodes {
     REQUIRE(stats(decode).value("decode_credits_sent_total") >= 1);
     stats(router);
   }
-  ~two_nodes() {
-    for (auto* a : {&router, &prefill, &decode, &cache, &worker})
-      caf::anon_send_exit(a->handle, caf::exit_reason::user_shutdown);
-    sys->await_all_actors_done();
-  }
+  ~two_nodes() { shutdown({router.handle, prefill.handle, decode.handle, cache.handle, worker.handle}); }
   void submit(const std::string& id, const std::vector<int32_t>& prompt, int32_t max_tokens) {
     seq_request r;
     r.id = id;
@@ -83,13 +78,7 @@ struct two_nodes {
     caf::anon_send(router.handle, submit_atom::value,
                    make_wire([&](schema::Envelope::Builder env) { r.write(env.initSubmit()); }), callback_box{col.cb()});
   }
-  stats_snapshot stats(const bounded_actor& a) {
-    caf::scoped_actor self{*sys};
-    stats_snapshot out;
-    self->request(a.handle, std::chrono::seconds(10), stats_atom::value)
-        .receive([&](const wire& w) { out = read_stats(w); }, [](caf::error&) {});
-    return out;
-  }
+  stats_snapshot stats(const bounded_actor& a) { return stats_of(a.handle); }
 };
 
 std::vector<int32_t> prompt_of(int n, int salt) {

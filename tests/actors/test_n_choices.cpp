@@ -1,10 +1,12 @@
 // n > 1 (OpenAI's n) through the embedded cluster with real (random-weight) micro models: one
 // prefill, the decode side forks the sequence (decode_fork.cpp), each choice streams its own
 // events and ends once, and every KV page comes back after the choices end or are aborted.
+// On the test scheduler (tests/actors/cluster_rig.h): the forward passes run on the test's thread.
 #include <doctest/doctest.h>
 #include <unistd.h>
 
 #include <condition_variable>
+#include <functional>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -12,6 +14,7 @@
 #include "actors/runtime/embedded_cluster.h"
 #include "kernels/model/make_model.h"
 #include "kernels/tokenizer/tokenizer.h"
+#include "tests/actors/cluster_rig.h"
 #include "tests/actors/model_files.h"
 #include "tests/actors/support.h"
 
@@ -56,17 +59,26 @@ struct choices_collector {
       cv.notify_all();
     };
   }
+  /// Runs the actors until `ok` holds (evaluated with `m` held).
+  bool wait(const std::function<bool()>& ok, const std::string& what) {
+    return current_scheduler().pump(
+        [&] {
+          std::lock_guard lk(m);
+          return ok();
+        },
+        what);
+  }
   bool wait_finished(int n) {
-    std::unique_lock lk(m);
-    return cv.wait_for(lk, std::chrono::seconds(30), [&] { return finished >= n; });
+    return wait([&] { return finished >= n; }, std::to_string(n) + " finished choices");
   }
   bool wait_tokens(int32_t choice, size_t n) {
-    std::unique_lock lk(m);
-    return cv.wait_for(lk, std::chrono::seconds(30), [&] {
-      size_t c = 0;
-      for (auto& e : by_choice[choice]) c += e.tokens.size();
-      return c >= n;
-    });
+    return wait(
+        [&] {
+          size_t c = 0;
+          for (auto& e : by_choice[choice]) c += e.tokens.size();
+          return c >= n;
+        },
+        std::to_string(n) + " tokens of choice " + std::to_string(choice));
   }
   std::vector<int32_t> tokens(int32_t choice) {
     std::lock_guard lk(m);
@@ -81,7 +93,7 @@ struct choices_collector {
 };
 
 /// Runs `r` and returns each choice's tokens (every choice finished exactly once, no error).
-std::vector<std::vector<int32_t>> run(embedded_cluster& c, completion_request r) {
+std::vector<std::vector<int32_t>> run(embedded_rig& c, completion_request r) {
   choices_collector col;
   const int32_t n = r.n;
   c.submit(std::move(r), col.cb());
@@ -99,14 +111,11 @@ std::vector<std::vector<int32_t>> run(embedded_cluster& c, completion_request r)
   return out;
 }
 
-/// Waits until every page is free again (the frees land after the finished events).
-std::string pages_back(embedded_cluster& c) {
-  std::string text;
-  for (int i = 0; i < 200000; ++i) {
-    text = c.metrics_text();
-    if (metric(text, "tandem_kv_pages_free") == metric(text, "tandem_kv_pages_total")) return text;
-    std::this_thread::yield();
-  }
+/// Every page is free again once the actors are quiet (the frees land after the finished events).
+std::string pages_back(embedded_rig& c) {
+  c.run();
+  std::string text = c.metrics_text();
+  if (metric(text, "tandem_kv_pages_free") == metric(text, "tandem_kv_pages_total")) return text;
   FAIL("KV pages did not return to the pool: " << metric(text, "tandem_kv_pages_free") << " of "
                                                 << metric(text, "tandem_kv_pages_total") << " free");
   return text;
@@ -119,7 +128,7 @@ std::vector<int32_t> prompt_of(const tokenizer& tok) {
 }  // namespace
 
 TEST_CASE("n choices (micro llama): greedy n=3 == n=1 three times, from one prefill, every page back") {
-  auto c = embedded_cluster::start(opts("llama"));
+  auto c = std::make_unique<embedded_rig>(opts("llama"));
   const auto prompt = prompt_of(c->tok());
   auto one = run(*c, make_req("one", prompt, 12));
   REQUIRE(one.size() == 1);
@@ -143,7 +152,7 @@ TEST_CASE("n choices (micro llama): greedy n=3 == n=1 three times, from one pref
 }
 
 TEST_CASE("n choices (micro llama): seeded sampling gives different choices that replay equal") {
-  auto c = embedded_cluster::start(opts("llama"));
+  auto c = std::make_unique<embedded_rig>(opts("llama"));
   const auto prompt = prompt_of(c->tok());
   auto r = make_req("s", prompt, 16, 1.0f, 1234);
   r.n = 3;
@@ -160,7 +169,7 @@ TEST_CASE("n choices (micro llama): seeded sampling gives different choices that
 }
 
 TEST_CASE("n choices (micro llama): an abort mid-decode ends every choice and every page comes back") {
-  auto c = embedded_cluster::start(opts("llama"));
+  auto c = std::make_unique<embedded_rig>(opts("llama"));
   auto r = make_req("ab", prompt_of(c->tok()), 300);
   r.n = 3;
   choices_collector col;
@@ -178,7 +187,7 @@ TEST_CASE("n choices (micro llama): an abort mid-decode ends every choice and ev
 }
 
 TEST_CASE("n choices (micro llama): one choice stopped at its stop string, the others go on") {
-  auto c = embedded_cluster::start(opts("llama"));
+  auto c = std::make_unique<embedded_rig>(opts("llama"));
   auto r = make_req("st", prompt_of(c->tok()), 300);
   r.n = 3;
   choices_collector col;
@@ -194,7 +203,7 @@ TEST_CASE("n choices (micro llama): one choice stopped at its stop string, the o
 }
 
 TEST_CASE("n choices (micro gemma2, sliding-window pool): greedy n=3 == n=1, every page back") {
-  auto c = embedded_cluster::start(opts("gemma2"));
+  auto c = std::make_unique<embedded_rig>(opts("gemma2"));
   // Longer than the micro gemma2's window of 32: the window pool's blocks are released.
   std::vector<int32_t> prompt;
   for (int i = 0; i < 5; ++i) {
@@ -219,7 +228,7 @@ TEST_CASE("n choices (micro gemma2, sliding-window pool): greedy n=3 == n=1, eve
 
 TEST_CASE("n choices (micro llama): choice 0 ending at its first token still gives every choice") {
   // max_tokens 1: choice 0 ends at the prefill; the handoff carries the KV for the forks alone.
-  auto c = embedded_cluster::start(opts("llama"));
+  auto c = std::make_unique<embedded_rig>(opts("llama"));
   const auto prompt = prompt_of(c->tok());
   auto one = run(*c, make_req("f1", prompt, 1));
   auto r = make_req("f3", prompt, 1);
@@ -235,7 +244,7 @@ TEST_CASE("n choices (micro llama): choice 0 ending at its first token still giv
 TEST_CASE("n choices (micro llama): a full KV pool fails the request (never preempted), every choice ends, pages back") {
   auto o = opts("llama");
   o.lim.device_pages = 10;  // 160 tokens: three forks of ~110 tokens each cannot all fit
-  auto c = embedded_cluster::start(o);
+  auto c = std::make_unique<embedded_rig>(o);
   auto r = make_req("full", prompt_of(c->tok()), 100);
   r.n = 3;
   choices_collector col;

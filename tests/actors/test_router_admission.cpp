@@ -1,6 +1,7 @@
 // The router's credit-based admission, retries and circuit breaker, against scripted targets:
 // the test plays the prefill and decode schedulers (sends their credits and events by hand),
-// on a manual clock, so every decision is deterministic.
+// on the test scheduler and its clock (tests/actors/router_rig.h), so every decision is
+// deterministic.
 #include <doctest/doctest.h>
 
 #include <deque>
@@ -32,19 +33,18 @@ struct rig : router_rig {
     stats();  // the router has started (and read the clock) before a test moves it
   }
 
-  /// Waits until the targets together got `n` submissions.
+  /// Runs the actors until the targets together got `n` submissions.
   bool wait_total(size_t n) {
-    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    while (std::chrono::steady_clock::now() < until) {
-      size_t t = 0;
-      for (auto& b : prefill) {
-        std::lock_guard lk(b->m);
-        t += b->submits.size();
-      }
-      if (t >= n) return true;
-      std::this_thread::yield();
-    }
-    return false;
+    return run_until(
+        [&] {
+          size_t t = 0;
+          for (auto& b : prefill) {
+            std::lock_guard lk(b->m);
+            t += b->submits.size();
+          }
+          return t >= n;
+        },
+        std::to_string(n) + " submissions in all");
   }
   void submit(const std::string& id, int32_t n_tokens) {
     seq_request r;
@@ -121,18 +121,14 @@ TEST_CASE("router admission: the queue-wait bound is retuned while the router ru
   r.credit(0, 1, 0, 3, 300, 1000);  // 300 ms of queue
   r.submit("a", 400);               // ~700 ms: admitted, no wait bound
   REQUIRE(r.boxes[0]->wait_submits(1));
-  caf::scoped_actor self{*r.sys};
-  int32_t before = -1;
-  self->request(r.router.handle, std::chrono::seconds(10), queue_wait_atom::value, int32_t(500))
-      .receive([&](int32_t b) { before = b; }, [](caf::error&) {});
+  auto before = r.ask<int32_t>(r.router.handle, queue_wait_atom::value, int32_t(500));
   CHECK(before == 0);
   CHECK(r.stats().value("queue_wait_bound_ms") == 500);
   r.submit("b", 100);  // 300 + 400 (in transit) + 100 = 800 ms > 500: refused now
   REQUIRE(r.col.wait_finished(1));
   CHECK(r.col.last("b").reject_reason == "queue_wait");
   CHECK(r.col.last("b").retry_after_ms == 300);
-  self->request(r.router.handle, std::chrono::seconds(10), queue_wait_atom::value, int32_t(0))
-      .receive([&](int32_t b) { before = b; }, [](caf::error&) {});
+  before = r.ask<int32_t>(r.router.handle, queue_wait_atom::value, int32_t(0));
   CHECK(before == 500);
   r.submit("c", 100);  // off again: admitted
   REQUIRE(r.boxes[0]->wait_submits(2));
@@ -165,6 +161,9 @@ TEST_CASE("router retries: overloaded before the first token goes to a fresh tar
   // Round robin: target 0 first. It refuses; the retry goes to target 1.
   REQUIRE(r.boxes[0]->wait_submits(1));
   r.fail("q", error_kind::overloaded);
+  r.run();
+  CHECK(r.boxes[1]->submits.empty());  // not before the backoff
+  r.advance_ms(l.router_retry_max_ms);
   REQUIRE(r.boxes[1]->wait_submits(1));
   r.token("q", 5, true);
   REQUIRE(r.col.wait_finished(1));
@@ -176,6 +175,7 @@ TEST_CASE("router retries: overloaded before the first token goes to a fresh tar
   for (size_t n = 3; n <= 5; ++n) {
     REQUIRE(r.wait_total(n));
     r.fail("z", error_kind::overloaded);
+    r.advance_ms(l.router_retry_max_ms);  // the backoff
   }
   REQUIRE(r.col.wait_finished(2));
   REQUIRE(r.col.last("z").err);
@@ -200,7 +200,7 @@ TEST_CASE("router: a target late with its credits (busy, not lost) refuses with 
   // No credit for more than 3 heartbeats, nothing in flight there (so it is not lost).
   r.token("fresh", 1, true);
   REQUIRE(r.col.wait_finished(1));
-  r.clk->advance_ms(3 * int64_t(l.router_heartbeat_ms) + 1);
+  r.advance_ms(3 * int64_t(l.router_heartbeat_ms) + 1);
   r.submit("late", 8);
   REQUIRE(r.col.wait_finished(2));
   auto ev = r.col.last("late");
@@ -233,7 +233,7 @@ TEST_CASE("router circuit breaker: consecutive disconnects open it, the cooldown
   REQUIRE(r.col.wait_finished(3));
   CHECK(r.col.last("blocked").reject_reason == "no_target");
   CHECK(r.col.last("blocked").err->kind() == error_kind::disconnected);
-  r.clk->advance_ms(1000);
+  r.advance_ms(1000);
   r.credit(0, 1, 2, 0, 0, 0);  // still fresh after the clock moved
   r.submit("probe", 8);
   REQUIRE(r.boxes[0]->wait_submits(3));
@@ -251,9 +251,9 @@ TEST_CASE("router health: a target silent for three heartbeats is skipped") {
   limits l = small_limits();
   l.router_heartbeat_ms = 100;
   rig r(l, 2, route_policy_kind::power_of_two);
-  r.clk->advance_ms(250);
+  r.advance_ms(250);
   r.credit(1, 1, 0, 0, 0, 0);  // only target 1 speaks
-  r.clk->advance_ms(100);      // target 0: 350 ms since wiring > 300
+  r.advance_ms(100);      // target 0: 350 ms since wiring > 300
   for (int i = 0; i < 10; ++i) r.submit("h" + std::to_string(i), 4);
   REQUIRE(r.boxes[1]->wait_submits(10));
   std::lock_guard lk(r.boxes[0]->m);
@@ -262,7 +262,7 @@ TEST_CASE("router health: a target silent for three heartbeats is skipped") {
 
 namespace {
 
-/// A prefill target simulated on the manual clock, run the way the prefill scheduler runs: a
+/// A prefill target simulated on the rig's clock, run the way the prefill scheduler runs: a
 /// FIFO queue, batches of up to `max_seqs` prompts / `chunk` tokens, and a forward step that
 /// costs `fixed_ms` plus `ms_per_token` per token (a lone prompt drains slower than a full
 /// batch). It feeds a drain_meter exactly as the scheduler does (state after every change,
@@ -346,7 +346,7 @@ arrival_run run_arrivals(rig& r, sim_target& sim, uint64_t& seq, int n, int32_t 
     due += gap(rng);
     const int64_t at = int64_t(due);
     sim.advance(at);
-    r.clk->advance_ms(at - t);
+    r.advance_ms(at - t);
     t = at;
     r.credit(0, ++seq, sim.received, sim.queued_requests(), sim.queued_tokens(), sim.meter.tokens_per_s(),
              sim.active_tokens());

@@ -2,7 +2,7 @@
 // request and is told how many the router still holds there; a decode target that came back
 // is paired only with prefill targets that reach it again; a handoff refused because its
 // decode node is unreachable counts against that node and the stream continues on another.
-// Scripted targets on a manual clock.
+// Scripted targets on the test scheduler's clock (tests/actors/router_rig.h).
 #include <doctest/doctest.h>
 
 #include <map>
@@ -25,7 +25,7 @@ struct rig : router_rig {
     router_options ro;
     ro.lim = small_limits();
     ro.lim.router_migration = migration;
-    ro.lim.router_heartbeat_ms = 20;  // real time: the drain queries come every heartbeat
+    ro.lim.router_heartbeat_ms = 20;  // the drain queries come every heartbeat (advance_ms moves it)
     ro.model = model_facts{-1, 4096, 64};
     ro.policy.kind = route_policy_kind::round_robin;
     launch(ro);
@@ -63,9 +63,11 @@ TEST_CASE("router drain: a draining decode target gets no new request and is tol
   CHECK(m.value("router_live_targets", "role=\"decode\"") == 1);
   // b is still there: the heartbeat's queries say 1 until it ends, then 0.
   auto& box = *r.decode[1];
+  r.advance_ms(20);  // a heartbeat
   REQUIRE(box.wait([&] { return !box.holds.empty() && box.holds.back() == 1; }));
   r.send(make_event("b", {7}, finish_reason::length, nullptr, 4, 0, request_stage::decode, 0));
   REQUIRE(r.col.wait_finished(1));
+  r.advance_ms(20);
   REQUIRE(box.wait([&] { return !box.holds.empty() && box.holds.back() == 0; }));
   // The other decode target, not draining, is not told anything about holds.
   {
@@ -100,7 +102,7 @@ TEST_CASE("router: a decode target that came back is paired only with prefill ta
   rig r(false);
   caf::anon_send(r.router.handle, node_down_atom::value, std::string("decode"), std::string("n3/decode"),
                  std::string("decode node n3 is down (test)"));
-  r.clk->advance_ms(10);
+  r.advance_ms(10);
   r.credit("n3/decode", false);  // back: its node restarted
   r.stats();
   // Neither prefill target reported since: n3 is not routable yet.
@@ -108,7 +110,7 @@ TEST_CASE("router: a decode target that came back is paired only with prefill ta
   for (const char* id : {"a", "b", "c", "d"}) r.submit(id);
   for (const char* id : {"a", "b", "c", "d"}) CHECK(r.placed(id).second == "n2/decode");
   // n0's node is still redialing n3; n1's reaches it.
-  r.clk->advance_ms(10);
+  r.advance_ms(10);
   r.credit("n0/prefill", false, {"n3/decode"});
   r.credit("n1/prefill", false);
   CHECK(r.stats().value("router_live_targets", "role=\"decode\"") == 2);

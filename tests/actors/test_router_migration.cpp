@@ -2,9 +2,9 @@
 // on another from the tokens it streamed (migration on), or ends with an explicit error within
 // 2 heartbeats even when the target dies silently (off). The test plays the prefill and decode
 // stages by hand (scripted targets that record what they get and answer credit queries while
-// "alive"), on a manual clock, so every decision is deterministic. The stages compute tokens
-// with fake_model's rule from what they were given (prompt ++ generated), so a continuation
-// built from wrong tokens produces a wrong stream.
+// "alive"), on the test scheduler and its clock (tests/actors/router_rig.h), so every decision
+// is deterministic. The stages compute tokens with fake_model's rule from what they were given
+// (prompt ++ generated), so a continuation built from wrong tokens produces a wrong stream.
 #include <doctest/doctest.h>
 
 #include <map>
@@ -83,12 +83,9 @@ struct rig : router_rig {
       c.setFreePages(-1);
     }));
   }
-  /// Moves the manual clock once the router has processed everything sent to it so far
-  /// (credits answering its queries must carry the time they were sent at).
-  void advance(int64_t ms) {
-    stats();
-    clk->advance_ms(ms);
-  }
+  /// Moves the clock once the router has processed everything sent to it so far (credits
+  /// answering its queries must carry the time they were sent at); its tick fires at the new time.
+  void advance(int64_t ms) { advance_ms(ms); }
   int finished() {
     std::lock_guard lk(col.m);
     return col.finished;
@@ -188,7 +185,7 @@ TEST_CASE("router migration: a decode node down mid-stream, its streams continue
 
 TEST_CASE("router migration: a silently dead decode target is lost after 1.5 heartbeats and its streams move") {
   limits l = small_limits();
-  l.router_heartbeat_ms = 100000;  // manual-clock time; the real-time heartbeat never fires in the test
+  l.router_heartbeat_ms = 100000;  // the router's 1 ms tick checks liveness at each advance
   rig r(l, 1, 2);
   const int n = 4;
   const int32_t max_tokens = 9;

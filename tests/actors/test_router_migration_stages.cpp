@@ -2,7 +2,8 @@
 // tier each, fake_model), the router over both. Node 0's worker is held mid-decode and the
 // node is declared down; its stream continues on node 1, whose prefill computes prompt ++ the
 // tokens streamed and whose decode carries on: the client's stream is the fault-free run's,
-// greedy and seeded-sampled alike.
+// greedy and seeded-sampled alike. On the test scheduler (tests/actors/test_system.h): node 0
+// is "held" by not running its worker's jobs once it did three forward passes.
 #include <doctest/doctest.h>
 
 #include <caf/all.hpp>
@@ -17,6 +18,7 @@
 #include "actors/router/router.h"
 #include "actors/worker/worker.h"
 #include "tests/actors/support.h"
+#include "tests/actors/test_system.h"
 
 using namespace tandem;
 using namespace tandem::test;
@@ -36,6 +38,7 @@ node_set spawn_node(caf::actor_system& sys, std::shared_ptr<llama_model> model, 
   wo.page_size = lim.page_size;
   wo.mailbox_bound = lim.worker_mailbox;
   wo.pool_id = node + "/worker0";
+  wo.detached = false;  // on the test scheduler's one thread
   s.worker = spawn_worker(sys, model, wo, lg("worker"));
   cache_tier_options co;
   co.n_pages = lim.device_pages;
@@ -60,20 +63,24 @@ node_set spawn_node(caf::actor_system& sys, std::shared_ptr<llama_model> model, 
 std::map<std::string, std::vector<int32_t>> run(bool fault, float temperature) {
   limits lim = small_limits();
   lim.prefix_cache = false;
-  caf::actor_system_config cfg;
-  cfg.add_message_type<wire>("tandem_wire");
-  cfg.set("scheduler.max-threads", 4);
-  caf::actor_system sys{cfg};
-  auto clk = std::make_shared<steady_cluster_clock>();
-  auto gate0 = std::make_shared<forward_gate>();
-  gate0->pause_at = fault ? 3 : -1;  // node 0: the prefill of s0, two decode steps, then held
-  std::vector<node_set> nodes = {spawn_node(sys, std::make_shared<fake_model>(gate0), lim, "n0", clk),
-                                 spawn_node(sys, std::make_shared<fake_model>(), lim, "n1", clk)};
+  test_system ts;
+  ts.start();
+  auto clk = ts.clk;
+  auto calls0 = std::make_shared<forward_gate>();  // counts node 0's forward passes (never pauses)
+  std::vector<node_set> nodes = {spawn_node(*ts.sys, std::make_shared<fake_model>(calls0), lim, "n0", clk),
+                                 spawn_node(*ts.sys, std::make_shared<fake_model>(), lim, "n1", clk)};
+  // Node 0's worker is held (its jobs wait, as a worker stuck in a forward pass) after the
+  // prefill of s0 and two decode steps.
+  auto* worker0 = caf::actor_cast<caf::abstract_actor*>(nodes[0].worker.handle);
+  bool release = false;
+  ts.runnable = [&](caf::resumable* job) {
+    return release || !fault || calls0->calls < 3 || dynamic_cast<caf::abstract_actor*>(job) != worker0;
+  };
   router_options ro;
   ro.lim = lim;
   ro.model = model_facts{-1, 512, 64};
   ro.policy.kind = route_policy_kind::round_robin;  // s0 -> n0/prefill + n0/decode, s1 -> n1's
-  auto router = spawn_router(sys, ro, {{"n0/prefill", nodes[0].prefill}, {"n1/prefill", nodes[1].prefill}},
+  auto router = spawn_router(*ts.sys, ro, {{"n0/prefill", nodes[0].prefill}, {"n1/prefill", nodes[1].prefill}},
                              {{"n0/decode", nodes[0].decode}, {"n1/decode", nodes[1].decode}}, clk,
                              make_actor_logger("router", quiet_sink(), "off"));
   for (auto& n : nodes) {
@@ -82,6 +89,7 @@ std::map<std::string, std::vector<int32_t>> run(bool fault, float temperature) {
     caf::anon_send(n.decode.handle, peers_atom::value, p);
   }
   collector col;
+  col.pump = [&](const std::function<bool()>& ok, const std::string& what) { return ts.run_until(ok, what); };
   auto submit = [&](const std::string& id, std::vector<int32_t> prompt, int32_t max_tokens) {
     seq_request r;
     r.id = id;
@@ -96,13 +104,15 @@ std::map<std::string, std::vector<int32_t>> run(bool fault, float temperature) {
   };
   const std::vector<int32_t> p0 = {3, 9, 4, 1, 7}, p1 = {2, 8, 8};
   submit("s0", p0, 12);
-  if (fault) REQUIRE(gate0->wait_paused());
+  if (fault) REQUIRE(ts.run_until([&] { return calls0->calls >= 3; }, "node 0's third forward pass"));
   REQUIRE(col.wait_tokens("s0", 3));  // the first token (prefill) and two decode steps
   submit("s1", p1, 12);
   if (fault)
     caf::anon_send(router.handle, node_down_atom::value, std::string("n0"), std::string("node n0 is down (test)"));
   REQUIRE(col.wait_finished(2));
-  gate0->release();  // node 0's late events carry the old attempt's id: dropped
+  if (fault) CHECK(calls0->calls == 3);  // node 0 was held throughout
+  release = true;  // node 0's late events carry the old attempt's id: dropped
+  ts.run();
   for (const char* id : {"s0", "s1"}) {
     CAPTURE(id);
     CHECK_FALSE(col.last(id).err);
@@ -110,17 +120,11 @@ std::map<std::string, std::vector<int32_t>> run(bool fault, float temperature) {
   }
   CHECK(col.last("s0").prompt_tokens == 5);
   CHECK(col.duplicate_finishes == 0);
-  {
-    caf::scoped_actor self{sys};
-    double moved = -1;
-    self->request(router.handle, std::chrono::seconds(10), stats_atom::value)
-        .receive([&](const wire& w) { moved = read_stats(w).value("router_migrations_total"); }, [](caf::error&) {});
-    CHECK(moved == (fault ? 1 : 0));  // the fault run did move s0
-  }
-  caf::anon_send_exit(router.handle, caf::exit_reason::user_shutdown);
+  CHECK(ts.stats_of(router.handle).value("router_migrations_total") == (fault ? 1 : 0));  // the fault run moved s0
+  std::vector<caf::actor> all = {router.handle};
   for (auto& n : nodes)
-    for (auto* a : {&n.prefill, &n.decode, &n.cache, &n.worker}) caf::anon_send_exit(a->handle, caf::exit_reason::user_shutdown);
-  sys.await_all_actors_done();
+    for (auto* a : {&n.prefill, &n.decode, &n.cache, &n.worker}) all.push_back(a->handle);
+  ts.shutdown(all);
   return {{"s0", col.tokens("s0")}, {"s1", col.tokens("s1")}};
 }
 

@@ -74,16 +74,7 @@ void draw_limits(sim_rng& r, limits& l, int32_t timeout_min_ms) {
   l.request_timeout_ms = static_cast<int32_t>(r.between(timeout_min_ms, 3000));
 }
 
-void world_base::start_system() {
-  cfg.set("scheduler.policy", caf::atom("testing"));
-  cfg.set("logger.verbosity", caf::atom("quiet"));
-  cfg.set("logger.console", caf::atom("none"));
-  cfg.add_message_type<wire>("tandem_wire");
-  sys = std::make_unique<caf::actor_system>(cfg);
-  sched = &dynamic_cast<caf::scheduler::test_coordinator&>(sys->scheduler());
-  sched->clock().current_time += std::chrono::hours(1);
-  clk = std::make_shared<sim_clock>(sched->clock());
-}
+void world_base::start_system() { start(); }
 
 void world_base::step() {
   auto& jobs = sched->jobs;

@@ -21,30 +21,14 @@
 #include "actors/common/request.h"
 #include "actors/runtime/serving_api.h"
 #include "kernels/base/clock.h"
+#include "tests/actors/test_system.h"
 #include "tests/sim/sim.h"
 
 namespace tandem::sim {
 
-/// The cluster clock read from the test scheduler's simulated time (ms).
-class sim_clock final : public cluster_clock {
- public:
-  explicit sim_clock(caf::detail::test_actor_clock& c) : c_(c) {}
-  int64_t now_ms() const override {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(c_.current_time.time_since_epoch()).count();
-  }
-
- private:
-  caf::detail::test_actor_clock& c_;
-};
-
-/// Spawns the function actor `f(Self*)`. CAF 0.17's init_fun_factory dereferences a null
-/// argument tuple when the function takes nothing besides `self` (UBSan: reference binding to
-/// a null pointer), so every function actor of the simulations goes through this, which hands
-/// it one unused argument.
-template <class Self, class F>
-caf::actor spawn_fn(caf::actor_system& sys, F f) {
-  return sys.spawn([f = std::move(f)](Self* self, int) mutable { return f(self); }, 0);
-}
+// The clock and the function-actor spawn of the test scheduler, shared with tests/actors.
+using test::sim_clock;
+using test::spawn_fn;
 
 /// Per request, what the front end saw.
 struct req_record {
@@ -78,12 +62,9 @@ struct workload_shape {
   double deadline = 0.3;  ///< chance of a deadline of 5..300 ms
 };
 
-struct world_base {
+/// The actor system on the test scheduler (test::test_system), run in the seed's order.
+struct world_base : test::test_system {
   sim_rng rng;
-  caf::actor_system_config cfg;
-  std::unique_ptr<caf::actor_system> sys;
-  caf::scheduler::test_coordinator* sched = nullptr;
-  std::shared_ptr<sim_clock> clk;
   std::shared_ptr<spdlog::sinks::sink> sink = std::make_shared<spdlog::sinks::null_sink_mt>();
   std::deque<std::string> trace;
   std::map<std::string, req_record> reqs;
