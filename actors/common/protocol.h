@@ -314,10 +314,17 @@ struct role_handle {
   }
   /// `send` without a sending actor (callbacks, threads outside the actors).
   template <class M, class Fill, class... Extra>
-    requires in_protocol<Role, M>
+    requires in_protocol<Role, M> && (!std::is_same_v<std::decay_t<Fill>, gate_ticket>)
   bool send_anon(Fill&& fill, Extra&&... extra) const {
     return send<M>(static_cast<std::nullptr_t*>(nullptr), std::forward<Fill>(fill),
                    std::forward<Extra>(extra)...);
+  }
+  /// `send_anon` with a ticket taken before.
+  template <class M, class Fill, class... Extra>
+    requires in_protocol<Role, M>
+  void send_anon(gate_ticket t, Fill&& fill, Extra&&... extra) const {
+    send<M>(static_cast<std::nullptr_t*>(nullptr), std::move(t), std::forward<Fill>(fill),
+            std::forward<Extra>(extra)...);
   }
   /// Sends `M` as a copy of `payload` (a message passed on).
   template <class M, class Self>
@@ -344,6 +351,16 @@ struct role_handle {
     self->request(handle, caf::infinite, call_atom::value, std::move(w))
         .then(std::forward<OnReply>(on_reply), std::forward<OnError>(on_error));
     return true;
+  }
+
+  /// `call` with a ticket taken before (state changed between admission and sending).
+  template <class M, class Self, class Fill, class OnReply, class OnError>
+    requires in_protocol<Role, M> && std::is_same_v<typename protocol_entry<Role, M>::atom, call_atom>
+  void call(Self* self, gate_ticket t, Fill&& fill, OnReply&& on_reply, OnError&& on_error) const {
+    wire w = make_role_wire<Role, M>(std::forward<Fill>(fill));
+    t.consume();
+    self->request(handle, caf::infinite, call_atom::value, std::move(w))
+        .then(std::forward<OnReply>(on_reply), std::forward<OnError>(on_error));
   }
 
   /// Passes on bytes received from another node (already a message of this role). `which`

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "actors/common/bounded_mailbox.h"
+#include "actors/common/protocol.h"
 #include "kernels/base/clock.h"
 #include "actors/common/limits.h"
 #include "actors/common/request.h"
@@ -79,6 +80,13 @@ struct router_options {
 struct route_target {
   std::string name;
   bounded_actor actor;
+};
+
+/// A route target typed by its role (the router's own tables).
+template <class Role>
+struct typed_target {
+  std::string name;
+  role_handle<Role> actor;
 };
 
 /// Messages: (submit_atom, wire{submit}, callback_box), (wire_atom, wire{event|abort|credit}),
