@@ -276,7 +276,7 @@ struct role_handle {
   /// Sends `M` built by `fill(payload_builder)` from `self` (extra: trailing message elements,
   /// e.g. the router submit's callback). False (nothing sent) if the gate refused it.
   template <class M, class Self, class Fill, class... Extra>
-    requires in_protocol<Role, M>
+    requires in_protocol<Role, M> && (!std::is_same_v<std::decay_t<Fill>, gate_ticket>)
   bool send(Self* self, Fill&& fill, Extra&&... extra) const {
     auto t = admit<M>();
     if (!t) return false;
