@@ -89,7 +89,8 @@ struct typed_target {
   role_handle<Role> actor;
 };
 
-/// Messages: (submit_atom, wire{submit}, callback_box), (wire_atom, wire{event|abort|credit}),
+/// Messages: its protocol, `RouterIn` (actors/common/protocol.h: submit_atom with a callback_box,
+/// wire_atom for the rest),
 /// (stats_atom) -> wire, (inflight_atom) -> inflight_list, (stop_atom) -> bool.
 /// Routes over `prefill` targets (at least one) and `decode` targets (may be empty: each
 /// prefill then hands off to its own decode peer). Admission uses the targets' credits.
