@@ -36,6 +36,8 @@ void bounce(const peer_set& peers, const wire& w, const tandem::error& e) {
       r = env.getPrefill().getSubmit();
     else if (env.isPrefill() && env.getPrefill().isRequeue())
       r = env.getPrefill().getRequeue();
+    else if (env.isRouter() && env.getRouter().isRequeue())
+      r = env.getRouter().getRequeue();  // a decode node's requeue while the router's node is down
     else if (env.isDecode() && env.getDecode().isSubmit())
       r = env.getDecode().getSubmit();
     else if (env.isDecode() && env.getDecode().isHandoff()) {
