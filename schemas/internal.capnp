@@ -1,7 +1,8 @@
 @0xf38861b72eb303ba;
 # Messages between actors (router, schedulers, worker, cache tier). Every actor message is
 # one of these structs, serialized; the same bytes cross nodes later.
-# Every actor message is an `Envelope` (one union), carried as bytes in `tandem::wire`.
+# Every actor message is an `Envelope` (a union of the per-role protocols at the end of this
+# file), carried as bytes in `tandem::wire`.
 $import "/capnp/c++.capnp".namespace("tandem::schema");
 
 enum ErrorKind {
@@ -423,31 +424,91 @@ struct Credit {
   unreachable @15 :List(Text);  # prefill: decode targets ("node/decode") its node cannot reach now
 }
 
+# --- Per-role protocols (actors/common/protocol.h): each role's actor receives exactly the
+# messages of its union; the table of which are work (may be refused, `overloaded`) and which
+# are control is in actors/common/protocol.h. docs/architecture.md lists every message with
+# sender and receiver (tests/actors/test_protocol_doc.cpp checks that it names each one).
+
+# The router (actors/router).
+struct RouterIn {
+  union {
+    submit @0 :SubmitRequest;     # front end -> router (local only, with the event callback)
+    event @1 :TokenEvent;         # prefill/decode -> router
+    credit @2 :Credit;            # prefill/decode -> router
+    requeue @3 :SubmitRequest;    # decode -> router: recompute after preemption or a failed KV transfer
+    abort @4 :Abort;              # front end -> router
+  }
+}
+
+# The prefill scheduler (actors/prefill_scheduler).
+struct PrefillIn {
+  union {
+    submit @0 :SubmitRequest;     # router -> prefill
+    requeue @1 :SubmitRequest;    # router -> prefill (already admitted)
+    abort @2 :Abort;              # router/decode -> prefill
+    creditQuery @3 :StatsQuery;   # router -> prefill: send a Credit now (heartbeat)
+    credit @4 :Credit;            # decode -> prefill (the decode scheduler sharing the worker)
+    kvDone @5 :KvTransferDone;    # worker -> prefill: a KV send ended
+  }
+}
+
+# The decode scheduler (actors/decode_scheduler).
+struct DecodeIn {
+  union {
+    handoff @0 :KvHandoff;        # prefill -> decode
+    submit @1 :SubmitRequest;     # router -> decode: prefill on the decode target (conditional disaggregation)
+    abort @2 :Abort;              # router/prefill -> decode
+    creditQuery @3 :StatsQuery;   # router -> decode
+    kvDone @4 :KvTransferDone;    # worker -> decode: a KV receive ended
+  }
+}
+
+# The worker (actors/worker).
+struct WorkerIn {
+  union {
+    forward @0 :ForwardBatch;     # prefill/decode -> worker (call: ForwardResult)
+    cacheCopy @1 :CacheCopy;      # cache tier -> worker (call: CacheCopyReply)
+    kvSend @2 :KvTransferOrder;   # prefill -> worker
+    kvReceive @3 :KvTransferOrder;  # decode -> worker
+    kvAbort @4 :KvTransferOrder;  # prefill/decode -> worker (only transferId is read)
+  }
+}
+
+# The cache tier (actors/cache_tier).
+struct CacheTierIn {
+  union {
+    acquire @0 :AcquireRequest;   # prefill/decode -> cache tier (call: AcquireReply)
+    alloc @1 :AllocRequest;       # decode -> cache tier (call: AllocReply)
+    free @2 :FreePages;           # prefill/decode -> cache tier
+    insert @3 :InsertPrefix;      # prefill/decode -> cache tier
+  }
+}
+
+# The answer to a call (CAF request/response) or a stats query; never sent on its own.
+struct Reply {
+  union {
+    error @0 :Error;              # the call failed before its handler answered
+    forwardResult @1 :ForwardResult;
+    acquireReply @2 :AcquireReply;
+    allocReply @3 :AllocReply;
+    cacheCopyReply @4 :CacheCopyReply;
+    statsReply @5 :StatsReply;
+  }
+}
+
+# Every actor message, framed by role: a remote link routes it by `which()` without reading
+# the message. Protocol 2 (wireVersion): protocol 1 was one flat union of 24 messages.
+const wireVersion :UInt32 = 2;
+
 struct Envelope {
   union {
-    submit @0 :SubmitRequest;
-    handoff @1 :KvHandoff;
-    forward @2 :ForwardBatch;
-    forwardResult @3 :ForwardResult;
-    event @4 :TokenEvent;
-    abort @5 :Abort;
-    acquire @6 :AcquireRequest;
-    acquireReply @7 :AcquireReply;
-    alloc @8 :AllocRequest;
-    allocReply @9 :AllocReply;
-    free @10 :FreePages;
-    insert @11 :InsertPrefix;
-    statsQuery @12 :StatsQuery;
-    statsReply @13 :StatsReply;
-    requeue @14 :SubmitRequest;   # decode -> router -> prefill: recompute after preemption or a failed KV transfer
-    error @15 :Error;
-    cacheCopy @16 :CacheCopy;
-    cacheCopyReply @17 :CacheCopyReply;
-    kvSend @18 :KvTransferOrder;
-    kvReceive @19 :KvTransferOrder;
-    kvAbort @20 :KvTransferOrder;   # only transferId is read
-    kvDone @21 :KvTransferDone;
-    credit @22 :Credit;           # scheduler -> router
-    creditQuery @23 :StatsQuery;  # router -> scheduler: send a Credit now (heartbeat)
+    router @0 :RouterIn;
+    prefill @1 :PrefillIn;
+    decode @2 :DecodeIn;
+    worker @3 :WorkerIn;
+    cacheTier @4 :CacheTierIn;
+    reply @5 :Reply;
   }
+  # wireVersion of the sender (make_wire sets it); a node's ingress refuses other versions.
+  version @6 :UInt32;
 }

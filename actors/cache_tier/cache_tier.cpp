@@ -21,10 +21,9 @@ namespace {
 using namespace cache_detail;
 
 
-wire copy_wire(const std::string& id, const std::vector<copy_op>& ops) {
-  return make_wire([&](schema::Envelope::Builder env) {
-    auto cc = env.initCacheCopy();
-    cc.setId(id);
+void fill_copy(schema::CacheCopy::Builder cc, const std::string& id, const std::vector<copy_op>& ops) {
+  cc.setId(id);
+  {
     auto l = cc.initOps(static_cast<unsigned>(ops.size()));
     for (unsigned i = 0; i < ops.size(); ++i) {
       auto o = l[i];
@@ -45,7 +44,7 @@ wire copy_wire(const std::string& id, const std::vector<copy_op>& ops) {
       o.setPool(op.pool);
       fill_list([&](unsigned n) { return o.initTokens(n); }, op.tokens);
     }
-  });
+  }
 }
 
 /// Has the worker run `ops` (in order, after everything already in its mailbox) and calls
@@ -57,17 +56,18 @@ void run_copies(cache_actor_t* self, const std::string& id, std::vector<copy_op>
   ops.insert(ops.end(), extra.begin(), extra.end());
   const size_t n = ops.size();
   auto t0 = std::chrono::steady_clock::now();
-  s.worker.gate->enter_control();  // already decided: the copy must run (bounded by the callers' bounds)
   s.copy_batches += 1;
-  self->request(s.worker.handle, caf::infinite, call_atom::value, copy_wire(id, ops))
-      .then(
+  // A control message (the table in protocol.h): already decided, the copy must run (bounded
+  // by the callers' bounds).
+  s.worker.call<msg::cache_copy>(
+          self, [&](schema::CacheCopy::Builder cc) { fill_copy(cc, id, ops); },
           [self, done, t0](const wire& w) mutable {
             auto& st = self->state;
             copy_done r;
             r.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
             try {
               wire_reader rd(w);
-              auto env = rd.root();
+              auto env = rd.reply();
               if (!env.isCacheCopyReply()) throw tandem::error("worker sent an unexpected reply to a cache copy");
               auto cr = env.getCacheCopyReply();
               for (auto i : cr.getFailed()) r.failed.push_back(i);
@@ -154,7 +154,7 @@ caf::result<wire> acquire(cache_actor_t* self, schema::AcquireRequest::Reader rq
                  : !xfail->empty() ? tandem::error(error_kind::overloaded, *xfail)
                                    : st.exhausted(id, total - static_cast<int32_t>(m->pages.size()));
       st.log->warn("{}", err.what());
-      return make_wire([&](schema::Envelope::Builder env) {
+      return make_reply([&](schema::Reply::Builder env) {
         auto r = env.initAcquireReply();
         r.setId(id);
         r.setOk(false);
@@ -199,7 +199,7 @@ caf::result<wire> acquire(cache_actor_t* self, schema::AcquireRequest::Reader rq
     }
     st.log->debug("request {}: acquired {} pages ({} cached tokens: {} device, {} host, {} disk)", id, all.size(),
                   cached, m->device_tokens, m->host_tokens, m->disk_tokens);
-    return make_wire([&](schema::Envelope::Builder env) {
+    return make_reply([&](schema::Reply::Builder env) {
       auto r = env.initAcquireReply();
       r.setId(id);
       r.setOk(true);
@@ -231,7 +231,7 @@ caf::result<wire> alloc_reply(cache_actor_t* self, schema::AllocRequest::Reader 
         ++s.bad_frees;
         holds[p].resize(i);  // the references taken so far go back
         s.unref_pools(holds, id);
-        return make_wire([&](schema::Envelope::Builder env) {
+        return make_reply([&](schema::Reply::Builder env) {
           auto r = env.initAllocReply();
           r.setOk(false);
           set_error(r.initError(), tandem::error(error_kind::failed,
@@ -285,7 +285,7 @@ caf::result<wire> alloc_reply(cache_actor_t* self, schema::AllocRequest::Reader 
   }
   auto reply = [self, pages, id, count, why]() {
     auto& st = self->state;
-    return make_wire([&](schema::Envelope::Builder env) {
+    return make_reply([&](schema::Reply::Builder env) {
       auto r = env.initAllocReply();
       r.setOk(pages.has_value());
       if (pages)
@@ -325,7 +325,7 @@ caf::result<wire> alloc_reply(cache_actor_t* self, schema::AllocRequest::Reader 
     auto& st = self->state;
     st.unref_pools(*pages, id);
     st.unref_pools(holds, id);
-    rp.deliver(make_wire([&](schema::Envelope::Builder env) {
+    rp.deliver(make_reply([&](schema::Reply::Builder env) {
       auto r = env.initAllocReply();
       r.setOk(false);
       set_error(r.initError(), tandem::error(error_kind::failed,
@@ -396,43 +396,29 @@ caf::behavior cache_tier_actor(cache_actor_t* self, cache_tier_options opt, boun
     st.log->info("cache tiers: device {} pages, host {} pages, disk {} files in '{}' ({} found), policy {}",
                  opt.n_pages, opt.host_pages, ro.disk_pages, opt.cache.disk_dir, disk_found.size(),
                  cache_write_policy_name(opt.cache.write_policy));
+  st.box = inbox{"cache_tier", st.gate, st.log};
   return {
       [self](call_atom, const wire& w) -> caf::result<wire> {
-        auto& s = self->state;
-        s.gate->leave();
-        try {
-          wire_reader rd(w);
-          auto env = rd.root();
-          if (env.isAcquire()) return acquire(self, env.getAcquire());
-          if (env.isAlloc()) return alloc_reply(self, env.getAlloc());
-          throw tandem::error(error_kind::unimplemented, "cache tier: unexpected request message");
-        } catch (const tandem::error& e) {
-          return make_wire([&](schema::Envelope::Builder env) { set_error(env.initError(), e); });
-        } catch (const kj::Exception& e) {
-          tandem::error te(error_kind::failed,
-                           fmt::format("malformed request: {}", e.getDescription().cStr()));
-          return make_wire([&](schema::Envelope::Builder env) { set_error(env.initError(), te); });
-        }
+        return receive_call<cache_tier_role, caf::result<wire>>(
+            self->state.box, w,
+            overloaded{
+                [self](msg::acquire, schema::AcquireRequest::Reader r) { return acquire(self, r); },
+                [self](msg::alloc, schema::AllocRequest::Reader r) { return alloc_reply(self, r); },
+            },
+            [](const tandem::error& e) -> caf::result<wire> { return make_error_reply(e); });
       },
       [self](wire_atom, const wire& w) {
-        auto& s = self->state;
-        s.gate->leave();
-        try {
-          wire_reader rd(w);
-          auto env = rd.root();
-          if (env.isFree())
-            free_pages(s, env.getFree());
-          else if (env.isInsert())
-            insert(self, env.getInsert());
-          else
-            s.log->error("cache tier: unexpected message dropped");
-        } catch (const tandem::error& e) {
-          s.log->error("cache tier: {}", e.what());
-        } catch (const kj::Exception& e) {
-          s.log->error("cache tier: malformed message: {}", e.getDescription().cStr());
-        }
+        receive<cache_tier_role>(self->state.box, w,
+                                 overloaded{
+                                     [self](msg::free, schema::FreePages::Reader f) { free_pages(self->state, f); },
+                                     [self](msg::insert, schema::InsertPrefix::Reader i) { insert(self, i); },
+                                 });
       },
-      [self](stats_atom) -> wire { return make_stats_wire("cache_tier", cache_metrics(self->state), {}); },
+      [self](stats_atom) -> wire {
+        auto m = cache_metrics(self->state);
+        for (auto& x : self->state.box.metrics()) m.push_back(std::move(x));
+        return make_stats_wire("cache_tier", m, {});
+      },
   };
 }
 

@@ -13,6 +13,8 @@
 #include "actors/cache_tier/page_allocator.h"
 #include "actors/cache_tier/radix_cache.h"
 #include "actors/common/bounded_mailbox.h"
+#include "actors/common/protocol.h"
+#include "actors/common/receive.h"
 #include "actors/common/metrics.h"
 #include "actors/common/pool_pages_wire.h"
 
@@ -33,7 +35,7 @@ struct copy_done {
 
 struct cache_state {
   cache_tier_options opt;
-  bounded_actor worker;
+  role_handle<worker_role> worker;
   std::unique_ptr<page_allocator> alloc;
   std::vector<std::unique_ptr<page_allocator>> xalloc;  ///< pools 1.. of the layout set
   std::unique_ptr<page_allocator> host_alloc;
@@ -41,6 +43,7 @@ struct cache_state {
   std::unique_ptr<radix_cache> cache;
   std::shared_ptr<mailbox_gate> gate;
   std::shared_ptr<spdlog::logger> log;
+  inbox box;  ///< the receive side (gate, log, unexpected-message counters)
   int64_t lookups = 0, hits = 0, hit_tokens = 0, alloc_failures = 0, bad_frees = 0;
   int64_t tier_hits[3] = {0, 0, 0}, tier_hit_tokens[3] = {0, 0, 0};
   int64_t load_back_tokens = 0, load_back_skipped_tokens = 0, copy_bytes = 0, copy_batches = 0;

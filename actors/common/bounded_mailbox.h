@@ -70,19 +70,3 @@ struct bounded_actor {
 };
 
 }  // namespace tandem
-
-namespace tandem {
-
-/// Wiring of a scheduler to the other roles (local message, sent once after spawning).
-struct peer_set {
-  bounded_actor router, prefill, decode, worker, cache;
-};
-
-}  // namespace tandem
-
-#include <caf/allowed_unsafe_message_type.hpp>
-#include <caf/atom.hpp>
-namespace tandem {
-using peers_atom = caf::atom_constant<caf::atom("peers")>;
-}
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::peer_set)

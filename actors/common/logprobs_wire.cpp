@@ -24,7 +24,7 @@ std::vector<token_logprobs> read_logprobs(capnp::List<schema::TokenLogprobs>::Re
 std::vector<token_logprobs> read_forward_logprobs(const wire& w) {
   try {
     wire_reader rd(w);
-    auto env = rd.root();
+    auto env = rd.reply();
     if (!env.isForwardResult()) return {};
     return read_logprobs(env.getForwardResult().getLogprobs());
   } catch (const tandem::error&) {

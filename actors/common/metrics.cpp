@@ -42,7 +42,7 @@ double stats_snapshot::value(const std::string& name, const std::string& labels)
 
 wire make_stats_wire(const std::string& actor, const std::vector<metric_sample>& metrics,
                      const std::vector<const histogram*>& histograms) {
-  return make_wire([&](schema::Envelope::Builder env) {
+  return make_reply([&](schema::Reply::Builder env) {
     auto r = env.initStatsReply();
     r.setActor(actor);
     auto ms = r.initMetrics(static_cast<unsigned>(metrics.size()));
@@ -70,7 +70,7 @@ wire make_stats_wire(const std::string& actor, const std::vector<metric_sample>&
 
 stats_snapshot read_stats(const wire& w) {
   wire_reader rd(w);
-  auto env = rd.root();
+  auto env = rd.reply();
   if (!env.isStatsReply()) throw tandem::error(error_kind::failed, "expected a stats reply from the actor");
   auto r = env.getStatsReply();
   stats_snapshot s;

@@ -167,12 +167,11 @@ request_stage from_schema(schema::RequestStage s) {
   return v <= static_cast<uint16_t>(request_stage::retrying) ? static_cast<request_stage>(v) : request_stage::queued;
 }
 
-wire make_event(const std::string& id, const std::vector<int32_t>& tokens, finish_reason reason,
-                const tandem::error* err, int32_t prompt_tokens, int32_t cached_tokens,
-                request_stage state, int32_t first_index, std::span<const token_logprobs> logprobs,
-                int32_t choice) {
-  return make_wire([&](schema::Envelope::Builder env) {
-    auto e = env.initEvent();
+role_wire<router_role, msg::event> make_event(const std::string& id, const std::vector<int32_t>& tokens,
+                                              finish_reason reason, const tandem::error* err, int32_t prompt_tokens,
+                                              int32_t cached_tokens, request_stage state, int32_t first_index,
+                                              std::span<const token_logprobs> logprobs, int32_t choice) {
+  return role_wire<router_role, msg::event>::make([&](schema::TokenEvent::Builder e) {
     e.setId(id);
     fill_list([&](unsigned n) { return e.initTokens(n); }, tokens);
     e.setFinished(reason != finish_reason::none);

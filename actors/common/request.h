@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/common/protocol.h"
 #include "actors/common/wire.h"
 #include "actors/runtime/serving_api.h"
 #include "kernels/model/logprobs.h"
@@ -64,13 +65,13 @@ const char* to_string(request_stage s);
 schema::RequestStage to_schema(request_stage s);
 request_stage from_schema(schema::RequestStage s);
 
-/// A TokenEvent envelope. `first_index`: index in the completion of tokens[0], i.e. how many
+/// A TokenEvent to the router. `first_index`: index in the completion of tokens[0], i.e. how many
 /// tokens the request generated before these (r.generated.size() - tokens.size()).
 /// `logprobs`: parallel to `tokens` when the request asked for them.
-wire make_event(const std::string& id, const std::vector<int32_t>& tokens, finish_reason reason,
-                const tandem::error* err, int32_t prompt_tokens, int32_t cached_tokens,
-                request_stage state, int32_t first_index, std::span<const token_logprobs> logprobs = {},
-                int32_t choice = 0);
+role_wire<router_role, msg::event> make_event(const std::string& id, const std::vector<int32_t>& tokens,
+                                              finish_reason reason, const tandem::error* err, int32_t prompt_tokens,
+                                              int32_t cached_tokens, request_stage state, int32_t first_index,
+                                              std::span<const token_logprobs> logprobs = {}, int32_t choice = 0);
 
 schema::FinishReason to_schema(finish_reason r);
 finish_reason from_schema(schema::FinishReason r);

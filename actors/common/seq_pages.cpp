@@ -4,17 +4,15 @@
 
 namespace tandem {
 
-void send_free_pages(const bounded_actor& cache, const std::string& id, pool_pages& pages) {
+void send_free_pages(const role_handle<cache_tier_role>& cache, const std::string& id, pool_pages& pages) {
   if (!holds_pages(pages)) {
     pages.clear();
     return;
   }
-  cache.gate->enter_control();
-  caf::anon_send(cache.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
-                   auto f = env.initFree();
-                   f.setId(id);
-                   write_pool_pages(f, pages);
-                 }));
+  cache.send_anon<msg::free>([&](schema::FreePages::Builder f) {
+    f.setId(id);
+    write_pool_pages(f, pages);
+  });
   pages.clear();
 }
 

@@ -3,7 +3,7 @@
 /// an actor: give the pages back to the cache tier.
 #include <string>
 
-#include "actors/common/bounded_mailbox.h"
+#include "actors/common/protocol.h"
 #include "actors/common/pool_pages_wire.h"
 #include "kernels/model/seq_pages.h"
 
@@ -11,6 +11,6 @@ namespace tandem {
 
 /// Gives every page `pages` holds back to the cache tier (a FreePages message, past its
 /// mailbox bound: the pages must come back) and empties it; nothing is sent when it holds none.
-void send_free_pages(const bounded_actor& cache, const std::string& id, pool_pages& pages);
+void send_free_pages(const role_handle<cache_tier_role>& cache, const std::string& id, pool_pages& pages);
 
 }  // namespace tandem

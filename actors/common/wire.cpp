@@ -17,8 +17,26 @@ wire make_wire(capnp::MessageBuilder& mb) {
 
 wire make_wire(const std::function<void(schema::Envelope::Builder)>& fill) {
   capnp::MallocMessageBuilder mb;
-  fill(mb.initRoot<schema::Envelope>());
+  auto env = mb.initRoot<schema::Envelope>();
+  fill(env);
+  env.setVersion(schema::WIRE_VERSION);
   return make_wire(mb);
+}
+
+wire make_reply(const std::function<void(schema::Reply::Builder)>& fill) {
+  return make_wire([&](schema::Envelope::Builder env) { fill(env.initReply()); });
+}
+
+wire make_error_reply(const tandem::error& e) {
+  return make_reply([&](schema::Reply::Builder r) { set_error(r.initError(), e); });
+}
+
+schema::Reply::Reader wire_reader::reply() {
+  auto env = root();
+  if (!env.isReply())
+    throw tandem::error(error_kind::failed,
+                        "expected a reply, got a role message (a peer of another protocol version?)");
+  return env.getReply();
 }
 
 uint64_t wire_limits::traversal_budget(uint64_t message_words) const {
@@ -97,7 +115,8 @@ std::optional<tandem::error> read_forward_result(const wire* w, const tandem::er
   if (!w) return std::nullopt;
   try {
     wire_reader rd(*w);
-    auto env = rd.root();
+    auto env = rd.reply();
+    if (env.isError()) return read_error(env.getError());
     if (!env.isForwardResult()) return tandem::error(error_kind::failed, "worker sent an unexpected reply");
     auto r = env.getForwardResult();
     if (r.getFailed()) return read_error(r.getError());

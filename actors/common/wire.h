@@ -34,6 +34,9 @@ using stats_atom = caf::atom_constant<caf::atom("stats")>;
 using stop_atom = caf::atom_constant<caf::atom("stop")>;
 /// Local-only submission carrying the event callback (never crosses nodes).
 using submit_atom = caf::atom_constant<caf::atom("submit")>;
+/// Tags KV transfer orders to the worker and its kvDone answers. Not gated: an order follows a
+/// request the scheduler already holds pages for, so they are bounded by the live requests.
+using kv_atom = caf::atom_constant<caf::atom("kv")>;
 
 /// Serialized Envelope bytes.
 struct wire {
@@ -63,8 +66,14 @@ struct wire_limits {
 /// Serializes a builder's message.
 wire make_wire(capnp::MessageBuilder& mb);
 
-/// Builds an Envelope with `fill(envelope_builder)` and serializes it.
+/// Builds an Envelope with `fill(envelope_builder)`, stamps schema::WIRE_VERSION and
+/// serializes it. Actors build role messages through actors/common/protocol.h instead.
 wire make_wire(const std::function<void(schema::Envelope::Builder)>& fill);
+
+/// Builds a Reply (the answer to a call or a stats query) with `fill(reply_builder)`.
+wire make_reply(const std::function<void(schema::Reply::Builder)>& fill);
+/// A Reply carrying only `e` (a call that failed before its handler answered).
+wire make_error_reply(const tandem::error& e);
 
 /// Holds aligned words and a reader over them; read `root()` while this lives.
 class wire_reader {
@@ -72,6 +81,8 @@ class wire_reader {
   /// Throws tandem::error (failed) on malformed bytes.
   explicit wire_reader(const wire& w, const wire_limits& lim = {});
   schema::Envelope::Reader root() { return reader_->getRoot<schema::Envelope>(); }
+  /// The Reply of an answer; throws tandem::error (failed) when the message is a role's.
+  schema::Reply::Reader reply();
 
  private:
   kj::Array<capnp::word> words_;

@@ -120,13 +120,11 @@ void on_step_done(decode_actor_t* self, const wire* w, const tandem::error* tran
       if (s.opt.lim.prefix_cache) {
         auto all = it->req.all_tokens();
         all.resize(static_cast<size_t>(std::min<int64_t>(int64_t(all.size()), it->kv_len)));
-        s.peers.cache.gate->enter_control();
-        caf::anon_send(s.peers.cache.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
-                         auto ins = env.initInsert();
-                         ins.setId(it->req.id);
-                         fill_list([&](unsigned n) { return ins.initTokens(n); }, all);
-                         write_pool_pages(ins, it->pages);
-                       }));
+        s.peers.cache.send_anon<msg::insert>([&](schema::InsertPrefix::Builder ins) {
+          ins.setId(it->req.id);
+          fill_list([&](unsigned n) { return ins.initTokens(n); }, all);
+          write_pool_pages(ins, it->pages);
+        });
       }
       s.page_retry_due = true;
       s.free_pages(it->req.id, it->pages);
@@ -138,9 +136,6 @@ void on_step_done(decode_actor_t* self, const wire* w, const tandem::error* tran
 
 void start_step(decode_actor_t* self) {
   auto& s = self->state;
-  capnp::MallocMessageBuilder mb;
-  auto fb = mb.initRoot<schema::Envelope>().initForward();
-  fb.setPhase(schema::StageRole::DECODE);
   // Local prefills take chunks of at most prefill_chunk_tokens per step in all, so the decode
   // sequences beside them are not held up by a long prompt.
   int32_t budget = std::max(1, s.opt.lim.prefill_chunk_tokens);
@@ -168,6 +163,10 @@ void start_step(decode_actor_t* self) {
     chosen.emplace_back(&d, n);
     budget -= n;
   }
+  for (const auto& [d, n] : chosen) s.in_flight.emplace_back(d->req.id, n);
+  // The step message, built once the worker's gate took it.
+  auto fill = [&](schema::ForwardBatch::Builder fb) {
+  fb.setPhase(schema::StageRole::DECODE);
   auto seqs = fb.initSeqs(static_cast<unsigned>(chosen.size()));
   for (unsigned i = 0; i < chosen.size(); ++i) {
     auto& d = *chosen[i].first;
@@ -182,22 +181,21 @@ void start_step(decode_actor_t* self) {
     write_pool_pages(st, d.pages);
     st.setSample(!d.prefilling || d.kv_len + n == static_cast<int32_t>(d.fill.size()));
     write_step_sampling(st, d.req);
-    s.in_flight.emplace_back(d.req.id, n);
   }
-  if (!s.peers.worker.gate->try_enter()) {
+  };
+  const bool sent = s.peers.worker.call<msg::forward>(
+      self, fill, [self](const wire& r) { on_step_done(self, &r, nullptr); },
+      [self](caf::error& e) {
+        tandem::error te(error_kind::disconnected, fmt::format("worker unreachable: {}", self->system().render(e)));
+        on_step_done(self, nullptr, &te);
+      });
+  if (!sent) {
     auto e = s.peers.worker.gate->overloaded_error();
     on_step_done(self, nullptr, &e);
     return;
   }
   s.busy = true;
   s.steps += 1;
-  self->request(s.peers.worker.handle, caf::infinite, call_atom::value, make_wire(mb))
-      .then([self](const wire& r) { on_step_done(self, &r, nullptr); },
-            [self](caf::error& e) {
-              tandem::error te(error_kind::disconnected,
-                               fmt::format("worker unreachable: {}", self->system().render(e)));
-              on_step_done(self, nullptr, &te);
-            });
 }
 
 void on_alloc(decode_actor_t* self, const wire& w,
@@ -208,7 +206,7 @@ void on_alloc(decode_actor_t* self, const wire& w,
   bool ok = false;
   try {
     wire_reader rd(w);
-    auto env = rd.root();
+    auto env = rd.reply();
     if (env.isAllocReply()) {
       s.pool_free_pages = env.getAllocReply().getFree();
       if (env.getAllocReply().getTotal() > 0) s.pool_total_pages = env.getAllocReply().getTotal();
@@ -296,24 +294,24 @@ void pump_once(decode_actor_t* self) {
     start_step(self);
     return;
   }
-  if (!s.peers.cache.gate->try_enter()) {
+  auto ticket = s.peers.cache.admit<msg::alloc>();
+  if (!ticket) {
     // Treat a full cache-tier mailbox like an empty pool: shed the youngest.
     preempt_or_fail(self);
     pump(self);
     return;
   }
   s.busy = true;
-  auto w = make_wire([&](schema::Envelope::Builder env) {
-    auto a = env.initAlloc();
+  auto fill = [&](schema::AllocRequest::Builder a) {
     a.setId(wants.front().first);
     a.setCount(totals.empty() ? 0 : totals[0]);
     if (totals.size() > 1) {
       auto xc = a.initExtraCounts(static_cast<unsigned>(totals.size() - 1));
       for (size_t p = 1; p < totals.size(); ++p) xc.set(static_cast<unsigned>(p - 1), totals[p]);
     }
-  });
-  self->request(s.peers.cache.handle, caf::infinite, call_atom::value, std::move(w))
-      .then([self, wants](const wire& r) { on_alloc(self, r, wants); },
+  };
+  s.peers.cache.call<msg::alloc>(
+      self, std::move(ticket), fill, [self, wants](const wire& r) { on_alloc(self, r, wants); },
             [self](caf::error& e) {
               auto& st = self->state;
               st.busy = false;

@@ -26,7 +26,7 @@ void on_forked(decode_actor_t* self, const std::string& id, const fork_plan& pla
   if (w) {
     try {
       wire_reader rd(*w);
-      auto env = rd.root();
+      auto env = rd.reply();
       if (env.isAllocReply()) {
         auto r = env.getAllocReply();
         s.pool_free_pages = r.getFree();
@@ -109,7 +109,8 @@ void fork_one(decode_actor_t* self, dseq d) {
            "fork");
     return;
   }
-  if (!s.peers.cache.gate->try_enter()) {
+  auto ticket = s.peers.cache.admit<msg::alloc>();
+  if (!ticket) {
     s.fail(d, s.peers.cache.gate->overloaded_error(), "cache_mailbox");
     return;
   }
@@ -119,8 +120,7 @@ void fork_one(decode_actor_t* self, dseq d) {
   const std::string id = d.req.id;
   d.group = id;  // forked: its events and aborts go by the request's id with a choice
   s.forking.emplace(id, std::move(d));
-  auto w = make_wire([&](schema::Envelope::Builder env) {
-    auto a = env.initAlloc();
+  auto fill = [&](schema::AllocRequest::Builder a) {
     a.setId(id);
     a.setCount(fr.counts.empty() ? 0 : fr.counts[0]);
     if (fr.counts.size() > 1) {
@@ -138,13 +138,12 @@ void fork_one(decode_actor_t* self, dseq d) {
     put([&](unsigned n) { return a.initHolds(n); }, [&](unsigned n) { return a.initExtraHolds(n); }, fr.holds);
     put([&](unsigned n) { return a.initCopyFrom(n); }, [&](unsigned n) { return a.initExtraCopyFrom(n); },
         fr.copy_from);
-  });
-  self->request(s.peers.cache.handle, caf::infinite, call_atom::value, std::move(w))
-      .then([self, id, plan, forks](const wire& r) { on_forked(self, id, plan, forks, &r, ""); },
-            [self, id, plan, forks](caf::error& e) {
-              on_forked(self, id, plan, forks, nullptr,
-                        fmt::format("cache tier unreachable: {}", self->system().render(e)));
-            });
+  };
+  s.peers.cache.call<msg::alloc>(
+      self, std::move(ticket), fill, [self, id, plan, forks](const wire& r) { on_forked(self, id, plan, forks, &r, ""); },
+      [self, id, plan, forks](caf::error& e) {
+        on_forked(self, id, plan, forks, nullptr, fmt::format("cache tier unreachable: {}", self->system().render(e)));
+      });
 }
 
 }  // namespace

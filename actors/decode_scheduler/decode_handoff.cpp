@@ -10,9 +10,8 @@ namespace tandem::decode_detail {
 /// first sign here), and a requeue sent to a dead node would be lost with nobody to end it.
 void requeue(decode_actor_t* self, const dseq& d) {
   auto& s = self->state;
-  s.peers.router.gate->enter_control();  // already admitted: must not be dropped
-  self->send(s.peers.router.handle, wire_atom::value,
-             make_wire([&](schema::Envelope::Builder env) { d.req.write(env.initRequeue()); }));
+  // Control (already admitted: must not be dropped), as the table in protocol.h says.
+  s.peers.router.send<msg::requeue>(self, [&](schema::SubmitRequest::Builder b) { d.req.write(b); });
 }
 
 /// A cross-node handoff whose KV transfer failed (or could not start): the configured policy.
@@ -76,12 +75,10 @@ void start_remote_handoff(decode_actor_t* self, dseq d, uint64_t tid, std::strin
 /// Tells the source node to let go of a handoff's pages (its transfer will not happen).
 void release_source(decode_actor_t* self, const dseq& q) {
   auto& st = self->state;
-  st.peers.prefill.gate->enter_control();
-  self->send(st.peers.prefill.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
-               auto a = env.initAbort();
-               a.setId(q.req.id);
-               a.setHops(8);  // only the prefill's transfer: do not chase it back here
-             }));
+  st.peers.prefill.send<msg::abort>(self, [&](schema::Abort::Builder a) {
+    a.setId(q.req.id);
+    a.setHops(8);  // only the prefill's transfer: do not chase it back here
+  });
 }
 
 /// Destination pages for a validated handoff; a full pool parks it (see page_waiting).
@@ -89,24 +86,24 @@ void request_handoff_pages(decode_actor_t* self, dseq d) {
   auto& s = self->state;
   const int32_t need = d.source_pages;
   const std::vector<int32_t> held = pages_held(d.source);
-  if (!s.peers.cache.gate->try_enter()) {
+  auto ticket = s.peers.cache.admit<msg::alloc>();
+  if (!ticket) {
     release_source(self, d);
     transfer_failed(self, std::move(d), "the cache tier's mailbox is full");
     return;
   }
   std::string id = d.req.id;
   s.allocating.emplace(id, std::move(d));
-  auto w = make_wire([&](schema::Envelope::Builder env) {
-    auto a = env.initAlloc();
+  auto fill = [&](schema::AllocRequest::Builder a) {
     a.setId(id);
     a.setCount(need);
     if (held.size() > 1) {
       auto xc = a.initExtraCounts(static_cast<unsigned>(held.size() - 1));
       for (size_t p = 1; p < held.size(); ++p) xc.set(static_cast<unsigned>(p - 1), held[p]);
     }
-  });
-  self->request(s.peers.cache.handle, caf::infinite, call_atom::value, std::move(w))
-      .then(
+  };
+  s.peers.cache.call<msg::alloc>(
+          self, std::move(ticket), fill,
           [self, id](const wire& r) {
             auto& st = self->state;
             auto it = st.allocating.find(id);
@@ -119,7 +116,7 @@ void request_handoff_pages(decode_actor_t* self, dseq d) {
             bool exhausted = false;
             try {
               wire_reader rd(r);
-              auto env = rd.root();
+              auto env = rd.reply();
               if (env.isAllocReply()) st.pool_free_pages = env.getAllocReply().getFree();
               if (env.isAllocReply() && env.getAllocReply().getOk()) {
                 // Our pages on the blocks the source sends: the same -1s as its tables.
@@ -171,13 +168,12 @@ void request_handoff_pages(decode_actor_t* self, dseq d) {
               return;
             }
             const uint64_t tid = q.transfer_id;
-            self->send(st.peers.worker.handle, kv_atom::value, make_wire([&](schema::Envelope::Builder env) {
-                         auto o = env.initKvReceive();
-                         o.setTransferId(tid);
-                         o.setId(q.req.id);
-                         o.setPeerNode(q.source_node);
-                         write_pool_pages(o, q.pages);
-                       }));
+            st.peers.worker.send<msg::kv_receive>(self, [&](schema::KvTransferOrder::Builder o) {
+              o.setTransferId(tid);
+              o.setId(q.req.id);
+              o.setPeerNode(q.source_node);
+              write_pool_pages(o, q.pages);
+            });
             st.receiving.emplace(tid, std::move(q));
             if (retry) pump(self);  // the next parked one may fit too
           },
@@ -194,12 +190,8 @@ void request_handoff_pages(decode_actor_t* self, dseq d) {
 }
 
 /// The worker's answer for a transfer: the KV is in the pages (join the batch) or it failed.
-void on_kv_done(decode_actor_t* self, const wire& w) {
+void on_kv_done(decode_actor_t* self, schema::KvTransferDone::Reader k) {
   auto& s = self->state;
-  wire_reader rd(w);
-  auto env = rd.root();
-  if (!env.isKvDone()) return;
-  auto k = env.getKvDone();
   auto it = s.receiving.find(k.getTransferId());
   if (it == s.receiving.end()) {
     s.log->warn("kv transfer {:#x}: completion for no handoff of this scheduler ignored", k.getTransferId());

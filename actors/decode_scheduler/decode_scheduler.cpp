@@ -29,21 +29,21 @@ void on_local_submit(decode_actor_t* self, seq_request r) {
            "local_prefill_slots");
     return;
   }
-  if (!s.peers.cache.gate->try_enter()) {
+  auto ticket = s.peers.cache.admit<msg::acquire>();
+  if (!ticket) {
     s.fail(d, s.peers.cache.gate->overloaded_error(), "cache_mailbox");
     return;
   }
   d.fill = d.req.all_tokens();
   const std::string id = d.req.id;
   s.local_acquiring[id] = false;
-  auto w = make_wire([&](schema::Envelope::Builder env) {
-    auto a = env.initAcquire();
+  auto fill = [&](schema::AcquireRequest::Builder a) {
     a.setId(id);
     fill_list([&](unsigned n) { return a.initTokens(n); }, d.fill);
     a.setUsePrefixCache(s.opt.lim.prefix_cache);
-  });
-  self->request(s.peers.cache.handle, caf::infinite, call_atom::value, std::move(w))
-      .then(
+  };
+  s.peers.cache.call<msg::acquire>(
+          self, std::move(ticket), fill,
           [self, d](const wire& reply) mutable {
             auto& st = self->state;
             auto it = st.local_acquiring.find(d.req.id);
@@ -53,7 +53,7 @@ void on_local_submit(decode_actor_t* self, seq_request r) {
             int32_t cached = 0;
             try {
               wire_reader rd(reply);
-              auto env = rd.root();
+              auto env = rd.reply();
               if (env.isAcquireReply() && env.getAcquireReply().getOk()) {
                 d.pages = read_pool_pages(env.getAcquireReply());
                 cached = env.getAcquireReply().getCachedTokens();
@@ -137,8 +137,7 @@ void on_abort(decode_actor_t* self, const std::string& id, int32_t hops, int32_t
     if (!d.aborted) {
       d.aborted = true;  // pages come back by kvDone (after quarantine if a put may still land)
       const uint64_t t = tid;
-      self->send(s.peers.worker.handle, kv_atom::value,
-                 make_wire([&](schema::Envelope::Builder env) { env.initKvAbort().setTransferId(t); }));
+      s.peers.worker.send<msg::kv_abort>(self, [&](schema::KvTransferOrder::Builder o) { o.setTransferId(t); });
     }
     return;
   }
@@ -149,12 +148,10 @@ void on_abort(decode_actor_t* self, const std::string& id, int32_t hops, int32_t
     return;
   }
   if (hops < 8) {  // on its way back to prefill (preempted): follow it
-    s.peers.prefill.gate->enter_control();
-    self->send(s.peers.prefill.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
-                 auto a = env.initAbort();
-                 a.setId(id);
-                 a.setHops(hops + 1);
-               }));
+    s.peers.prefill.send<msg::abort>(self, [&](schema::Abort::Builder a) {
+      a.setId(id);
+      a.setHops(hops + 1);
+    });
   }
 }
 
@@ -175,8 +172,7 @@ void on_source_down(decode_actor_t* self, const std::string& node, const std::st
   for (auto& [tid, d] : s.receiving) {
     if (d.source_node != node || d.aborted) continue;
     const uint64_t t = tid;  // the worker answers with a failed kvDone: the policy applies there
-    self->send(s.peers.worker.handle, kv_atom::value,
-               make_wire([&](schema::Envelope::Builder env) { env.initKvAbort().setTransferId(t); }));
+    s.peers.worker.send<msg::kv_abort>(self, [&](schema::KvTransferOrder::Builder o) { o.setTransferId(t); });
   }
   s.send_credit(false);
 }
@@ -190,48 +186,43 @@ caf::behavior decode_actor(decode_actor_t* self, scheduler_options opt, std::sha
   st.gate = std::move(gate);
   st.clk = std::move(clk);
   st.log = std::move(log);
+  st.box = inbox{"decode", st.gate, st.log};
   return {
       [self](peers_atom, const peer_set& p) {
         self->state.peers = p;
         self->state.send_credit(true);
       },
       [self](wire_atom, const wire& w) {
-        auto& s = self->state;
-        s.gate->leave();
-        try {
-          wire_reader rd(w);
-          auto env = rd.root();
-          if (env.isHandoff()) {
-            // The prefill scheduler sharing the worker counts this handoff as on its way
-            // until a credit counts it taken, changed or not (a refused one changes nothing).
-            if (env.getHandoff().getTransferId() == 0) s.local_handoffs += 1;
-            on_handoff(self, env.getHandoff());
-            s.send_credit(false);
-          } else if (env.isSubmit())
-            on_local_submit(self, seq_request::read(env.getSubmit()));
-          else if (env.isAbort())
-            on_abort(self, env.getAbort().getId().cStr(), env.getAbort().getHops(), env.getAbort().getChoice());
-          else if (env.isCreditQuery()) {
-            s.drain.on_query(env.getCreditQuery().getHolds());
-            s.send_credit(true);
-          } else
-            s.log->error("decode: unexpected message dropped");
-        } catch (const tandem::error& e) {
-          s.log->error("decode: {}", e.what());
-        } catch (const kj::Exception& e) {
-          s.log->error("decode: malformed message: {}", e.getDescription().cStr());
-        }
+        receive<decode_role>(
+            self->state.box, w,
+            overloaded{
+                [self](msg::handoff, schema::KvHandoff::Reader h) {
+                  auto& s = self->state;
+                  // The prefill scheduler sharing the worker counts this handoff as on its way
+                  // until a credit counts it taken, changed or not (a refused one changes nothing).
+                  if (h.getTransferId() == 0) s.local_handoffs += 1;
+                  on_handoff(self, h);
+                  s.send_credit(false);
+                },
+                [self](msg::submit, schema::SubmitRequest::Reader r) { on_local_submit(self, seq_request::read(r)); },
+                [self](msg::abort, schema::Abort::Reader a) {
+                  on_abort(self, a.getId().cStr(), a.getHops(), a.getChoice());
+                },
+                [self](msg::credit_query, schema::StatsQuery::Reader q) {
+                  self->state.drain.on_query(q.getHolds());
+                  self->state.send_credit(true);
+                },
+            });
       },
       [self](tick_atom) {
         self->state.page_stall = false;
         pump(self);
       },
       [self](kv_atom, const wire& w) {
-        try {
-          on_kv_done(self, w);
-        } catch (const std::exception& e) {
-          self->state.log->error("decode: bad KV transfer answer: {}", e.what());
-        }
+        receive<decode_role, kv_atom>(self->state.box, w,
+                                      overloaded{[self](msg::kv_done, schema::KvTransferDone::Reader k) {
+                                        on_kv_done(self, k);
+                                      }});
       },
       [self](node_down_atom, const std::string& role, const std::string& target, const std::string& why) {
         if (role == "prefill") on_source_down(self, target.substr(0, target.rfind('/')), why);
@@ -292,6 +283,7 @@ caf::behavior decode_actor(decode_actor_t* self, scheduler_options opt, std::sha
         for (const auto& [r, n] : s.rejected)
           m.push_back({"rejections_total", fmt::format("actor=\"decode\",reason=\"{}\"", r), double(n),
                        "counter", "Requests refused or ended early, by reason"});
+        for (auto& x : s.box.metrics()) m.push_back(std::move(x));
         return make_stats_wire("decode", m, {});
       },
   };

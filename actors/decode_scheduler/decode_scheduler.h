@@ -18,7 +18,8 @@
 
 namespace tandem {
 
-/// Messages: (peers_atom, peer_set) first; (wire_atom, wire{handoff|abort}); (stats_atom) -> wire.
+/// Messages: (peers_atom, peer_set) first; its protocol, `DecodeIn` (actors/common/protocol.h:
+/// wire_atom and kv_atom); (stats_atom) -> wire.
 bounded_actor spawn_decode_scheduler(caf::actor_system& sys, const scheduler_options& opt,
                                      std::shared_ptr<const cluster_clock> clk,
                                      std::shared_ptr<spdlog::logger> log);

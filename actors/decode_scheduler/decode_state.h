@@ -14,6 +14,8 @@
 #include "actors/common/kv_layout_wire.h"
 #include "actors/common/logprobs_wire.h"
 #include "actors/common/metrics.h"
+#include "actors/common/protocol.h"
+#include "actors/common/receive.h"
 #include "actors/common/seq_pages.h"
 #include "actors/common/wire.h"
 #include "actors/router/router.h"
@@ -53,6 +55,7 @@ struct decode_state {
   std::shared_ptr<mailbox_gate> gate;
   std::shared_ptr<const cluster_clock> clk;
   std::shared_ptr<spdlog::logger> log;
+  inbox box;  ///< the receive side (gate, log, unexpected-message counters)
   std::vector<dseq> running;
   std::deque<dseq> waiting;  ///< handed off, holding pages, waiting for a batch slot
   bool busy = false;         ///< an allocation or a forward is outstanding
@@ -116,9 +119,7 @@ struct decode_state {
   }
   void emit(const dseq& d, const std::vector<int32_t>& toks, finish_reason reason, const tandem::error* err,
             request_stage state, std::span<const token_logprobs> lps = {}) {
-    peers.router.gate->enter_control();
-    caf::anon_send(peers.router.handle, wire_atom::value,
-                   make_event(d.wire_id(), toks, reason, err, static_cast<int32_t>(d.req.prompt.size()),
+    peers.router.send_anon(make_event(d.wire_id(), toks, reason, err, static_cast<int32_t>(d.req.prompt.size()),
                               d.req.cached_tokens, state,
                               static_cast<int32_t>(d.req.generated.size() - toks.size()), lps, d.req.choice));
   }
@@ -144,27 +145,23 @@ struct decode_state {
     if (!changed && !(to_prefill && prefill_told_handoffs != local_handoffs)) return;
     std::copy(key, key + 3, last_credit_key);
     credits_sent += 1;
-    auto w = make_wire([&](schema::Envelope::Builder env) {
-      auto c = env.initCredit();
+    auto fill = [&](schema::Credit::Builder c) {
       c.setTarget(opt.node + "/decode");
       c.setRole(schema::StageRole::DECODE);
-      c.setSeq(++credit_seq);
+      c.setSeq(credit_seq);
       c.setFreePages(pool_free_pages);
       c.setRunningSeqs(static_cast<int32_t>(running.size()));
       c.setWaitingSeqs(static_cast<int32_t>(waiting.size() + page_waiting.size()));
       c.setMaxRunningSeqs(opt.lim.max_running_seqs);
       c.setReceived(local_handoffs);
       c.setDraining(drain.draining());
-    });
+    };
+    ++credit_seq;
     if (to_prefill) {
       prefill_told_handoffs = local_handoffs;
-      peers.prefill.gate->enter_control();
-      caf::anon_send(peers.prefill.handle, wire_atom::value, w);
+      peers.prefill.send_anon<msg::credit>(fill);
     }
-    if (peers.router && changed) {
-      peers.router.gate->enter_control();
-      caf::anon_send(peers.router.handle, wire_atom::value, std::move(w));
-    }
+    if (peers.router && changed) peers.router.send_anon<msg::credit>(fill);
   }
   dseq* find(const std::string& id) {
     for (auto& d : running)
@@ -183,7 +180,7 @@ void requeue(decode_actor_t* self, const dseq& d);
 void transfer_failed(decode_actor_t* self, dseq d, const std::string& why);
 /// Tells the source node to let go of a handoff's pages.
 void release_source(decode_actor_t* self, const dseq& q);
-void on_kv_done(decode_actor_t* self, const wire& w);
+void on_kv_done(decode_actor_t* self, schema::KvTransferDone::Reader k);
 void on_handoff(decode_actor_t* self, schema::KvHandoff::Reader h);
 void preempt_or_fail(decode_actor_t* self);
 /// n > 1: forks the waiting sequences that have their prompt's KV and first token and were not

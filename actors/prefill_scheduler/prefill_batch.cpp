@@ -10,7 +10,7 @@ void on_acquired(prefill_actor_t* self, const wire& w) {
   s.acquiring.reset();
   try {
     wire_reader rd(w);
-    auto env = rd.root();
+    auto env = rd.reply();
     if (!env.isAcquireReply()) {
       auto e = env.isError() ? read_error(env.getError())
                              : tandem::error(error_kind::failed, "cache tier sent an unexpected reply");
@@ -66,13 +66,11 @@ void finish_prefill(prefill_actor_t* self, pseq& q, int32_t token, const token_l
   }
   // Cache the full pages of what was computed before ownership moves on.
   if (s.opt.lim.prefix_cache) {
-    s.peers.cache.gate->enter_control();
-    self->send(s.peers.cache.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
-                 auto ins = env.initInsert();
-                 ins.setId(q.req.id);
-                 fill_list([&](unsigned n) { return ins.initTokens(n); }, q.tokens);
-                 write_pool_pages(ins, q.pages);
-               }));
+    s.peers.cache.send<msg::insert>(self, [&](schema::InsertPrefix::Builder ins) {
+      ins.setId(q.req.id);
+      fill_list([&](unsigned n) { return ins.initTokens(n); }, q.tokens);
+      write_pool_pages(ins, q.pages);
+    });
   }
   if (!q.requeued && q.start_ms >= 0) s.compute_ms.observe(double(s.clk->now_ms() - q.start_ms));
   auto reason = apply_token(q.req, token, s.opt.model);
@@ -94,7 +92,8 @@ void finish_prefill(prefill_actor_t* self, pseq& q, int32_t token, const token_l
   } else {
     s.emit_event(q, out, finish_reason::none, nullptr, request_stage::decode, lps);
   }
-  if (!s.peers.decode.gate->try_enter()) {
+  auto ticket = s.peers.decode.admit<msg::handoff>();
+  if (!ticket) {
     s.fail(q, s.peers.decode.gate->overloaded_error(), "decode_mailbox");
     return;
   }
@@ -112,17 +111,15 @@ void finish_prefill(prefill_actor_t* self, pseq& q, int32_t token, const token_l
     tid = transfer_id_base(s.opt.node) | (++s.next_transfer & 0xffffffffull);
     s.sending[tid] = q.req.id;
     s.sending_by_id[q.req.id] = tid;
-    self->send(s.peers.worker.handle, kv_atom::value, make_wire([&](schema::Envelope::Builder env) {
-                 auto o = env.initKvSend();
-                 o.setTransferId(tid);
-                 o.setId(q.req.id);
-                 o.setPeerNode(dst);
-                 write_pool_pages(o, q.pages);
-               }));
+    s.peers.worker.send<msg::kv_send>(self, [&](schema::KvTransferOrder::Builder o) {
+      o.setTransferId(tid);
+      o.setId(q.req.id);
+      o.setPeerNode(dst);
+      write_pool_pages(o, q.pages);
+    });
   }
   if (tid == 0) s.local_handoffs += 1;
-  self->send(s.peers.decode.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
-               auto h = env.initHandoff();
+  s.peers.decode.send<msg::handoff>(self, std::move(ticket), [&](schema::KvHandoff::Builder h) {
                h.setHandoffSeq(s.next_handoff++);
                q.req.write(h.initRequest());
                auto kv = h.initKv();
@@ -133,17 +130,13 @@ void finish_prefill(prefill_actor_t* self, pseq& q, int32_t token, const token_l
                write_kv_pools_layout(kv.initLayout(), s.opt.pools);
                kv.setValidTokens(computed);
                h.setTransferId(tid);
-             }));
+             });
   q.pages.clear();  // ownership moved to the decode scheduler
 }
 
 /// The worker finished writing (or gave up on) the pages of a cross-node handoff.
-void on_kv_done(prefill_actor_t* self, const wire& w) {
+void on_kv_done(prefill_actor_t* self, schema::KvTransferDone::Reader d) {
   auto& s = self->state;
-  wire_reader rd(w);
-  auto env = rd.root();
-  if (!env.isKvDone()) return;
-  auto d = env.getKvDone();
   auto it = s.sending.find(d.getTransferId());
   if (it == s.sending.end()) {
     s.log->warn("kv transfer {:#x}: completion for no handoff of this scheduler ignored", d.getTransferId());
@@ -199,10 +192,6 @@ void on_forward_done(prefill_actor_t* self, const wire* w, const tandem::error* 
 void start_batch(prefill_actor_t* self) {
   auto& s = self->state;
   int32_t budget = s.opt.lim.prefill_chunk_tokens;
-  capnp::MallocMessageBuilder mb;
-  auto env = mb.initRoot<schema::Envelope>();
-  auto fb = env.initForward();
-  fb.setPhase(schema::StageRole::PREFILL);
   std::vector<pseq*> chosen;
   std::vector<int32_t> counts;
   for (;;) {
@@ -238,6 +227,10 @@ void start_batch(prefill_actor_t* self) {
     s.active.erase(it);
   }
   if (chosen.empty()) return;
+  for (unsigned i = 0; i < chosen.size(); ++i) s.in_flight.emplace_back(chosen[i]->req.id, counts[i]);
+  // The batch message, built once the worker's gate took it.
+  auto fill = [&](schema::ForwardBatch::Builder fb) {
+  fb.setPhase(schema::StageRole::PREFILL);
   auto seqs = fb.initSeqs(static_cast<unsigned>(chosen.size()));
   for (unsigned i = 0; i < chosen.size(); ++i) {
     auto& q = *chosen[i];
@@ -254,9 +247,15 @@ void start_batch(prefill_actor_t* self) {
     // Only the sampling step needs the sampling (and the penalties their history).
     if (last) write_step_sampling(st, q.req);
     else st.setTokenIndex(static_cast<int32_t>(q.req.generated.size()));
-    s.in_flight.emplace_back(q.req.id, counts[i]);
   }
-  if (!s.peers.worker.gate->try_enter()) {
+  };
+  const bool sent = s.peers.worker.call<msg::forward>(
+      self, fill, [self](const wire& r) { on_forward_done(self, &r, nullptr); },
+      [self](caf::error& e) {
+        tandem::error te(error_kind::disconnected, fmt::format("worker unreachable: {}", self->system().render(e)));
+        on_forward_done(self, nullptr, &te);
+      });
+  if (!sent) {
     // The batch's sequences end with the error (on_forward_done takes `in_flight`); clearing it
     // first failed nobody and pump() retried at once, recursing while the mailbox stayed full.
     auto e = s.peers.worker.gate->overloaded_error();
@@ -265,13 +264,6 @@ void start_batch(prefill_actor_t* self) {
   }
   s.busy = true;
   s.batches += 1;
-  self->request(s.peers.worker.handle, caf::infinite, call_atom::value, make_wire(mb))
-      .then([self](const wire& r) { on_forward_done(self, &r, nullptr); },
-            [self](caf::error& e) {
-              tandem::error te(error_kind::disconnected,
-                               fmt::format("worker unreachable: {}", self->system().render(e)));
-              on_forward_done(self, nullptr, &te);
-            });
 }
 
 

@@ -72,33 +72,31 @@ void pump(prefill_actor_t* self) {
     s.waiting.pop_front();
     auto& q = *s.acquiring;
     if (!q.requeued) s.queued_tokens -= static_cast<int64_t>(q.tokens.size());
-    if (!s.peers.cache.gate->try_enter()) {
+    const bool sent = s.peers.cache.call<msg::acquire>(
+        self,
+        [&](schema::AcquireRequest::Builder a) {
+          a.setId(q.req.id);
+          fill_list([&](unsigned n) { return a.initTokens(n); }, q.tokens);
+          a.setUsePrefixCache(s.opt.lim.prefix_cache);
+        },
+        [self](const wire& r) {
+          on_acquired(self, r);
+          pump(self);
+        },
+        [self](caf::error& e) {
+          auto& st = self->state;
+          pseq f = std::move(*st.acquiring);
+          st.acquiring.reset();
+          st.fail(f,
+                  tandem::error(error_kind::disconnected,
+                                fmt::format("cache tier unreachable: {}", self->system().render(e))),
+                  "cache_error");
+          pump(self);
+        });
+    if (!sent) {
       pseq f = std::move(*s.acquiring);
       s.acquiring.reset();
       s.fail(f, s.peers.cache.gate->overloaded_error(), "cache_mailbox");
-    } else {
-      auto w = make_wire([&](schema::Envelope::Builder env) {
-        auto a = env.initAcquire();
-        a.setId(q.req.id);
-        fill_list([&](unsigned n) { return a.initTokens(n); }, q.tokens);
-        a.setUsePrefixCache(s.opt.lim.prefix_cache);
-      });
-      self->request(s.peers.cache.handle, caf::infinite, call_atom::value, std::move(w))
-          .then(
-              [self](const wire& r) {
-                on_acquired(self, r);
-                pump(self);
-              },
-              [self](caf::error& e) {
-                auto& st = self->state;
-                pseq f = std::move(*st.acquiring);
-                st.acquiring.reset();
-                st.fail(f,
-                        tandem::error(error_kind::disconnected,
-                                      fmt::format("cache tier unreachable: {}", self->system().render(e))),
-                        "cache_error");
-                pump(self);
-              });
     }
   }
   if (!s.busy && !s.active.empty()) {
@@ -121,14 +119,12 @@ void on_abort(prefill_actor_t* self, const std::string& id, int32_t hops, int32_
   auto& s = self->state;
   // One choice of an n > 1 request (its stop string): only its fork at decode stops.
   if (choice >= 0) {
-    s.peers.decode.gate->enter_control();
-    self->send(s.peers.decode.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
-                 auto a = env.initAbort();
-                 a.setId(id);
-                 a.setHops(8);
-                 a.setStopString(true);
-                 a.setChoice(choice);
-               }));
+    s.peers.decode.send<msg::abort>(self, [&](schema::Abort::Builder a) {
+      a.setId(id);
+      a.setHops(8);
+      a.setStopString(true);
+      a.setChoice(choice);
+    });
     return;
   }
   for (auto it = s.waiting.begin(); it != s.waiting.end(); ++it) {
@@ -158,18 +154,14 @@ void on_abort(prefill_actor_t* self, const std::string& id, int32_t hops, int32_
   if (auto it = s.sending_by_id.find(id); it != s.sending_by_id.end()) {
     // The decode side drops its half; this side stops writing (pages come back by kvDone).
     s.log->info("request {}: KV send aborted", id);
-    self->send(s.peers.worker.handle, kv_atom::value, make_wire([&](schema::Envelope::Builder env) {
-                 env.initKvAbort().setTransferId(it->second);
-               }));
+    s.peers.worker.send<msg::kv_abort>(self, [&](schema::KvTransferOrder::Builder o) { o.setTransferId(it->second); });
   }
   // Not here: it moved on to decode (or is on its way back); follow it.
   if (hops < 8) {
-    s.peers.decode.gate->enter_control();
-    self->send(s.peers.decode.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
-                 auto a = env.initAbort();
-                 a.setId(id);
-                 a.setHops(hops + 1);
-               }));
+    s.peers.decode.send<msg::abort>(self, [&](schema::Abort::Builder a) {
+      a.setId(id);
+      a.setHops(hops + 1);
+    });
   }
 }
 
@@ -182,6 +174,7 @@ caf::behavior prefill_actor(prefill_actor_t* self, scheduler_options opt, std::s
   st.gate = std::move(gate);
   st.clk = std::move(clk);
   st.log = std::move(log);
+  st.box = inbox{"prefill", st.gate, st.log};
   st.next_handoff = (static_cast<uint64_t>(st.clk->now_ms()) << 20) + 1;
   st.next_transfer = static_cast<uint64_t>(st.clk->now_ms()) * 64;
   return {
@@ -191,43 +184,43 @@ caf::behavior prefill_actor(prefill_actor_t* self, scheduler_options opt, std::s
       },
       [self](wire_atom, const wire& w) {
         auto& s = self->state;
-        s.gate->leave();
-        try {
-          wire_reader rd(w);
-          auto env = rd.root();
-          if (env.isSubmit())
-            on_submit(self, seq_request::read(env.getSubmit()), false);
-          else if (env.isRequeue())
-            on_submit(self, seq_request::read(env.getRequeue()), true);
-          else if (env.isAbort())
-            on_abort(self, env.getAbort().getId().cStr(), env.getAbort().getHops(), env.getAbort().getChoice());
-          else if (env.isCreditQuery()) {
-            s.drain_ctl.on_query(env.getCreditQuery().getHolds());
-            s.send_credit(true);
-          } else if (env.isCredit() && env.getCredit().getRole() == schema::StageRole::DECODE) {
-            // The decode scheduler on this worker: a step held back for it may go now.
-            auto c = env.getCredit();
-            s.decode_running = c.getRunningSeqs();
-            s.decode_waiting = c.getWaitingSeqs();
-            s.decode_max_running = c.getMaxRunningSeqs();
-            s.decode_took_handoffs = c.getReceived();
-            pump(self);
-          } else
-            s.log->error("prefill: unexpected message dropped");
-          // A refused submission or an abort changes no queue pump() saw: report it here.
-          if (env.isSubmit() || env.isAbort()) s.send_credit(false);
-        } catch (const tandem::error& e) {
-          s.log->error("prefill: {}", e.what());
-        } catch (const kj::Exception& e) {
-          s.log->error("prefill: malformed message: {}", e.getDescription().cStr());
-        }
+        receive<prefill_role>(
+            s.box, w,
+            overloaded{
+                [self](msg::submit, schema::SubmitRequest::Reader r) {
+                  on_submit(self, seq_request::read(r), false);
+                  // A refused submission changes no queue pump() saw: report it here.
+                  self->state.send_credit(false);
+                },
+                [self](msg::requeue, schema::SubmitRequest::Reader r) { on_submit(self, seq_request::read(r), true); },
+                [self](msg::abort, schema::Abort::Reader a) {
+                  on_abort(self, a.getId().cStr(), a.getHops(), a.getChoice());
+                  self->state.send_credit(false);
+                },
+                [self](msg::credit_query, schema::StatsQuery::Reader q) {
+                  self->state.drain_ctl.on_query(q.getHolds());
+                  self->state.send_credit(true);
+                },
+                [self](msg::credit, schema::Credit::Reader c) {
+                  // The decode scheduler on this worker: a step held back for it may go now.
+                  auto& st = self->state;
+                  if (c.getRole() != schema::StageRole::DECODE) {
+                    st.box.count_unexpected("a credit that is not a decode scheduler's");
+                    return;
+                  }
+                  st.decode_running = c.getRunningSeqs();
+                  st.decode_waiting = c.getWaitingSeqs();
+                  st.decode_max_running = c.getMaxRunningSeqs();
+                  st.decode_took_handoffs = c.getReceived();
+                  pump(self);
+                },
+            });
       },
       [self](kv_atom, const wire& w) {
-        try {
-          on_kv_done(self, w);
-        } catch (const std::exception& e) {
-          self->state.log->error("prefill: bad KV transfer answer: {}", e.what());
-        }
+        receive<prefill_role, kv_atom>(self->state.box, w,
+                                       overloaded{[self](msg::kv_done, schema::KvTransferDone::Reader d) {
+                                         on_kv_done(self, d);
+                                       }});
       },
       [self](tick_atom) {
         self->state.retry_wait = false;
@@ -296,6 +289,7 @@ caf::behavior prefill_actor(prefill_actor_t* self, scheduler_options opt, std::s
         for (const auto& [r, n] : s.rejected)
           m.push_back({"rejections_total", fmt::format("actor=\"prefill\",reason=\"{}\"", r), double(n),
                        "counter", "Requests refused or ended early, by reason"});
+        for (auto& x : s.box.metrics()) m.push_back(std::move(x));
         return make_stats_wire("prefill", m, {&s.queue_wait_ms, &s.compute_ms});
       },
   };

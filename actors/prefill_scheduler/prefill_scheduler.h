@@ -43,7 +43,8 @@ struct scheduler_options {
   bool shares_worker = false;
 };
 
-/// Messages: (peers_atom, peer_set) first; (wire_atom, wire{submit|requeue|abort}); (stats_atom) -> wire.
+/// Messages: (peers_atom, peer_set) first; its protocol, `PrefillIn` (actors/common/protocol.h:
+/// wire_atom and kv_atom); (stats_atom) -> wire.
 bounded_actor spawn_prefill_scheduler(caf::actor_system& sys, const scheduler_options& opt,
                                       std::shared_ptr<const cluster_clock> clk,
                                       std::shared_ptr<spdlog::logger> log);

@@ -14,6 +14,8 @@
 #include "actors/common/kv_layout_wire.h"
 #include "actors/common/logprobs_wire.h"
 #include "actors/common/metrics.h"
+#include "actors/common/protocol.h"
+#include "actors/common/receive.h"
 #include "actors/common/seq_pages.h"
 #include "actors/common/wire.h"
 #include "actors/prefill_scheduler/drain_meter.h"
@@ -50,6 +52,7 @@ struct prefill_state {
   std::shared_ptr<mailbox_gate> gate;
   std::shared_ptr<const cluster_clock> clk;
   std::shared_ptr<spdlog::logger> log;
+  inbox box;  ///< the receive side (gate, log, unexpected-message counters)
   /// Where a new request's time to first token goes on this node: waiting for prefill to start
   /// (the queue, and the page acquisition), then the prefill itself (its batches, sharing the
   /// worker with decode steps).
@@ -130,8 +133,7 @@ struct prefill_state {
     if (!force && std::equal(key, key + 5, last_credit_key)) return;
     std::copy(key, key + 5, last_credit_key);
     credits_sent += 1;
-    emit(make_wire([&](schema::Envelope::Builder env) {
-      auto c = env.initCredit();
+    peers.router.send_anon<msg::credit>([&](schema::Credit::Builder c) {
       c.setTarget(opt.node + "/prefill");
       c.setRole(schema::StageRole::PREFILL);
       c.setSeq(++credit_seq);
@@ -147,7 +149,7 @@ struct prefill_state {
       auto u = c.initUnreachable(static_cast<unsigned>(unreachable_decode.size()));
       unsigned i = 0;
       for (const auto& d : unreachable_decode) u.set(i++, d);
-    }));
+    });
   }
 
   /// Tells the drain meter the state the scheduler is in from now on (see drain_meter.h).
@@ -162,13 +164,9 @@ struct prefill_state {
     tokens_per_s = drain.tokens_per_s();
   }
 
-  void emit(const wire& w) {
-    peers.router.gate->enter_control();
-    caf::anon_send(peers.router.handle, wire_atom::value, w);
-  }
   void emit_event(const pseq& s, const std::vector<int32_t>& toks, finish_reason reason,
                   const tandem::error* err, request_stage state, std::span<const token_logprobs> lps = {}) {
-    emit(make_event(s.req.id, toks, reason, err, static_cast<int32_t>(s.req.prompt.size()),
+    peers.router.send_anon(make_event(s.req.id, toks, reason, err, static_cast<int32_t>(s.req.prompt.size()),
                     s.req.cached_tokens, state, static_cast<int32_t>(s.req.generated.size() - toks.size()), lps));
   }
   void free_pages(const std::string& id, pool_pages& pages) { send_free_pages(peers.cache, id, pages); }
@@ -187,7 +185,7 @@ void schedule_retry(prefill_actor_t* self);
 /// The cache tier's answer to the head request's acquisition (prefill_batch.cpp).
 void on_acquired(prefill_actor_t* self, const wire& w);
 /// The worker finished writing (or gave up on) the pages of a cross-node handoff.
-void on_kv_done(prefill_actor_t* self, const wire& w);
+void on_kv_done(prefill_actor_t* self, schema::KvTransferDone::Reader d);
 /// Sends the next chunked batch of the active sequences to the worker.
 void start_batch(prefill_actor_t* self);
 

@@ -54,6 +54,34 @@ event_callback callback_box::take() const {
 
 namespace router_impl {
 
+namespace {
+
+/// The front end ended a request (a client that went away, or a stop string).
+void on_client_abort(router_actor_t* self, schema::Abort::Reader a) {
+  auto& s = self->state;
+  std::string id = a.getId().cStr();
+  if (a.getChoice() >= 0) {
+    stop_choice(self, id, a.getChoice());  // one choice of n > 1
+    return;
+  }
+  auto it = s.table.find(id);
+  if (it == s.table.end()) return;
+  const int target = it->second.state == request_stage::retrying ? -1 : it->second.prefill;
+  const std::string wid = it->second.req.id;  // the current attempt's
+  const auto& ie = it->second;
+  const int local_decode = ie.state != request_stage::retrying && ie.local && is_at_decode(ie) ? ie.decode : -1;
+  // A stop string ends the request at the front end: a normal finish, counted as stop.
+  const bool stop_string = a.getStopString();
+  if (stop_string)
+    s.log->debug("request {}: ended at a stop string", id);
+  else
+    s.log->info("request {}: aborted by the client", id);
+  s.finish_here(id, stop_string ? finish_reason::stop : finish_reason::abort, nullptr);
+  send_abort(self, wid, target, local_decode);
+}
+
+}  // namespace
+
 caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector<route_target> prefill,
                            std::vector<route_target> decode, std::shared_ptr<mailbox_gate> gate,
                            std::shared_ptr<const cluster_clock> clk, std::shared_ptr<spdlog::logger> log) {
@@ -62,12 +90,13 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
   st.gate = std::move(gate);
   st.clk = std::move(clk);
   st.log = std::move(log);
+  st.box = inbox{"router", st.gate, st.log};
   st.start_ms = st.clk->now_ms();
   const int64_t stale = 3 * int64_t(opt.lim.router_heartbeat_ms);
   for (auto& t : prefill) {
     prefill_target p;
     p.live.heard_ms = st.start_ms;
-    p.t = std::move(t);
+    p.t = typed_target<prefill_role>{std::move(t.name), std::move(t.actor)};
     p.health = target_health(stale);
     p.breaker = circuit_breaker(opt.lim.breaker_failures, opt.lim.breaker_cooldown_ms);
     st.prefills.push_back(std::move(p));
@@ -75,7 +104,7 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
   for (auto& t : decode) {
     decode_target d;
     d.live.heard_ms = st.start_ms;
-    d.t = std::move(t);
+    d.t = typed_target<decode_role>{std::move(t.name), std::move(t.actor)};
     d.health = target_health(stale);
     d.breaker = circuit_breaker(opt.lim.breaker_failures, opt.lim.breaker_cooldown_ms);
     st.decodes.push_back(std::move(d));
@@ -98,45 +127,16 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
         on_submit(self, w, cb.take());
       },
       [self](wire_atom, const wire& w) {
-        auto& s = self->state;
-        s.gate->leave();
-        try {
-          wire_reader rd(w);
-          auto env = rd.root();
-          if (env.isEvent()) {
-            on_event(self, env.getEvent());
-          } else if (env.isCredit()) {
-            if (s.on_credit(env.getCredit())) query_prefills(self);
-          } else if (env.isRequeue()) {
-            on_requeue(self, w, env.getRequeue());
-          } else if (env.isAbort()) {
-            std::string id = env.getAbort().getId().cStr();
-            if (env.getAbort().getChoice() >= 0) {
-              stop_choice(self, id, env.getAbort().getChoice());  // one choice of n > 1
-              return;
-            }
-            auto it = s.table.find(id);
-            if (it == s.table.end()) return;
-            const int target = it->second.state == request_stage::retrying ? -1 : it->second.prefill;
-            const std::string wid = it->second.req.id;  // the current attempt's
-            const auto& ie = it->second;
-            const int local_decode = ie.state != request_stage::retrying && ie.local && is_at_decode(ie) ? ie.decode : -1;
-            // A stop string ends the request at the front end: a normal finish, counted as stop.
-            const bool stop_string = env.getAbort().getStopString();
-            if (stop_string)
-              s.log->debug("request {}: ended at a stop string", id);
-            else
-              s.log->info("request {}: aborted by the client", id);
-            s.finish_here(id, stop_string ? finish_reason::stop : finish_reason::abort, nullptr);
-            send_abort(self, wid, target, local_decode);
-          } else {
-            s.log->error("router: unexpected message dropped");
-          }
-        } catch (const tandem::error& e) {
-          s.log->error("router: {}", e.what());
-        } catch (const kj::Exception& e) {
-          s.log->error("router: malformed message: {}", e.getDescription().cStr());
-        }
+        receive<router_role>(
+            self->state.box, w,
+            overloaded{
+                [self](msg::event, schema::TokenEvent::Reader r) { on_event(self, r); },
+                [self](msg::credit, schema::Credit::Reader c) {
+                  if (self->state.on_credit(c)) query_prefills(self);
+                },
+                [self](msg::requeue, schema::SubmitRequest::Reader r) { on_requeue(self, r); },
+                [self](msg::abort, schema::Abort::Reader a) { on_client_abort(self, a); },
+            });
       },
       [self](tick_atom) { on_tick(self); },
       [self](node_down_atom, const std::string& what, const std::string& why) { on_node_down(self, what, why); },
@@ -147,13 +147,10 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
         // Its proxy reached the node again: ask for a credit now, which brings a lost target
         // back (a credit is the sign of life that counts).
         auto& s = self->state;
-        auto ask = [&](const route_target& t) {
+        auto ask = [&](const auto& t) {
           if (t.name != target || !t.actor || t.actor.gate->depth() > 0) return;
           s.log->info("target {} is reachable again; asking for its credit", target);
-          t.actor.gate->enter_control();
-          self->send(t.actor.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
-                       env.initCreditQuery().setFrom("router");
-                     }));
+          t.actor.template send<msg::credit_query>(self, [](schema::StatsQuery::Builder q) { q.setFrom("router"); });
         };
         for (const auto& p : s.prefills) ask(p.t);
         for (const auto& d : s.decodes) ask(d.t);

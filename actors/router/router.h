@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "actors/common/bounded_mailbox.h"
+#include "actors/common/protocol.h"
 #include "kernels/base/clock.h"
 #include "actors/common/limits.h"
 #include "actors/common/request.h"
@@ -81,7 +82,15 @@ struct route_target {
   bounded_actor actor;
 };
 
-/// Messages: (submit_atom, wire{submit}, callback_box), (wire_atom, wire{event|abort|credit}),
+/// A route target typed by its role (the router's own tables).
+template <class Role>
+struct typed_target {
+  std::string name;
+  role_handle<Role> actor;
+};
+
+/// Messages: its protocol, `RouterIn` (actors/common/protocol.h: submit_atom with a callback_box,
+/// wire_atom for the rest),
 /// (stats_atom) -> wire, (inflight_atom) -> inflight_list, (stop_atom) -> bool.
 /// Routes over `prefill` targets (at least one) and `decode` targets (may be empty: each
 /// prefill then hands off to its own decode peer). Admission uses the targets' credits.

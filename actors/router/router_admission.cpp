@@ -292,7 +292,7 @@ bool dispatch(router_actor_t* self, entry& e, const placement& pl) {
   const std::string id = e.id;
   if (pl.local && pl.decode >= 0) {
     auto& d = s.decodes[size_t(pl.decode)];
-    if (d.t.actor.gate->try_enter()) {
+    if (auto ticket = d.t.actor.admit<msg::submit>()) {
       const int64_t now = s.clk->now_ms();
       d.breaker.allow(now);
       d.routed += 1;
@@ -307,14 +307,14 @@ bool dispatch(router_actor_t* self, entry& e, const placement& pl) {
       e.stage_since_ms = now;
       e.req.decode_target = d.t.name;
       s.local_prefills += 1;
-      self->send(d.t.actor.handle, wire_atom::value,
-                 make_wire([&](schema::Envelope::Builder env) { e.req.write(env.initSubmit()); }));
+      d.t.actor.send<msg::submit>(self, std::move(ticket), [&](schema::SubmitRequest::Builder b) { e.req.write(b); });
       return true;
     }
     // The decode mailbox is full: the prefill path below.
   }
   e.local = false;
-  if (!p.t.actor.gate->try_enter()) {
+  auto ticket = p.t.actor.admit<msg::submit>();
+  if (!ticket) {
     auto err = p.t.actor.gate->overloaded_error();
     s.rejected_by_reason["prefill_mailbox"] += 1;
     s.finish_here(id, finish_reason::error, &err, "prefill_mailbox", 1000);
@@ -337,8 +337,7 @@ bool dispatch(router_actor_t* self, entry& e, const placement& pl) {
   p.in_transit_tokens += n;
   p.routed += 1;
   s.policy->on_routed(e.req.generated.empty() ? e.req.prompt : e.req.all_tokens(), pl.prefill);
-  self->send(p.t.actor.handle, wire_atom::value,
-             make_wire([&](schema::Envelope::Builder env) { e.req.write(env.initSubmit()); }));
+  p.t.actor.send<msg::submit>(self, std::move(ticket), [&](schema::SubmitRequest::Builder b) { e.req.write(b); });
   return true;
 }
 
@@ -347,7 +346,10 @@ void on_submit(router_actor_t* self, const wire& w, event_callback cb) {
   seq_request r;
   try {
     wire_reader rd(w);
-    r = seq_request::read(rd.root().getSubmit());
+    auto env = rd.root();
+    if (!router_role::is(env) || !router_role::get(env).isSubmit())
+      throw tandem::error(error_kind::failed, "a submission that is no router submit message");
+    r = seq_request::read(router_role::get(env).getSubmit());
     r.generated.clear();  // only the router's own continuations carry tokens so far
   } catch (const tandem::error& e) {
     s.reject("?", cb, e, "malformed", 0);

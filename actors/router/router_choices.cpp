@@ -132,16 +132,14 @@ void stop_choice(router_actor_t* self, const std::string& id, int32_t choice) {
   if (choice == 0) e.early.clear();
   end_choice(s, it, choice, finish_reason::stop);
   // Only that fork stops; the others go on.
-  auto send_to = [&](const bounded_actor& a, int32_t hops) {
+  auto send_to = [&](const auto& a, int32_t hops) {
     if (!a) return;
-    a.gate->enter_control();
-    self->send(a.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
-                 auto ab = env.initAbort();
-                 ab.setId(wid);
-                 ab.setHops(hops);
-                 ab.setStopString(true);
-                 ab.setChoice(choice);
-               }));
+    a.template send<msg::abort>(self, [&](schema::Abort::Builder ab) {
+      ab.setId(wid);
+      ab.setHops(hops);
+      ab.setStopString(true);
+      ab.setChoice(choice);
+    });
   };
   // A fork lives at its decode target only (hops 8: not chased further); without decode
   // targets that is the prefill's own decode peer, which the prefill forwards it to.

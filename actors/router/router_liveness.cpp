@@ -88,18 +88,6 @@ int32_t router_state::holds(int i, bool decode) const {
   return n;
 }
 
-void query_credit(router_actor_t* self, const bounded_actor& a, int32_t holds) {
-  // A target with messages still waiting (an earlier query among them) answers when it gets
-  // to them, or is gone: one query at a time keeps a dead target's mailbox bounded.
-  if (!a || a.gate->depth() > 0) return;
-  a.gate->enter_control();
-  self->send(a.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
-               auto q = env.initCreditQuery();
-               q.setFrom("router");
-               q.setHolds(holds);
-             }));
-}
-
 void query_prefills(router_actor_t* self) {
   for (const auto& p : self->state.prefills) query_credit(self, p.t.actor);
 }
@@ -137,7 +125,7 @@ void check_silence(router_actor_t* self, int64_t now) {
   }
   std::vector<bool> p_lost(s.prefills.size()), d_lost(s.decodes.size());
   bool any = false;
-  auto check = [&](liveness& l, const route_target& t, const char* role, int64_t silence) -> bool {
+  auto check = [&](liveness& l, const auto& t, const char* role, int64_t silence) -> bool {
     if (silence < 0 || l.lost) return false;
     if (silence >= lost_after) {
       mark_lost(s, l, t.name,
@@ -150,10 +138,7 @@ void check_silence(router_actor_t* self, int64_t now) {
     if (now - l.heard_ms >= query_every && (l.query_ms < 0 || now - l.query_ms >= query_every) && t.actor &&
         t.actor.gate->depth() == 0) {
       l.query_ms = now;
-      t.actor.gate->enter_control();
-      self->send(t.actor.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
-                   env.initCreditQuery().setFrom("router");
-                 }));
+      t.actor.template send<msg::credit_query>(self, [](schema::StatsQuery::Builder q) { q.setFrom("router"); });
     }
     return false;
   };

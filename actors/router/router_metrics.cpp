@@ -103,6 +103,7 @@ wire router_stats(router_state& s) {
   for (const auto& [r, n] : s.rejected_by_reason)
     m.push_back({"rejections_total", fmt::format("actor=\"router\",reason=\"{}\"", r), double(n),
                  "counter", "Requests refused or ended early, by reason"});
+  for (auto& x : s.box.metrics()) m.push_back(std::move(x));
   return make_stats_wire("router", m, {&s.ttft, &s.tpot, &s.e2e});
 }
 

@@ -122,7 +122,7 @@ void lose(router_actor_t* self, const std::string& id, bool decode_side, const s
 /// targets are alive: a decode node often learns that a prefill node died from the failed
 /// transfer, before its own link to that node reports it down. If the chosen target dies
 /// later, its node-down (or silence) finds the request there and moves or ends it.
-void on_requeue(router_actor_t* self, const wire& w, schema::SubmitRequest::Reader r) {
+void on_requeue(router_actor_t* self, schema::SubmitRequest::Reader r) {
   auto& s = self->state;
   auto it = s.find_attempt(r.getId().cStr());
   if (it == s.table.end()) return;  // ended here already (abort, deadline): nothing to recompute
@@ -158,8 +158,7 @@ void on_requeue(router_actor_t* self, const wire& w, schema::SubmitRequest::Read
   e.state = request_stage::preempted;
   e.stage_since_ms = s.clk->now_ms();
   auto& p = s.prefills[size_t(t)];
-  p.t.actor.gate->enter_control();  // already admitted: must not be dropped
-  self->send(p.t.actor.handle, wire_atom::value, w);
+  p.t.actor.send_copy<msg::requeue>(self, r);  // control (already admitted): never refused
 }
 
 }  // namespace tandem::router_impl

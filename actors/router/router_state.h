@@ -16,6 +16,7 @@
 
 #include "actors/common/logprobs_wire.h"
 #include "actors/common/metrics.h"
+#include "actors/common/receive.h"
 #include "actors/common/wire.h"
 #include "actors/router/router.h"
 
@@ -38,7 +39,7 @@ struct liveness {
 
 /// A prefill target as the router sees it: its last credit plus what was sent since.
 struct prefill_target {
-  route_target t;
+  typed_target<prefill_role> t;
   target_load load;            ///< from the last credit (queued_* without the in-transit part)
   int64_t active_tokens = 0;
   uint64_t sent = 0;           ///< submissions sent to it
@@ -60,7 +61,7 @@ struct prefill_target {
 };
 
 struct decode_target {
-  route_target t;
+  typed_target<decode_role> t;
   target_load load;
   uint64_t last_seq = 0;
   target_health health;
@@ -141,6 +142,7 @@ struct router_state {
   std::shared_ptr<mailbox_gate> gate;
   std::shared_ptr<const cluster_clock> clk;
   std::shared_ptr<spdlog::logger> log;
+  inbox box;  ///< the receive side (gate, log, unexpected-message counters)
   std::unordered_map<std::string, entry> table;
   std::unordered_map<std::string, std::string> attempt_ids;  ///< `id#mN` -> id, one per migrated entry
   int64_t migrations_total = 0;
@@ -221,7 +223,15 @@ void schedule_tick(router_actor_t* self);
 /// already (a duplicate). Returns true if the request ended.
 bool deliver_in_order(router_state& s, std::unordered_map<std::string, entry>::iterator it, int32_t first,
                       stage_event ev);
-void send_abort_to(router_actor_t* self, const bounded_actor& a, const std::string& id);
+/// Aborts `id` at one target (hops 0: the target chases it if the request moved on).
+template <class Role>
+void send_abort_to(router_actor_t* self, const role_handle<Role>& a, const std::string& id) {
+  if (!a) return;
+  a.template send<msg::abort>(self, [&](schema::Abort::Builder b) {
+    b.setId(id);
+    b.setHops(0);
+  });
+}
 void send_abort(router_actor_t* self, const std::string& id, int target, int local_decode = -1);
 /// Where a request is now: at its decode target or at its prefill target.
 bool is_at_decode(const entry& e);
@@ -258,7 +268,16 @@ void on_node_down(router_actor_t* self, const std::string& what, const std::stri
 /// Credit queries to targets whose credits are older than a heartbeat, and to every draining one.
 void on_heartbeat(router_actor_t* self);
 /// Asks a target for a credit now (one query at a time); `holds` >= 0 for a draining target.
-void query_credit(router_actor_t* self, const bounded_actor& a, int32_t holds = -1);
+template <class Role>
+void query_credit(router_actor_t* self, const role_handle<Role>& a, int32_t holds = -1) {
+  // A target with messages still waiting (an earlier query among them) answers when it gets
+  // to them, or is gone: one query at a time keeps a dead target's mailbox bounded.
+  if (!a || a.gate->depth() > 0) return;
+  a.template send<msg::credit_query>(self, [&](schema::StatsQuery::Builder q) {
+    q.setFrom("router");
+    q.setHolds(holds);
+  });
+}
 /// Asks every prefill target for a credit (a decode target came back: which of them reach it).
 void query_prefills(router_actor_t* self);
 
@@ -268,7 +287,7 @@ void end_lost(router_state& s, const std::string& id, const std::string& cause, 
 /// Request `id` lost the stage that served it: it moves (migration) or ends.
 void lose(router_actor_t* self, const std::string& id, bool decode_side, const std::string& cause);
 /// A sequence its decode target sent back for recompute.
-void on_requeue(router_actor_t* self, const wire& w, schema::SubmitRequest::Reader r);
+void on_requeue(router_actor_t* self, schema::SubmitRequest::Reader r);
 
 // router_metrics.cpp
 /// The stats_atom reply.

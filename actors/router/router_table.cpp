@@ -165,16 +165,6 @@ bool deliver_in_order(router_state& s, std::unordered_map<std::string, entry>::i
   return true;
 }
 
-void send_abort_to(router_actor_t* self, const bounded_actor& a, const std::string& id) {
-  if (!a) return;
-  a.gate->enter_control();
-  self->send(a.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
-               auto a = env.initAbort();
-               a.setId(id);
-               a.setHops(0);
-             }));
-}
-
 void send_abort(router_actor_t* self, const std::string& id, int target, int local_decode) {
   auto& s = self->state;
   // A local prefill went to its decode target; that one follows it to prefill if preempted.

@@ -180,26 +180,25 @@ void actor_cluster::submit(completion_request req, event_callback cb) {
                                                                       std::chrono::steady_clock::now());
     r.deadline_ms = s.clk->now_ms() + std::max<int64_t>(left.count(), 1);
   }
-  if (!s.router.gate->try_enter()) {
+  const role_handle<router_role> router(s.router);
+  auto ticket = router.admit<msg::submit>();
+  if (!ticket) {
     if (cb) cb(error_event(r.id, s.router.gate->overloaded_error(), static_cast<int32_t>(r.prompt.size())));
     return;
   }
-  caf::anon_send(s.router.handle, submit_atom::value,
-                 make_wire([&](schema::Envelope::Builder env) { r.write(env.initSubmit()); }),
-                 callback_box{std::move(cb), r.id, static_cast<int32_t>(r.prompt.size())});
+  router.send_anon<msg::submit>(std::move(ticket), [&](schema::SubmitRequest::Builder b) { r.write(b); },
+                                callback_box{std::move(cb), r.id, static_cast<int32_t>(r.prompt.size())});
 }
 
 void actor_cluster::abort(const std::string& request_id, finish_reason why, int32_t choice) {
   auto& s = *st_;
   std::shared_lock<std::shared_mutex> sl(s.submit_mu);
   if (s.stopped || s.unhealthy || !s.has("router")) return;
-  s.router.gate->enter_control();
-  caf::anon_send(s.router.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder env) {
-                   auto a = env.initAbort();
-                   a.setId(request_id);
-                   a.setStopString(why == finish_reason::stop);
-                   a.setChoice(choice);
-                 }));
+  role_handle<router_role>(s.router).send_anon<msg::abort>([&](schema::Abort::Builder a) {
+    a.setId(request_id);
+    a.setStopString(why == finish_reason::stop);
+    a.setChoice(choice);
+  });
 }
 
 

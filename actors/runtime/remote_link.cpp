@@ -10,7 +10,10 @@
 #include <set>
 #include <thread>
 
+#include <optional>
+
 #include "actors/common/metrics.h"
+#include "actors/common/protocol.h"
 #include "actors/common/request.h"
 #include "actors/router/router.h"
 
@@ -29,49 +32,37 @@ void bounce(const peer_set& peers, const wire& w, const tandem::error& e) {
     auto env = rd.root();
     schema::SubmitRequest::Reader r;
     bool handoff = false;
-    if (env.isSubmit())
-      r = env.getSubmit();
-    else if (env.isRequeue())
-      r = env.getRequeue();
-    else if (env.isHandoff()) {
-      r = env.getHandoff().getRequest();
+    if (env.isPrefill() && env.getPrefill().isSubmit())
+      r = env.getPrefill().getSubmit();
+    else if (env.isPrefill() && env.getPrefill().isRequeue())
+      r = env.getPrefill().getRequeue();
+    else if (env.isRouter() && env.getRouter().isRequeue())
+      r = env.getRouter().getRequeue();  // a decode node's requeue while the router's node is down
+    else if (env.isDecode() && env.getDecode().isSubmit())
+      r = env.getDecode().getSubmit();
+    else if (env.isDecode() && env.getDecode().isHandoff()) {
+      r = env.getDecode().getHandoff().getRequest();
       handoff = true;
     } else
       return;
     const std::string id = r.getId().cStr();
     // A refused handoff is the decode side's failure (state "decode"): the router counts it
     // against the decode node it names, and the request may continue on another one.
-    if (peers.router) {
-      peers.router.gate->enter_control();
-      caf::anon_send(peers.router.handle, wire_atom::value,
-                     make_event(id, {}, finish_reason::error, &e, static_cast<int32_t>(r.getPrompt().size()),
-                                r.getCachedTokens(), handoff ? request_stage::decode : request_stage::refused,
-                                static_cast<int32_t>(r.getGenerated().size())));
-    }
-    if (handoff && peers.prefill) {
-      peers.prefill.gate->enter_control();
-      caf::anon_send(peers.prefill.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder b) {
-                       auto a = b.initAbort();
-                       a.setId(id);
-                       a.setHops(8);  // only the source's KV send; do not chase
-                     }));
-    }
+    if (peers.router)
+      peers.router.send_anon(make_event(id, {}, finish_reason::error, &e, static_cast<int32_t>(r.getPrompt().size()),
+                                        r.getCachedTokens(), handoff ? request_stage::decode : request_stage::refused,
+                                        static_cast<int32_t>(r.getGenerated().size())));
+    if (handoff && peers.prefill)
+      peers.prefill.send_anon<msg::abort>([&](schema::Abort::Builder a) {
+        a.setId(id);
+        a.setHops(8);  // only the source's KV send; do not chase
+      });
   } catch (const std::exception&) {
     // Malformed: nothing to answer.
   }
 }
 
 namespace {
-
-bool is_work(const wire& w) {
-  try {
-    wire_reader rd(w);
-    auto env = rd.root();
-    return env.isSubmit() || env.isHandoff();
-  } catch (const std::exception&) {
-    return false;
-  }
-}
 
 struct ingress_state {
   std::string node;
@@ -80,16 +71,28 @@ struct ingress_state {
   std::shared_ptr<spdlog::logger> log;
   std::map<std::string, int64_t> delivered, refused;
   int64_t unknown = 0;
+  int64_t version_mismatch = 0;  ///< messages of another schema::WIRE_VERSION
   static inline const char* name = "ingress";
 
-  const bounded_actor* local(const std::string& role) const {
-    if (std::find(local_roles.begin(), local_roles.end(), role) == local_roles.end()) return nullptr;
-    if (role == "router") return &peers.router;
-    if (role == "prefill") return &peers.prefill;
-    if (role == "decode") return &peers.decode;
-    return nullptr;
+  bool runs(const std::string& role) const {
+    return std::find(local_roles.begin(), local_roles.end(), role) != local_roles.end();
   }
 };
+
+enum class admit_result { delivered, refused, not_wired, misrouted };
+
+/// Hands `w` (a message of `Role`, read as `in`) to the local actor of that role through its
+/// gate (the table in protocol.h), if this node runs the role and the kind may cross nodes.
+template <class Role>
+admit_result admit_local(const ingress_state& s, const role_handle<Role>& to, typename Role::in::Reader in,
+                         const wire& w) {
+  if (!s.runs(Role::name)) return admit_result::misrouted;
+  if (!to) return admit_result::not_wired;
+  bool known = false;
+  gate_of<Role>(in.which(), &known);
+  if (!known || !is_cast<Role>(in.which())) return admit_result::misrouted;  // local-only kinds never cross
+  return to.forward_remote(w, in.which()) ? admit_result::delivered : admit_result::refused;
+}
 
 caf::behavior ingress_actor(caf::stateful_actor<ingress_state>* self, std::string node,
                             std::vector<std::string> local_roles, std::shared_ptr<spdlog::logger> log) {
@@ -101,26 +104,55 @@ caf::behavior ingress_actor(caf::stateful_actor<ingress_state>* self, std::strin
       [self](peers_atom, const peer_set& p) { self->state.peers = p; },
       [self](wire_atom, const std::string& role, const wire& w) {
         auto& s = self->state;
-        const bounded_actor* to = s.local(role);
-        if (!to || !*to) {
-          ++s.unknown;
-          if (to)  // arrived before this node's actors were wired (a first credit; the router asks again)
-            s.log->info("ingress: message for role '{}' before node {} wired its actors; dropped", role, s.node);
-          else
-            s.log->warn("ingress: message for role '{}', which node {} does not run; dropped", role, s.node);
-          return;
-        }
-        if (is_work(w)) {
-          if (!to->gate->try_enter()) {
-            ++s.refused[role];
-            bounce(s.peers, w, to->gate->overloaded_error());
+        // The envelope names its role (the union branch): that decides where it goes; the
+        // link's role string must agree.
+        admit_result r = admit_result::misrouted;
+        std::shared_ptr<mailbox_gate> gate;
+        try {
+          wire_reader rd(w);
+          auto env = rd.root();
+          if (env.getVersion() != schema::WIRE_VERSION) {
+            ++s.version_mismatch;
+            s.log->error("ingress: a message of wire protocol {} for role '{}' (node {} speaks {}); dropped: run the "
+                         "same tandem build on every node",
+                         env.getVersion(), role, s.node, schema::WIRE_VERSION);
             return;
           }
-        } else {
-          to->gate->enter_control();
+          if (env.isRouter() && role == router_role::name) {
+            r = admit_local(s, s.peers.router, env.getRouter(), w);
+            gate = s.peers.router.gate;
+          } else if (env.isPrefill() && role == prefill_role::name) {
+            r = admit_local(s, s.peers.prefill, env.getPrefill(), w);
+            gate = s.peers.prefill.gate;
+          } else if (env.isDecode() && role == decode_role::name) {
+            r = admit_local(s, s.peers.decode, env.getDecode(), w);
+            gate = s.peers.decode.gate;
+          }
+        } catch (const std::exception& e) {
+          ++s.unknown;
+          s.log->warn("ingress: malformed message for role '{}' dropped: {}", role, e.what());
+          return;
         }
-        ++s.delivered[role];
-        caf::anon_send(to->handle, wire_atom::value, w);
+        switch (r) {
+          case admit_result::delivered:
+            ++s.delivered[role];
+            return;
+          case admit_result::refused:
+            ++s.refused[role];
+            bounce(s.peers, w, gate->overloaded_error());
+            return;
+          case admit_result::not_wired:
+            // Arrived before this node's actors were wired (a first credit; the router asks again).
+            ++s.unknown;
+            s.log->info("ingress: message for role '{}' before node {} wired its actors; dropped", role, s.node);
+            return;
+          case admit_result::misrouted:
+            ++s.unknown;
+            s.log->warn("ingress: message for role '{}', which node {} does not run or which is not that role's "
+                        "(or not one that crosses nodes); dropped",
+                        role, s.node);
+            return;
+        }
       },
       [self](stats_atom) -> wire {
         auto& s = self->state;
@@ -135,6 +167,8 @@ caf::behavior ingress_actor(caf::stateful_actor<ingress_state>* self, std::strin
         }
         m.push_back({"ingress_misrouted_total", "", double(s.unknown), "counter",
                      "Messages from other nodes for a role this node does not run"});
+        m.push_back({"ingress_version_mismatch_total", "", double(s.version_mismatch), "counter",
+                     "Messages from other nodes of another wire protocol version (another tandem build), dropped"});
         return make_stats_wire("ingress", m, {});
       },
   };
@@ -170,7 +204,8 @@ struct proxy_state {
   /// proxy, decode for a prefill proxy) which nodes of the role are down and up.
   bool notify_local = false;
   caf::actor dialer;  ///< answers redials instead of the middleman (tests)
-  const bounded_actor& local_peer() const { return role == "decode" ? peers.prefill : peers.decode; }
+  /// This node's scheduler on the other side of the KV handoff.
+  bounded_actor local_peer() const { return role == "decode" ? peers.prefill.untyped() : peers.decode.untyped(); }
   static inline const char* name = "proxy";
 
   proxy_target* pick(bool round_robin) {
@@ -197,8 +232,33 @@ struct proxy_state {
 
 /// The decode target a handoff names ("" for anything else, or a handoff naming none).
 std::string handoff_target(schema::Envelope::Reader env) {
-  if (!env.isHandoff()) return "";
-  return env.getHandoff().getRequest().getDecodeTarget().cStr();
+  if (!env.isDecode() || !env.getDecode().isHandoff()) return "";
+  return env.getDecode().getHandoff().getRequest().getDecodeTarget().cStr();
+}
+
+/// The Abort in `env` (of whichever role), if it is one.
+std::optional<schema::Abort::Reader> abort_of(schema::Envelope::Reader env) {
+  if (env.isPrefill() && env.getPrefill().isAbort()) return env.getPrefill().getAbort();
+  if (env.isDecode() && env.getDecode().isAbort()) return env.getDecode().getAbort();
+  if (env.isRouter() && env.getRouter().isAbort()) return env.getRouter().getAbort();
+  return std::nullopt;
+}
+
+/// A submission or requeue (round-robin over the role's nodes).
+bool is_submission(schema::Envelope::Reader env) {
+  return (env.isPrefill() && (env.getPrefill().isSubmit() || env.getPrefill().isRequeue())) ||
+         (env.isDecode() && env.getDecode().isSubmit()) || (env.isRouter() && env.getRouter().isRequeue());
+}
+
+/// `env` (an abort) again, in its role, with `hops`.
+wire with_hops(schema::Envelope::Reader env, int32_t hops) {
+  capnp::MallocMessageBuilder mb;
+  mb.setRoot(env);
+  auto b = mb.getRoot<schema::Envelope>();
+  if (b.isPrefill()) b.getPrefill().getAbort().setHops(hops);
+  else if (b.isDecode()) b.getDecode().getAbort().setHops(hops);
+  else b.getRouter().getAbort().setHops(hops);
+  return make_wire(mb);
 }
 
 caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, std::string role, std::vector<remote_node> targets,
@@ -297,24 +357,17 @@ caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, std::string ro
         try {
           wire_reader rd(w);
           auto env = rd.root();
-          rr = env.isSubmit() || env.isRequeue();
-          all = env.isAbort();
+          rr = is_submission(env);
+          const auto ab = abort_of(env);
+          all = ab.has_value();
           named = handoff_target(env);
-          if (all && s.targets.size() > 1 && env.getAbort().getHops() > 0 &&
-              env.getAbort().getHops() < max_fanout_abort_hops) {
+          if (all && s.targets.size() > 1 && ab->getHops() > 0 && ab->getHops() < max_fanout_abort_hops) {
             // A chased abort (a scheduler that did not hold the request follows it) reaches every
             // node of the role, and each that does not hold it either would chase it on to every
             // node of the other role: (prefill x decode nodes)^4 messages over the 8 hops. From a
             // fan-out on it may go one hop further only (the requeues that move a request back to
             // prefill go through the router, which ends them once the request is aborted).
-            auto a = env.getAbort();
-            out = make_wire([&](schema::Envelope::Builder b) {
-              auto c = b.initAbort();
-              c.setId(a.getId());
-              c.setStopString(a.getStopString());
-              c.setChoice(a.getChoice());
-              c.setHops(max_fanout_abort_hops);
-            });
+            out = with_hops(env, max_fanout_abort_hops);
             ++s.aborts_capped;
           }
         } catch (const std::exception&) {

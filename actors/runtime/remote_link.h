@@ -4,9 +4,12 @@
 /// a proxy actor with the usual mailbox gate. Between nodes the message is
 /// (wire_atom, role, wire): still the Cap'n Proto envelope bytes.
 ///
+/// The envelope's branch (RouterIn, PrefillIn, DecodeIn) names the role a message is for, so
+/// the ingress routes it without reading the message itself, and refuses one of another wire
+/// protocol version (schema::WIRE_VERSION) or of a kind that never crosses nodes.
 /// Mailbox gates are shared-memory counters, so a remote sender cannot pass the receiver's:
-/// the ingress applies the local gate on arrival (try_enter for work: submissions, handoffs;
-/// enter_control for the rest, as locally) and answers a refused one with an explicit
+/// the ingress applies the local gate on arrival by the same table as a local sender
+/// (actors/common/protocol.h: work may be refused, control never) and answers a refused one with an explicit
 /// `overloaded` error event to the router (and, for a handoff, an abort of the source's KV
 /// send), so a remote sender never blocks and never waits for an answer.
 #include <spdlog/logger.h>
@@ -18,6 +21,7 @@
 #include <vector>
 
 #include "actors/common/bounded_mailbox.h"
+#include "actors/common/protocol.h"
 #include "kernels/base/error.h"
 #include "actors/common/wire.h"
 

@@ -19,6 +19,7 @@
 
 #include "actors/common/metrics.h"
 #include "actors/common/pool_pages_wire.h"
+#include "actors/common/wire.h"  // kv_atom
 #include "kernels/model/kv_pools.h"
 
 namespace spdlog {
@@ -26,10 +27,6 @@ class logger;
 }
 
 namespace tandem {
-
-/// Tags KV transfer orders to the worker and its kvDone answers. Not gated: an order follows a
-/// request the scheduler already holds pages for, so they are bounded by the live requests.
-using kv_atom = caf::atom_constant<caf::atom("kv")>;
 
 /// Hands the pages of a transfer back to the worker's owner, exactly once per transfer.
 /// `delivered`: destination: the KV is in the pages; source: it was written out. `why`

@@ -13,6 +13,7 @@
 #include "actors/common/pool_pages_wire.h"
 #include "actors/common/request.h"
 #include "actors/common/logprobs_wire.h"
+#include "actors/common/receive.h"
 #include "actors/common/wire.h"
 #include "kernels/model/logprobs.h"
 #include "kernels/model/sampler.h"
@@ -35,7 +36,12 @@ struct worker_state {
   std::shared_ptr<kv_pools> pools;    ///< every pool of the layout set (borrowed from the port)
   kv_pool* pool = nullptr;            ///< pool 0
   /// Who ordered each live transfer (gets its kvDone) and for which request.
-  std::map<uint64_t, std::pair<caf::actor, std::string>> transfers;
+  struct orderer {
+    caf::actor to;
+    bool prefill = false;  ///< a kvSend's (the prefill scheduler), else a kvReceive's (decode)
+    std::string id;
+  };
+  std::map<uint64_t, orderer> transfers;
   int64_t transfer_orders = 0, transfer_order_failures = 0;
   bool tick_pending = false;
   std::vector<metric_sample> extra_metrics;  ///< scratch of the stats handler
@@ -45,6 +51,7 @@ struct worker_state {
   int64_t copies = 0, copy_failures = 0;
   std::shared_ptr<mailbox_gate> gate;
   std::shared_ptr<spdlog::logger> log;
+  inbox box;  ///< the receive side (gate, log, unexpected-message counters)
   worker_options opt;
   std::vector<float> logits;
   std::unique_ptr<grammar::grammar_sessions> grammars;  ///< with opt.grammar_vocab
@@ -61,19 +68,29 @@ size_t total_bytes(const kv_pools* p) {
 }
 
 wire fail_result(const tandem::error& e) {
-  return make_wire([&](schema::Envelope::Builder env) {
+  return make_reply([&](schema::Reply::Builder env) {
     auto r = env.initForwardResult();
     r.setFailed(true);
     set_error(r.initError(), e);
   });
 }
 
-wire run_forward(worker_state& st, const wire& w) {
-  wire_reader rd(w);
-  auto env = rd.root();
-  if (!env.isForward())
-    return fail_result(tandem::error(error_kind::unimplemented, "worker: expected a forward batch message"));
-  auto fb = env.getForward();
+/// A transfer's end to the scheduler that ordered it (kv_atom: not gated, see protocol.h).
+void send_kv_done(const worker_state::orderer& o, uint64_t tid, bool delivered, const pool_pages& pages,
+                  const std::string& why) {
+  auto fill = [&](schema::KvTransferDone::Builder d) {
+    d.setTransferId(tid);
+    d.setId(o.id);
+    d.setDelivered(delivered);
+    write_pool_pages(d, pages);
+    d.setError(why);
+  };
+  caf::anon_send(o.to, kv_atom::value,
+                 o.prefill ? make_role_wire<prefill_role, msg::kv_done>(fill)
+                           : make_role_wire<decode_role, msg::kv_done>(fill));
+}
+
+wire run_forward(worker_state& st, schema::ForwardBatch::Reader fb) {
   auto seqs = fb.getSeqs();
   const int32_t n_vocab = st.model->config().n_vocab;
   const int32_t ps = st.opt.page_size;
@@ -165,7 +182,7 @@ wire run_forward(worker_state& st, const wire& w) {
   st.tokens += n_tok;
   st.forward_ms.observe(double(us) / 1000.0);
   st.log->debug("{} batch: {} seqs, {} tokens, {} us", fb.getPhase() == schema::StageRole::DECODE ? "decode" : "prefill", seqs.size(), n_tok, us);
-  return make_wire([&](schema::Envelope::Builder env2) {
+  return make_reply([&](schema::Reply::Builder env2) {
     auto r = env2.initForwardResult();
     fill_list([&](unsigned n) { return r.initTokens(n); }, out);
     write_logprobs([&](unsigned n) { return r.initLogprobs(n); }, lps);
@@ -267,7 +284,7 @@ wire run_copy(worker_state& st, schema::CacheCopy::Reader cc) {
   st.copy_failures += static_cast<int64_t>(failed.size());
   if (!first_error.empty()) st.log->warn("cache copy {}: {} of {} ops failed: {}", cc.getId().cStr(), failed.size(),
                                          ops.size(), first_error);
-  return make_wire([&](schema::Envelope::Builder env) {
+  return make_reply([&](schema::Reply::Builder env) {
     auto r = env.initCacheCopyReply();
     auto fl = r.initFailed(static_cast<unsigned>(failed.size()));
     for (unsigned i = 0; i < failed.size(); ++i) fl.set(i, failed[i]);
@@ -296,6 +313,7 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
   st.opt = opt;
   st.gate = std::move(gate);
   st.log = std::move(log);
+  st.box = inbox{"worker", st.gate, st.log};
   if (opt.grammar_vocab)
     st.grammars = std::make_unique<grammar::grammar_sessions>(opt.grammar_vocab, opt.grammar_limits);
   if (opt.fail_at_start)
@@ -323,17 +341,9 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
             st_ptr->log->error("kv transfer {:#x}: pages released for a transfer nobody ordered", tid);
             return;
           }
-          auto to = it->second.first;
-          auto id = it->second.second;
+          auto o = std::move(it->second);
           st_ptr->transfers.erase(it);
-          caf::anon_send(to, kv_atom::value, make_wire([&](schema::Envelope::Builder env) {
-                           auto d = env.initKvDone();
-                           d.setTransferId(tid);
-                           d.setId(id);
-                           d.setDelivered(delivered);
-                           write_pool_pages(d, pages);
-                           d.setError(why);
-                         }));
+          send_kv_done(o, tid, delivered, pages, why);
         }, st.log);
     st.pools = std::shared_ptr<kv_pools>(&st.port->pools(), [](kv_pools*) {});  // the port's
   } else {
@@ -361,28 +371,17 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
   return {
       [self](call_atom, const wire& w) -> wire {
         auto& s = self->state;
-        s.gate->leave();
-        try {
-          {
-            wire_reader rd(w);
-            auto env = rd.root();
-            if (env.isCacheCopy()) return run_copy(s, env.getCacheCopy());
-          }
-          return run_forward(s, w);
-        } catch (const tandem::error& e) {
-          ++s.failures;
-          s.log->error("forward failed: {}", e.what());
-          return fail_result(e);
-        } catch (const kj::Exception& e) {
-          ++s.failures;
-          return fail_result(tandem::error(
-              error_kind::failed, fmt::format("malformed forward batch: {}", e.getDescription().cStr())));
-        } catch (const std::exception& e) {
-          ++s.failures;
-          s.log->error("forward failed: {}", e.what());
-          return fail_result(
-              tandem::error(error_kind::failed, fmt::format("forward pass failed: {}", e.what())));
-        }
+        return receive_call<worker_role, wire>(
+            s.box, w,
+            overloaded{
+                [&s](msg::forward, schema::ForwardBatch::Reader fb) { return run_forward(s, fb); },
+                [&s](msg::cache_copy, schema::CacheCopy::Reader cc) { return run_copy(s, cc); },
+            },
+            [&s](const tandem::error& e) {
+              ++s.failures;
+              s.log->error("forward failed: {}", e.what());
+              return fail_result(e);
+            });
       },
       [self](kv_atom, const wire& w) {
         auto& s = self->state;
@@ -390,43 +389,32 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
           s.log->error("worker: KV transfer order without a transfer port (node has no kv_port)");
           return;
         }
-        try {
-          wire_reader rd(w);
-          auto env = rd.root();
-          if (env.isKvAbort()) {
-            s.port->abort(env.getKvAbort().getTransferId());
-          } else if (env.isKvSend() || env.isKvReceive()) {
-            const bool send = env.isKvSend();
-            auto o = send ? env.getKvSend() : env.getKvReceive();
-            const uint64_t tid = o.getTransferId();
-            pool_pages pages = read_pool_pages(o);
-            auto to = caf::actor_cast<caf::actor>(self->current_sender());
-            s.transfers[tid] = {to, o.getId().cStr()};
-            s.transfer_orders += 1;
-            try {
-              if (send)
-                s.port->send(tid, o.getPeerNode().cStr(), pages);
-              else
-                s.port->receive(tid, o.getPeerNode().cStr(), pages);
-            } catch (const std::exception& e) {
-              // Not started: the pages are the orderer's again, through the same answer.
-              s.transfer_order_failures += 1;
-              s.transfers.erase(tid);
-              caf::anon_send(to, kv_atom::value, make_wire([&](schema::Envelope::Builder env2) {
-                               auto d = env2.initKvDone();
-                               d.setTransferId(tid);
-                               d.setId(o.getId());
-                               d.setDelivered(false);
-                               write_pool_pages(d, pages);
-                               d.setError(e.what());
-                             }));
-            }
-          } else {
-            s.log->error("worker: unexpected KV message dropped");
+        auto order = [self](bool send, schema::KvTransferOrder::Reader o) {
+          auto& s = self->state;
+          const uint64_t tid = o.getTransferId();
+          pool_pages pages = read_pool_pages(o);
+          worker_state::orderer who{caf::actor_cast<caf::actor>(self->current_sender()), send, o.getId().cStr()};
+          s.transfers[tid] = who;
+          s.transfer_orders += 1;
+          try {
+            if (send)
+              s.port->send(tid, o.getPeerNode().cStr(), pages);
+            else
+              s.port->receive(tid, o.getPeerNode().cStr(), pages);
+          } catch (const std::exception& e) {
+            // Not started: the pages are the orderer's again, through the same answer.
+            s.transfer_order_failures += 1;
+            s.transfers.erase(tid);
+            send_kv_done(who, tid, false, pages, e.what());
           }
-        } catch (const std::exception& e) {
-          s.log->error("worker: bad KV order: {}", e.what());
-        }
+        };
+        receive<worker_role, kv_atom>(
+            s.box, w,
+            overloaded{
+                [&s](msg::kv_abort, schema::KvTransferOrder::Reader o) { s.port->abort(o.getTransferId()); },
+                [&](msg::kv_send, schema::KvTransferOrder::Reader o) { order(true, o); },
+                [&](msg::kv_receive, schema::KvTransferOrder::Reader o) { order(false, o); },
+            });
         s.port->progress();
         if (!s.tick_pending) {
           s.tick_pending = true;
@@ -486,6 +474,7 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
                      "Time spent computing and applying grammar masks"});
         for (auto& x : s.extra_metrics) m.push_back(std::move(x));
         s.extra_metrics.clear();
+        for (auto& x : s.box.metrics()) m.push_back(std::move(x));
         return make_stats_wire("worker", m, {&s.forward_ms});
       },
   };

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "actors/common/protocol.h"
 #include "actors/common/logging.h"
 #include "actors/common/metrics.h"
 #include "actors/common/wire.h"
@@ -50,17 +51,20 @@ struct target_box {
     wire_reader rd(w);
     auto env = rd.root();
     std::lock_guard lk(m);
-    if (env.isSubmit()) submits.push_back(seq_request::read(env.getSubmit()));
-    if (env.isAbort()) aborts.push_back(env.getAbort().getId().cStr());
-    if (env.isRequeue()) requeues.push_back(seq_request::read(env.getRequeue()));
-    if (env.isCreditQuery()) {
-      holds.push_back(env.getCreditQuery().getHolds());
+    // A prefill target gets PrefillIn messages, a decode target DecodeIn ones.
+    const bool pre = env.isPrefill(), dec = env.isDecode();
+    if (pre && env.getPrefill().isSubmit()) submits.push_back(seq_request::read(env.getPrefill().getSubmit()));
+    if (dec && env.getDecode().isSubmit()) submits.push_back(seq_request::read(env.getDecode().getSubmit()));
+    if (pre && env.getPrefill().isAbort()) aborts.push_back(env.getPrefill().getAbort().getId().cStr());
+    if (dec && env.getDecode().isAbort()) aborts.push_back(env.getDecode().getAbort().getId().cStr());
+    if (pre && env.getPrefill().isRequeue()) requeues.push_back(seq_request::read(env.getPrefill().getRequeue()));
+    if ((pre && env.getPrefill().isCreditQuery()) || (dec && env.getDecode().isCreditQuery())) {
+      holds.push_back(pre ? env.getPrefill().getCreditQuery().getHolds() : env.getDecode().getCreditQuery().getHolds());
       // The answer goes out before the query is counted: a test that saw the query and then
       // asks the router something finds the credit processed.
       if (answer && router) {
         router.gate->enter_control();
-        caf::anon_send(router.handle, wire_atom::value, make_wire([&](schema::Envelope::Builder e) {
-                         auto c = e.initCredit();
+        caf::anon_send(router.handle, wire_atom::value, make_role_wire<router_role, msg::credit>([&](schema::Credit::Builder c) {
                          c.setTarget(name);
                          c.setRole(role == "decode" ? schema::StageRole::DECODE : schema::StageRole::PREFILL);
                          c.setSeq(++seq);
@@ -182,7 +186,7 @@ struct router_rig : test_system {
   void submit(const seq_request& r) {
     router.gate->enter_control();
     caf::anon_send(router.handle, submit_atom::value,
-                   make_wire([&](schema::Envelope::Builder env) { r.write(env.initSubmit()); }),
+                   make_role_wire<router_role, msg::submit>([&](schema::SubmitRequest::Builder b) { r.write(b); }),
                    callback_box{col.cb()});
   }
   void send(const wire& w) {

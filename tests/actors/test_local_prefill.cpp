@@ -7,6 +7,7 @@
 
 #include <caf/all.hpp>
 
+#include "actors/common/protocol.h"
 #include "actors/cache_tier/cache_tier.h"
 #include "actors/common/logging.h"
 #include "actors/common/metrics.h"
@@ -76,7 +77,7 @@ struct two_nodes : test_system {
     r.sampling.temperature = 0.0f;  // greedy: both paths must give the model's own answer
     router.gate->enter_control();
     caf::anon_send(router.handle, submit_atom::value,
-                   make_wire([&](schema::Envelope::Builder env) { r.write(env.initSubmit()); }), callback_box{col.cb()});
+                   make_role_wire<router_role, msg::submit>([&](schema::SubmitRequest::Builder b) { r.write(b); }), callback_box{col.cb()});
   }
   stats_snapshot stats(const bounded_actor& a) { return stats_of(a.handle); }
 };

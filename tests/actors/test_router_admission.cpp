@@ -9,6 +9,7 @@
 #include <map>
 #include <random>
 
+#include "actors/common/protocol.h"
 #include "actors/prefill_scheduler/drain_meter.h"
 #include "tests/actors/router_rig.h"
 
@@ -55,8 +56,7 @@ struct rig : router_rig {
   }
   void credit(int target, uint64_t seq, uint64_t received, int32_t queued, int64_t tokens, double rate,
               int64_t active = 0) {
-    send(make_wire([&](schema::Envelope::Builder env) {
-      auto c = env.initCredit();
+    send(make_role_wire<router_role, msg::credit>([&](schema::Credit::Builder c) {
       c.setTarget("n" + std::to_string(target) + "/prefill");
       c.setRole(schema::StageRole::PREFILL);
       c.setSeq(seq);

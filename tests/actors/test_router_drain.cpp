@@ -7,6 +7,7 @@
 
 #include <map>
 
+#include "actors/common/protocol.h"
 #include "actors/runtime/node_drain.h"
 #include "tests/actors/router_rig.h"
 
@@ -32,8 +33,7 @@ struct rig : router_rig {
   }
   /// A credit of `target` (role from its name), draining or not, listing `unreachable`.
   void credit(const std::string& target, bool draining, std::vector<std::string> unreachable = {}) {
-    send(make_wire([&](schema::Envelope::Builder env) {
-      auto c = env.initCredit();
+    send(make_role_wire<router_role, msg::credit>([&](schema::Credit::Builder c) {
       c.setTarget(target);
       c.setRole(target.substr(target.find('/') + 1) == "decode" ? schema::StageRole::DECODE
                                                                   : schema::StageRole::PREFILL);

@@ -75,8 +75,7 @@ struct rig : router_rig {
     caf::anon_send(router.handle, node_down_atom::value, what, why);
   }
   void credit(const std::string& name, const std::string& role, uint64_t seq) {
-    send(make_wire([&](schema::Envelope::Builder env) {
-      auto c = env.initCredit();
+    send(make_role_wire<router_role, msg::credit>([&](schema::Credit::Builder c) {
       c.setTarget(name);
       c.setRole(role == "decode" ? schema::StageRole::DECODE : schema::StageRole::PREFILL);
       c.setSeq(seq);
@@ -432,8 +431,7 @@ TEST_CASE("router admission: a decode target with two batches of sequences waiti
   rig r(l, 1, 1);
   r.decodes[0]->set_answer(false);  // only the credits below speak for d0
   auto decode_credit = [&](uint64_t seq, int32_t waiting) {
-    r.send(make_wire([&](schema::Envelope::Builder env) {
-      auto c = env.initCredit();
+    r.send(make_role_wire<router_role, msg::credit>([&](schema::Credit::Builder c) {
       c.setTarget("d0/decode");
       c.setRole(schema::StageRole::DECODE);
       c.setSeq(seq);
@@ -469,8 +467,7 @@ TEST_CASE("router admission: max_decode_waiting_seqs = -1 turns the decode queue
   l.max_decode_waiting_seqs = -1;
   rig r(l, 1, 1);
   r.decodes[0]->set_answer(false);
-  r.send(make_wire([&](schema::Envelope::Builder env) {
-    auto c = env.initCredit();
+  r.send(make_role_wire<router_role, msg::credit>([&](schema::Credit::Builder c) {
     c.setTarget("d0/decode");
     c.setRole(schema::StageRole::DECODE);
     c.setSeq(1000);
@@ -492,7 +489,7 @@ void send_back(rig& r, const attempt& a) {
   seq_request q = a.q;
   q.generated.assign(a.seq.begin() + static_cast<std::ptrdiff_t>(a.q.prompt.size()), a.seq.end());
   q.transfer_retries += 1;
-  r.send(make_wire([&](schema::Envelope::Builder env) { q.write(env.initRequeue()); }));
+  r.send(make_role_wire<router_role, msg::requeue>([&](schema::SubmitRequest::Builder b) { q.write(b); }));
 }
 }  // namespace
 

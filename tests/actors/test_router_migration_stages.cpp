@@ -9,6 +9,7 @@
 #include <caf/all.hpp>
 #include <map>
 
+#include "actors/common/protocol.h"
 #include "actors/cache_tier/cache_tier.h"
 #include "actors/common/logging.h"
 #include "actors/common/metrics.h"
@@ -100,7 +101,7 @@ std::map<std::string, std::vector<int32_t>> run(bool fault, float temperature) {
     r.sampling.seed = 42;
     router.gate->enter_control();
     caf::anon_send(router.handle, submit_atom::value,
-                   make_wire([&](schema::Envelope::Builder env) { r.write(env.initSubmit()); }), callback_box{col.cb()});
+                   make_role_wire<router_role, msg::submit>([&](schema::SubmitRequest::Builder b) { r.write(b); }), callback_box{col.cb()});
   };
   const std::vector<int32_t> p0 = {3, 9, 4, 1, 7}, p1 = {2, 8, 8};
   submit("s0", p0, 12);

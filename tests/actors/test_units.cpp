@@ -1,6 +1,7 @@
 // Unit tests of the actor layer's data structures: page allocator, radix cache, mailbox gate, wire.
 #include <doctest/doctest.h>
 
+#include "actors/common/protocol.h"
 #include "actors/cache_tier/page_allocator.h"
 #include "actors/cache_tier/radix_cache.h"
 #include "actors/common/bounded_mailbox.h"
@@ -162,12 +163,12 @@ TEST_CASE("wire: request round trip and malformed bytes") {
   r.max_tokens = 5;
   r.deadline_ms = 1234;
   r.admit_order = 3;
-  auto w = make_wire([&](schema::Envelope::Builder env) { r.write(env.initSubmit()); });
+  auto w = make_role_wire<router_role, msg::submit>([&](schema::SubmitRequest::Builder b) { r.write(b); });
   // Unaligned copy: the reader must not depend on the vector's alignment.
   wire shifted;
   shifted.bytes = w.bytes;
   wire_reader rd(shifted);
-  auto back = seq_request::read(rd.root().getSubmit());
+  auto back = seq_request::read(rd.root().getRouter().getSubmit());
   CHECK(back.id == "req-1");
   CHECK(back.all_tokens() == std::vector<int32_t>{1, 2, 3, 7});
   CHECK(back.sampling.seed == 42);

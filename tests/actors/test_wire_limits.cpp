@@ -72,12 +72,13 @@ TEST_CASE("wire limits: the 48-byte input declaring millions of zero-sized eleme
   std::ifstream in(TANDEM_SOURCE_DIR "/tests/fuzz/corpus/wire/regress-zero-size-list-8m-elements", std::ios::binary);
   REQUIRE(in);
   wire w{std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {})};
-  REQUIRE(w.bytes.size() == 48);
+  REQUIRE(w.bytes.size() == 64);  // 48 bytes before the per-role framing (Envelope.worker)
   {
     wire_reader rd(w);
     auto env = rd.root();
-    REQUIRE(env.isForward());
-    const std::string why = kj_error_of([&] { (void)env.getForward().getSeqs().size(); });
+    REQUIRE(env.isWorker());
+    REQUIRE(env.getWorker().isForward());
+    const std::string why = kj_error_of([&] { (void)env.getWorker().getForward().getSeqs().size(); });
     INFO("error: " << why);
     CHECK(why.find("traversal limit") != std::string::npos);
   }
@@ -88,7 +89,7 @@ TEST_CASE("wire limits: the 48-byte input declaring millions of zero-sized eleme
     fixed.traversal_words_per_word = fixed.traversal_limit_words;
     wire_reader rd(w, fixed);
     uint32_t n = 0;
-    CHECK(kj_error_of([&] { n = rd.root().getForward().getSeqs().size(); }).empty());
+    CHECK(kj_error_of([&] { n = rd.root().getWorker().getForward().getSeqs().size(); }).empty());
     CHECK(n > (1u << 20));
   }
 }
@@ -99,7 +100,8 @@ TEST_CASE("wire limits: the largest real messages decode in full under the scale
   // 8192 pages, a 128K-token prompt, a cache copy of 1024 pages and a stats reply.
   const int32_t pages_per_seq = 8192, ctx = 131072;
   std::vector<wire> msgs;
-  msgs.push_back(make_wire([&](schema::Envelope::Builder env) {
+  msgs.push_back(make_wire([&](schema::Envelope::Builder root) {
+    auto env = root.initWorker();
     auto seqs = env.initForward().initSeqs(256);
     env.getForward().setPhase(schema::StageRole::DECODE);
     for (unsigned i = 0; i < seqs.size(); ++i) {
@@ -111,7 +113,8 @@ TEST_CASE("wire limits: the largest real messages decode in full under the scale
       seqs[i].initSampling().setSeed(i);
     }
   }));
-  msgs.push_back(make_wire([&](schema::Envelope::Builder env) {
+  msgs.push_back(make_wire([&](schema::Envelope::Builder root) {
+    auto env = root.initWorker();
     auto seqs = env.initForward().initSeqs(8);
     env.getForward().setPhase(schema::StageRole::PREFILL);
     for (unsigned i = 0; i < seqs.size(); ++i) {
@@ -121,7 +124,8 @@ TEST_CASE("wire limits: the largest real messages decode in full under the scale
       fill_list([&](unsigned n) { return seqs[i].initPages(n); }, iota(size_t(pages_per_seq)));
     }
   }));
-  msgs.push_back(make_wire([&](schema::Envelope::Builder env) {
+  msgs.push_back(make_wire([&](schema::Envelope::Builder root) {
+    auto env = root.initDecode();
     auto h = env.initHandoff();
     auto r = h.initRequest();
     r.setId("request-1");
@@ -134,19 +138,22 @@ TEST_CASE("wire limits: the largest real messages decode in full under the scale
     kv.setValidTokens(ctx);
     h.setTransferId(7);
   }));
-  msgs.push_back(make_wire([&](schema::Envelope::Builder env) {
+  msgs.push_back(make_wire([&](schema::Envelope::Builder root) {
+    auto env = root.initWorker();
     auto o = env.initKvSend();
     o.setId("request-1");
     o.setPeerNode("node-b");
     fill_list([&](unsigned n) { return o.initPages(n); }, iota(size_t(pages_per_seq)));
   }));
-  msgs.push_back(make_wire([&](schema::Envelope::Builder env) {
+  msgs.push_back(make_wire([&](schema::Envelope::Builder root) {
+    auto env = root.initCacheTier();
     auto ins = env.initInsert();
     ins.setId("request-1");
     fill_list([&](unsigned n) { return ins.initTokens(n); }, iota(size_t(ctx)));
     fill_list([&](unsigned n) { return ins.initPages(n); }, iota(size_t(pages_per_seq)));
   }));
-  msgs.push_back(make_wire([&](schema::Envelope::Builder env) {
+  msgs.push_back(make_wire([&](schema::Envelope::Builder root) {
+    auto env = root.initWorker();
     auto ops = env.initCacheCopy().initOps(1024);
     env.getCacheCopy().setId("backup");
     for (unsigned i = 0; i < ops.size(); ++i) {
@@ -155,7 +162,8 @@ TEST_CASE("wire limits: the largest real messages decode in full under the scale
       fill_list([&](unsigned n) { return ops[i].initTokens(n); }, iota(16, int32_t(i)));
     }
   }));
-  msgs.push_back(make_wire([&](schema::Envelope::Builder env) {
+  msgs.push_back(make_wire([&](schema::Envelope::Builder root) {
+    auto env = root.initReply();
     auto r = env.initStatsReply();
     r.setActor("router");
     auto ms = r.initMetrics(512);
@@ -174,7 +182,10 @@ TEST_CASE("wire limits: the largest real messages decode in full under the scale
     }
   }));
   // Tiny messages too: the budget's slack covers a reader's repeated small getters.
-  msgs.push_back(make_wire([&](schema::Envelope::Builder env) { env.initAbort().setId("r"); }));
+  msgs.push_back(make_wire([&](schema::Envelope::Builder root) {
+    auto env = root.initDecode();
+    env.initAbort().setId("r");
+  }));
 
   for (size_t m = 0; m < msgs.size(); ++m) {
     INFO("message " << m << ", " << msgs[m].bytes.size() << " bytes");
@@ -197,7 +208,7 @@ TEST_CASE("wire limits: the largest real messages decode in full under the scale
   }
   // The typed reads the worker does on the decode step (wire_reader with the default limits).
   wire_reader rd(msgs[0]);
-  auto seqs = rd.root().getForward().getSeqs();
+  auto seqs = rd.root().getWorker().getForward().getSeqs();
   REQUIRE(seqs.size() == 256);
   size_t pages = 0, tokens = 0;
   for (auto s : seqs) {

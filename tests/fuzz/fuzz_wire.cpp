@@ -1,12 +1,14 @@
 // libFuzzer target: Cap'n Proto decoding of actor messages with the production limits
 // (wire_reader on schema::Envelope, the bytes every actor and node accepts), walking the
-// whole message so every pointer is followed under the traversal limit.
+// whole message so every pointer is followed under the traversal limit, then the per-role
+// dispatch an ingress and the receive wrapper do (the role's union, its gate in the table).
 #include <cstdint>
 
 #include <capnp/any.h>
 #include <capnp/dynamic.h>
 #include <capnp/schema.h>
 
+#include "actors/common/protocol.h"
 #include "actors/common/wire.h"
 
 namespace {
@@ -44,9 +46,33 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     tandem::wire_reader r(w);
     walk(capnp::DynamicStruct::Reader(r.root()), 0);
-    // The typed conversions actors use on received messages.
+    // The typed conversions actors use on received messages: the envelope's role, its kind,
+    // the gate the table gives it (an unknown kind is reported, not trusted).
     auto env = r.root();
-    (void)env.which();
+    bool known = false;
+    switch (env.which()) {
+      case tandem::schema::Envelope::ROUTER:
+        (void)tandem::gate_of<tandem::router_role>(env.getRouter().which(), &known);
+        break;
+      case tandem::schema::Envelope::PREFILL:
+        (void)tandem::gate_of<tandem::prefill_role>(env.getPrefill().which(), &known);
+        break;
+      case tandem::schema::Envelope::DECODE:
+        (void)tandem::gate_of<tandem::decode_role>(env.getDecode().which(), &known);
+        break;
+      case tandem::schema::Envelope::WORKER:
+        (void)tandem::gate_of<tandem::worker_role>(env.getWorker().which(), &known);
+        break;
+      case tandem::schema::Envelope::CACHE_TIER:
+        (void)tandem::gate_of<tandem::cache_tier_role>(env.getCacheTier().which(), &known);
+        break;
+      case tandem::schema::Envelope::REPLY:
+        (void)env.getReply().which();
+        break;
+      default:
+        break;
+    }
+    (void)env.getVersion();
   } catch (const tandem::error&) {
   } catch (const kj::Exception&) {
   }

@@ -98,22 +98,25 @@ void rpc_seeds() {
 
 void wire_seeds() {
   using namespace tandem;
+  // One seed per role (and a reply): the per-role unions of schemas/internal.capnp.
   put("wire", "submit", make_wire([](schema::Envelope::Builder e) {
-        auto s = e.initSubmit();
+        auto s = e.initPrefill().initSubmit();
         s.setId("cmpl-1");
         auto p = s.initPrompt(3);
         for (unsigned i = 0; i < 3; ++i) p.set(i, int32_t(i + 1));
         s.setMaxTokens(8);
+        e.setVersion(schema::WIRE_VERSION);
       }).bytes);
-  put("wire", "error", make_wire([](schema::Envelope::Builder e) {
-        auto er = e.initError();
+  put("wire", "error", make_reply([](schema::Reply::Builder r) {
+        auto er = r.initError();
         er.setKind(schema::ErrorKind::OVERLOADED);
         er.setMessage("busy");
       }).bytes);
-  put("wire", "abort", make_wire([](schema::Envelope::Builder e) { e.initAbort(); }).bytes);
-  put("wire", "event", make_wire([](schema::Envelope::Builder e) { e.initEvent(); }).bytes);
-  put("wire", "forward", make_wire([](schema::Envelope::Builder e) { e.initForward(); }).bytes);
-  put("wire", "handoff", make_wire([](schema::Envelope::Builder e) { e.initHandoff(); }).bytes);
+  put("wire", "abort", make_wire([](schema::Envelope::Builder e) { e.initDecode().initAbort(); }).bytes);
+  put("wire", "event", make_wire([](schema::Envelope::Builder e) { e.initRouter().initEvent(); }).bytes);
+  put("wire", "forward", make_wire([](schema::Envelope::Builder e) { e.initWorker().initForward(); }).bytes);
+  put("wire", "handoff", make_wire([](schema::Envelope::Builder e) { e.initDecode().initHandoff(); }).bytes);
+  put("wire", "alloc", make_wire([](schema::Envelope::Builder e) { e.initCacheTier().initAlloc(); }).bytes);
 }
 
 void gguf_seeds() {

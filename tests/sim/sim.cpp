@@ -114,19 +114,33 @@ struct world : gate_fault, world_base {
     try {
       wire_reader rd(m.get_as<wire>(1));
       auto env = rd.root();
-      switch (env.which()) {
-        // Loss: the router's deadline ends the request. Copies: the receiver ignores an id it holds.
-        case schema::Envelope::SUBMIT: k = {"Submit", true, true}; break;
-        case schema::Envelope::ABORT: k = {"Abort", true, true}; break;       // the request ends anyway
-        case schema::Envelope::REQUEUE: k = {"Requeue", true, true}; break;   // its pages were freed before
-        // A lost handoff would lose the page ownership it carries (the cross-node transfer protocol,
-        // transport/ucx/transfer_state, owns that case); a copy is ignored by the decode scheduler.
-        case schema::Envelope::HANDOFF: k = {"Handoff", false, true}; break;
+      k = {"wire", false, false};
+      // Loss: the router's deadline ends the request. Copies: the receiver ignores an id it holds.
+      const kind_info submit{"Submit", true, true}, abort{"Abort", true, true};  // an aborted request ends anyway
+      const kind_info requeue{"Requeue", true, true};  // its pages were freed before
+      if (env.isPrefill()) {
+        auto p = env.getPrefill();
+        if (p.isSubmit()) k = submit;
+        else if (p.isAbort()) k = abort;
+        else if (p.isRequeue()) k = requeue;
+      } else if (env.isDecode()) {
+        auto d = env.getDecode();
+        if (d.isSubmit()) k = submit;
+        else if (d.isAbort()) k = abort;
+        // A lost handoff would lose the page ownership it carries (the cross-node transfer
+        // protocol, transport/ucx/transfer_state, owns that case); a copy is ignored by the decode
+        // scheduler.
+        else if (d.isHandoff()) k = {"Handoff", false, true};
+      } else if (env.isRouter()) {
+        auto r = env.getRouter();
+        if (r.isAbort()) k = abort;
+        else if (r.isRequeue()) k = requeue;
         // The router orders events by firstIndex, drops copies, and holds back after a gap.
-        case schema::Envelope::EVENT: k = {"Event", true, true}; break;
-        case schema::Envelope::FREE: k = {"Free", false, false}; break;
-        case schema::Envelope::INSERT: k = {"Insert", false, false}; break;
-        default: k = {"wire", false, false}; break;
+        else if (r.isEvent()) k = {"Event", true, true};
+      } else if (env.isCacheTier()) {
+        auto c = env.getCacheTier();
+        if (c.isFree()) k = {"Free", false, false};
+        else if (c.isInsert()) k = {"Insert", false, false};
       }
     } catch (const std::exception&) {
       k.what = "malformed";

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "actors/common/protocol.h"
 #include "actors/common/wire.h"
 #include "actors/router/router.h"
 #include "tests/actors/support.h"
@@ -55,7 +56,7 @@ void world_base::send_submit(const bounded_actor& router, const seq_request& r) 
     return;
   }
   caf::anon_send(router.handle, submit_atom::value,
-                 make_wire([&](schema::Envelope::Builder env) { r.write(env.initSubmit()); }),
+                 make_role_wire<router_role, msg::submit>([&](schema::SubmitRequest::Builder b) { r.write(b); }),
                  callback_box{std::move(cb), id, static_cast<int32_t>(r.prompt.size())});
 }
 
