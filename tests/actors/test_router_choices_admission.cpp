@@ -29,8 +29,7 @@ struct rig : router_rig {
 
 /// A decode credit from d0 with `free_pages` pages and `waiting` sequences waiting (batch of 2, full).
 void decode_credit(rig& r, uint64_t seq, int64_t free_pages, int32_t waiting) {
-  r.send(make_wire([&](schema::Envelope::Builder env) {
-    auto c = env.initCredit();
+  r.send(make_role_wire<router_role, msg::credit>([&](schema::Credit::Builder c) {
     c.setTarget("d0/decode");
     c.setRole(schema::StageRole::DECODE);
     c.setSeq(seq);
