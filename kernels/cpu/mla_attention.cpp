@@ -52,7 +52,7 @@ void mla_attention(const float* q_lat, const float* q_pe, int64_t n_tokens, int3
     for (int h = 0; h < n_heads; ++h) {
       const float *ql[G], *qp[G];
       float* o[G];
-      for (int64_t g = 0; g < G; ++g) {  // past gn: the last token again (computed, not stored)
+      for (int64_t g = 0; g < G; ++g) {  // past gn: valid pointers the kernels never read
         const int64_t th = (t0 + std::min(g, gn - 1)) * n_heads + h;
         ql[g] = q_lat + th * kv_lora_rank, qp[g] = q_pe + th * rope_dims, o[g] = out + th * kv_lora_rank;
       }

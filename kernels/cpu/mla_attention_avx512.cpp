@@ -15,10 +15,11 @@ namespace tandem::cpu::mla_detail {
 
 namespace {
 
-// s0 + s1 of dot_avx512(q, row, n) for G queries (n a multiple of 16), into A[g].
+// s0 + s1 of dot_avx512(q, row, n) for queries g0 <= g < g1 of G (n a multiple of 16), into
+// A[g] (the others are zero: a decode token's group of one costs one query's work).
 template <int G>
 TANDEM_AVX512 __attribute__((always_inline)) inline void dot_pairs(const float* const* q, const float* row, int64_t n,
-                                                                   int g0, __m512* A) {
+                                                                   int g0, int g1, __m512* A) {
   __m512 s0[G], s1[G];
 #pragma GCC unroll 8
   for (int g = 0; g < G; ++g) s0[g] = s1[g] = _mm512_setzero_ps();
@@ -27,7 +28,7 @@ TANDEM_AVX512 __attribute__((always_inline)) inline void dot_pairs(const float* 
     const __m512 b0 = _mm512_loadu_ps(row + k), b1 = _mm512_loadu_ps(row + k + 16);
 #pragma GCC unroll 8
     for (int g = 0; g < G; ++g) {
-      if (g < g0) continue;
+      if (g < g0 || g >= g1) continue;
       s0[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q[g] + k), b0, s0[g]);
       s1[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q[g] + k + 16), b1, s1[g]);
     }
@@ -36,7 +37,7 @@ TANDEM_AVX512 __attribute__((always_inline)) inline void dot_pairs(const float* 
     const __m512 b0 = _mm512_loadu_ps(row + k);
 #pragma GCC unroll 8
     for (int g = 0; g < G; ++g)
-      if (g >= g0) s0[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q[g] + k), b0, s0[g]);
+      if (g >= g0 && g < g1) s0[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q[g] + k), b0, s0[g]);
   }
 #pragma GCC unroll 8
   for (int g = 0; g < G; ++g) A[g] = _mm512_add_ps(s0[g], s1[g]);
@@ -56,8 +57,8 @@ TANDEM_AVX512 void group_scores(const float* const* ql, const float* const* qp, 
       __m512 a[kGroup], b[kGroup];
       if (j < m) {
         const int g0 = int(std::max<int64_t>(0, p0 + j - len0 + 1));
-        dot_pairs<kGroup>(ql, rows[p0 + j], kv_lora_rank, g0, a);
-        dot_pairs<kGroup>(qp, rows[p0 + j] + kv_lora_rank, rope_dims, g0, b);
+        dot_pairs<kGroup>(ql, rows[p0 + j], kv_lora_rank, g0, gn, a);
+        dot_pairs<kGroup>(qp, rows[p0 + j] + kv_lora_rank, rope_dims, g0, gn, b);
       } else {
         for (int g = 0; g < kGroup; ++g) a[g] = b[g] = _mm512_setzero_ps();
       }
