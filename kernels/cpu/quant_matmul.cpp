@@ -28,10 +28,17 @@ void quantize_acts(const float* x, int64_t batch, int64_t k, int group, quant_ac
   a.d.resize(size_t(batch * (k / group)));
   a.sums.resize(size_t(batch * (k / 32)));
   const int64_t lanes = a.pair_lanes();
-  if (group == 32) {  // zeros in the padding of an odd last pair
-    a.off128.assign(size_t(batch * lanes), 0);
-    a.off8.assign(size_t(batch * lanes), 0);
-    a.d16.assign(size_t(batch * lanes), 0.0f);
+  if (group == 32) {
+    a.off128.resize(size_t(batch * lanes));
+    a.off8.resize(size_t(batch * lanes));
+    a.d16.resize(size_t(batch * lanes));
+    // Zeros in the high half of an odd last pair; every other lane is written below.
+    if ((k / 32) % 2 != 0)
+      for (int64_t b = 0; b < batch; ++b)
+        for (int64_t l = (b + 1) * lanes - 8; l < (b + 1) * lanes; ++l) {
+          a.off128[size_t(l)] = a.off8[size_t(l)] = 0;
+          a.d16[size_t(l)] = 0.0f;
+        }
   }
   if (isa == cpu_isa::avx512 && quant_detail::has_avx512_vnni())
     return quant_detail::quantize_acts_avx512(x, batch, k, group, a);
