@@ -17,12 +17,31 @@
 namespace tandem::cpu {
 
 void quantize_acts(const float* x, int64_t batch, int64_t k, int group, quant_acts& a) {
+  quantize_acts(x, batch, k, group, a, quant_detail::has_avx512_vnni() ? cpu_isa::avx512 : cpu_isa::scalar);
+}
+
+void quantize_acts(const float* x, int64_t batch, int64_t k, int group, quant_acts& a, cpu_isa isa) {
   a.k = k;
   a.batch = batch;
   a.group = group;
   a.qs.resize(size_t(batch * k));
   a.d.resize(size_t(batch * (k / group)));
   a.sums.resize(size_t(batch * (k / 32)));
+  const int64_t lanes = a.pair_lanes();
+  if (group == 32) {
+    a.off128.resize(size_t(batch * lanes));
+    a.off8.resize(size_t(batch * lanes));
+    a.d16.resize(size_t(batch * lanes));
+    // Zeros in the high half of an odd last pair; every other lane is written below.
+    if ((k / 32) % 2 != 0)
+      for (int64_t b = 0; b < batch; ++b)
+        for (int64_t l = (b + 1) * lanes - 8; l < (b + 1) * lanes; ++l) {
+          a.off128[size_t(l)] = a.off8[size_t(l)] = 0;
+          a.d16[size_t(l)] = 0.0f;
+        }
+  }
+  if (isa == cpu_isa::avx512 && quant_detail::has_avx512_vnni())
+    return quant_detail::quantize_acts_avx512(x, batch, k, group, a);
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t g = 0; g < k / group; ++g) {
       const float* v = x + b * k + g * group;
@@ -42,6 +61,18 @@ void quantize_acts(const float* x, int64_t batch, int64_t k, int group, quant_ac
         int sum = 0;
         for (int i = 0; i < 32; ++i) sum += q[32 * s + i];
         a.sums[size_t(b * (k / 32) + (g * group) / 32 + s)] = int16_t(sum);
+      }
+    }
+  if (group != 32) return;
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t g = 0; g < k / 32; ++g) {
+      const int8_t* q = a.q(b) + 32 * g;
+      const int64_t base = b * lanes + g / 2 * 16 + 8 * (g % 2);
+      for (int l = 0; l < 8; ++l) {
+        const int s4 = q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3];
+        a.off128[size_t(base + l)] = -128 * s4;
+        a.off8[size_t(base + l)] = -8 * s4;
+        a.d16[size_t(base + l)] = a.d[size_t(b * (k / 32) + g)];
       }
     }
 }
@@ -203,8 +234,8 @@ void quant_matmul_many(std::span<const tensor_view* const> ws, const float* x, i
   }
   // Kept between calls on the calling thread: a decode step runs several matmuls per layer.
   thread_local quant_acts acts32, acts256;
-  if (need32) quantize_acts(x, batch, k, 32, acts32);
-  if (need256) quantize_acts(x, batch, k, 256, acts256);
+  if (need32) quantize_acts(x, batch, k, 32, acts32, isa);
+  if (need256) quantize_acts(x, batch, k, 256, acts256, isa);
   // Named here, on the calling thread: inside `run` (on the workers) the names would mean the
   // workers' own thread_local buffers.
   const quant_acts &a32 = acts32, &a256 = acts256;
@@ -236,7 +267,7 @@ void quant_matmul_jobs(std::span<const tensor_view* const> ws, std::span<const f
     const tensor_view& w = *ws[i];
     check_weight(w);
     const int64_t b = std::max<int64_t>(0, batches[i]);
-    if (b > 0) quantize_acts(xs[i], b, w.cols(), act_group(w.type), acts[i]);
+    if (b > 0) quantize_acts(xs[i], b, w.cols(), act_group(w.type), acts[i], isa);
     work += w.rows() * w.cols() * b;
     per.push_back(std::max<int64_t>(1, b));
     off.push_back(off.back() + (b > 0 ? (w.rows() + group_rows - 1) / group_rows * b : 0));

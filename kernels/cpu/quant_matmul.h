@@ -34,13 +34,24 @@ struct quant_acts {
   aligned_vector<int8_t> qs;  ///< [batch][k]; rows start on a cache line when 64 divides k
   std::vector<float> d;       ///< [batch][k / group]
   std::vector<int16_t> sums;  ///< [batch][k / 32]
+  /// Group 32 only, for the avx512 kernels' unsigned-weight dot products: per pair of groups
+  /// (64 values, the last one padded with zeros when k / 32 is odd), 16 lanes of -128 and -8
+  /// times the sum of each 4 values, and the two scales, each repeated 8 times.
+  aligned_vector<int32_t> off128, off8;  ///< [batch][pairs * 16]
+  aligned_vector<float> d16;             ///< [batch][pairs * 16]
+  int64_t pair_lanes() const { return (k / 32 + 1) / 2 * 16; }
+  const int32_t* offset128(int64_t b) const { return off128.data() + b * pair_lanes(); }
+  const int32_t* offset8(int64_t b) const { return off8.data() + b * pair_lanes(); }
+  const float* scale16(int64_t b) const { return d16.data() + b * pair_lanes(); }
   const int8_t* q(int64_t b) const { return qs.data() + b * k; }
   const float* scale(int64_t b) const { return d.data() + b * (k / group); }
   const int16_t* sum32(int64_t b) const { return sums.data() + b * (k / 32); }
 };
 
-/// Fills `a` from `batch` rows of k floats (k a multiple of `group`).
+/// Fills `a` from `batch` rows of k floats (k a multiple of `group`), on the best path.
 void quantize_acts(const float* x, int64_t batch, int64_t k, int group, quant_acts& a);
+/// The same on path `isa` (avx512 where the CPU has it, else the scalar code): the same bits.
+void quantize_acts(const float* x, int64_t batch, int64_t k, int group, quant_acts& a, cpu_isa isa);
 
 /// The activation group of weight type `t` (32 for q4_0 and q8_0, 256 for the k-quants).
 constexpr int act_group(ggml_type t) { return t == ggml_type::q4_0 || t == ggml_type::q8_0 ? 32 : 256; }
@@ -68,6 +79,8 @@ namespace quant_detail {
 void rows_scalar(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, int64_t r1);
 void rows_avx2(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, int64_t r1);
 void rows_avx512(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, int64_t r1);
+/// quantize_acts' loop on AVX-512 (needs has_avx512_vnni); `a` sized and its offsets zeroed.
+void quantize_acts_avx512(const float* x, int64_t batch, int64_t k, int group, quant_acts& a);
 /// Whether this CPU has AVX-512 VNNI (the avx512 kernels need it, with BW; without it the
 /// avx512 path runs the avx2 kernels: the same bits).
 bool has_avx512_vnni();

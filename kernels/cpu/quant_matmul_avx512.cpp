@@ -245,98 +245,99 @@ TANDEM_Q512 inline float hsum16(__m512 s) {
   return _mm_cvtss_f32(h);
 }
 
-// The two 32-element block types, each as a policy of the shared tile below: how a pair of
-// blocks' weights is loaded into 64 bytes, what an activation register needs besides its
-// bytes, and the exact int32 dot products of 4-element groups.
+// The two 32-element block types, each as a policy of the shared tile below: a pair of
+// blocks' weights as 64 unsigned bytes u = w + c, whose VNNI dot product (vpdpbusd, u8 x s8,
+// each 4 summed in int32) with x, started from -c times each 4 x's sum (quant_acts' offsets),
+// is the exact sum of w x: one instruction per (weight row, activation row) and 64 elements.
 //
-// q4_0: nibbles w in 0..15 stand for w - 8; maddubs(w, x) - maddubs(8, x) is the signed
-// product, the second term computed once per activation register.
+// q4_0: nibbles 0..15 stand for w = nibble - 8 (c = 8), in element order:
+// [lo(0) lo(1) hi(0) hi(1)] -> [lo(0) hi(0) lo(1) hi(1)].
 struct q4_0_blocks {
   using block = block_q4_0;
   static constexpr int64_t elems = q4_0_block;
-  struct x_reg {
-    __m512i v, offset;
-  };
-  TANDEM_Q512 static x_reg prep(__m512i xv) { return {xv, _mm512_maddubs_epi16(_mm512_set1_epi8(8), xv)}; }
-  struct w_reg {
-    __m512i v;
-  };
-  // Block i's nibbles in lanes 8 (i % 2) + l as the recipe says:
-  // [lo(0) lo(1) hi(0) hi(1)] -> [lo(0) hi(0) lo(1) hi(1)], elements in order.
-  TANDEM_Q512 static w_reg load(const block* p, bool pair) {
+  static const int32_t* offsets(const quant_acts& a, int64_t b) { return a.offset8(b); }
+  TANDEM_Q512 static __m512i load(const block* p, bool pair) {
     const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[0].qs));
     const __m128i q1 = pair ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[1].qs)) : _mm_setzero_si128();
     const __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(q0), q1, 1);
     const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1);
-    return {_mm512_and_si512(_mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0)), _mm512_set1_epi8(0x0F))};
-  }
-  TANDEM_Q512 static __m512i dot(const w_reg& w, const x_reg& x) {
-    return _mm512_madd_epi16(_mm512_sub_epi16(_mm512_maddubs_epi16(w.v, x.v), x.offset), _mm512_set1_epi16(1));
+    return _mm512_and_si512(_mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0)), _mm512_set1_epi8(0x0F));
   }
 };
 
-// q8_0: VNNI's dpbusd multiplies |w| (unsigned) by x with w's sign and sums each 4 in int32.
+// q8_0: codes -128..127 flipped in their top bit are w + 128 (c = 128).
 struct q8_0_blocks {
   using block = block_q8_0;
   static constexpr int64_t elems = q8_0_block;
-  struct x_reg {
-    __m512i v;
-  };
-  TANDEM_Q512 static x_reg prep(__m512i xv) { return {xv}; }
-  struct w_reg {
-    __m512i abs;
-    __mmask64 neg;
-  };
-  TANDEM_Q512 static w_reg load(const block* p, bool pair) {
+  static const int32_t* offsets(const quant_acts& a, int64_t b) { return a.offset128(b); }
+  TANDEM_Q512 static __m512i load(const block* p, bool pair) {
     const __m256i q0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[0].qs));
     const __m256i q1 = pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[1].qs)) : _mm256_setzero_si256();
-    const __m512i wv = _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1);
-    return {_mm512_abs_epi8(wv), _mm512_movepi8_mask(wv)};
-  }
-  TANDEM_Q512 static __m512i dot(const w_reg& w, const x_reg& x) {
-    const __m512i zero = _mm512_setzero_si512();
-    return _mm512_dpbusd_epi32(zero, w.abs, _mm512_mask_sub_epi8(x.v, w.neg, zero, x.v));
+    return _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1), _mm512_set1_epi8(char(0x80)));
   }
 };
 
+// The pair's weight scales: block i's in lanes 0-7, block i + 1's (or 0) in lanes 8-15.
+template <class Block>
+TANDEM_Q512 inline __m512 pair_scales(const Block* p, bool pair) {
+  uint16_t d0, d1 = 0;
+  __builtin_memcpy(&d0, &p[0].d, 2);
+  if (pair) __builtin_memcpy(&d1, &p[1].d, 2);
+  const __m128 two = _mm_cvtph_ps(_mm_cvtsi32_si128(int(uint32_t(d0) | uint32_t(d1) << 16)));
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                               _mm512_castps128_ps512(two));
+}
+
+// One step of tile_blocks: blocks i and i + 1 (Pair) or block i alone of R weight rows x B
+// activation rows, into acc.
+template <class P, int R, int B, bool Pair>
+TANDEM_Q512 __attribute__((always_inline)) inline void blocks_step(const typename P::block* const* rows,
+                                                                   const int8_t* const* xs, const int32_t* const* offs,
+                                                                   const float* const* dxs, int64_t i, int64_t ahead,
+                                                                   __m512 (&acc)[R][B]) {
+  const __mmask16 lanes = Pair ? 0xFFFF : 0x00FF;
+  __m512i xv[B];
+  __m512 dx[B];
+#pragma GCC unroll 4
+  for (int b = 0; b < B; ++b) {
+    const int8_t* x = xs[b] + P::elems * i;
+    xv[b] = Pair ? _mm512_loadu_si512(x) : _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+    dx[b] = _mm512_load_ps(dxs[b] + 8 * i);
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const typename P::block* p = rows[r] + i;
+    if (ahead != 0) _mm_prefetch(reinterpret_cast<const char*>(p) + ahead, _MM_HINT_T1);
+    const __m512i wu = P::load(p, Pair);
+    const __m512 dw = pair_scales(p, Pair);
+#pragma GCC unroll 4
+    for (int b = 0; b < B; ++b) {
+      const __m512i s = _mm512_dpbusd_epi32(_mm512_load_si512(offs[b] + 8 * i), wu, xv[b]);
+      acc[r][b] = _mm512_mask3_fmadd_ps(_mm512_mul_ps(dw, dx[b]), _mm512_cvtepi32_ps(s), acc[r][b], lanes);
+    }
+  }
+}
+
 // R weight rows x B activation rows of a 32-element block type: two blocks (64 elements) a
-// step, the pair's scales blended into the low and high 8 lanes.
+// step, the pair's scales in the low and high 8 lanes; the lanes of an odd last block are
+// left alone (masked).
 template <class P, int R, int B, bool Fetch>
 TANDEM_Q512 void tile_blocks(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, int64_t b0) {
   using block = typename P::block;
   const int64_t nb = w.cols() / P::elems, n = w.rows();
   const block* rows[R];
   for (int r = 0; r < R; ++r) rows[r] = reinterpret_cast<const block*>(w.row(r0 + r));
+  const int8_t* xs[B];
+  const int32_t* offs[B];
+  const float* dxs[B];
+  for (int b = 0; b < B; ++b) xs[b] = a.q(b0 + b), offs[b] = P::offsets(a, b0 + b), dxs[b] = a.scale16(b0 + b);
   __m512 acc[R][B];
   for (int r = 0; r < R; ++r)
     for (int b = 0; b < B; ++b) acc[r][b] = _mm512_setzero_ps();
   // Batch 1: request the next tile's rows one tile ahead (see tile_k), a line per block pair.
   const int64_t ahead = Fetch && B == 1 && R > 1 ? (reinterpret_cast<const char*>(rows[1]) - reinterpret_cast<const char*>(rows[0])) * R : 0;
-  for (int64_t i = 0; i < nb; i += 2) {
-    const bool pair = i + 1 < nb;
-    const __mmask16 lanes = pair ? 0xFFFF : 0x00FF;
-    typename P::x_reg xr[B];
-    __m512 dx[B];
-#pragma GCC unroll 4
-    for (int b = 0; b < B; ++b) {
-      const int8_t* x = a.q(b0 + b) + P::elems * i;
-      xr[b] = P::prep(pair ? _mm512_loadu_si512(x)
-                           : _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x))));
-      const float* s = a.scale(b0 + b) + i;
-      dx[b] = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(s[0]), _mm512_set1_ps(pair ? s[1] : 0.0f));
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const block* p = rows[r] + i;
-      if (ahead != 0) _mm_prefetch(reinterpret_cast<const char*>(p) + ahead, _MM_HINT_T1);
-      const typename P::w_reg wr = P::load(p, pair);
-      const __m512 dw = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(_cvtsh_ss(p[0].d)),
-                                             _mm512_set1_ps(pair ? _cvtsh_ss(p[1].d) : 0.0f));
-#pragma GCC unroll 4
-      for (int b = 0; b < B; ++b)
-        acc[r][b] = _mm512_mask3_fmadd_ps(_mm512_mul_ps(dw, dx[b]), _mm512_cvtepi32_ps(P::dot(wr, xr[b])), acc[r][b], lanes);
-    }
-  }
+  for (int64_t i = 0; i + 1 < nb; i += 2) blocks_step<P, R, B, true>(rows, xs, offs, dxs, i, ahead, acc);
+  if (nb % 2 != 0) blocks_step<P, R, B, false>(rows, xs, offs, dxs, nb - 1, ahead, acc);
   for (int r = 0; r < R; ++r)
     for (int b = 0; b < B; ++b) y[(b0 + b) * n + r0 + r] = hsum16(acc[r][b]);
 }

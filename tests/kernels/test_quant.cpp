@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -390,4 +391,55 @@ TEST_CASE("quant: the activation quantizer rounds to the nearest step and keeps 
     CHECK(a.sum32(0)[g] == sum);
   }
   CHECK(a.q(0)[63] == 127);
+}
+
+TEST_CASE("quant: the activation quantizer gives the same bits on every path, special values included") {
+  if (!cpu::isa_supported(cpu_isa::avx512)) return;
+  for (int group : {32, 256}) {
+    // k / 32 odd for group 32 (a padded last pair). Enough values that some land near a
+    // rounding tie, where a contracted x * id + 1.5 * 2^23 (one fma) rounds differently.
+    const int64_t k = group == 32 ? 32 * 7 : 512, batch = 40;
+    auto x = gaussian(size_t(batch * k), 17, 3.0f);
+    for (int64_t i = 0; i < 32; ++i) x[size_t(k + i)] = 0.0f;  // an all-zero group
+    x[3] = std::numeric_limits<float>::quiet_NaN();
+    x[40] = std::numeric_limits<float>::infinity();
+    x[41] = -std::numeric_limits<float>::infinity();
+    x[size_t(2 * k + 5)] = 1e-40f;  // a denormal
+    x[size_t(2 * k + 6)] = -0.0f;
+    x[size_t(2 * k + 70)] = 1e30f;
+    // Row 1's first group: values whose product with the group's 127 / amax rounds to a tie
+    // (n + 0.5) while the exact product is not one, so that only an unfused multiply and add
+    // gives the scalar code's code.
+    const float amax = 2.10922f, id = 127.0f / amax;
+    x[size_t(k)] = amax;
+    int64_t placed = 1;
+    for (int n = 1; n < 120 && placed < 32; ++n)
+      for (float v = float(n + 0.5) / id, i = 0; i < 64 && placed < 32; ++i, v = std::nextafter(v, 1e9f))
+        if (v * id == float(n) + 0.5f && std::fma(v, id, 12582912.0f) != v * id + 12582912.0f)
+          x[size_t(k + placed++)] = v;
+    REQUIRE(placed > 1);
+    cpu::quant_acts s, v;
+    cpu::quantize_acts(x.data(), batch, k, group, s, cpu_isa::scalar);
+    cpu::quantize_acts(x.data(), batch, k, group, v, cpu_isa::avx512);
+    INFO("group ", group);
+    CHECK(std::memcmp(s.qs.data(), v.qs.data(), s.qs.size()) == 0);
+    CHECK(std::memcmp(s.d.data(), v.d.data(), s.d.size() * sizeof(float)) == 0);
+    CHECK(s.sums == v.sums);
+    CHECK(s.off128 == v.off128);
+    CHECK(s.off8 == v.off8);
+    CHECK(std::memcmp(s.d16.data(), v.d16.data(), s.d16.size() * sizeof(float)) == 0);
+    if (group == 32) {
+      // The offsets are -128 and -8 times each 4 codes' sum, the scales each group's 8 times.
+      for (int64_t g = 0; g < k / 32; ++g)
+        for (int l = 0; l < 8; ++l) {
+          int sum = 0;
+          for (int e = 0; e < 4; ++e) sum += s.q(1)[32 * g + 4 * l + e];
+          const int64_t lane = g / 2 * 16 + 8 * (g % 2) + l;
+          CHECK(s.offset128(1)[lane] == -128 * sum);
+          CHECK(s.offset8(1)[lane] == -8 * sum);
+          CHECK(s.scale16(1)[lane] == s.scale(1)[g]);
+        }
+      CHECK(s.offset128(0)[s.pair_lanes() - 1] == 0);  // the padding
+    }
+  }
 }
