@@ -105,7 +105,34 @@ class node_rig : public test_system {
 };
 
 /// An actor_cluster over a model object (the fake model) on the test scheduler.
-class cluster_rig : public node_rig {
+/// The blocking queries of a cluster (`Rig::target()`), each answered with the actors running.
+template <class Rig>
+class cluster_queries {
+ public:
+  stats_info stats() {
+    return rig().answering([&] { return rig().target().stats(); });
+  }
+  std::string metrics_text() {
+    return rig().answering([&] { return rig().target().metrics_text(); });
+  }
+  health_info health() {
+    return rig().answering([&] { return rig().target().health(); });
+  }
+  node_report inspect() {
+    return rig().answering([&] { return rig().target().inspect(); });
+  }
+  node_report drain(bool on) {
+    return rig().answering([&] { return rig().target().drain(on); });
+  }
+  int32_t set_max_queue_wait_ms(int32_t ms) {
+    return rig().answering([&] { return rig().target().set_max_queue_wait_ms(ms); });
+  }
+
+ private:
+  Rig& rig() { return static_cast<Rig&>(*this); }
+};
+
+class cluster_rig : public node_rig, public cluster_queries<cluster_rig> {
  public:
   /// The cluster over `model` with `o` (its system and clock are the rig's).
   cluster_rig(std::shared_ptr<llama_model> model, actor_cluster_options o) {
@@ -121,6 +148,7 @@ class cluster_rig : public node_rig {
   }
 
   actor_cluster& cluster() { return *c_; }
+  actor_cluster& target() { return *c_; }
   void submit(completion_request req, event_callback cb) { c_->submit(std::move(req), std::move(cb)); }
   void abort(const std::string& id, finish_reason why = finish_reason::abort, int32_t choice = -1) {
     c_->abort(id, why, choice);
@@ -131,26 +159,8 @@ class cluster_rig : public node_rig {
   int32_t n_pages() const { return c_->n_pages(); }
   int32_t max_context() const { return c_->max_context(); }
 
-  stats_info stats() {
-    return answering([&] { return c_->stats(); });
-  }
   std::vector<stats_snapshot> snapshots(bool include_worker = true) {
     return answering([&] { return c_->snapshots(include_worker); });
-  }
-  std::string metrics_text() {
-    return answering([&] { return c_->metrics_text(); });
-  }
-  health_info health() {
-    return answering([&] { return c_->health(); });
-  }
-  node_report inspect() {
-    return answering([&] { return c_->inspect(); });
-  }
-  node_report drain(bool on) {
-    return answering([&] { return c_->drain(on); });
-  }
-  int32_t set_max_queue_wait_ms(int32_t ms) {
-    return answering([&] { return c_->set_max_queue_wait_ms(ms); });
   }
 
  private:
@@ -159,7 +169,7 @@ class cluster_rig : public node_rig {
 
 /// An embedded_cluster (a model file loaded) on the test scheduler: its forward passes run on
 /// the test's thread.
-class embedded_rig : public node_rig {
+class embedded_rig : public node_rig, public cluster_queries<embedded_rig> {
  public:
   explicit embedded_rig(cluster_options o) {
     auto node = o.configure_node;
@@ -178,6 +188,7 @@ class embedded_rig : public node_rig {
   }
 
   embedded_cluster& cluster() { return *c_; }
+  embedded_cluster& target() { return *c_; }
   void submit(completion_request req, event_callback cb) { c_->submit(std::move(req), std::move(cb)); }
   void abort(const std::string& id) { c_->abort(id); }
   void stop_at_stop_string(const std::string& id) { c_->stop_at_stop_string(id); }
@@ -185,25 +196,6 @@ class embedded_rig : public node_rig {
   const tokenizer& tok() const { return c_->tok(); }
   std::string model_id() const { return c_->model_id(); }
   int32_t max_context() const { return c_->max_context(); }
-
-  stats_info stats() {
-    return answering([&] { return c_->stats(); });
-  }
-  std::string metrics_text() {
-    return answering([&] { return c_->metrics_text(); });
-  }
-  health_info health() {
-    return answering([&] { return c_->health(); });
-  }
-  node_report inspect() {
-    return answering([&] { return c_->inspect(); });
-  }
-  node_report drain(bool on) {
-    return answering([&] { return c_->drain(on); });
-  }
-  int32_t set_max_queue_wait_ms(int32_t ms) {
-    return answering([&] { return c_->set_max_queue_wait_ms(ms); });
-  }
 
  private:
   std::unique_ptr<embedded_cluster> c_;
