@@ -97,20 +97,25 @@ void finish_prefill(prefill_actor_t* self, pseq& q, int32_t token, const token_l
     s.fail(q, s.peers.decode.gate->overloaded_error(), "decode_mailbox");
     return;
   }
-  s.handoffs += 1;
   uint64_t tid = 0;
   if (!s.opt.remote_decode_node.empty()) {
+    // The pages stay here until the worker has written them to the decode node's pool; the
+    // decode scheduler allocates its own pages and pulls the KV with this transfer id.
+    try {
+      tid = s.sends->start(q.req.id);
+    } catch (const tandem::error& e) {
+      s.fail(q, e, "kv_sends");
+      return;
+    }
+  }
+  s.handoffs += 1;
+  if (tid != 0) {
     // The decode node the router chose ("node/decode"), or the configured first one. The
     // handoff names it too, so the decode proxy delivers it where the pages go.
     auto& dt = q.req.decode_target;
     if (dt.empty()) dt = s.opt.remote_decode_node + "/decode";
     const auto slash = dt.rfind('/');
     const std::string dst = slash == std::string::npos ? dt : dt.substr(0, slash);
-    // The pages stay here until the worker has written them to the decode node's pool; the
-    // decode scheduler allocates its own pages and pulls the KV with this transfer id.
-    tid = transfer_id_base(s.opt.node) | (++s.next_transfer & 0xffffffffull);
-    s.sending[tid] = q.req.id;
-    s.sending_by_id[q.req.id] = tid;
     s.peers.worker.send<msg::kv_send>(self, [&](schema::KvTransferOrder::Builder o) {
       o.setTransferId(tid);
       o.setId(q.req.id);
@@ -137,18 +142,13 @@ void finish_prefill(prefill_actor_t* self, pseq& q, int32_t token, const token_l
 /// The worker finished writing (or gave up on) the pages of a cross-node handoff.
 void on_kv_done(prefill_actor_t* self, schema::KvTransferDone::Reader d) {
   auto& s = self->state;
-  auto it = s.sending.find(d.getTransferId());
-  if (it == s.sending.end()) {
+  auto done = s.sends->finish(d.getTransferId(), d.getDelivered());
+  if (!done) {
     s.log->warn("kv transfer {:#x}: completion for no handoff of this scheduler ignored", d.getTransferId());
     return;
   }
-  std::string id = it->second;
-  s.sending.erase(it);
-  s.sending_by_id.erase(id);
-  if (d.getDelivered()) {
-    s.transfers_done += 1;
-  } else {
-    s.transfers_failed += 1;
+  const std::string& id = *done;
+  if (!d.getDelivered()) {
     s.log->info("request {}: KV send ended without delivery: {}", id, d.getError().cStr());
   }
   auto pages = read_pool_pages(d);

@@ -20,19 +20,12 @@
 #include "actors/common/wire.h"
 #include "actors/prefill_scheduler/drain_meter.h"
 #include "actors/router/router.h"
+#include "actors/worker/kv_handoff.h"
 #include "actors/worker/kv_port.h"
 
 #include "actors/prefill_scheduler/prefill_scheduler.h"
 
 namespace tandem::prefill_detail {
-
-/// High 32 bits of this node's transfer ids (FNV-1a of the node name): ids of different
-/// prefill nodes do not collide at a decode node.
-inline uint64_t transfer_id_base(const std::string& node) {
-  uint32_t h = 2166136261u;
-  for (unsigned char c : node) h = (h ^ c) * 16777619u;
-  return uint64_t(h | 1u) << 32;
-}
 
 struct pseq {
   seq_request req;
@@ -68,13 +61,10 @@ struct prefill_state {
   bool busy = false;              ///< a forward batch is at the worker
   std::vector<std::pair<std::string, int32_t>> in_flight;  ///< (id, tokens) of that batch
   bool retry_wait = false;
-  /// Cross-node handoffs whose source pages the worker is writing out: transfer id -> request.
-  std::unordered_map<uint64_t, std::string> sending;
-  std::unordered_map<std::string, uint64_t> sending_by_id;
-  /// Low 32 bits of the transfer ids; starts at the spawn time (64 per ms) so a restarted
+  /// Cross-node handoffs whose source pages the worker is writing out (their transfer ids,
+  /// bound and completions); its ids start at the spawn time (64 per ms) so a restarted
   /// prefill node does not reuse the ids its predecessor left live at a decode node.
-  uint64_t next_transfer = 0;
-  int64_t transfers_done = 0, transfers_failed = 0;
+  std::optional<kv_send_table> sends;
   /// Numbers the handoffs; starts at the spawn time (ms << 20) so a restarted prefill does not
   /// reuse the numbers of its predecessor.
   uint64_t next_handoff = 0;
