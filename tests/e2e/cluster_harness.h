@@ -167,7 +167,9 @@ struct completion_result {
 };
 
 inline completion_result complete_greedy(uint16_t port, const std::string& prompt, int32_t max_tokens) {
-  auto resp = test::post(port, "/v1/completions", completion_body(prompt, max_tokens));
+  // Non-streamed: nothing comes back before the last token, which on 2 loaded cores (CI runs
+  // two tests at once) can take longer than the default 10 s for a few hundred tokens.
+  auto resp = test::post(port, "/v1/completions", completion_body(prompt, max_tokens), 120);
   completion_result c;
   c.status = resp.status;
   c.raw = resp.body;

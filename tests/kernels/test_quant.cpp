@@ -427,7 +427,9 @@ TEST_CASE("quant: the activation quantizer gives the same bits on every path, sp
     CHECK(s.sums == v.sums);
     CHECK(s.off128 == v.off128);
     CHECK(s.off8 == v.off8);
-    CHECK(std::memcmp(s.d16.data(), v.d16.data(), s.d16.size() * sizeof(float)) == 0);
+    REQUIRE(s.d16.size() == v.d16.size());
+    if (!s.d16.empty())  // group 256 has no pair scales (memcmp of null data is undefined)
+      CHECK(std::memcmp(s.d16.data(), v.d16.data(), s.d16.size() * sizeof(float)) == 0);
     if (group == 32) {
       // The offsets are -128 and -8 times each 4 codes' sum, the scales each group's 8 times.
       for (int64_t g = 0; g < k / 32; ++g)

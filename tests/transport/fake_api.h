@@ -331,9 +331,9 @@ struct http_response {
 };
 
 /// A connected blocking socket with a receive timeout so a broken server fails the test.
-inline int connect_to(uint16_t port) {
+inline int connect_to(uint16_t port, int recv_timeout_s = 10) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  timeval tv{10, 0};
+  timeval tv{recv_timeout_s, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -425,8 +425,10 @@ inline bool response_complete(const std::string& raw) {
 }
 
 /// Sends raw request bytes and reads the response (or until the server closes).
-inline http_response http_exchange(uint16_t port, const std::string& raw_request) {
-  int fd = connect_to(port);
+/// `recv_timeout_s`: the longest silence before the exchange fails (a whole non-streamed
+/// completion comes back at once, after all its tokens).
+inline http_response http_exchange(uint16_t port, const std::string& raw_request, int recv_timeout_s = 10) {
+  int fd = connect_to(port, recv_timeout_s);
   if (fd < 0) return {};
   send_all(fd, raw_request);
   std::string raw;
@@ -448,8 +450,8 @@ inline std::string request_text(const std::string& method, const std::string& pa
   return r + "\r\n" + body;
 }
 
-inline http_response post(uint16_t port, const std::string& path, const std::string& body) {
-  return http_exchange(port, request_text("POST", path, body));
+inline http_response post(uint16_t port, const std::string& path, const std::string& body, int recv_timeout_s = 10) {
+  return http_exchange(port, request_text("POST", path, body), recv_timeout_s);
 }
 inline http_response get(uint16_t port, const std::string& path) { return http_exchange(port, request_text("GET", path)); }
 
