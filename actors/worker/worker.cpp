@@ -10,7 +10,6 @@
 #include "actors/cache_tier/page_file.h"
 #include "actors/common/pool_pages_wire.h"
 #include "actors/common/metrics.h"
-#include "actors/common/pool_pages_wire.h"
 #include "actors/common/request.h"
 #include "actors/common/logprobs_wire.h"
 #include "actors/common/receive.h"

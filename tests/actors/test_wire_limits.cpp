@@ -1,6 +1,7 @@
 // The traversal budget of actor messages is scaled to their size (wire_limits, docs/security.md):
-// the fuzzer's 48-byte input that declares millions of zero-sized list elements is refused at
-// its first read, and the largest messages the runtime really sends still decode in full.
+// the fuzzer's 64-byte input (48 bytes before the per-role framing) that declares millions of
+// zero-sized list elements is refused at its first read, and the largest messages the runtime
+// really sends still decode in full.
 #include <doctest/doctest.h>
 
 #include <capnp/dynamic.h>
@@ -68,7 +69,7 @@ TEST_CASE("wire limits: the traversal budget is a multiple of the message size, 
   CHECK(lim.traversal_budget(1 << 20) == lim.traversal_slack_words);
 }
 
-TEST_CASE("wire limits: the 48-byte input declaring millions of zero-sized elements is refused at its first read") {
+TEST_CASE("wire limits: the 64-byte input declaring millions of zero-sized elements is refused at its first read") {
   std::ifstream in(TANDEM_SOURCE_DIR "/tests/fuzz/corpus/wire/regress-zero-size-list-8m-elements", std::ios::binary);
   REQUIRE(in);
   wire w{std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {})};
