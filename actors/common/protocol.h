@@ -261,16 +261,21 @@ struct role_handle {
   template <class M>
     requires in_protocol<Role, M>
   [[nodiscard]] gate_ticket admit() const {
-    constexpr gate_kind g = protocol_entry<Role, M>::gate;
-    if constexpr (g == gate_kind::work) {
-      if (!gate->try_enter()) return {};
-      return gate_ticket::granted(gate.get());
-    } else if constexpr (g == gate_kind::control) {
-      gate->enter_control();
-      return gate_ticket::granted(gate.get());
-    } else {
-      return gate_ticket::granted(nullptr);
+    return admit_as(protocol_entry<Role, M>::gate);
+  }
+  /// Takes a place in the gate as `g` says (the table's entry of the message).
+  [[nodiscard]] gate_ticket admit_as(gate_kind g) const {
+    switch (g) {
+      case gate_kind::work:
+        if (!gate->try_enter()) return {};
+        return gate_ticket::granted(gate.get());
+      case gate_kind::control:
+        gate->enter_control();
+        return gate_ticket::granted(gate.get());
+      case gate_kind::none:
+        break;
     }
+    return gate_ticket::granted(nullptr);
   }
 
   /// Sends `M` built by `fill(payload_builder)` from `self` (extra: trailing message elements,
@@ -287,25 +292,14 @@ struct role_handle {
   template <class M, class Self, class Fill, class... Extra>
     requires in_protocol<Role, M>
   void send(Self* self, gate_ticket t, Fill&& fill, Extra&&... extra) const {
-    using E = protocol_entry<Role, M>;
-    wire w = make_role_wire<Role, M>(std::forward<Fill>(fill));
-    t.consume();
-    if constexpr (std::is_same_v<Self, std::nullptr_t>)
-      caf::anon_send(handle, typename E::atom{}, std::move(w), std::forward<Extra>(extra)...);
-    else
-      self->send(handle, typename E::atom{}, std::move(w), std::forward<Extra>(extra)...);
+    deliver<M>(self, std::move(t), make_role_wire<Role, M>(std::forward<Fill>(fill)), std::forward<Extra>(extra)...);
   }
   /// Sends a message built before; `self` may be a null `std::nullptr_t*` (see send_anon).
   template <class M, class Self>
   bool send(Self* self, role_wire<Role, M> m) const {
-    using E = protocol_entry<Role, M>;
     auto t = admit<M>();
     if (!t) return false;
-    t.consume();
-    if constexpr (std::is_same_v<Self, std::nullptr_t>)
-      caf::anon_send(handle, typename E::atom{}, std::move(m.w));
-    else
-      self->send(handle, typename E::atom{}, std::move(m.w));
+    deliver<M>(self, std::move(t), std::move(m.w));
     return true;
   }
   template <class M>
@@ -330,12 +324,9 @@ struct role_handle {
   template <class M, class Self>
     requires in_protocol<Role, M>
   bool send_copy(Self* self, typename protocol_entry<Role, M>::payload::Reader payload) const {
-    using E = protocol_entry<Role, M>;
     auto t = admit<M>();
     if (!t) return false;
-    wire w = copy_role_wire<Role, M>(payload);
-    t.consume();
-    self->send(handle, typename E::atom{}, std::move(w));
+    deliver<M>(self, std::move(t), copy_role_wire<Role, M>(payload));
     return true;
   }
 
@@ -346,10 +337,8 @@ struct role_handle {
   bool call(Self* self, Fill&& fill, OnReply&& on_reply, OnError&& on_error) const {
     auto t = admit<M>();
     if (!t) return false;
-    wire w = make_role_wire<Role, M>(std::forward<Fill>(fill));
-    t.consume();
-    self->request(handle, caf::infinite, call_atom::value, std::move(w))
-        .then(std::forward<OnReply>(on_reply), std::forward<OnError>(on_error));
+    call<M>(self, std::move(t), std::forward<Fill>(fill), std::forward<OnReply>(on_reply),
+            std::forward<OnError>(on_error));
     return true;
   }
 
@@ -366,14 +355,23 @@ struct role_handle {
   /// Passes on bytes received from another node (already a message of this role). `which`
   /// picks the gate from the table. Refused work: false.
   bool forward_remote(const wire& w, typename Role::in::Which which) const {
-    const gate_kind g = gate_of<Role>(which);
-    if (g == gate_kind::work) {
-      if (!gate->try_enter()) return false;
-    } else if (g == gate_kind::control) {
-      gate->enter_control();
-    }
+    auto t = admit_as(gate_of<Role>(which));
+    if (!t) return false;
+    t.consume();
     caf::anon_send(handle, wire_atom::value, w);
     return true;
+  }
+
+ private:
+  /// Enqueues `w` with M's atom from `self` (null: anonymously); the receiver leaves the gate.
+  template <class M, class Self, class... Extra>
+  void deliver(Self* self, gate_ticket t, wire w, Extra&&... extra) const {
+    using E = protocol_entry<Role, M>;
+    t.consume();
+    if constexpr (std::is_same_v<Self, std::nullptr_t>)
+      caf::anon_send(handle, typename E::atom{}, std::move(w), std::forward<Extra>(extra)...);
+    else
+      self->send(handle, typename E::atom{}, std::move(w), std::forward<Extra>(extra)...);
   }
 };
 

@@ -166,34 +166,26 @@ void start_step(decode_actor_t* self) {
   for (const auto& [d, n] : chosen) s.in_flight.emplace_back(d->req.id, n);
   // The step message, built once the worker's gate took it.
   auto fill = [&](schema::ForwardBatch::Builder fb) {
-  fb.setPhase(schema::StageRole::DECODE);
-  auto seqs = fb.initSeqs(static_cast<unsigned>(chosen.size()));
-  for (unsigned i = 0; i < chosen.size(); ++i) {
-    auto& d = *chosen[i].first;
-    const int32_t n = chosen[i].second;
-    auto st = seqs[i];
-    st.setId(d.req.id);
-    const int32_t last = d.req.generated.empty() ? 0 : d.req.generated.back();
-    std::span<const int32_t> toks = d.prefilling ? std::span<const int32_t>(d.fill.data() + d.kv_len, size_t(n))
-                                                 : std::span<const int32_t>(&last, 1);
-    fill_list([&](unsigned k) { return st.initTokens(k); }, toks);
-    st.setPos(d.kv_len);
-    write_pool_pages(st, d.pages);
-    st.setSample(!d.prefilling || d.kv_len + n == static_cast<int32_t>(d.fill.size()));
-    write_step_sampling(st, d.req);
-  }
+    fb.setPhase(schema::StageRole::DECODE);
+    auto seqs = fb.initSeqs(static_cast<unsigned>(chosen.size()));
+    for (unsigned i = 0; i < chosen.size(); ++i) {
+      auto& d = *chosen[i].first;
+      const int32_t n = chosen[i].second;
+      auto st = seqs[i];
+      st.setId(d.req.id);
+      const int32_t last = d.req.generated.empty() ? 0 : d.req.generated.back();
+      std::span<const int32_t> toks = d.prefilling ? std::span<const int32_t>(d.fill.data() + d.kv_len, size_t(n))
+                                                   : std::span<const int32_t>(&last, 1);
+      fill_list([&](unsigned k) { return st.initTokens(k); }, toks);
+      st.setPos(d.kv_len);
+      write_pool_pages(st, d.pages);
+      st.setSample(!d.prefilling || d.kv_len + n == static_cast<int32_t>(d.fill.size()));
+      write_step_sampling(st, d.req);
+    }
   };
-  const bool sent = s.peers.worker.call<msg::forward>(
-      self, fill, [self](const wire& r) { on_step_done(self, &r, nullptr); },
-      [self](caf::error& e) {
-        tandem::error te(error_kind::disconnected, fmt::format("worker unreachable: {}", self->system().render(e)));
-        on_step_done(self, nullptr, &te);
-      });
-  if (!sent) {
-    auto e = s.peers.worker.gate->overloaded_error();
-    on_step_done(self, nullptr, &e);
+  if (!send_forward(self, s.peers.worker, fill,
+                    [self](const wire* r, const tandem::error* e) { on_step_done(self, r, e); }))
     return;
-  }
   s.busy = true;
   s.steps += 1;
 }

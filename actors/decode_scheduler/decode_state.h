@@ -19,6 +19,7 @@
 #include "actors/common/seq_pages.h"
 #include "actors/common/wire.h"
 #include "actors/router/router.h"
+#include "actors/worker/forward_call.h"
 #include "actors/worker/kv_port.h"
 
 #include "actors/decode_scheduler/decode_scheduler.h"

@@ -230,38 +230,31 @@ void start_batch(prefill_actor_t* self) {
   for (unsigned i = 0; i < chosen.size(); ++i) s.in_flight.emplace_back(chosen[i]->req.id, counts[i]);
   // The batch message, built once the worker's gate took it.
   auto fill = [&](schema::ForwardBatch::Builder fb) {
-  fb.setPhase(schema::StageRole::PREFILL);
-  auto seqs = fb.initSeqs(static_cast<unsigned>(chosen.size()));
-  for (unsigned i = 0; i < chosen.size(); ++i) {
-    auto& q = *chosen[i];
-    auto st = seqs[i];
-    st.setId(q.req.id);
-    std::span<const int32_t> toks(q.tokens.data() + q.computed, static_cast<size_t>(counts[i]));
-    fill_list([&](unsigned n) { return st.initTokens(n); }, toks);
-    st.setPos(q.computed);
-    const int32_t end = q.computed + counts[i];
-    const size_t n_pages = static_cast<size_t>((end + s.page_size() - 1) / s.page_size());
-    write_pool_pages(st, first_blocks(q.pages, n_pages));
-    const bool last = end == static_cast<int32_t>(q.tokens.size());
-    st.setSample(last);
-    // Only the sampling step needs the sampling (and the penalties their history).
-    if (last) write_step_sampling(st, q.req);
-    else st.setTokenIndex(static_cast<int32_t>(q.req.generated.size()));
-  }
+    fb.setPhase(schema::StageRole::PREFILL);
+    auto seqs = fb.initSeqs(static_cast<unsigned>(chosen.size()));
+    for (unsigned i = 0; i < chosen.size(); ++i) {
+      auto& q = *chosen[i];
+      auto st = seqs[i];
+      st.setId(q.req.id);
+      std::span<const int32_t> toks(q.tokens.data() + q.computed, static_cast<size_t>(counts[i]));
+      fill_list([&](unsigned n) { return st.initTokens(n); }, toks);
+      st.setPos(q.computed);
+      const int32_t end = q.computed + counts[i];
+      const size_t n_pages = static_cast<size_t>((end + s.page_size() - 1) / s.page_size());
+      write_pool_pages(st, first_blocks(q.pages, n_pages));
+      const bool last = end == static_cast<int32_t>(q.tokens.size());
+      st.setSample(last);
+      // Only the sampling step needs the sampling (and the penalties their history).
+      if (last) write_step_sampling(st, q.req);
+      else st.setTokenIndex(static_cast<int32_t>(q.req.generated.size()));
+    }
   };
-  const bool sent = s.peers.worker.call<msg::forward>(
-      self, fill, [self](const wire& r) { on_forward_done(self, &r, nullptr); },
-      [self](caf::error& e) {
-        tandem::error te(error_kind::disconnected, fmt::format("worker unreachable: {}", self->system().render(e)));
-        on_forward_done(self, nullptr, &te);
-      });
-  if (!sent) {
-    // The batch's sequences end with the error (on_forward_done takes `in_flight`); clearing it
-    // first failed nobody and pump() retried at once, recursing while the mailbox stayed full.
-    auto e = s.peers.worker.gate->overloaded_error();
-    on_forward_done(self, nullptr, &e);
+  // On a refusal the batch's sequences end with the error (on_forward_done takes `in_flight`);
+  // clearing it first failed nobody and pump() retried at once, recursing while the mailbox
+  // stayed full.
+  if (!send_forward(self, s.peers.worker, fill,
+                    [self](const wire* r, const tandem::error* e) { on_forward_done(self, r, e); }))
     return;
-  }
   s.busy = true;
   s.batches += 1;
 }

@@ -20,6 +20,7 @@
 #include "actors/common/wire.h"
 #include "actors/prefill_scheduler/drain_meter.h"
 #include "actors/router/router.h"
+#include "actors/worker/forward_call.h"
 #include "actors/worker/kv_handoff.h"
 #include "actors/worker/kv_port.h"
 
