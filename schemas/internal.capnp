@@ -164,9 +164,12 @@ struct KvHandoff {
                               # handoff already taken is recognized and ignored by the decode
 }
 
-# Scheduler -> its worker: drive a KV page transfer with a peer node's worker.
-# kvSend (prefill): write `pages` to the destination `peerNode` once it sends descriptors.
+# Scheduler -> its worker: drive a KV page transfer with a peer node's worker
+# (actors/worker/worker_kv.h).
+# kvSend (prefill): write `pages` to the destination `peerNode` once it sends descriptors; the
+#   pages are the worker's from then on (it frees them when the send ends).
 # kvReceive (decode): receive into `pages` (allocated here) from the source `peerNode`.
+# kvAbort (either): stop the live transfers of request `id` (only `transferId` unless it is 0).
 struct KvTransferOrder {
   transferId @0 :UInt64;
   id @1 :Text;                # request id
@@ -175,7 +178,8 @@ struct KvTransferOrder {
   extraPools @4 :List(PoolPages);
 }
 
-# Worker -> scheduler: the transfer ended; `pages` are the caller's again (exactly once).
+# Worker -> decode scheduler: the receive ended, arrived or failed (`error` says why); `pages`
+# are the caller's again (exactly once).
 struct KvTransferDone {
   transferId @0 :UInt64;
   id @1 :Text;
@@ -448,7 +452,6 @@ struct PrefillIn {
     abort @2 :Abort;              # router/decode -> prefill
     creditQuery @3 :StatsQuery;   # router -> prefill: send a Credit now (heartbeat)
     credit @4 :Credit;            # decode -> prefill (the decode scheduler sharing the worker)
-    kvDone @5 :KvTransferDone;    # worker -> prefill: a KV send ended
   }
 }
 
@@ -468,9 +471,9 @@ struct WorkerIn {
   union {
     forward @0 :ForwardBatch;     # prefill/decode -> worker (call: ForwardResult)
     cacheCopy @1 :CacheCopy;      # cache tier -> worker (call: CacheCopyReply)
-    kvSend @2 :KvTransferOrder;   # prefill -> worker
-    kvReceive @3 :KvTransferOrder;  # decode -> worker
-    kvAbort @4 :KvTransferOrder;  # prefill/decode -> worker (only transferId is read)
+    kvSend @2 :KvTransferOrder;   # prefill -> worker: hand these pages to that node (the worker frees them)
+    kvReceive @3 :KvTransferOrder;  # decode -> worker (answered with DecodeIn.kvDone)
+    kvAbort @4 :KvTransferOrder;  # prefill/decode -> worker (id, and transferId unless 0, are read)
   }
 }
 

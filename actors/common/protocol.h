@@ -59,7 +59,7 @@ struct prefill_role {
   using in = schema::PrefillIn;
   static constexpr const char* name = "prefill";
   using messages =
-      std::tuple<msg::submit, msg::requeue, msg::abort, msg::credit_query, msg::credit, msg::kv_done>;
+      std::tuple<msg::submit, msg::requeue, msg::abort, msg::credit_query, msg::credit>;
   static in::Builder init(schema::Envelope::Builder e) { return e.initPrefill(); }
   static bool is(schema::Envelope::Reader e) { return e.isPrefill(); }
   static in::Reader get(schema::Envelope::Reader e) { return e.getPrefill(); }
@@ -123,7 +123,6 @@ TANDEM_PROTOCOL_ENTRY(prefill_role, requeue, Requeue, REQUEUE, SubmitRequest, wi
 TANDEM_PROTOCOL_ENTRY(prefill_role, abort, Abort, ABORT, Abort, wire_atom, control);
 TANDEM_PROTOCOL_ENTRY(prefill_role, credit_query, CreditQuery, CREDIT_QUERY, StatsQuery, wire_atom, control);
 TANDEM_PROTOCOL_ENTRY(prefill_role, credit, Credit, CREDIT, Credit, wire_atom, control);
-TANDEM_PROTOCOL_ENTRY(prefill_role, kv_done, KvDone, KV_DONE, KvTransferDone, kv_atom, none);
 
 TANDEM_PROTOCOL_ENTRY(decode_role, handoff, Handoff, HANDOFF, KvHandoff, wire_atom, work);
 TANDEM_PROTOCOL_ENTRY(decode_role, submit, Submit, SUBMIT, SubmitRequest, wire_atom, work);

@@ -237,7 +237,9 @@ config_check check_cluster_config(const std::string& text, const std::string& so
   }
   if (const value* t = ck.table(root, "transfer")) {
     ck.known_keys(*t, "transfer", {"failure_policy", "timeout_ms"});
-    ck.choice(*t, "transfer", "failure_policy", {"recompute", "fail"}, cfg.transfer_failure_policy);
+    std::string policy = to_string(cfg.transfer_failure_policy);
+    if (ck.choice(*t, "transfer", "failure_policy", {"recompute", "fail"}, policy))
+      cfg.transfer_failure_policy = parse_kv_failure_policy(policy).value_or(cfg.transfer_failure_policy);
     int64_t v = 0;
     if (ck.integer(*t, "transfer", "timeout_ms", 1, 3600000, "use e.g. 10000 (10 s)", v))
       cfg.transfer_timeout_ms = int32_t(v);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "actors/common/cache_config.h"
+#include "actors/common/kv_failure_policy.h"
 #include "actors/common/limits.h"
 
 namespace tandem {
@@ -57,7 +58,7 @@ struct cluster_config {
   /// (route_policy_options; the defaults are the same).
   int64_t router_balance_abs_tokens = 2048;
   double router_balance_rel = 1.5;
-  std::string transfer_failure_policy = "recompute";  ///< recompute | fail
+  kv_failure_policy transfer_failure_policy = kv_failure_policy::recompute;
   int32_t transfer_timeout_ms = 10000;
   /// [security]: API keys of the external interfaces ("" = auth off) and the HTTP paths
   /// served without a key (docs/security.md).

@@ -21,7 +21,8 @@ void transfer_failed(decode_actor_t* self, dseq d, const std::string& why) {
   s.free_pages(d.req.id, d.pages);
   if (d.aborted) return;
   // n > 1 is not recomputed (its first token went out; the forks need a fresh prefill): it fails.
-  if (s.opt.transfer_failure_policy == "recompute" && d.req.n <= 1 &&
+  const bool recompute = s.opt.transfer_failure_policy == kv_failure_policy::recompute;
+  if (recompute && d.req.n <= 1 &&
       d.req.transfer_retries < s.opt.max_transfer_retries) {
     s.transfer_recomputes += 1;
     d.req.transfer_retries += 1;
@@ -38,8 +39,7 @@ void transfer_failed(decode_actor_t* self, dseq d, const std::string& why) {
                        fmt::format("KV transfer of request {} from prefill node {} to decode node {} failed: {}{}; "
                                    "retry the request",
                                    d.req.id, d.source_node, s.opt.node, why,
-                                   s.opt.transfer_failure_policy == "recompute"
-                                       ? fmt::format(" (after {} re-prefills)", d.req.transfer_retries)
+                                   recompute ? fmt::format(" (after {} re-prefills)", d.req.transfer_retries)
                                        : std::string(" (transfer.failure_policy = fail)"))),
          "kv_transfer");
 }

@@ -137,7 +137,10 @@ void on_abort(decode_actor_t* self, const std::string& id, int32_t hops, int32_t
     if (!d.aborted) {
       d.aborted = true;  // pages come back by kvDone (after quarantine if a put may still land)
       const uint64_t t = tid;
-      s.peers.worker.send<msg::kv_abort>(self, [&](schema::KvTransferOrder::Builder o) { o.setTransferId(t); });
+      s.peers.worker.send<msg::kv_abort>(self, [&](schema::KvTransferOrder::Builder o) {
+        o.setId(id);
+        o.setTransferId(t);
+      });
     }
     return;
   }
@@ -172,7 +175,10 @@ void on_source_down(decode_actor_t* self, const std::string& node, const std::st
   for (auto& [tid, d] : s.receiving) {
     if (d.source_node != node || d.aborted) continue;
     const uint64_t t = tid;  // the worker answers with a failed kvDone: the policy applies there
-    s.peers.worker.send<msg::kv_abort>(self, [&](schema::KvTransferOrder::Builder o) { o.setTransferId(t); });
+    s.peers.worker.send<msg::kv_abort>(self, [&](schema::KvTransferOrder::Builder o) {
+      o.setId(d.req.id);
+      o.setTransferId(t);
+    });
   }
   s.send_credit(false);
 }

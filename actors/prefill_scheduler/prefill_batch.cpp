@@ -97,17 +97,9 @@ void finish_prefill(prefill_actor_t* self, pseq& q, int32_t token, const token_l
     s.fail(q, s.peers.decode.gate->overloaded_error(), "decode_mailbox");
     return;
   }
-  uint64_t tid = 0;
-  if (!s.opt.remote_decode_node.empty()) {
-    // The pages stay here until the worker has written them to the decode node's pool; the
-    // decode scheduler allocates its own pages and pulls the KV with this transfer id.
-    try {
-      tid = s.sends->start(q.req.id);
-    } catch (const tandem::error& e) {
-      s.fail(q, e, "kv_sends");
-      return;
-    }
-  }
+  // Across nodes the decode scheduler allocates its own pages and pulls the KV with this
+  // transfer id; the worker writes this node's pages there and frees them when it is done.
+  const uint64_t tid = s.opt.remote_decode_node.empty() ? 0 : s.transfer_ids->next();
   s.handoffs += 1;
   if (tid != 0) {
     // The decode node the router chose ("node/decode"), or the configured first one. The
@@ -116,6 +108,7 @@ void finish_prefill(prefill_actor_t* self, pseq& q, int32_t token, const token_l
     if (dt.empty()) dt = s.opt.remote_decode_node + "/decode";
     const auto slash = dt.rfind('/');
     const std::string dst = slash == std::string::npos ? dt : dt.substr(0, slash);
+    // "Hand these pages of request R to node X": they are the worker's from now on.
     s.peers.worker.send<msg::kv_send>(self, [&](schema::KvTransferOrder::Builder o) {
       o.setTransferId(tid);
       o.setId(q.req.id);
@@ -136,23 +129,7 @@ void finish_prefill(prefill_actor_t* self, pseq& q, int32_t token, const token_l
                kv.setValidTokens(computed);
                h.setTransferId(tid);
              });
-  q.pages.clear();  // ownership moved to the decode scheduler
-}
-
-/// The worker finished writing (or gave up on) the pages of a cross-node handoff.
-void on_kv_done(prefill_actor_t* self, schema::KvTransferDone::Reader d) {
-  auto& s = self->state;
-  auto done = s.sends->finish(d.getTransferId(), d.getDelivered());
-  if (!done) {
-    s.log->warn("kv transfer {:#x}: completion for no handoff of this scheduler ignored", d.getTransferId());
-    return;
-  }
-  const std::string& id = *done;
-  if (!d.getDelivered()) {
-    s.log->info("request {}: KV send ended without delivery: {}", id, d.getError().cStr());
-  }
-  auto pages = read_pool_pages(d);
-  s.free_pages(id, pages);
+  q.pages.clear();  // ownership moved to the decode scheduler (same node) or the worker
 }
 
 void on_forward_done(prefill_actor_t* self, const wire* w, const tandem::error* transport_err) {

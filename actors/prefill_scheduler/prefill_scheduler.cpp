@@ -151,10 +151,10 @@ void on_abort(prefill_actor_t* self, const std::string& id, int32_t hops, int32_
     }
     return;
   }
-  if (const uint64_t tid = s.sends->find(id); tid != 0) {
-    // The decode side drops its half; this side stops writing (pages come back by kvDone).
-    s.log->info("request {}: KV send aborted", id);
-    s.peers.worker.send<msg::kv_abort>(self, [&](schema::KvTransferOrder::Builder o) { o.setTransferId(tid); });
+  if (!s.opt.remote_decode_node.empty()) {
+    // Its KV send may still be live at the worker: the worker stops it by request id (and
+    // frees its pages); an id it does not hold is ignored there.
+    s.peers.worker.send<msg::kv_abort>(self, [&](schema::KvTransferOrder::Builder o) { o.setId(id); });
   }
   // Not here: it moved on to decode (or is on its way back); follow it.
   if (hops < 8) {
@@ -176,8 +176,7 @@ caf::behavior prefill_actor(prefill_actor_t* self, scheduler_options opt, std::s
   st.log = std::move(log);
   st.box = inbox{"prefill", st.gate, st.log};
   st.next_handoff = (static_cast<uint64_t>(st.clk->now_ms()) << 20) + 1;
-  st.sends.emplace(st.opt.node, static_cast<uint64_t>(st.clk->now_ms()) * 64,
-                   static_cast<size_t>(st.opt.lim.kv_transfer_max_live));
+  st.transfer_ids.emplace(st.opt.node, static_cast<uint64_t>(st.clk->now_ms()) * 64);
   return {
       [self](peers_atom, const peer_set& p) {
         self->state.peers = p;
@@ -216,12 +215,6 @@ caf::behavior prefill_actor(prefill_actor_t* self, scheduler_options opt, std::s
                   pump(self);
                 },
             });
-      },
-      [self](kv_atom, const wire& w) {
-        receive<prefill_role, kv_atom>(self->state.box, w,
-                                       overloaded{[self](msg::kv_done, schema::KvTransferDone::Reader d) {
-                                         on_kv_done(self, d);
-                                       }});
       },
       [self](tick_atom) {
         self->state.retry_wait = false;
@@ -266,14 +259,6 @@ caf::behavior prefill_actor(prefill_actor_t* self, scheduler_options opt, std::s
              "Tokens computed by prefill"},
             {"prefill_batches_total", "", double(s.batches), "counter", "Prefill forward batches"},
             {"kv_handoffs_total", "", double(s.handoffs), "counter", "KV handoffs to the decode scheduler"},
-            {"prefill_kv_sends_inflight", "", double(s.sends->live()), "gauge",
-             "Cross-node handoffs whose source pages are being written to the decode node"},
-            {"prefill_kv_sends_total", "", double(s.sends->delivered()), "counter",
-             "Cross-node handoffs whose KV pages were written to the decode node"},
-            {"prefill_kv_send_failures_total", "", double(s.sends->failed()), "counter",
-             "Cross-node handoffs whose KV send failed or was aborted"},
-            {"prefill_kv_sends_inflight_bound", "", double(s.sends->max_live()), "gauge",
-             "limits.kv_transfer_max_live (more live sends fail the request, rejections_total{reason=\"kv_sends\"})"},
             {"prefill_queued_requests_high_water", "", double(s.queued_requests_high_water), "gauge",
              "Most requests ever waiting for prefill (never above limits.max_queued_requests)"},
             {"prefill_queued_tokens_high_water", "", double(s.queued_tokens_high_water), "gauge",

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "actors/common/bounded_mailbox.h"
+#include "actors/common/kv_failure_policy.h"
 #include "kernels/base/clock.h"
 #include "actors/common/limits.h"
 #include "actors/common/request.h"
@@ -34,7 +35,7 @@ struct scheduler_options {
   std::string remote_decode_node;
   /// Decode side of a cross-node handoff: a failed KV transfer re-prefills the request
   /// ("recompute", at most max_transfer_retries times) or ends it with an error ("fail").
-  std::string transfer_failure_policy = "recompute";
+  kv_failure_policy transfer_failure_policy = kv_failure_policy::recompute;
   int32_t max_transfer_retries = 2;
   int32_t retry_ms = 2;  ///< real-time wait before retrying an allocation that found no pages
   /// Prefill and decode share this node's worker: the decode scheduler sends its credits to

@@ -62,10 +62,10 @@ struct prefill_state {
   bool busy = false;              ///< a forward batch is at the worker
   std::vector<std::pair<std::string, int32_t>> in_flight;  ///< (id, tokens) of that batch
   bool retry_wait = false;
-  /// Cross-node handoffs whose source pages the worker is writing out (their transfer ids,
-  /// bound and completions); its ids start at the spawn time (64 per ms) so a restarted
-  /// prefill node does not reuse the ids its predecessor left live at a decode node.
-  std::optional<kv_send_table> sends;
+  /// The transfer ids of cross-node handoffs (the KvHandoff and the worker's kvSend carry the
+  /// same); they start at the spawn time (64 per ms) so a restarted prefill node does not reuse
+  /// the ids its predecessor left live at a decode node. The worker owns the sends themselves.
+  std::optional<kv_transfer_ids> transfer_ids;
   /// Numbers the handoffs; starts at the spawn time (ms << 20) so a restarted prefill does not
   /// reuse the numbers of its predecessor.
   uint64_t next_handoff = 0;
@@ -175,8 +175,6 @@ void pump(prefill_actor_t* self);
 void schedule_retry(prefill_actor_t* self);
 /// The cache tier's answer to the head request's acquisition (prefill_batch.cpp).
 void on_acquired(prefill_actor_t* self, const wire& w);
-/// The worker finished writing (or gave up on) the pages of a cross-node handoff.
-void on_kv_done(prefill_actor_t* self, schema::KvTransferDone::Reader d);
 /// Sends the next chunked batch of the active sequences to the worker.
 void start_batch(prefill_actor_t* self);
 

@@ -185,6 +185,7 @@ health_info actor_cluster::health() const {
     return h;
   }
   std::vector<bounded_actor> actors;
+  bounded_actor worker;
   {
     std::shared_lock<std::shared_mutex> sl(s.submit_mu);
     if (s.unhealthy) {
@@ -195,6 +196,7 @@ health_info actor_cluster::health() const {
     for (auto* a : {&s.router, &s.prefill, &s.decode, &s.cache})
       if (a->handle) actors.push_back(*a);
     for (auto& p : s.route_proxies) actors.push_back(p);
+    worker = s.worker;
   }
   caf::scoped_actor self{*s.sys};
   bool ok = true;
@@ -218,6 +220,11 @@ health_info actor_cluster::health() const {
                  });
     if (!ok) break;
   }
+  // A draining prefill node has drained once its worker wrote out every KV send. The worker
+  // answers between forward passes, so it is asked only then; no answer means still draining.
+  if (ok && s.draining && s.has("prefill") && worker.handle)
+    self->request(worker.handle, std::chrono::milliseconds(opt_.lim.query_timeout_ms), stats_atom::value)
+        .receive([&](const wire& w) { snaps.push_back(read_stats(w)); }, [&](caf::error&) {});
   h.ok = ok;
   h.status = ok ? "ok" : why;
   auto r = node_readiness(ok, h.status, router ? &*router : nullptr);

@@ -94,6 +94,8 @@ void spawn_set(actor_cluster::state& s, const actor_cluster_options& opt) {
   s.router = s.has("router") ? spawn_router_for(s, opt) : remote_role(s, opt, "router", lim.router_mailbox);
 
   peer_set peers{s.router, s.prefill, s.decode, s.worker, s.cache};
+  // The worker first: it frees the pages of the KV sends the prefill orders once it has them.
+  caf::anon_send(s.worker.handle, peers_atom::value, peers);
   for (auto* a : {&s.prefill, &s.decode, &s.router})
     if (a->handle && (a != &s.router || !s.has("router"))) caf::anon_send(a->handle, peers_atom::value, peers);
   send_peers_to_proxies(s, peers);

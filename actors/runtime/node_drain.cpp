@@ -26,10 +26,11 @@ drain_phase node_drain_phase(bool draining, bool router, bool prefill, bool deco
     if (!r || r->value("requests_inflight") != 0) return drain_phase::draining;
   }
   if (prefill) {
-    // Its queue, the prompts being computed and the KV sends it promised to decode nodes.
+    // Its queue, the prompts being computed and the KV sends its worker writes to decode nodes.
     const auto* p = find("prefill");
-    if (!p || p->value("prefill_queued_requests") + p->value("prefill_active_requests") +
-                      p->value("prefill_kv_sends_inflight") != 0 ||
+    const auto* w = find("worker");
+    if (!p || !w || p->value("prefill_queued_requests") + p->value("prefill_active_requests") +
+                            w->value("worker_kv_sends_inflight") != 0 ||
         p->value("drain_router_clear", "actor=\"prefill\"") != 1)
       return drain_phase::draining;
   }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "actors/common/cache_config.h"
+#include "actors/common/kv_failure_policy.h"
 #include "actors/common/limits.h"
 #include "actors/common/request.h"
 #include "actors/router/router_policy.h"
@@ -45,7 +46,7 @@ struct node_spec {
   /// The other nodes; a role not on this node is reached on the first of them that has it.
   std::vector<remote_node> remote_nodes;
   // (how long start-up waits for them: limits.link_timeout_ms)
-  std::string transfer_failure_policy = "recompute";  ///< recompute | fail
+  kv_failure_policy transfer_failure_policy = kv_failure_policy::recompute;
 };
 
 /// The node `node` of a checked config: its limits with its page size, its effective cache

@@ -10,6 +10,7 @@ worker_options worker_options_of(const node_plan& plan) {
   wo.pools = plan.pools;
   wo.extra_pages = plan.extra_pages;
   wo.mailbox_bound = plan.spec.lim.worker_mailbox;
+  wo.kv_transfer_max_live = plan.spec.lim.kv_transfer_max_live;
   wo.host_pages = plan.host_pages;
   wo.extra_host_pages = plan.extra_host_pages;
   if (plan.disk_pages > 0) wo.disk_dir = plan.spec.cache.disk_dir;

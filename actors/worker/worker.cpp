@@ -13,7 +13,9 @@
 #include "actors/common/request.h"
 #include "actors/common/logprobs_wire.h"
 #include "actors/common/receive.h"
+#include "actors/common/seq_pages.h"
 #include "actors/common/wire.h"
+#include "actors/worker/worker_kv.h"
 #include "kernels/model/logprobs.h"
 #include "kernels/model/sampler.h"
 
@@ -31,17 +33,14 @@ namespace {
 
 struct worker_state {
   std::shared_ptr<llama_model> model;
-  std::unique_ptr<kv_port> port;      ///< cross-node KV transfers; owns the pool then
+  /// The cache tier (an ended send's pages) and the decode scheduler (kvDone). Declared before
+  /// `kv`: a port may hand pages back while it is destroyed.
+  peer_set peers;
+  /// Cross-node KV handoffs (worker_kv.h): the transport port, which owns the pools then, and
+  /// the table of the sends and receives it drives.
+  std::unique_ptr<worker_kv> kv;
   std::shared_ptr<kv_pools> pools;    ///< every pool of the layout set (borrowed from the port)
   kv_pool* pool = nullptr;            ///< pool 0
-  /// Who ordered each live transfer (gets its kvDone) and for which request.
-  struct orderer {
-    caf::actor to;
-    bool prefill = false;  ///< a kvSend's (the prefill scheduler), else a kvReceive's (decode)
-    std::string id;
-  };
-  std::map<uint64_t, orderer> transfers;
-  int64_t transfer_orders = 0, transfer_order_failures = 0;
   bool tick_pending = false;
   std::vector<metric_sample> extra_metrics;  ///< scratch of the stats handler
   /// L2 slots in host memory: slot h of every pool (a block's pages of each pool).
@@ -74,19 +73,38 @@ wire fail_result(const tandem::error& e) {
   });
 }
 
-/// A transfer's end to the scheduler that ordered it (kv_atom: not gated, see protocol.h).
-void send_kv_done(const worker_state::orderer& o, uint64_t tid, bool delivered, const pool_pages& pages,
-                  const std::string& why) {
-  auto fill = [&](schema::KvTransferDone::Builder d) {
-    d.setTransferId(tid);
-    d.setId(o.id);
-    d.setDelivered(delivered);
-    write_pool_pages(d, pages);
-    d.setError(why);
+/// A transfer order off the wire.
+kv_order read_kv_order(schema::KvTransferOrder::Reader o) {
+  return kv_order{o.getTransferId(), o.getId().cStr(), o.getPeerNode().cStr(), read_pool_pages(o)};
+}
+
+/// The worker's transfer ends, through its typed handles (peers arrive right after the spawn,
+/// before any order: the wiring sends them to the worker first).
+kv_handoff_outputs kv_outputs(worker_state* st) {
+  kv_handoff_outputs out;
+  out.free_pages = [st, log = st->log](const std::string& id, pool_pages& pages) {
+    if (!st->peers.cache) {
+      log->error("request {}: KV send ended before the worker knew its cache tier; its pages are lost", id);
+      return;
+    }
+    send_free_pages(st->peers.cache, id, pages);
   };
-  caf::anon_send(o.to, kv_atom::value,
-                 o.prefill ? make_role_wire<prefill_role, msg::kv_done>(fill)
-                           : make_role_wire<decode_role, msg::kv_done>(fill));
+  out.receive_done = [st, log = st->log](uint64_t tid, const std::string& id, bool delivered,
+                                         const pool_pages& pages, const std::string& why) {
+    if (!st->peers.decode) {
+      log->error("request {}: KV receive ended before the worker knew its decode scheduler", id);
+      return;
+    }
+    // kv_atom: not gated (protocol.h); one answer per receive order.
+    st->peers.decode.send_anon<msg::kv_done>([&](schema::KvTransferDone::Builder d) {
+      d.setTransferId(tid);
+      d.setId(id);
+      d.setDelivered(delivered);
+      write_pool_pages(d, pages);
+      d.setError(why);
+    });
+  };
+  return out;
 }
 
 wire run_forward(worker_state& st, schema::ForwardBatch::Reader fb) {
@@ -330,21 +348,10 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
                                     "backend = \"{}\", or use backend = \"cpu\"",
                                     opt.pool_id, opt.device.name, opt.device.name.substr(0, opt.device.name.find(':'))));
   if (opt.kv_transfer) {
-    auto* st_ptr = &st;
+    st.kv = std::make_unique<worker_kv>(size_t(std::max(1, opt.kv_transfer_max_live)), kv_outputs(&st), st.log);
     // The port allocates and registers every pool, so peers write into them directly.
-    st.port = opt.kv_transfer(
-        set, n_pages,
-        [st_ptr](uint64_t tid, bool delivered, const pool_pages& pages, const std::string& why) {
-          auto it = st_ptr->transfers.find(tid);
-          if (it == st_ptr->transfers.end()) {
-            st_ptr->log->error("kv transfer {:#x}: pages released for a transfer nobody ordered", tid);
-            return;
-          }
-          auto o = std::move(it->second);
-          st_ptr->transfers.erase(it);
-          send_kv_done(o, tid, delivered, pages, why);
-        }, st.log);
-    st.pools = std::shared_ptr<kv_pools>(&st.port->pools(), [](kv_pools*) {});  // the port's
+    st.kv->open(opt.kv_transfer, set, n_pages);
+    st.pools = std::shared_ptr<kv_pools>(&st.kv->port().pools(), [](kv_pools*) {});  // the port's
   } else {
     st.pools = opt.device.make_pools ? opt.device.make_pools(set, n_pages) : std::make_shared<kv_pools>(set, n_pages);
   }
@@ -360,7 +367,7 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
     st.log->info("worker: host KV pool of {} pages ({} pools), {:.1f} MiB", opt.host_pages, slots.size(),
                  double(bytes) / (1024.0 * 1024.0));
   }
-  if (st.port) {
+  if (st.kv) {
     st.tick_pending = true;
     self->send(self, tick_atom::value);
   }
@@ -382,39 +389,23 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
               return fail_result(e);
             });
       },
+      [self](peers_atom, const peer_set& p) { self->state.peers = p; },
       [self](kv_atom, const wire& w) {
         auto& s = self->state;
-        if (!s.port) {
+        if (!s.kv) {
           s.log->error("worker: KV transfer order without a transfer port (node has no kv_port)");
           return;
         }
-        auto order = [self](bool send, schema::KvTransferOrder::Reader o) {
-          auto& s = self->state;
-          const uint64_t tid = o.getTransferId();
-          pool_pages pages = read_pool_pages(o);
-          worker_state::orderer who{caf::actor_cast<caf::actor>(self->current_sender()), send, o.getId().cStr()};
-          s.transfers[tid] = who;
-          s.transfer_orders += 1;
-          try {
-            if (send)
-              s.port->send(tid, o.getPeerNode().cStr(), pages);
-            else
-              s.port->receive(tid, o.getPeerNode().cStr(), pages);
-          } catch (const std::exception& e) {
-            // Not started: the pages are the orderer's again, through the same answer.
-            s.transfer_order_failures += 1;
-            s.transfers.erase(tid);
-            send_kv_done(who, tid, false, pages, e.what());
-          }
-        };
         receive<worker_role, kv_atom>(
             s.box, w,
             overloaded{
-                [&s](msg::kv_abort, schema::KvTransferOrder::Reader o) { s.port->abort(o.getTransferId()); },
-                [&](msg::kv_send, schema::KvTransferOrder::Reader o) { order(true, o); },
-                [&](msg::kv_receive, schema::KvTransferOrder::Reader o) { order(false, o); },
+                [&s](msg::kv_abort, schema::KvTransferOrder::Reader o) {
+                  s.kv->abort(o.getId().cStr(), o.getTransferId());
+                },
+                [&s](msg::kv_send, schema::KvTransferOrder::Reader o) { s.kv->send(read_kv_order(o)); },
+                [&s](msg::kv_receive, schema::KvTransferOrder::Reader o) { s.kv->receive(read_kv_order(o)); },
             });
-        s.port->progress();
+        s.kv->port().progress();
         if (!s.tick_pending) {
           s.tick_pending = true;
           self->send(self, tick_atom::value);
@@ -423,29 +414,21 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
       [self](tick_atom) {
         auto& s = self->state;
         s.tick_pending = false;
-        if (!s.port) return;
+        if (!s.kv) return;
         // Spin while transfers move (a busy progress loop is what keeps tcp puts landing);
         // otherwise look for new connections now and then.
         bool moved = false;
-        for (int i = 0; i < 64 && s.port->progress(); ++i) moved = true;
+        for (int i = 0; i < 64 && s.kv->port().progress(); ++i) moved = true;
         s.tick_pending = true;
-        if (moved || s.port->busy())
+        if (moved || s.kv->port().busy())
           self->send(self, tick_atom::value);
         else
           self->delayed_send(self, std::chrono::milliseconds(5), tick_atom::value);
       },
       [self](stats_atom) -> wire {
         auto& s = self->state;
-        if (s.port) {
-          auto m = s.port->metrics();
-          m.push_back({"worker_transfer_orders_total", "", double(s.transfer_orders), "counter",
-                       "KV transfer orders (send and receive) taken by the worker"});
-          m.push_back({"worker_transfer_order_failures_total", "", double(s.transfer_order_failures), "counter",
-                       "KV transfer orders that could not start (unknown peer, table full)"});
-          m.push_back({"worker_transfers_live", "", double(s.transfers.size()), "gauge",
-                       "KV transfers whose pages the worker's transport still holds"});
-          for (auto& x : m) s.extra_metrics.push_back(x);
-        }
+        if (s.kv)
+          for (auto& x : s.kv->metrics()) s.extra_metrics.push_back(std::move(x));
         std::vector<metric_sample> m = {
             {"worker_batches_total", "", double(s.batches), "counter", "Forward batches run"},
             {"worker_tokens_total", "", double(s.tokens), "counter", "Tokens run through the forward pass"},

@@ -38,9 +38,12 @@ struct worker_options {
   /// Directory of the disk (L3) tier; empty = none. The worker reads and writes its files.
   std::string disk_dir;
   /// Cross-node KV transfers: when set, the device pool comes from the port (registered
-  /// transport memory) and the worker takes (kv_atom, wire{kvSend|kvReceive|kvAbort}) orders,
-  /// answering each transfer's end with (kv_atom, wire{kvDone}) to the actor that ordered it.
+  /// transport memory) and the worker takes (kv_atom, wire{kvSend|kvReceive|kvAbort}) orders
+  /// (worker_kv.h): an ended send's pages go back to the cache tier, a receive's end is
+  /// answered with (kv_atom, wire{kvDone}) to the decode scheduler (both from its peer_set).
   kv_port_factory kv_transfer;
+  /// limits.kv_transfer_max_live: live sends, and live receives, at most (more are refused).
+  int32_t kv_transfer_max_live = 1024;
   /// Own thread (a forward pass blocks). The deterministic simulation (tests/sim) sets false
   /// so the worker runs on its single-threaded test scheduler like every other actor.
   bool detached = true;
@@ -57,7 +60,8 @@ struct worker_options {
 /// in the completion, so any node can sample any token without shared state.
 uint64_t token_seed(uint64_t request_seed, int32_t token_index);
 
-/// Spawns the worker; the model moves into the actor.
+/// Spawns the worker; the model moves into the actor. Messages: (peers_atom, peer_set) first
+/// when it has a kv_transfer port; its protocol, `WorkerIn` (call_atom and kv_atom); (stats_atom) -> wire.
 bounded_actor spawn_worker(caf::actor_system& sys, std::shared_ptr<llama_model> model,
                            const worker_options& opt, std::shared_ptr<spdlog::logger> log);
 

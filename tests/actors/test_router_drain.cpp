@@ -167,12 +167,15 @@ TEST_CASE("node drain phase: draining until every role holds nothing and the rou
   CHECK(node_drain_phase(true, false, false, true, unconfirmed) == drain_phase::draining);
   // A role the node runs without a snapshot: nobody knows it is empty.
   CHECK(node_drain_phase(true, false, true, true, idle_decode) == drain_phase::draining);
-  // A prefill node with a KV send it promised still in flight.
-  std::vector<stats_snapshot> sending = {snap("prefill", {{"prefill_kv_sends_inflight", "", 1, "gauge", ""},
-                                                          {"drain_router_clear", "actor=\"prefill\"", 1, "gauge", ""}})};
+  // A prefill node whose worker still writes a KV send to a decode node (or did not answer).
+  std::vector<stats_snapshot> sending = {snap("prefill", {{"prefill_queued_requests", "", 0, "gauge", ""},
+                                                          {"drain_router_clear", "actor=\"prefill\"", 1, "gauge", ""}}),
+                                         snap("worker", {{"worker_kv_sends_inflight", "", 1, "gauge", ""}})};
   CHECK(node_drain_phase(true, false, true, false, sending) == drain_phase::draining);
-  sending[0].metrics[0].value = 0;
+  sending[1].metrics[0].value = 0;
   CHECK(node_drain_phase(true, false, true, false, sending) == drain_phase::drained);
+  sending.pop_back();
+  CHECK(node_drain_phase(true, false, true, false, sending) == drain_phase::draining);
   // A router node: drained once its table is empty.
   std::vector<stats_snapshot> router = {snap("router", {{"requests_inflight", "", 3, "gauge", ""}})};
   CHECK(node_drain_phase(true, true, false, false, router) == drain_phase::draining);

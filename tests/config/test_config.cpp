@@ -284,7 +284,7 @@ TEST_CASE("check: valid configs pass and fill the config") {
     CHECK(c.cfg.nodes.size() == 3);
     CHECK(c.cfg.cache.host_ratio == 2.5);
     CHECK(c.cfg.cache.write_policy == cache_write_policy::write_back);
-    CHECK(c.cfg.transfer_failure_policy == "fail");
+    CHECK(c.cfg.transfer_failure_policy == kv_failure_policy::fail);
     CHECK(c.cfg.transfer_timeout_ms == 500);
     CHECK(c.cfg.find_node("d")->has_role("decode"));
   }

@@ -176,7 +176,7 @@ TEST_CASE("node_plan: spec_of a config node carries its page size, cache, policy
   cfg.lim.page_size = 16;
   cfg.router_policy = "cache_aware";
   cfg.router_balance_abs_tokens = 99;
-  cfg.transfer_failure_policy = "fail";
+  cfg.transfer_failure_policy = kv_failure_policy::fail;
   cfg.nodes.push_back(node("r", {"router"}, 9001));
   cfg.nodes.push_back(node("p", {"prefill", "cache", "worker"}, 9002));
   cfg.nodes.push_back(node("d", {"decode", "cache", "worker"}, 9003));
@@ -195,7 +195,7 @@ TEST_CASE("node_plan: spec_of a config node carries its page size, cache, policy
   CHECK(p.remote_nodes[1].name == "d");
   CHECK(p.policy.kind == route_policy_kind::cache_aware);
   CHECK(p.policy.balance_abs_tokens == 99);
-  CHECK(p.transfer_failure_policy == "fail");
+  CHECK(p.transfer_failure_policy == kv_failure_policy::fail);
 
   const node_plan pp = plan_node(p, one_pool(), 0);
   CHECK(pp.remote_decode_node() == "d");
@@ -203,7 +203,7 @@ TEST_CASE("node_plan: spec_of a config node carries its page size, cache, policy
   CHECK(pso.remote_decode_node == "d");
   CHECK_FALSE(pso.shares_worker);
   CHECK(pso.lim.prefix_cache);
-  CHECK(pso.transfer_failure_policy == "fail");
+  CHECK(pso.transfer_failure_policy == kv_failure_policy::fail);
 
   const node_plan dp = plan_node(spec_of(cfg, cfg.nodes[2]), one_pool(), 0);
   CHECK(dp.spec.lim.page_size == 16);
@@ -216,7 +216,7 @@ TEST_CASE("node_plan: spec_of a config node carries its page size, cache, policy
   const node_spec all = spec_of(cfg, cfg.nodes.back());
   CHECK(all.roles.empty());
   CHECK(all.remote_nodes.empty());
-  CHECK(all.transfer_failure_policy == "recompute");
+  CHECK(all.transfer_failure_policy == kv_failure_policy::recompute);
   CHECK(all.policy.kind == route_policy_kind::cache_aware);
 }
 

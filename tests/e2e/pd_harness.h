@@ -176,7 +176,7 @@ inline std::function<bool(const std::string&)> pool_settled(double free_pages) {
   return [free_pages](const std::string& m) {
     return series(m, "tandem_kv_pages_free") == free_pages && series(m, "tandem_kv_transfer_live") == 0 &&
            series(m, "tandem_kv_transfer_quarantined_pages") == 0 &&
-           zero_or_absent(m, "tandem_prefill_kv_sends_inflight") && zero_or_absent(m, "tandem_decode_kv_receiving_requests");
+           zero_or_absent(m, "tandem_worker_kv_sends_inflight") && zero_or_absent(m, "tandem_decode_kv_receiving_requests");
   };
 }
 

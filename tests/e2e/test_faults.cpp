@@ -145,7 +145,7 @@ std::string wait_whole(const node_proc& n, double want) {
   CHECK(series(m, "tandem_kv_pages_free") == want);
   CHECK(series(m, "tandem_kv_transfer_live") == 0);
   CHECK(series(m, "tandem_kv_transfer_quarantined_pages") == 0);
-  CHECK(zero_or_absent(m, "tandem_prefill_kv_sends_inflight"));
+  CHECK(zero_or_absent(m, "tandem_worker_kv_sends_inflight"));
   CHECK(zero_or_absent(m, "tandem_decode_kv_receiving_requests"));
   return m;
 }

@@ -112,7 +112,7 @@ TEST_CASE("pd: router, prefill and decode processes give the single-process gree
   const auto n = double(prompts.size() * 4 + 2);  // + the logprobs and the n = 3 requests
   auto pm = test::get(pd.prefill().http, "/metrics").body;
   auto dm = test::get(pd.decode().http, "/metrics").body;
-  CHECK(series(pm, "tandem_prefill_kv_sends_total") == n);
+  CHECK(series(pm, "tandem_worker_kv_sends_total") == n);
   CHECK(series(dm, "tandem_decode_kv_receives_total") == n);
   CHECK(series(dm, "tandem_kv_transfer_done_total") == n);
   // docs/metrics.md both ways: what the nodes render is documented; every `pd node` row is
@@ -215,10 +215,10 @@ TEST_CASE("pd: 200 requests aborted at random points leave every node's KV pool 
   CHECK(series(dm, "tandem_kv_pages_free") == free_d);
   CHECK(series(pm, "tandem_kv_transfer_live") == 0);
   CHECK(series(dm, "tandem_kv_transfer_live") == 0);
-  CHECK(series(pm, "tandem_prefill_kv_sends_inflight") == 0);
+  CHECK(series(pm, "tandem_worker_kv_sends_inflight") == 0);
   CHECK(series(dm, "tandem_decode_kv_receiving_requests") == 0);
   CHECK(series(dm, "tandem_kv_transfer_quarantined_pages") == 0);
-  MESSAGE("prefill: sends " << series(pm, "tandem_prefill_kv_sends_total") << ", send failures " << series(pm, "tandem_prefill_kv_send_failures_total") << "; decode: receives " << series(dm, "tandem_decode_kv_receives_total") << ", receive failures " << series(dm, "tandem_decode_kv_receive_failures_total") << ", hung up " << hung_up.load());
+  MESSAGE("prefill: sends " << series(pm, "tandem_worker_kv_sends_total") << ", send failures " << series(pm, "tandem_worker_kv_send_failures_total") << "; decode: receives " << series(dm, "tandem_decode_kv_receives_total") << ", receive failures " << series(dm, "tandem_decode_kv_receive_failures_total") << ", hung up " << hung_up.load());
   // The cluster still serves.
   auto ok = complete(pd.router().http, "still alive", 8);
   INFO(ok.raw);
@@ -296,11 +296,11 @@ TEST_CASE("pd: killing the decode node ends its requests with disconnected and f
   CHECK(ended_by_the_failure >= 1);
   // The prefill node let go of every page it was sending to the dead node.
   auto pm = poll_metrics(pd.prefill().http, [&](const std::string& m) {
-    return series(m, "tandem_kv_pages_free") == free_p && series(m, "tandem_prefill_kv_sends_inflight") == 0;
+    return series(m, "tandem_kv_pages_free") == free_p && series(m, "tandem_worker_kv_sends_inflight") == 0;
   });
   INFO("prefill metrics:\n" << pm);
   CHECK(series(pm, "tandem_kv_pages_free") == free_p);
-  CHECK(series(pm, "tandem_prefill_kv_sends_inflight") == 0);
+  CHECK(series(pm, "tandem_worker_kv_sends_inflight") == 0);
   // New requests get an explicit error naming the missing role instead of hanging.
   auto after = complete(pd.router().http, prompts[0], 8);
   INFO(after.raw);

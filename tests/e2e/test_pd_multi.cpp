@@ -107,8 +107,8 @@ TEST_CASE("pd multi: two prefill and two decode nodes each serve, byte for byte,
     auto m = test::get(c.node(w).http, "/metrics").body;
     INFO(w << " metrics:\n" << m);
     if (std::string(w).rfind("prefill", 0) == 0) {
-      CHECK(series(m, "tandem_prefill_kv_sends_total") >= 7);
-      sends += series(m, "tandem_prefill_kv_sends_total");
+      CHECK(series(m, "tandem_worker_kv_sends_total") >= 7);
+      sends += series(m, "tandem_worker_kv_sends_total");
     } else {
       CHECK(series(m, "tandem_decode_kv_receives_total") == series(rm, routed(std::string(w) + "/decode")));
       receives += series(m, "tandem_decode_kv_receives_total");

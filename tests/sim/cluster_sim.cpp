@@ -173,10 +173,10 @@ sim_result run_cluster_seed(uint64_t seed, const cluster_menu* menu) {
     };
     if (n.role == role_kind::router) expect_zero(n.sched, {"requests_inflight"});
     if (n.role == role_kind::prefill)
-      expect_zero(n.sched, {"prefill_queued_requests", "prefill_active_requests", "prefill_kv_sends_inflight"});
+      expect_zero(n.sched, {"prefill_queued_requests", "prefill_active_requests"});
     if (n.role == role_kind::decode)
       expect_zero(n.sched, {"decode_running_requests", "decode_kv_receiving_requests", "decode_kv_page_waiting_requests"});
-    expect_zero(n.worker, {"worker_transfers_live"});
+    expect_zero(n.worker, {"worker_transfers_live", "worker_kv_sends_inflight", "worker_kv_receives_inflight"});
     // Work stops at the bound; control messages (events, aborts, frees) may pass it: at most one
     // event per token plus a few per request and per recompute.
     int64_t slack = 0;

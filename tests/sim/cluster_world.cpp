@@ -154,6 +154,7 @@ void cworld::spawn_node(int32_t i) {
   wo.detached = false;
   wo.pool_id = n.name + "/worker0";
   wo.kv_transfer = fabric->factory(n.name);
+  wo.kv_transfer_max_live = lim.kv_transfer_max_live;
   n.worker = spawn_worker(*sys, model, wo, lg("worker"));
   n.worker.gate->set_fault(shared_self());
   cache_tier_options co;
@@ -171,7 +172,7 @@ void cworld::spawn_node(int32_t i) {
   so.layout = layout;
   so.pool_id = wo.pool_id;
   so.node = n.name;
-  so.transfer_failure_policy = f.failure_policy;
+  so.transfer_failure_policy = parse_kv_failure_policy(f.failure_policy).value();
   auto router = proxy("router", with(role_kind::router), false, "", false);
   bounded_actor prefill, decode;
   if (n.role == role_kind::prefill) {
@@ -186,6 +187,7 @@ void cworld::spawn_node(int32_t i) {
   }
   n.sched.gate->set_fault(shared_self());
   peer_set peers{router, prefill, decode, n.worker, n.cache};
+  caf::anon_send(n.worker.handle, peers_atom::value, peers);  // first, as the wiring does
   caf::anon_send(n.sched.handle, peers_atom::value, peers);
   for (auto& p : n.proxies) caf::anon_send(p.handle, peers_atom::value, peers);
   caf::anon_send(n.ingress, peers_atom::value, peers);
