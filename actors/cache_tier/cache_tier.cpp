@@ -100,11 +100,66 @@ void flush_pending(cache_actor_t* self) {
   if (!ops.empty()) run_background(self, "drop", std::move(ops));
 }
 
+/// Counts a prefix hit per tier (device, host, disk: the cached tokens from each) and the
+/// load-back it took.
+void count_hits(cache_state& st, const radix_cache::match_result& m, int32_t cached, double wall_s) {
+  int32_t left = cached;
+  const int32_t parts[3] = {m.device_tokens, m.host_tokens, m.disk_tokens};
+  for (int t = 0; t < 3; ++t) {
+    const int32_t got = std::min(left, parts[t]);
+    left -= got;
+    if (got > 0) {
+      st.tier_hits[t] += 1;
+      st.tier_hit_tokens[t] += got;
+    }
+  }
+  const int32_t loaded = cached - std::min(cached, m.device_tokens);
+  if (loaded > 0) {
+    st.load_back_tokens += loaded;
+    st.load_back_s += wall_s;
+  }
+  st.load_back_skipped_tokens += m.skipped_tokens;
+  if (cached > 0) {
+    ++st.hits;
+    st.hit_tokens += cached;
+  }
+}
+
+/// An acquisition's page tables: pool 0's cached then fresh pages; each other pool's cached
+/// blocks, then its fresh pages from the first uncached block (-1 where it holds none).
+pool_pages acquired_pages(const radix_cache::match_result& m, const std::vector<int32_t>& fresh,
+                          const std::vector<std::vector<int32_t>>& xfresh) {
+  std::vector<int32_t> all = m.pages;
+  all.insert(all.end(), fresh.begin(), fresh.end());
+  pool_pages out{all};
+  for (size_t p = 1; p <= xfresh.size(); ++p) {
+    std::vector<int32_t> t(all.size(), -1);
+    const auto& c = p - 1 < m.xpages.size() ? m.xpages[p - 1] : std::vector<int32_t>{};
+    std::copy(c.begin(), c.end(), t.begin());
+    const size_t from = m.pages.size();
+    for (size_t i = 0; i < xfresh[p - 1].size() && from + i < t.size(); ++i) t[from + i] = xfresh[p - 1][i];
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+/// The refusal of an acquisition (its pages already given back).
+wire acquire_failed(cache_state& st, const std::string& id, const tandem::error& err, int32_t total) {
+  st.log->warn("{}", err.what());
+  return make_reply([&](schema::Reply::Builder env) {
+    auto r = env.initAcquireReply();
+    r.setId(id);
+    r.setOk(false);
+    set_error(r.initError(), err);
+    r.setRetryable(total <= st.alloc->n_pages());
+  });
+}
+
 caf::result<wire> acquire(cache_actor_t* self, schema::AcquireRequest::Reader rq) {
   auto& s = self->state;
   auto tokens = to_vector(rq.getTokens());
   std::string id = rq.getId().cStr();
-  const int32_t ps = s.opt.page_size;
+  const int32_t ps = s.opt.layout.page_size;
   const int32_t total = (static_cast<int32_t>(tokens.size()) + ps - 1) / ps;
   std::vector<copy_op> ops;
   auto m = std::make_shared<radix_cache::match_result>();
@@ -153,52 +208,12 @@ caf::result<wire> acquire(cache_actor_t* self, schema::AcquireRequest::Reader rq
                                                    id))
                  : !xfail->empty() ? tandem::error(error_kind::overloaded, *xfail)
                                    : st.exhausted(id, total - static_cast<int32_t>(m->pages.size()));
-      st.log->warn("{}", err.what());
-      return make_reply([&](schema::Reply::Builder env) {
-        auto r = env.initAcquireReply();
-        r.setId(id);
-        r.setOk(false);
-        set_error(r.initError(), err);
-        r.setRetryable(total <= st.alloc->n_pages());
-      });
+      return acquire_failed(st, id, err, total);
     }
-    if (use) {
-      const int32_t ps2 = st.opt.page_size;
-      int32_t left = cached;
-      const int32_t parts[3] = {m->device_tokens, m->host_tokens, m->disk_tokens};
-      for (int t = 0; t < 3; ++t) {
-        const int32_t got = std::min(left, parts[t]);
-        left -= got;
-        if (got > 0) {
-          st.tier_hits[t] += 1;
-          st.tier_hit_tokens[t] += got;
-        }
-      }
-      const int32_t loaded = cached - std::min(cached, m->device_tokens);
-      if (loaded > 0) {
-        st.load_back_tokens += loaded;
-        st.load_back_s += d.wall_s;
-      }
-      st.load_back_skipped_tokens += m->skipped_tokens;
-      if (cached > 0) {
-        ++st.hits;
-        st.hit_tokens += cached;
-      }
-      (void)ps2;
-    }
-    std::vector<int32_t> all = m->pages;
-    all.insert(all.end(), (*pages)->begin(), (*pages)->end());
-    pool_pages reply_pages{all};
-    for (size_t p = 1; p <= xfresh->size(); ++p) {
-      std::vector<int32_t> t(all.size(), -1);
-      const auto& c = p - 1 < m->xpages.size() ? m->xpages[p - 1] : std::vector<int32_t>{};
-      std::copy(c.begin(), c.end(), t.begin());
-      const size_t from = m->pages.size();
-      for (size_t i = 0; i < (*xfresh)[p - 1].size() && from + i < t.size(); ++i) t[from + i] = (*xfresh)[p - 1][i];
-      reply_pages.push_back(std::move(t));
-    }
-    st.log->debug("request {}: acquired {} pages ({} cached tokens: {} device, {} host, {} disk)", id, all.size(),
-                  cached, m->device_tokens, m->host_tokens, m->disk_tokens);
+    if (use) count_hits(st, *m, cached, d.wall_s);
+    pool_pages reply_pages = acquired_pages(*m, **pages, *xfresh);
+    st.log->debug("request {}: acquired {} pages ({} cached tokens: {} device, {} host, {} disk)", id,
+                  reply_pages[0].size(), cached, m->device_tokens, m->host_tokens, m->disk_tokens);
     return make_reply([&](schema::Reply::Builder env) {
       auto r = env.initAcquireReply();
       r.setId(id);
@@ -213,14 +228,10 @@ caf::result<wire> acquire(cache_actor_t* self, schema::AcquireRequest::Reader rq
   return rp;
 }
 
-caf::result<wire> alloc_reply(cache_actor_t* self, schema::AllocRequest::Reader rq) {
-  auto& s = self->state;
-  std::vector<copy_op> ops;
-  std::string id = rq.getId().cStr();
-  const int32_t count = rq.getCount();
-  // A fork shares the pages of `holds`: its references are taken before any allocation, so
-  // no eviction the allocation makes can take them (they are in use by the sequence anyway).
-  pool_pages holds = read_pool_pages(rq.getHolds(), extra_reader{rq.getExtraHolds()});
+/// A fork shares the pages of `holds`: its references are taken before any allocation, so no
+/// eviction the allocation makes can take them (they are in use by the sequence anyway). A page
+/// it does not hold refuses the fork (the references taken so far go back).
+std::optional<wire> take_holds(cache_state& s, const std::string& id, pool_pages& holds) {
   for (size_t p = 0; p < holds.size(); ++p)
     for (size_t i = 0; i < holds[p].size(); ++i) {
       if (holds[p][i] < 0) continue;
@@ -240,29 +251,69 @@ caf::result<wire> alloc_reply(cache_actor_t* self, schema::AllocRequest::Reader 
         });
       }
     }
+  return std::nullopt;
+}
+
+/// `count` pages of pool 0 and `counts[i]` of pool i + 1: every pool or none (a sequence steps
+/// only with a page in each pool it writes). None: `why` says which pool ran out (empty: pool 0).
+std::optional<pool_pages> alloc_every_pool(cache_state& s, const std::string& id, int32_t count,
+                                           capnp::List<int32_t>::Reader counts, std::vector<copy_op>& ops,
+                                           std::string& why) {
   auto first = s.cache->alloc_device(count, ops);
-  // Every pool or none: a sequence steps only with a page in each pool it writes.
   std::optional<pool_pages> pages;
-  std::string why;
-  if (first) {
-    pages.emplace(pool_pages{std::move(*first)});
-    const auto counts = rq.getExtraCounts();
-    for (unsigned i = 0; i < counts.size() && pages; ++i) {
-      const size_t p = i + 1;
-      if (p > s.xalloc.size()) {
-        why = fmt::format("request {}: allocation for pool {} of a layout of {} pools", id, p, s.xalloc.size() + 1);
-      } else if (auto x = s.cache->alloc_pool(p, counts[i], ops)) {
-        pages->push_back(std::move(*x));
-        continue;
-      } else {
-        why = fmt::format("request {}: KV pool '{}' exhausted ({} pages wanted, {} of {} free); retry later or "
-                          "raise limits.kv_cache_mb / device_pages",
-                          id, s.pool_name(p), counts[i], s.pool(p).n_free(), s.pool(p).n_pages());
-      }
-      s.unref_pools(*pages, id);
-      pages.reset();
+  if (!first) return pages;
+  pages.emplace(pool_pages{std::move(*first)});
+  for (unsigned i = 0; i < counts.size() && pages; ++i) {
+    const size_t p = i + 1;
+    if (p > s.xalloc.size()) {
+      why = fmt::format("request {}: allocation for pool {} of a layout of {} pools", id, p, s.xalloc.size() + 1);
+    } else if (auto x = s.cache->alloc_pool(p, counts[i], ops)) {
+      pages->push_back(std::move(*x));
+      continue;
+    } else {
+      why = fmt::format("request {}: KV pool '{}' exhausted ({} pages wanted, {} of {} free); retry later or "
+                        "raise limits.kv_cache_mb / device_pages",
+                        id, s.pool_name(p), counts[i], s.pool(p).n_free(), s.pool(p).n_pages());
     }
+    s.unref_pools(*pages, id);
+    pages.reset();
   }
+  return pages;
+}
+
+/// The answer to an allocation: its pages, or why not, and what every pool has free now.
+wire alloc_answer(cache_state& st, const std::optional<pool_pages>& pages, const std::string& id, int32_t count,
+                  const std::string& why) {
+  return make_reply([&](schema::Reply::Builder env) {
+    auto r = env.initAllocReply();
+    r.setOk(pages.has_value());
+    if (pages)
+      write_pool_pages(r, *pages);
+    else if (!why.empty())
+      set_error(r.initError(), tandem::error(error_kind::overloaded, why));
+    else
+      set_error(r.initError(), st.exhausted(id, count));
+    if (!st.xalloc.empty()) {
+      auto xf = r.initExtraFree(static_cast<unsigned>(st.xalloc.size()));
+      for (size_t p = 1; p <= st.xalloc.size(); ++p)
+        xf.set(static_cast<unsigned>(p - 1), st.pool(p).n_free() + st.pool(p).n_evictable());
+    }
+    // Cached pages no request uses are as good as free to an allocation (it evicts them);
+    // reporting only the free list made a full prefix cache read as an exhausted pool.
+    r.setFree(st.alloc->n_free() + st.alloc->n_evictable());
+    r.setTotal(st.alloc->n_pages());
+  });
+}
+
+caf::result<wire> alloc_reply(cache_actor_t* self, schema::AllocRequest::Reader rq) {
+  auto& s = self->state;
+  std::vector<copy_op> ops;
+  std::string id = rq.getId().cStr();
+  const int32_t count = rq.getCount();
+  pool_pages holds = read_pool_pages(rq.getHolds(), extra_reader{rq.getExtraHolds()});
+  if (auto refused = take_holds(s, id, holds)) return std::move(*refused);
+  std::string why;
+  std::optional<pool_pages> pages = alloc_every_pool(s, id, count, rq.getExtraCounts(), ops, why);
   if (!pages) {
     ++s.alloc_failures;
     s.unref_pools(holds, id);
@@ -283,28 +334,7 @@ caf::result<wire> alloc_reply(cache_actor_t* self, schema::AllocRequest::Reader 
         ++fork_copies;
       }
   }
-  auto reply = [self, pages, id, count, why]() {
-    auto& st = self->state;
-    return make_reply([&](schema::Reply::Builder env) {
-      auto r = env.initAllocReply();
-      r.setOk(pages.has_value());
-      if (pages)
-        write_pool_pages(r, *pages);
-      else if (!why.empty())
-        set_error(r.initError(), tandem::error(error_kind::overloaded, why));
-      else
-        set_error(r.initError(), st.exhausted(id, count));
-      if (!st.xalloc.empty()) {
-        auto xf = r.initExtraFree(static_cast<unsigned>(st.xalloc.size()));
-        for (size_t p = 1; p <= st.xalloc.size(); ++p)
-          xf.set(static_cast<unsigned>(p - 1), st.pool(p).n_free() + st.pool(p).n_evictable());
-      }
-      // Cached pages no request uses are as good as free to an allocation (it evicts them);
-      // reporting only the free list made a full prefix cache read as an exhausted pool.
-      r.setFree(st.alloc->n_free() + st.alloc->n_evictable());
-      r.setTotal(st.alloc->n_pages());
-    });
-  };
+  auto reply = [self, pages, id, count, why]() { return alloc_answer(self->state, pages, id, count, why); };
   if (ops.empty()) return reply();
   // write_back: the victims' copies run before the caller may overwrite their pages.
   auto rp = self->make_response_promise<wire>();
@@ -374,7 +404,7 @@ caf::behavior cache_tier_actor(cache_actor_t* self, cache_tier_options opt, boun
           p - 1 < opt.extra_host_pages.size() ? opt.extra_host_pages[p - 1] : opt.host_pages));
   }
   radix_cache::options ro;
-  ro.page_size = opt.page_size;
+  ro.page_size = opt.layout.page_size;
   ro.policy = opt.cache.write_policy;
   ro.write_through_threshold = opt.cache.write_through_threshold;
   ro.min_load_back_tokens = opt.cache.min_load_back_tokens;

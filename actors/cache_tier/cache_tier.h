@@ -23,11 +23,10 @@ namespace tandem {
 
 struct cache_tier_options {
   int32_t n_pages = 0;
-  int32_t page_size = 16;
   bool prefix_cache = true;
   int32_t mailbox_bound = 1024;
   cache_config cache;        ///< tiers and write policy (validated by the caller)
-  kv_layout layout;          ///< the worker's page layout (names disk files)
+  kv_layout layout;          ///< the worker's page layout (names disk files; its page size is the tier's)
   int32_t host_pages = 0;    ///< L2 pages of pool 0 (the worker allocates the same number)
   /// L2 pages of pools 1.. (each pool has its own host allocator); empty = host_pages each.
   std::vector<int32_t> extra_host_pages;

@@ -76,29 +76,44 @@ bool dispatch(typename Role::in::Reader in, H& h, R* out) {
 
 }  // namespace receive_detail
 
-/// A cast (no reply): (wire_atom, wire) or, ungated, (kv_atom, wire).
-template <class Role, class Atom = wire_atom, class H>
-void receive(inbox& box, const wire& w, H&& h) {
+/// A cast (no reply): (wire_atom, wire) or, ungated, (kv_atom, wire). A message that cannot
+/// be taken (another role's, a kind not delivered this way, malformed bytes, or a handler that
+/// threw) is counted and logged, then `on_error(tandem::error)` hears why: a message that
+/// carries its own answer path (the router's local submit and its callback) answers it there.
+template <class Role, class Atom = wire_atom, class H, class OnError>
+void receive(inbox& box, const wire& w, H&& h, OnError&& on_error) {
   if constexpr (receive_detail::gated<Atom>) box.gate->leave();
+  std::optional<tandem::error> err;  // answered after the catch: on_error itself may throw
   try {
     wire_reader rd(w);
     auto env = rd.root();
     if (!Role::is(env)) {
       box.count_unexpected("a message of another role");
-      return;
-    }
-    if (!receive_detail::dispatch<Role, Atom, void>(Role::get(env), h, nullptr))
+      err.emplace(error_kind::failed, fmt::format("{}: a message of another role", box.actor));
+    } else if (!receive_detail::dispatch<Role, Atom, void>(Role::get(env), h, nullptr)) {
       box.count_unexpected("a message kind it does not take this way");
+      err.emplace(error_kind::failed, fmt::format("{}: a message kind it does not take this way", box.actor));
+    }
   } catch (const tandem::error& e) {
     ++box.failed;
     box.log->error("{}: {}", box.actor, e.what());
+    err.emplace(e);
   } catch (const kj::Exception& e) {
     ++box.malformed;
     box.log->error("{}: malformed message: {}", box.actor, e.getDescription().cStr());
+    err.emplace(error_kind::failed, fmt::format("malformed message: {}", e.getDescription().cStr()));
   } catch (const std::exception& e) {
     ++box.failed;
     box.log->error("{}: {}", box.actor, e.what());
+    err.emplace(error_kind::failed, fmt::format("{}: {}", box.actor, e.what()));
   }
+  if (err) on_error(*err);
+}
+
+/// `receive` for a message with no answer path: a failure is only counted and logged.
+template <class Role, class Atom = wire_atom, class H>
+void receive(inbox& box, const wire& w, H&& h) {
+  receive<Role, Atom>(box, w, std::forward<H>(h), [](const tandem::error&) {});
 }
 
 /// A call (call_atom): the handler's answer, or `on_error(tandem::error)` when it threw or the

@@ -80,6 +80,41 @@ void on_client_abort(router_actor_t* self, schema::Abort::Reader a) {
   send_abort(self, wid, target, local_decode);
 }
 
+/// A target's proxy reached its node again: ask for a credit now, which brings a lost target
+/// back (a credit is the sign of life that counts).
+void on_node_up(router_actor_t* self, const std::string& target) {
+  auto& s = self->state;
+  auto ask = [&](const auto& t) {
+    if (t.name != target || !t.actor || t.actor.gate->depth() > 0) return;
+    s.log->info("target {} is reachable again; asking for its credit", target);
+    t.actor.template send<msg::credit_query>(self, [](schema::StatsQuery::Builder q) { q.setFrom("router"); });
+  };
+  for (const auto& p : s.prefills) ask(p.t);
+  for (const auto& d : s.decodes) ask(d.t);
+}
+
+/// The cluster shuts down: every request in flight ends with `disconnected`.
+void on_stop(router_actor_t* self) {
+  auto& s = self->state;
+  s.stopped = true;
+  std::vector<std::string> ids;
+  for (const auto& [id, e] : s.table) ids.push_back(id);
+  tandem::error err(error_kind::disconnected, "the cluster shut down before the request finished; retry");
+  for (const auto& id : ids) s.finish_here(id, finish_reason::error, &err);
+}
+
+/// The in-flight table for `tandem inspect`, oldest first.
+inflight_list inflight_of(const router_state& s) {
+  inflight_list out;
+  int64_t now = s.clk->now_ms();
+  out.requests.reserve(s.table.size());
+  for (const auto& [id, e] : s.table)
+    out.requests.push_back({id, to_string(e.state), now - e.submit_ms, e.prompt_tokens, e.completion_tokens});
+  std::sort(out.requests.begin(), out.requests.end(),
+            [](const request_report& a, const request_report& b) { return a.age_ms > b.age_ms; });
+  return out;
+}
+
 }  // namespace
 
 caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector<route_target> prefill,
@@ -123,8 +158,14 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
   self->delayed_send(self, std::chrono::milliseconds(opt.lim.router_heartbeat_ms), heartbeat_atom::value);
   return {
       [self](submit_atom, const wire& w, const callback_box& cb) {
-        self->state.gate->leave();
-        on_submit(self, w, cb.take());
+        // Read before the callback is taken: a submit that cannot be read answers it (malformed).
+        receive<router_role, submit_atom>(
+            self->state.box, w,
+            overloaded{[self, &cb](msg::submit, schema::SubmitRequest::Reader r) {
+              auto req = seq_request::read(r);
+              on_submit(self, std::move(req), cb.take());
+            }},
+            [self, &cb](const tandem::error& e) { self->state.reject("?", cb.take(), e, "malformed", 0); });
       },
       [self](wire_atom, const wire& w) {
         receive<router_role>(
@@ -143,18 +184,7 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
       [self](node_down_atom, const std::string&, const std::string& target, const std::string& why) {
         on_node_down(self, target, why);  // (role, "node/role" target, why): per-target proxies
       },
-      [self](node_up_atom, const std::string&, const std::string& target) {
-        // Its proxy reached the node again: ask for a credit now, which brings a lost target
-        // back (a credit is the sign of life that counts).
-        auto& s = self->state;
-        auto ask = [&](const auto& t) {
-          if (t.name != target || !t.actor || t.actor.gate->depth() > 0) return;
-          s.log->info("target {} is reachable again; asking for its credit", target);
-          t.actor.template send<msg::credit_query>(self, [](schema::StatsQuery::Builder q) { q.setFrom("router"); });
-        };
-        for (const auto& p : s.prefills) ask(p.t);
-        for (const auto& d : s.decodes) ask(d.t);
-      },
+      [self](node_up_atom, const std::string&, const std::string& target) { on_node_up(self, target); },
       [self](drain_atom, bool on) -> bool {
         // This node drains: new submissions are refused; the in-flight table empties.
         auto& s = self->state;
@@ -165,13 +195,7 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
       [self](retry_atom, const std::string& id) { on_retry(self, id); },
       [self](heartbeat_atom) { on_heartbeat(self); },
       [self](stop_atom) -> bool {
-        auto& s = self->state;
-        s.stopped = true;
-        std::vector<std::string> ids;
-        for (const auto& [id, e] : s.table) ids.push_back(id);
-        tandem::error err(error_kind::disconnected,
-                          "the cluster shut down before the request finished; retry");
-        for (const auto& id : ids) s.finish_here(id, finish_reason::error, &err);
+        on_stop(self);
         return true;
       },
       [self](queue_wait_atom, int32_t ms) -> int32_t {
@@ -181,17 +205,7 @@ caf::behavior router_actor(router_actor_t* self, router_options opt, std::vector
         s.log->info("limits.max_queue_wait_ms set to {} (was {})", s.opt.lim.max_queue_wait_ms, before);
         return before;
       },
-      [self](inflight_atom) -> inflight_list {
-        auto& s = self->state;
-        inflight_list out;
-        int64_t now = s.clk->now_ms();
-        out.requests.reserve(s.table.size());
-        for (const auto& [id, e] : s.table)
-          out.requests.push_back({id, to_string(e.state), now - e.submit_ms, e.prompt_tokens, e.completion_tokens});
-        std::sort(out.requests.begin(), out.requests.end(),
-                  [](const request_report& a, const request_report& b) { return a.age_ms > b.age_ms; });
-        return out;
-      },
+      [self](inflight_atom) -> inflight_list { return inflight_of(self->state); },
       [self](stats_atom) -> wire { return router_stats(self->state); },
   };
 }

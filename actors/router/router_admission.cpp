@@ -71,8 +71,141 @@ placement router_state::decode_busy(placement& out, const char* reason, std::str
   return out;
 }
 
-/// Chooses a (prefill, decode) pair that can place `r`, avoiding `avoid` where another
-/// lost). A continuation (`r.generated` set: a migrated stream) skips the soft admission
+namespace {
+
+bool listed(const std::vector<int>& v, size_t i) { return std::find(v.begin(), v.end(), int(i)) != v.end(); }
+
+/// Why no prefill target can take anything now: lost, draining or open breakers
+/// (disconnected), or only late with their credits (overloaded: busy, not gone).
+placement no_prefill_target(const router_state& s, const std::vector<int>& never_prefill, int64_t now) {
+  const auto& prefills = s.prefills;
+  placement out;
+  out.reason = "no_target";
+  out.retry_after_ms = s.opt.lim.breaker_cooldown_ms;
+  std::string why;
+  bool only_late = false;  // some target is only late with its credits: busy, not gone
+  for (size_t i = 0; i < prefills.size(); ++i) {
+    const auto& p = prefills[i];
+    if (p.live.lost) why += fmt::format("; {} lost: {}", p.t.name, p.live.lost_why);
+    else if (p.draining) why += fmt::format("; {} is draining", p.t.name);
+    only_late = only_late || (!p.live.lost && !p.draining && p.breaker.would_allow(now) && !listed(never_prefill, i));
+  }
+  if (only_late) {
+    // A scheduler too busy to send credits in time is overloaded, not disconnected: 503
+    // with Retry-After (a client backs off) rather than 502 (a client reconnects elsewhere).
+    out.err = tandem::error(
+        error_kind::overloaded,
+        fmt::format("no prefill target of {} sent credits within 3 heartbeats (limits.router_heartbeat_ms = {}): "
+                    "the schedulers are too busy to report; retry after {} ms",
+                    prefills.size(), s.opt.lim.router_heartbeat_ms, out.retry_after_ms));
+    return out;
+  }
+  out.err = tandem::error(error_kind::disconnected,
+                          fmt::format("no healthy prefill target of {}{} (stale credits, open circuit breakers, "
+                                      "draining or lost{}); retry on another node",
+                                      prefills.size(), never_prefill.empty() ? "" : " that this request did not lose",
+                                      why));
+  return out;
+}
+
+/// Why no decode target reachable from the chosen prefill target can take the request.
+placement no_decode_target(const router_state& s, placement out, const std::vector<int>& never_decode, int64_t now) {
+  const auto& decodes = s.decodes;
+  out.prefill = -1;
+  out.reason = "no_target";
+  out.retry_after_ms = s.opt.lim.breaker_cooldown_ms;
+  std::string lost, why;
+  for (int i : never_decode) lost += (lost.empty() ? "" : ", ") + decodes[size_t(i)].t.name;
+  bool all_lost = true;
+  std::string names;
+  for (const auto& d : decodes) {
+    if (d.live.lost) why += fmt::format("; {} lost: {}", d.t.name, d.live.lost_why);
+    else if (d.draining) why += fmt::format("; {} is draining", d.t.name);
+    all_lost = all_lost && d.live.lost;
+    names += (names.empty() ? "" : ", ") + d.t.name;
+  }
+  if (all_lost)
+    why = fmt::format("; no decode node is reachable (down: {}; {})", names, decodes.front().live.lost_why);
+  bool only_late = false;  // as for prefill: a decode target late with credits is busy
+  for (size_t i = 0; i < decodes.size(); ++i)
+    only_late = only_late || (!decodes[i].live.lost && !decodes[i].draining && decodes[i].breaker.would_allow(now) &&
+                              !listed(never_decode, i));
+  if (only_late) {
+    out.err = tandem::error(
+        error_kind::overloaded,
+        fmt::format("no decode target of {} sent credits within 3 heartbeats (limits.router_heartbeat_ms = {}): "
+                    "the schedulers are too busy to report; retry after {} ms",
+                    decodes.size(), s.opt.lim.router_heartbeat_ms, out.retry_after_ms));
+    return out;
+  }
+  out.err = tandem::error(error_kind::disconnected,
+                          fmt::format("no healthy decode target of {}{}{}; retry on another node", decodes.size(),
+                                      lost.empty() ? "" : " other than " + lost, why));
+  return out;
+}
+
+/// The soft admission of a new request (not a continuation) at decode target `d`, which it
+/// needs `need` pages at: refused when the target's batch is backed up with sequences holding
+/// pages, or its queue of sequences waiting for a batch slot is full.
+std::optional<placement> decode_refusal(const router_state& s, const seq_request& r, int32_t need, int d,
+                                        placement& out) {
+  const auto& opt = s.opt;
+  const auto& dlo = s.decodes[size_t(d)].load;
+  const std::string& name = s.decodes[size_t(d)].t.name;
+  // Choices fork at the decode target: each fork beyond the first takes a page of its own for
+  // the block holding the last prompt position (decode_fork.cpp) and a batch slot.
+  const int32_t forks = std::max(0, r.n - 1);
+  if (opt.lim.decode_page_admission && dlo.free_pages >= 0 && dlo.waiting_seqs > 0 && dlo.free_pages < need) {
+    // The decode batch is full and backed up with sequences holding pages: a new one
+    // would only be preempted (recomputed) or fail there.
+    return router_state::decode_busy(
+        out, "decode_pages",
+        fmt::format("decode target {} has {} free KV pages and {} sequences waiting for a batch "
+                    "slot; the prompt needs {} pages{}; retry later or raise limits.kv_cache_mb",
+                    name, dlo.free_pages, dlo.waiting_seqs, need,
+                    forks > 0 ? fmt::format(" (one of them for each of its {} extra choices)", forks) : ""));
+  }
+  const int32_t wait_bound = opt.lim.max_decode_waiting_seqs > 0 ? opt.lim.max_decode_waiting_seqs
+                                                                  : 2 * dlo.max_running_seqs;
+  const bool queue_full = dlo.waiting_seqs >= wait_bound || (dlo.waiting_seqs > 0 && dlo.waiting_seqs + 1 + forks > wait_bound);
+  if (opt.lim.max_decode_waiting_seqs >= 0 && wait_bound > 0 && queue_full) {
+    // Prefill outruns decode in a burst: sequences pile up waiting for a batch slot, each
+    // holding its pages, and every new one would wait behind them. A request of n choices
+    // adds n sequences; behind an empty queue it is admitted whatever its n.
+    return router_state::decode_busy(
+        out, "decode_queue",
+        fmt::format("decode target {} has {} sequences waiting for a slot in its batch of {} "
+                    "(limits.max_decode_waiting_seqs = {}){}; retry later or add decode capacity",
+                    name, dlo.waiting_seqs, dlo.max_running_seqs, opt.lim.max_decode_waiting_seqs,
+                    forks > 0 ? fmt::format(" and the request's n = {} choices would add {}", r.n, r.n) : ""));
+  }
+  return std::nullopt;
+}
+
+/// Conditional disaggregation: whether a prompt of `n` tokens (`cached` of them in the prefill
+/// target's cache) is better prefilled next to its decode batch at `d` than at `prefill`.
+/// Acted on only where it saves a KV transfer (the decode target runs on another node than the
+/// prefill target), and only if the decode pool can hold the prompt (`need` pages) now: its
+/// pages come from there at once, not after a queue.
+bool prefill_at_decode(router_state& s, int64_t n, int32_t cached, int32_t need, int d, int prefill) {
+  const auto& dlo = s.decodes[size_t(d)].load;
+  int64_t shortest = -1;
+  for (const auto& p : s.prefills) {
+    const int64_t w = estimate_queue_wait_ms(p.backlog_tokens(), p.load.prefill_tokens_per_s);
+    if (w >= 0 && (shortest < 0 || w < shortest)) shortest = w;
+  }
+  if (!prefill_locally(s.opt.local_prefill, static_cast<int32_t>(n), cached, shortest, dlo)) return false;
+  s.local_prefill_candidates += 1;
+  const auto node_of = [](const std::string& name) { return name.substr(0, name.rfind('/')); };
+  const bool other_node = node_of(s.decodes[size_t(d)].t.name) != node_of(s.prefills[size_t(prefill)].t.name);
+  const bool fits = dlo.free_pages < 0 || dlo.free_pages >= need;
+  return other_node && fits;
+}
+
+}  // namespace
+
+/// Chooses a (prefill, decode) pair that can place `r`, avoiding `avoid` where another target
+/// exists, and never one in `never_prefill` / `never_decode` (targets the request lost). A continuation (`r.generated` set: a migrated stream) skips the soft admission
 /// estimates (queue wait, decode pages, decode queue); the hard queue bounds still hold.
 placement router_state::place(const seq_request& r, const std::vector<int>& avoid, const std::vector<int>& never_prefill,
                                 const std::vector<int>& never_decode) {
@@ -81,7 +214,6 @@ placement router_state::place(const seq_request& r, const std::vector<int>& avoi
   const std::vector<int32_t> all = continuation ? r.all_tokens() : std::vector<int32_t>{};
   const std::vector<int32_t>& tokens = continuation ? all : r.prompt;
   const int64_t n = static_cast<int64_t>(tokens.size());
-  auto in = [](const std::vector<int>& v, size_t i) { return std::find(v.begin(), v.end(), int(i)) != v.end(); };
   std::vector<target_load> loads;
   std::vector<bool> ok;
   bool any = false;
@@ -92,39 +224,12 @@ placement router_state::place(const seq_request& r, const std::vector<int>& avoi
     l.queued_tokens = p.backlog_tokens();
     loads.push_back(l);
     const bool up = p.health.healthy(now, start_ms) && p.breaker.would_allow(now) && !p.live.lost && !p.draining &&
-                    !in(never_prefill, i);
+                    !listed(never_prefill, i);
     ok.push_back(up);
     any = any || up;
   }
+  if (!any) return no_prefill_target(*this, never_prefill, now);
   placement out;
-  if (!any) {
-    out.reason = "no_target";
-    out.retry_after_ms = opt.lim.breaker_cooldown_ms;
-    std::string why;
-    bool only_late = false;  // some target is only late with its credits: busy, not gone
-    for (size_t i = 0; i < prefills.size(); ++i) {
-      const auto& p = prefills[i];
-      if (p.live.lost) why += fmt::format("; {} lost: {}", p.t.name, p.live.lost_why);
-      else if (p.draining) why += fmt::format("; {} is draining", p.t.name);
-      only_late = only_late || (!p.live.lost && !p.draining && p.breaker.would_allow(now) && !in(never_prefill, i));
-    }
-    if (only_late) {
-      // A scheduler too busy to send credits in time is overloaded, not disconnected: 503
-      // with Retry-After (a client backs off) rather than 502 (a client reconnects elsewhere).
-      out.err = tandem::error(
-          error_kind::overloaded,
-          fmt::format("no prefill target of {} sent credits within 3 heartbeats (limits.router_heartbeat_ms = {}): "
-                      "the schedulers are too busy to report; retry after {} ms",
-                      prefills.size(), opt.lim.router_heartbeat_ms, out.retry_after_ms));
-      return out;
-    }
-    out.err = tandem::error(error_kind::disconnected,
-                            fmt::format("no healthy prefill target of {}{} (stale credits, open circuit breakers, "
-                                        "draining or lost{}); retry on another node",
-                                        prefills.size(), never_prefill.empty() ? "" : " that this request did not lose",
-                                        why));
-    return out;
-  }
   {
     auto pref = ok;
     bool left = false;
@@ -139,7 +244,7 @@ placement router_state::place(const seq_request& r, const std::vector<int>& avoi
   std::vector<bool> dok;
   bool any_decode = false;
   for (size_t i = 0; i < decodes.size(); ++i) {
-    dok.push_back(decode_eligible(decodes[i], now) && !in(never_decode, i));
+    dok.push_back(decode_eligible(decodes[i], now) && !listed(never_decode, i));
     any_decode = any_decode || dok.back();
   }
   std::optional<placement> first_no;
@@ -178,85 +283,15 @@ placement router_state::place(const seq_request& r, const std::vector<int>& avoi
       dreach[i] = dok[i] && reaches(prefills[size_t(out.prefill)], decodes[i]);
     }
     const int d = policy->choose_decode(dl, dreach);
-    if (d < 0) {
-      out.prefill = -1;
-      out.reason = "no_target";
-      out.retry_after_ms = opt.lim.breaker_cooldown_ms;
-      std::string lost, why;
-      for (int i : never_decode) lost += (lost.empty() ? "" : ", ") + decodes[size_t(i)].t.name;
-      bool all_lost = true;
-      std::string names;
-      for (const auto& d : decodes) {
-        if (d.live.lost) why += fmt::format("; {} lost: {}", d.t.name, d.live.lost_why);
-        else if (d.draining) why += fmt::format("; {} is draining", d.t.name);
-        all_lost = all_lost && d.live.lost;
-        names += (names.empty() ? "" : ", ") + d.t.name;
-      }
-      if (all_lost)
-        why = fmt::format("; no decode node is reachable (down: {}; {})", names, decodes.front().live.lost_why);
-      bool only_late = false;  // as for prefill: a decode target late with credits is busy
-      for (size_t i = 0; i < decodes.size(); ++i)
-        only_late = only_late || (!decodes[i].live.lost && !decodes[i].draining && decodes[i].breaker.would_allow(now) &&
-                                  !in(never_decode, i));
-      if (only_late) {
-        out.err = tandem::error(
-            error_kind::overloaded,
-            fmt::format("no decode target of {} sent credits within 3 heartbeats (limits.router_heartbeat_ms = {}): "
-                        "the schedulers are too busy to report; retry after {} ms",
-                        decodes.size(), opt.lim.router_heartbeat_ms, out.retry_after_ms));
-        return out;
-      }
-      out.err = tandem::error(error_kind::disconnected,
-                              fmt::format("no healthy decode target of {}{}{}; retry on another node", decodes.size(),
-                                          lost.empty() ? "" : " other than " + lost, why));
-      return out;
-    }
-    const auto& dlo = decodes[size_t(d)].load;
-    // Choices fork at the decode target: each fork beyond the first takes a page of its own for
-    // the block holding the last prompt position (decode_fork.cpp) and a batch slot.
-    const int32_t forks = std::max(0, r.n - 1);
-    const int32_t need = pages_for(n + 1) + forks;
-    if (!continuation && opt.lim.decode_page_admission && dlo.free_pages >= 0 && dlo.waiting_seqs > 0 && dlo.free_pages < need) {
-      // The decode batch is full and backed up with sequences holding pages: a new one
-      // would only be preempted (recomputed) or fail there.
-      return decode_busy(out, "decode_pages",
-                         fmt::format("decode target {} has {} free KV pages and {} sequences waiting for a batch "
-                                     "slot; the prompt needs {} pages{}; retry later or raise limits.kv_cache_mb",
-                                     decodes[size_t(d)].t.name, dlo.free_pages, dlo.waiting_seqs, need,
-                                     forks > 0 ? fmt::format(" (one of them for each of its {} extra choices)", forks) : ""));
-    }
-    const int32_t wait_bound = opt.lim.max_decode_waiting_seqs > 0 ? opt.lim.max_decode_waiting_seqs
-                                                                    : 2 * dlo.max_running_seqs;
-    const bool queue_full = dlo.waiting_seqs >= wait_bound || (dlo.waiting_seqs > 0 && dlo.waiting_seqs + 1 + forks > wait_bound);
-    if (!continuation && opt.lim.max_decode_waiting_seqs >= 0 && wait_bound > 0 && queue_full) {
-      // Prefill outruns decode in a burst: sequences pile up waiting for a batch slot, each
-      // holding its pages, and every new one would wait behind them. A request of n choices
-      // adds n sequences; behind an empty queue it is admitted whatever its n.
-      return decode_busy(out, "decode_queue",
-                         fmt::format("decode target {} has {} sequences waiting for a slot in its batch of {} "
-                                     "(limits.max_decode_waiting_seqs = {}){}; retry later or add decode capacity",
-                                     decodes[size_t(d)].t.name, dlo.waiting_seqs, dlo.max_running_seqs,
-                                     opt.lim.max_decode_waiting_seqs,
-                                     forks > 0 ? fmt::format(" and the request's n = {} choices would add {}", r.n, r.n) : ""));
+    if (d < 0) return no_decode_target(*this, out, never_decode, now);
+    // Choices fork at the decode target: each fork beyond the first takes a page of its own.
+    const int32_t need = pages_for(n + 1) + std::max(0, r.n - 1);
+    if (!continuation) {
+      if (auto busy = decode_refusal(*this, r, need, d, out)) return *busy;
     }
     out.decode = d;
-    // Conditional disaggregation: would this prompt be better prefilled next to its decode batch?
-    int64_t shortest = -1;
-    for (const auto& p : prefills) {
-      const int64_t w = estimate_queue_wait_ms(p.backlog_tokens(), p.load.prefill_tokens_per_s);
-      if (w >= 0 && (shortest < 0 || w < shortest)) shortest = w;
-    }
     // n > 1 forks at its decode target after a prefill on the prefill path (decode_fork.cpp).
-    if (r.n <= 1 && prefill_locally(opt.local_prefill, static_cast<int32_t>(n), cached, shortest, dlo)) {
-      local_prefill_candidates += 1;
-      // Acted on only where it saves a KV transfer (the decode target runs on another node
-      // than the prefill target), and only if the decode pool can hold the prompt now: its
-      // pages come from there at once, not after a queue.
-      const auto node_of = [](const std::string& name) { return name.substr(0, name.rfind('/')); };
-      const bool other_node = node_of(decodes[size_t(d)].t.name) != node_of(prefills[size_t(out.prefill)].t.name);
-      const bool fits = dlo.free_pages < 0 || dlo.free_pages >= need;
-      out.local = other_node && fits;
-    }
+    if (r.n <= 1) out.local = prefill_at_decode(*this, n, cached, need, d, out.prefill);
   }
   return out;
 }
@@ -341,20 +376,9 @@ bool dispatch(router_actor_t* self, entry& e, const placement& pl) {
   return true;
 }
 
-void on_submit(router_actor_t* self, const wire& w, event_callback cb) {
+void on_submit(router_actor_t* self, seq_request r, event_callback cb) {
   auto& s = self->state;
-  seq_request r;
-  try {
-    wire_reader rd(w);
-    auto env = rd.root();
-    if (!router_role::is(env) || !router_role::get(env).isSubmit())
-      throw tandem::error(error_kind::failed, "a submission that is no router submit message");
-    r = seq_request::read(router_role::get(env).getSubmit());
-    r.generated.clear();  // only the router's own continuations carry tokens so far
-  } catch (const tandem::error& e) {
-    s.reject("?", cb, e, "malformed", 0);
-    return;
-  }
+  r.generated.clear();  // only the router's own continuations carry tokens so far
   const auto prompt_len = static_cast<int32_t>(r.prompt.size());
   if (s.stopped) {
     s.reject(r.id, cb,

@@ -21,6 +21,81 @@ void end_lost(router_state& s, const std::string& id, const std::string& cause, 
   s.finish_here(id, finish_reason::error, &err);
 }
 
+namespace {
+
+/// Fences the current attempt of `e`: its late events are dropped (by id) and a stage still
+/// holding it frees it. (The prefill follows an abort into decode; the decode target is told
+/// directly only if the prefill is gone.)
+void fence_attempt(router_actor_t* self, const entry& e) {
+  auto& s = self->state;
+  const std::string& old_id = e.req.id;
+  if (e.local && e.state != request_stage::retrying && is_at_decode(e) && e.decode >= 0) {
+    if (!s.decodes[size_t(e.decode)].live.lost) send_abort_to(self, s.decodes[size_t(e.decode)].t.actor, old_id);
+  } else if (!s.prefills[size_t(e.prefill)].live.lost) {
+    if (e.state != request_stage::retrying) send_abort(self, old_id, e.prefill);
+  } else if (e.decode >= 0 && !s.decodes[size_t(e.decode)].live.lost) {
+    send_abort_to(self, s.decodes[size_t(e.decode)].t.actor, old_id);
+  }
+}
+
+/// The lost target is never chosen again for this request, and its breaker counts a failure.
+void count_loss(router_state& s, entry& e, bool decode_side, int64_t now) {
+  if (decode_side && e.decode >= 0) {
+    e.lost_decode.push_back(e.decode);
+    s.decodes[size_t(e.decode)].breaker.on_failure(now);
+  } else {
+    // The prefill target, or (no decode targets) the prefill's own decode peer.
+    e.lost_prefill.push_back(e.prefill);
+    s.prefills[size_t(e.prefill)].breaker.on_failure(now);
+  }
+}
+
+/// Ends `id` (true) when it may not move: migration off, n > 1, its budget spent, or its
+/// deadline passed.
+bool ended_unmoved(router_state& s, const entry& e, const std::string& id, const std::string& cause, int64_t now) {
+  const auto& lim = s.opt.lim;
+  if (!lim.router_migration) {
+    s.rejected_by_reason["target_lost"] += 1;
+    end_lost(s, id, cause,
+             "retry the request, or turn on [router] migration (tandem serve --router-migration on) to continue "
+             "streams on another node");
+    return true;
+  }
+  if (e.req.n > 1) {
+    // Its forks hold shared pages on one decode node: not moved (documented in docs/api.md).
+    s.migration_failures["n_choices"] += 1;
+    end_lost(s, id, cause, fmt::format("a request with n = {} is not moved to another node; retry it", e.req.n));
+    return true;
+  }
+  if (e.migrations >= lim.router_max_migrations) {
+    s.migration_failures["budget"] += 1;
+    end_lost(s, id, cause,
+             fmt::format("the request already moved {} times (limits.router_max_migrations = {}); retry it",
+                         e.migrations, lim.router_max_migrations));
+    return true;
+  }
+  if (now >= e.deadline_ms) {
+    s.migration_failures["deadline"] += 1;
+    end_lost(s, id, cause,
+             fmt::format("its deadline passed {} ms ago, so it was not moved; retry it with a longer deadline "
+                         "(request_timeout_ms)",
+                         now - e.deadline_ms));
+    return true;
+  }
+  return false;
+}
+
+/// A fresh id for the next attempt of `id` (the client still sees its own): `id#mK`.
+std::string fresh_attempt_id(const router_state& s, const entry& e, const std::string& id) {
+  std::string nid;
+  for (int32_t k = e.migrations + 1;; ++k) {
+    nid = fmt::format("{}#m{}", id, k);
+    if (!s.table.count(nid) && !s.attempt_ids.count(nid)) return nid;
+  }
+}
+
+}  // namespace
+
 /// Request `id` lost the stage that served it (`decode_side`: its decode target, else its
 /// prefill target) because of `cause` (names the target and why). With migration on, within
 /// the request's budget and deadline, it continues on a fresh prefill/decode pair that
@@ -34,53 +109,11 @@ void lose(router_actor_t* self, const std::string& id, bool decode_side, const s
   if (it == s.table.end()) return;
   auto& e = it->second;
   const int64_t now = s.clk->now_ms();
-  // Fence the attempt: its late events are dropped (by id); a stage still holding it frees it.
   const std::string old_id = e.req.id;
-  // (The prefill follows an abort into decode; the decode target directly only if the prefill is gone.)
-  if (e.local && e.state != request_stage::retrying && is_at_decode(e) && e.decode >= 0) {
-    if (!s.decodes[size_t(e.decode)].live.lost) send_abort_to(self, s.decodes[size_t(e.decode)].t.actor, old_id);
-  } else if (!s.prefills[size_t(e.prefill)].live.lost) {
-    if (e.state != request_stage::retrying) send_abort(self, old_id, e.prefill);
-  } else if (e.decode >= 0 && !s.decodes[size_t(e.decode)].live.lost) {
-    send_abort_to(self, s.decodes[size_t(e.decode)].t.actor, old_id);
-  }
-  if (decode_side && e.decode >= 0) {
-    e.lost_decode.push_back(e.decode);
-    s.decodes[size_t(e.decode)].breaker.on_failure(now);
-  } else {
-    // The prefill target, or (no decode targets) the prefill's own decode peer.
-    e.lost_prefill.push_back(e.prefill);
-    s.prefills[size_t(e.prefill)].breaker.on_failure(now);
-  }
+  fence_attempt(self, e);
+  count_loss(s, e, decode_side, now);
   const auto& lim = s.opt.lim;
-  if (!lim.router_migration) {
-    s.rejected_by_reason["target_lost"] += 1;
-    end_lost(s, id, cause,
-             "retry the request, or turn on [router] migration (tandem serve --router-migration on) to continue "
-             "streams on another node");
-    return;
-  }
-  if (e.req.n > 1) {
-    // Its forks hold shared pages on one decode node: not moved (documented in docs/api.md).
-    s.migration_failures["n_choices"] += 1;
-    end_lost(s, id, cause, fmt::format("a request with n = {} is not moved to another node; retry it", e.req.n));
-    return;
-  }
-  if (e.migrations >= lim.router_max_migrations) {
-    s.migration_failures["budget"] += 1;
-    end_lost(s, id, cause,
-             fmt::format("the request already moved {} times (limits.router_max_migrations = {}); retry it",
-                         e.migrations, lim.router_max_migrations));
-    return;
-  }
-  if (now >= e.deadline_ms) {
-    s.migration_failures["deadline"] += 1;
-    end_lost(s, id, cause,
-             fmt::format("its deadline passed {} ms ago, so it was not moved; retry it with a longer deadline "
-                         "(request_timeout_ms)",
-                         now - e.deadline_ms));
-    return;
-  }
+  if (ended_unmoved(s, e, id, cause, now)) return;
   seq_request c = e.req;
   c.generated = e.emitted;
   c.cached_tokens = 0;
@@ -98,12 +131,7 @@ void lose(router_actor_t* self, const std::string& id, bool decode_side, const s
     end_lost(s, id, cause, fmt::format("no target to continue on: {}", pl.err->what()));
     return;
   }
-  // A fresh id for the new attempt (the client still sees its own).
-  std::string nid;
-  for (int32_t k = e.migrations + 1;; ++k) {
-    nid = fmt::format("{}#m{}", id, k);
-    if (!s.table.count(nid) && !s.attempt_ids.count(nid)) break;
-  }
+  const std::string nid = fresh_attempt_id(s, e, id);
   if (old_id != id) s.attempt_ids.erase(old_id);
   s.attempt_ids[nid] = id;
   c.id = nid;

@@ -254,7 +254,9 @@ void on_tick(router_actor_t* self);
 /// Sends `e`'s request to the placement's targets; false (and the request ended) if the
 /// target's mailbox is full.
 bool dispatch(router_actor_t* self, entry& e, const placement& pl);
-void on_submit(router_actor_t* self, const wire& w, event_callback cb);
+/// A new request from the front end (read by the receive wrapper; a malformed one is answered
+/// there); `cb` gets its events.
+void on_submit(router_actor_t* self, seq_request r, event_callback cb);
 /// A refused request's backoff is over: place it again, on a fresh target if there is one.
 void on_retry(router_actor_t* self, const std::string& id);
 

@@ -184,6 +184,113 @@ bool is_at_decode(const entry& e) {
   return e.state == request_stage::decode || (e.local && (e.state == request_stage::queued || e.state == request_stage::prefill));
 }
 
+namespace {
+
+/// An event is a sign of life of the stage that sent it: the decode target once the request is
+/// there (the first token's event, which moves it there, comes from the prefill). An error
+/// event is no sign of life: a proxy answers for a node that is gone with one.
+void note_alive(router_state& s, const entry& e, schema::TokenEvent::Reader r, int64_t now) {
+  const bool alive = !(r.getFinished() && r.getReason() == schema::FinishReason::ERROR);
+  if (alive && is_at_decode(e) && e.decode >= 0) {
+    auto& d = s.decodes[size_t(e.decode)];
+    if (s.heard(d.live, d.t.name, now)) s.back(d);
+  } else if (alive) {
+    auto& p = s.prefills[size_t(e.prefill)];
+    if (s.heard(p.live, p.t.name, now)) s.back(p);
+  }
+}
+
+stage_event read_stage_event(schema::TokenEvent::Reader r) {
+  stage_event ev;
+  ev.tokens = to_vector(r.getTokens());
+  if (r.hasLogprobs()) ev.logprobs = read_logprobs(r.getLogprobs());
+  if (ev.logprobs.size() != ev.tokens.size()) ev.logprobs.clear();  // all or nothing: they pair by position
+  ev.finished = r.getFinished();
+  ev.reason = from_schema(r.getReason());
+  if (ev.reason == finish_reason::error) ev.err = read_error(r.getError());
+  return ev;
+}
+
+bool is_error_end(const stage_event& ev) { return ev.finished && ev.reason == finish_reason::error && ev.err; }
+
+/// A stage error after the stream started (or on a continuation) that is not the client's
+/// fault: the stream moves on (lose() decides whether it can). True: the event was taken.
+bool moved_on_stage_error(router_actor_t* self, router_state::entry_it it, const std::string& id, int32_t first,
+                          stage_event& ev) {
+  auto& s = self->state;
+  auto& e = it->second;
+  if (!is_error_end(ev) || !s.opt.lim.router_migration || e.first_token_ms < 0) return false;
+  const auto k = ev.err->kind();
+  const bool refused_continuation = k == error_kind::overloaded && e.migrations > 0 && ev.tokens.empty() &&
+                                    first >= e.completion_tokens;
+  if (k != error_kind::disconnected && k != error_kind::failed && !refused_continuation) return false;
+  if (first <= e.completion_tokens && !ev.tokens.empty()) {
+    stage_event part;
+    part.tokens = std::move(ev.tokens);
+    part.logprobs = std::move(ev.logprobs);
+    if (deliver_in_order(s, it, first, std::move(part))) return true;
+  }
+  const bool decode_side = e.state == request_stage::decode && e.decode >= 0;
+  const std::string where = decode_side ? s.decodes[size_t(e.decode)].t.name : s.prefills[size_t(e.prefill)].t.name;
+  lose(self, id, decode_side, fmt::format("{} target {} failed the request: {}", decode_side ? "decode" : "prefill",
+                                          where, ev.err->what()));
+  return true;
+}
+
+/// A refusal before the first token: a retryable one is retried on a fresh target after a
+/// backoff. True: the retry is scheduled.
+bool retried_refusal(router_actor_t* self, entry& e, const std::string& id, const stage_event& ev, int64_t now) {
+  auto& s = self->state;
+  if (!is_error_end(ev) || e.first_token_ms >= 0 || !ev.tokens.empty()) return false;
+  const auto& err = *ev.err;
+  const bool retryable = err.kind() == error_kind::overloaded || err.kind() == error_kind::disconnected;
+  const bool at_decode = e.state == request_stage::decode && e.decode >= 0;
+  if (err.kind() == error_kind::disconnected) {
+    // Counted against the node that failed: a decode node its prefill could not reach
+    // (a refused handoff arrives in state "decode") is not chosen again for this request.
+    if (at_decode) {
+      s.decodes[size_t(e.decode)].breaker.on_failure(now);
+      bool other = false;  // with no other decode target, the retry may find this one reachable again
+      for (size_t i = 0; i < s.decodes.size(); ++i)
+        other = other || (int(i) != e.decode && s.decode_eligible(s.decodes[i], now));
+      if (other) e.lost_decode.push_back(e.decode);
+    } else {
+      s.prefills[size_t(e.prefill)].breaker.on_failure(now);
+    }
+  }
+  if (!retryable || e.retries >= s.opt.lim.router_max_retries) return false;
+  backoff_policy b{s.opt.lim.router_max_retries, s.opt.lim.router_retry_base_ms, s.opt.lim.router_retry_max_ms};
+  const int64_t delay = b.delay_ms(e.retries + 1, s.jitter);
+  if (now + delay >= e.deadline_ms) return false;
+  e.retries += 1;
+  e.tried.push_back(e.prefill);
+  e.state = request_stage::retrying;
+  e.early.clear();  // the next attempt numbers its events from 0 again
+  s.retries_total += 1;
+  s.log->info("request {}: {} refused it ({}); retry {} in {} ms", id, s.prefills[size_t(e.prefill)].t.name, err.what(),
+              e.retries, delay);
+  self->delayed_send(self, std::chrono::milliseconds(delay), retry_atom::value, id);
+  return true;
+}
+
+/// Prefill and decode (possibly on other nodes) send on different links: an event may overtake
+/// an earlier one, or come twice. Holds it until the tokens before it arrived; a gap that never
+/// fills ends the request at its deadline, never as a wrong completion.
+void deliver_or_hold(router_state& s, router_state::entry_it it, int32_t first, stage_event ev) {
+  if (first > it->second.completion_tokens) {
+    if (static_cast<int32_t>(it->second.early.size()) <= s.opt.lim.max_new_tokens)
+      it->second.early.emplace(first, std::move(ev));
+    return;
+  }
+  if (deliver_in_order(s, it, first, std::move(ev))) return;
+  while (!it->second.early.empty() && it->second.early.begin()->first <= it->second.completion_tokens) {
+    auto nh = it->second.early.extract(it->second.early.begin());
+    if (deliver_in_order(s, it, nh.key(), std::move(nh.mapped()))) return;
+  }
+}
+
+}  // namespace
+
 void on_event(router_actor_t* self, schema::TokenEvent::Reader r) {
   auto& s = self->state;
   // The current attempt only: an event of one given up on (migrated away from) is moot.
@@ -193,106 +300,26 @@ void on_event(router_actor_t* self, schema::TokenEvent::Reader r) {
   const std::string id = it->first;
   if (e.state == request_stage::retrying) return;  // a late event of the attempt that was refused
   const int64_t now = s.clk->now_ms();
-  // A sign of life of the stage that sent it: the decode target once the request is there
-  // (the first token's event, which moves it there, comes from the prefill).
-  // An error event is no sign of life: a proxy answers for a node that is gone with one.
-  const bool alive = !(r.getFinished() && r.getReason() == schema::FinishReason::ERROR);
-  if (alive && is_at_decode(e) && e.decode >= 0) {
-    auto& d = s.decodes[size_t(e.decode)];
-    if (s.heard(d.live, d.t.name, now)) s.back(d);
-  } else if (alive) {
-    auto& p = s.prefills[size_t(e.prefill)];
-    if (s.heard(p.live, p.t.name, now)) s.back(p);
-  }
+  note_alive(s, e, r, now);
   const request_stage prev = e.state;
   e.state = from_schema(r.getState());
   if (e.state != prev) e.stage_since_ms = now;
   if (r.getCachedTokens() > 0 && e.migrations == 0) e.cached_tokens = r.getCachedTokens();
-  stage_event ev;
-  ev.tokens = to_vector(r.getTokens());
-  if (r.hasLogprobs()) ev.logprobs = read_logprobs(r.getLogprobs());
-  if (ev.logprobs.size() != ev.tokens.size()) ev.logprobs.clear();  // all or nothing: they pair by position
-  ev.finished = r.getFinished();
-  ev.reason = from_schema(r.getReason());
-  if (ev.reason == finish_reason::error) ev.err = read_error(r.getError());
+  stage_event ev = read_stage_event(r);
   if (ev.tokens.empty() && !ev.finished) return;  // progress only
   const int32_t first = r.getFirstIndex();
   if (r.getChoice() > 0 || e.done0) {
     on_choice_event(self, it, r.getChoice(), first, std::move(ev));
     return;
   }
-  // A stage error after the stream started (or on a continuation) that is not the client's
-  // fault: the stream moves on (lose() decides whether it can).
-  if (ev.finished && ev.reason == finish_reason::error && ev.err && s.opt.lim.router_migration &&
-      e.first_token_ms >= 0) {
-    const auto k = ev.err->kind();
-    const bool refused_continuation = k == error_kind::overloaded && e.migrations > 0 && ev.tokens.empty() &&
-                                      first >= e.completion_tokens;
-    if (k == error_kind::disconnected || k == error_kind::failed || refused_continuation) {
-      if (first <= e.completion_tokens && !ev.tokens.empty()) {
-        stage_event part;
-        part.tokens = std::move(ev.tokens);
-        part.logprobs = std::move(ev.logprobs);
-        if (deliver_in_order(s, it, first, std::move(part))) return;
-      }
-      const bool decode_side = e.state == request_stage::decode && e.decode >= 0;
-      const std::string where = decode_side ? s.decodes[size_t(e.decode)].t.name : s.prefills[size_t(e.prefill)].t.name;
-      lose(self, id, decode_side, fmt::format("{} target {} failed the request: {}", decode_side ? "decode" : "prefill",
-                                              where, ev.err->what()));
-      return;
-    }
-  }
-  // A refusal before the first token: retry a retryable one on a fresh target.
-  if (ev.finished && ev.reason == finish_reason::error && ev.err && e.first_token_ms < 0 && ev.tokens.empty()) {
-    const auto& err = *ev.err;
-    const bool retryable = err.kind() == error_kind::overloaded || err.kind() == error_kind::disconnected;
-    const bool at_decode = e.state == request_stage::decode && e.decode >= 0;
-    if (err.kind() == error_kind::disconnected) {
-      // Counted against the node that failed: a decode node its prefill could not reach
-      // (a refused handoff arrives in state "decode") is not chosen again for this request.
-      if (at_decode) {
-        s.decodes[size_t(e.decode)].breaker.on_failure(now);
-        bool other = false;  // with no other decode target, the retry may find this one reachable again
-        for (size_t i = 0; i < s.decodes.size(); ++i)
-          other = other || (int(i) != e.decode && s.decode_eligible(s.decodes[i], now));
-        if (other) e.lost_decode.push_back(e.decode);
-      } else {
-        s.prefills[size_t(e.prefill)].breaker.on_failure(now);
-      }
-    }
-    if (retryable && e.retries < s.opt.lim.router_max_retries) {
-      backoff_policy b{s.opt.lim.router_max_retries, s.opt.lim.router_retry_base_ms, s.opt.lim.router_retry_max_ms};
-      const int64_t delay = b.delay_ms(e.retries + 1, s.jitter);
-      if (now + delay < e.deadline_ms) {
-        e.retries += 1;
-        e.tried.push_back(e.prefill);
-        e.state = request_stage::retrying;
-        e.early.clear();  // the next attempt numbers its events from 0 again
-        s.retries_total += 1;
-        s.log->info("request {}: {} refused it ({}); retry {} in {} ms", id, s.prefills[size_t(e.prefill)].t.name,
-                    err.what(), e.retries, delay);
-        self->delayed_send(self, std::chrono::milliseconds(delay), retry_atom::value, id);
-        return;
-      }
-    }
-  }
-  if (!e.choices.empty() && ev.finished && ev.reason == finish_reason::error && ev.err) {
+  if (moved_on_stage_error(self, it, id, first, ev)) return;
+  if (retried_refusal(self, e, id, ev, now)) return;
+  if (!e.choices.empty() && is_error_end(ev)) {
     // n > 1: an error of choice 0 ends every choice and aborts the forks.
     fail_choices(self, it, *ev.err);
     return;
   }
-  // Prefill and decode (possibly on other nodes) send on different links: an event may
-  // overtake an earlier one, or come twice. Hold it until the tokens before it arrived; a gap
-  // that never fills ends the request at its deadline, never as a wrong completion.
-  if (first > e.completion_tokens) {
-    if (static_cast<int32_t>(e.early.size()) <= s.opt.lim.max_new_tokens) e.early.emplace(first, std::move(ev));
-    return;
-  }
-  if (deliver_in_order(s, it, first, std::move(ev))) return;
-  while (!it->second.early.empty() && it->second.early.begin()->first <= it->second.completion_tokens) {
-    auto nh = it->second.early.extract(it->second.early.begin());
-    if (deliver_in_order(s, it, nh.key(), std::move(nh.mapped()))) return;
-  }
+  deliver_or_hold(s, it, first, std::move(ev));
 }
 
 void on_tick(router_actor_t* self) {

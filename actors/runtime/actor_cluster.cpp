@@ -18,7 +18,7 @@ void log_plan(spdlog::logger& log, const node_plan& p, const actor_cluster_optio
   const auto& set = p.pools;
   if (!p.holds_kv) {  // a router-only node: the KV pools live on its prefill and decode nodes
     log.info("cluster up: model {} (tokenizer and limits only), no KV pool on this node (roles: {}), context {}",
-             opt.model_id, fmt::join(p.spec.roles, ", "), p.model.max_context);
+             opt.model_id, fmt::join(role_names(p.spec.roles), ", "), p.model.max_context);
     return;
   }
   log.info("cluster up: model {} (kernels {}), {} KV pages of {} ({:.1f} MiB), context {}, prefix cache {}",
@@ -63,7 +63,7 @@ actor_cluster::actor_cluster(std::shared_ptr<llama_model> model, actor_cluster_o
   s.sys = opt_.system ? decltype(s.sys)(opt_.system, system_release{false})
                       : decltype(s.sys)(new caf::actor_system(s.cfg), system_release{true});
   if (multi_node)
-    s.links = link_nodes(*s.sys, plan.spec.node_name, plan.spec.cluster_host, plan.spec.cluster_port, plan.spec.roles,
+    s.links = link_nodes(*s.sys, plan.spec.node_name, plan.spec.cluster_host, plan.spec.cluster_port, role_names(plan.spec.roles),
                          plan.spec.remote_nodes, lim.link_timeout_ms, make_actor_logger("cluster", sink, opt_.log_level));
 
   s.model = std::move(model);
@@ -115,7 +115,7 @@ void actor_cluster::shutdown() {
         .receive([](bool) {},
                  [&](caf::error& e) { s.log->warn("supervisor did not confirm shutdown: {}", s.sys->render(e)); });
     self->send_exit(s.supervisor, caf::exit_reason::user_shutdown);
-    if (s.has("router"))
+    if (s.has(node_role::router))
       self->request(s.router.handle, std::chrono::milliseconds(opt_.lim.query_timeout_ms), stop_atom::value)
           .receive(
               [](bool) {},
@@ -148,7 +148,7 @@ void actor_cluster::submit(completion_request req, event_callback cb) {
           static_cast<int32_t>(req.prompt.size())));
     return;
   }
-  if (!s.has("router")) {
+  if (!s.has(node_role::router)) {
     std::string routers;
     for (const auto& n : s.links.with_role("router")) routers += (routers.empty() ? "" : ", ") + n.name;
     if (cb)
@@ -193,7 +193,7 @@ void actor_cluster::submit(completion_request req, event_callback cb) {
 void actor_cluster::abort(const std::string& request_id, finish_reason why, int32_t choice) {
   auto& s = *st_;
   std::shared_lock<std::shared_mutex> sl(s.submit_mu);
-  if (s.stopped || s.unhealthy || !s.has("router")) return;
+  if (s.stopped || s.unhealthy || !s.has(node_role::router)) return;
   role_handle<router_role>(s.router).send_anon<msg::abort>([&](schema::Abort::Builder a) {
     a.setId(request_id);
     a.setStopString(why == finish_reason::stop);

@@ -19,6 +19,59 @@ double process_rss_bytes() {
 
 using cluster_detail::process_rss_bytes;
 
+namespace {
+
+/// The mailbox gauges of one actor's gate (every actor, answering or not).
+void add_mailbox_samples(const mailbox_gate& g, stats_snapshot& boxes) {
+  auto lbl = fmt::format("actor=\"{}\"", g.actor_name());
+  boxes.metrics.push_back({"mailbox_depth", lbl, double(g.depth()), "gauge", "Messages waiting in the mailbox"});
+  boxes.metrics.push_back({"mailbox_bound", lbl, double(g.bound()), "gauge", "Mailbox bound (limits.*_mailbox)"});
+  boxes.metrics.push_back({"mailbox_high_water", lbl, double(g.high_water()), "gauge", "Deepest mailbox seen"});
+  boxes.metrics.push_back({"mailbox_rejected_total", lbl, double(g.rejected()), "counter",
+                           "Messages refused at a full mailbox"});
+}
+
+/// Asks `who` (named `what` in the log) for its stats into `out`; false (logged) if it did not
+/// answer within `timeout_ms`.
+bool ask_stats(caf::scoped_actor& self, const caf::actor& who, int32_t timeout_ms, const std::string& what,
+               caf::actor_system& sys, spdlog::logger& log, std::vector<stats_snapshot>& out) {
+  bool answered = true;
+  self->request(who, std::chrono::milliseconds(timeout_ms), stats_atom::value)
+      .receive([&](const wire& w) { out.push_back(read_stats(w)); },
+               [&](caf::error& e) {
+                 answered = false;
+                 log.warn("stats from {} failed: {}", what, sys.render(e));
+               });
+  return answered;
+}
+
+/// The node's load over its actors' snapshots: requests and tokens queued and running, uptime,
+/// prefix cache hit rate.
+void add_load_samples(const std::vector<stats_snapshot>& out, double uptime_s, stats_snapshot& up) {
+  double queued = 0, running = 0;
+  for (const auto& x : out) {
+    queued += x.value("prefill_queued_requests");
+    running += x.value("prefill_active_requests") + x.value("decode_running_requests") +
+               x.value("decode_waiting_requests");
+  }
+  up.metrics.push_back({"requests_queued", "", queued, "gauge", "Requests waiting for prefill"});
+  up.metrics.push_back({"requests_running", "", running, "gauge", "Requests being prefilled or decoded"});
+  up.metrics.push_back({"uptime_seconds", "", uptime_s, "gauge", "Seconds since the cluster started"});
+  double prompt = 0, hit = 0, queued_tokens = 0, running_tokens = 0;
+  for (const auto& x : out) {
+    prompt += x.value("prompt_tokens_total");
+    hit += x.value("prefix_cache_hit_tokens_total");
+    queued_tokens += x.value("prefill_queued_tokens");
+    running_tokens += x.value("decode_running_tokens");
+  }
+  up.metrics.push_back({"tokens_queued", "", queued_tokens, "gauge", "Prompt tokens waiting for prefill"});
+  up.metrics.push_back({"tokens_running", "", running_tokens, "gauge", "Context tokens of the sequences being decoded"});
+  up.metrics.push_back({"prefix_cache_hit_rate", "", prompt > 0 ? hit / prompt : 0, "gauge",
+                        "Fraction of accepted prompt tokens served from the prefix cache"});
+}
+
+}  // namespace
+
 std::vector<stats_snapshot> actor_cluster::snapshots(bool include_worker) const {
   auto& s = *st_;
   std::vector<stats_snapshot> out;
@@ -38,68 +91,23 @@ std::vector<stats_snapshot> actor_cluster::snapshots(bool include_worker) const 
   stats_snapshot boxes;
   boxes.actor = "mailboxes";
   bool all_answered = true;
-  for (const auto& actor : actors) {
-    const auto* a = &actor;
-    const auto& g = *a->gate;
-    auto lbl = fmt::format("actor=\"{}\"", g.actor_name());
-    boxes.metrics.push_back(
-        {"mailbox_depth", lbl, double(g.depth()), "gauge", "Messages waiting in the mailbox"});
-    boxes.metrics.push_back(
-        {"mailbox_bound", lbl, double(g.bound()), "gauge", "Mailbox bound (limits.*_mailbox)"});
-    boxes.metrics.push_back(
-        {"mailbox_high_water", lbl, double(g.high_water()), "gauge", "Deepest mailbox seen"});
-    boxes.metrics.push_back({"mailbox_rejected_total", lbl, double(g.rejected()), "counter",
-                             "Messages refused at a full mailbox"});
-    if (a->handle == worker.handle && !include_worker) continue;
+  const int32_t timeout_ms = opt_.lim.query_timeout_ms;
+  for (const auto& a : actors) {
+    add_mailbox_samples(*a.gate, boxes);
+    if (a.handle == worker.handle && !include_worker) continue;
     if (unhealthy) {
       all_answered = false;  // the escalated set is not restarted; asking would only time out
       continue;
     }
-    self->request(a->handle, std::chrono::milliseconds(opt_.lim.query_timeout_ms), stats_atom::value)
-        .receive([&](const wire& w) { out.push_back(read_stats(w)); },
-                 [&](caf::error& e) {
-                   all_answered = false;
-                   s.log->warn("stats from {} failed: {}", g.actor_name(), s.sys->render(e));
-                 });
+    all_answered &= ask_stats(self, a.handle, timeout_ms, a.gate->actor_name(), *s.sys, *s.log, out);
   }
-  self->request(supervisor, std::chrono::milliseconds(opt_.lim.query_timeout_ms), stats_atom::value)
-      .receive([&](const wire& w) { out.push_back(read_stats(w)); },
-               [&](caf::error& e) {
-                 all_answered = false;
-                 s.log->warn("stats from the supervisor failed: {}", s.sys->render(e));
-               });
-  if (s.links.ingress)
-    self->request(s.links.ingress, std::chrono::milliseconds(opt_.lim.query_timeout_ms), stats_atom::value)
-        .receive([&](const wire& w) { out.push_back(read_stats(w)); },
-                 [&](caf::error& e) {
-                   all_answered = false;
-                   s.log->warn("stats from the ingress failed: {}", s.sys->render(e));
-                 });
+  all_answered &= ask_stats(self, supervisor, timeout_ms, "the supervisor", *s.sys, *s.log, out);
+  if (s.links.ingress) all_answered &= ask_stats(self, s.links.ingress, timeout_ms, "the ingress", *s.sys, *s.log, out);
   int64_t now_ms = s.clk->now_ms();
   if (all_answered) s.last_heartbeat_ms = now_ms;
   stats_snapshot up;
   up.actor = "cluster";
-  double queued = 0, running = 0;
-  for (const auto& x : out) {
-    queued += x.value("prefill_queued_requests");
-    running += x.value("prefill_active_requests") + x.value("decode_running_requests") +
-               x.value("decode_waiting_requests");
-  }
-  up.metrics.push_back({"requests_queued", "", queued, "gauge", "Requests waiting for prefill"});
-  up.metrics.push_back({"requests_running", "", running, "gauge", "Requests being prefilled or decoded"});
-  up.metrics.push_back({"uptime_seconds", "", double(now_ms - s.start_ms) / 1000.0, "gauge",
-                        "Seconds since the cluster started"});
-  double prompt = 0, hit = 0, queued_tokens = 0, running_tokens = 0;
-  for (const auto& x : out) {
-    prompt += x.value("prompt_tokens_total");
-    hit += x.value("prefix_cache_hit_tokens_total");
-    queued_tokens += x.value("prefill_queued_tokens");
-    running_tokens += x.value("decode_running_tokens");
-  }
-  up.metrics.push_back({"tokens_queued", "", queued_tokens, "gauge", "Prompt tokens waiting for prefill"});
-  up.metrics.push_back({"tokens_running", "", running_tokens, "gauge", "Context tokens of the sequences being decoded"});
-  up.metrics.push_back({"prefix_cache_hit_rate", "", prompt > 0 ? hit / prompt : 0, "gauge",
-                        "Fraction of accepted prompt tokens served from the prefix cache"});
+  add_load_samples(out, double(now_ms - s.start_ms) / 1000.0, up);
   // Node health: every scrape is a heartbeat round over the actors.
   auto node = fmt::format("node=\"{}\"", opt_.node_name);
   up.metrics.push_back({"node_up", node, all_answered ? 1.0 : 0.0, "gauge",
@@ -108,9 +116,9 @@ std::vector<stats_snapshot> actor_cluster::snapshots(bool include_worker) const 
     const stats_snapshot *router = nullptr, *prefill = nullptr;
     for (const auto& x : out) {
       if (x.actor == "router") router = &x;
-      if (x.actor == "prefill" && s.has("prefill")) prefill = &x;
+      if (x.actor == "prefill" && s.has(node_role::prefill)) prefill = &x;
     }
-    const auto phase = node_drain_phase(s.draining, s.has("router"), s.has("prefill"), s.has("decode"), out);
+    const auto phase = node_drain_phase(s.draining, s.has(node_role::router), s.has(node_role::prefill), s.has(node_role::decode), out);
     const bool ready = node_readiness(all_answered && !unhealthy, "", router).ready && phase == drain_phase::serving &&
                        handoff_readiness(prefill, static_cast<int>(s.links.with_role("decode").size())).ready;
     up.metrics.push_back({"node_drain_state", node, double(static_cast<int>(phase)), "gauge",
@@ -207,7 +215,7 @@ health_info actor_cluster::health() const {
   for (const auto& actor : actors) {
     const auto* a = &actor;
     const bool is_router = a->handle == s.router.handle;
-    const bool is_prefill = s.has("prefill") && a->handle == s.prefill.handle;
+    const bool is_prefill = s.has(node_role::prefill) && a->handle == s.prefill.handle;
     self->request(a->handle, std::chrono::milliseconds(opt_.lim.query_timeout_ms), stats_atom::value)
         .receive([&](const wire& w) {
                    if (is_router) router = read_stats(w);
@@ -235,7 +243,7 @@ health_info actor_cluster::health() const {
     h.ready_status = h.ready ? hr.reason : h.ready_status + "; " + hr.reason;
     h.ready = false;
   }
-  if (const auto phase = node_drain_phase(s.draining, s.has("router"), s.has("prefill"), s.has("decode"), snaps);
+  if (const auto phase = node_drain_phase(s.draining, s.has(node_role::router), s.has(node_role::prefill), s.has(node_role::decode), snaps);
       ok && phase != drain_phase::serving) {
     h.ready = false;
     h.ready_status = drain_status(phase, opt_.node_name);
@@ -267,7 +275,7 @@ int32_t actor_cluster::set_max_queue_wait_ms(int32_t ms) {
                         fmt::format("limits.max_queue_wait_ms = {} must be >= 0 (0 = off)", ms));
   if (s.stopped || !s.sys)
     throw tandem::error(error_kind::disconnected, "the cluster is shut down; start it again to set its limits");
-  if (!s.has("router"))
+  if (!s.has(node_role::router))
     throw tandem::error(error_kind::failed,
                         "this node runs no router: set limits.max_queue_wait_ms on the node with the router role");
   int32_t before = -1;
@@ -280,6 +288,80 @@ int32_t actor_cluster::set_max_queue_wait_ms(int32_t ms) {
                         fmt::format("the router did not take the new queue-wait bound ({}); retry", failure));
   return before;
 }
+
+namespace {
+
+/// An actor's row of the report from its mailbox gate (its state is the caller's).
+actor_report mailbox_report(const bounded_actor& a) {
+  actor_report ar;
+  ar.name = a.gate->actor_name();
+  ar.mailbox_depth = a.gate->depth();
+  ar.mailbox_bound = a.gate->bound();
+  ar.messages_handled = a.gate->accepted() - a.gate->depth();
+  ar.mailbox_rejected = a.gate->rejected();
+  return ar;
+}
+
+/// The supervisor's restart count and last failure of the actor of `ar`.
+void add_restarts(const stats_snapshot& sup, const std::string& node, actor_report& ar) {
+  auto sl = fmt::format("node=\"{}\",actor=\"{}\"", node, ar.name);
+  ar.restarts = int64_t(sup.value("actor_restarts_total", sl));
+  for (const auto& m : sup.metrics) {
+    if (m.name != "actor_last_failure_info" || m.labels.rfind(sl + ",cause=\"", 0) != 0) continue;
+    std::string cause = m.labels.substr(sl.size() + 8);
+    if (!cause.empty()) cause.pop_back();  // closing quote
+    ar.last_error = cause;
+  }
+}
+
+/// The pool rows of the report from the cache tier's snapshot `c`: the device pool, a row per
+/// pool and tier of a layout of several, the host and disk tiers.
+void add_pool_reports(const stats_snapshot& c, const std::vector<stats_snapshot>& snaps, const kv_pools_layout& pools,
+                      node_report& r) {
+  pool_report p;
+  p.name = "device";
+  p.pages_total = int64_t(c.value("kv_pages_total"));
+  p.pages_free = int64_t(c.value("kv_pages_free"));
+  p.pages_cached = int64_t(c.value("kv_pages_cached"));
+  p.pages_evictable = int64_t(c.value("kv_pages_evictable"));
+  double bytes = 0;
+  for (const auto& x : snaps) bytes += x.value("kv_pool_bytes");
+  p.bytes = int64_t(bytes);
+  r.pools.push_back(p);
+  // A layout of several pools: a row per pool and tier ("device:window", "host:window") from
+  // the cache tier's `kv_pool_<prefix>...{pool}` series.
+  auto pool_rows = [&](const std::string& tier, const std::string& prefix, const std::string& bytes_name) {
+    for (const auto& spec : pools.pools) {
+      const std::string l = fmt::format("pool=\"{}\"", spec.name);
+      pool_report q;
+      q.name = tier + ":" + spec.name;
+      q.pages_total = int64_t(c.value("kv_pool_" + prefix + "pages_total", l));
+      q.pages_free = int64_t(c.value("kv_pool_" + prefix + "pages_free", l));
+      q.pages_cached = int64_t(c.value("kv_pool_" + prefix + "pages_cached", l));
+      q.bytes = int64_t(c.value(bytes_name, l));
+      r.pools.push_back(q);
+    }
+  };
+  const bool several = pools.pools.size() > 1;
+  if (several) pool_rows("device", "", "kv_pool_device_bytes");
+  // The host and disk tiers behind it (pool 0's pages; a disk entry has a file per pool of its block).
+  for (const char* tier : {"host", "disk"}) {
+    const std::string l = fmt::format("tier=\"{}\"", tier);
+    const int64_t total = int64_t(c.value("cache_pages_total", l));
+    if (total <= 0) continue;
+    pool_report q;
+    q.name = tier;
+    q.pages_total = total;
+    q.pages_free = total - int64_t(c.value("cache_pages_used", l));
+    q.pages_cached = int64_t(c.value("cache_pages_cached", l));
+    q.bytes = std::string(tier) == "host" ? int64_t(bytes_host(snaps)) : 0;
+    r.pools.push_back(q);
+  }
+  // Each pool has host pages of its own.
+  if (several && c.value("cache_pages_total", "tier=\"host\"") > 0) pool_rows("host", "host_", "kv_pool_host_bytes");
+}
+
+}  // namespace
 
 node_report actor_cluster::inspect() const {
   auto& s = *st_;
@@ -309,82 +391,24 @@ node_report actor_cluster::inspect() const {
     std::shared_lock<std::shared_mutex> sl(s.submit_mu);
     for (auto* a : s.all()) {
       actors.push_back(*a);
-      const bool local = (a == &s.router && s.has("router")) || (a == &s.prefill && s.has("prefill")) ||
-                         (a == &s.decode && s.has("decode")) || a == &s.worker || a == &s.cache;
+      const bool local = (a == &s.router && s.has(node_role::router)) || (a == &s.prefill && s.has(node_role::prefill)) ||
+                         (a == &s.decode && s.has(node_role::decode)) || a == &s.worker || a == &s.cache;
       remote.push_back(!local);
     }
   }
   for (size_t i = 0; i < actors.size(); ++i) {
-    const auto& a = actors[i];
-    actor_report ar;
-    ar.name = a.gate->actor_name();
-    ar.mailbox_depth = a.gate->depth();
-    ar.mailbox_bound = a.gate->bound();
-    ar.messages_handled = a.gate->accepted() - a.gate->depth();
-    ar.mailbox_rejected = a.gate->rejected();
+    actor_report ar = mailbox_report(actors[i]);
     ar.state = s.unhealthy ? "escalated" : remote[i] ? "remote" : by_actor.count(ar.name) ? "running" : "not answering";
-    if (sup) {
-      auto sl = fmt::format("node=\"{}\",actor=\"{}\"", opt_.node_name, ar.name);
-      ar.restarts = int64_t(sup->value("actor_restarts_total", sl));
-      for (const auto& m : sup->metrics) {
-        if (m.name != "actor_last_failure_info" || m.labels.rfind(sl + ",cause=\"", 0) != 0) continue;
-        std::string cause = m.labels.substr(sl.size() + 8);
-        if (!cause.empty()) cause.pop_back();  // closing quote
-        ar.last_error = cause;
-      }
-    }
+    if (sup) add_restarts(*sup, opt_.node_name, ar);
     r.actors.push_back(std::move(ar));
   }
-  if (!s.unhealthy && s.has("router")) {
+  if (!s.unhealthy && s.has(node_role::router)) {
     caf::scoped_actor self{*s.sys};
     self->request(actors[0].handle, std::chrono::milliseconds(opt_.lim.query_timeout_ms), inflight_atom::value)
         .receive([&](const inflight_list& l) { r.requests = l.requests; },
                  [&](caf::error& e) { s.log->warn("in-flight table from the router failed: {}", s.sys->render(e)); });
   }
-  if (auto it = by_actor.find("cache_tier"); it != by_actor.end()) {
-    const auto& c = *it->second;
-    pool_report p;
-    p.name = "device";
-    p.pages_total = int64_t(c.value("kv_pages_total"));
-    p.pages_free = int64_t(c.value("kv_pages_free"));
-    p.pages_cached = int64_t(c.value("kv_pages_cached"));
-    p.pages_evictable = int64_t(c.value("kv_pages_evictable"));
-    double bytes = 0;
-    for (const auto& x : snaps) bytes += x.value("kv_pool_bytes");
-    p.bytes = int64_t(bytes);
-    r.pools.push_back(p);
-    // A layout of several pools: a row per pool and tier ("device:window", "host:window") from
-    // the cache tier's `kv_pool_<prefix>...{pool}` series.
-    auto pool_rows = [&](const std::string& tier, const std::string& prefix, const std::string& bytes_name) {
-      for (const auto& spec : s.plan.pools.pools) {
-        const std::string l = fmt::format("pool=\"{}\"", spec.name);
-        pool_report q;
-        q.name = tier + ":" + spec.name;
-        q.pages_total = int64_t(c.value("kv_pool_" + prefix + "pages_total", l));
-        q.pages_free = int64_t(c.value("kv_pool_" + prefix + "pages_free", l));
-        q.pages_cached = int64_t(c.value("kv_pool_" + prefix + "pages_cached", l));
-        q.bytes = int64_t(c.value(bytes_name, l));
-        r.pools.push_back(q);
-      }
-    };
-    const bool several = s.plan.pools.pools.size() > 1;
-    if (several) pool_rows("device", "", "kv_pool_device_bytes");
-    // The host and disk tiers behind it (pool 0's pages; a disk entry has a file per pool of its block).
-    for (const char* tier : {"host", "disk"}) {
-      const std::string l = fmt::format("tier=\"{}\"", tier);
-      const int64_t total = int64_t(c.value("cache_pages_total", l));
-      if (total <= 0) continue;
-      pool_report q;
-      q.name = tier;
-      q.pages_total = total;
-      q.pages_free = total - int64_t(c.value("cache_pages_used", l));
-      q.pages_cached = int64_t(c.value("cache_pages_cached", l));
-      q.bytes = std::string(tier) == "host" ? int64_t(bytes_host(snaps)) : 0;
-      r.pools.push_back(q);
-    }
-    // Each pool has host pages of its own.
-    if (several && c.value("cache_pages_total", "tier=\"host\"") > 0) pool_rows("host", "host_", "kv_pool_host_bytes");
-  }
+  if (auto it = by_actor.find("cache_tier"); it != by_actor.end()) add_pool_reports(*it->second, snaps, s.plan.pools, r);
   return r;
 }
 
@@ -395,8 +419,9 @@ node_report actor_cluster::drain(bool on) {
   {
     std::shared_lock<std::shared_mutex> sl(s.submit_mu);
     s.draining = on;
-    for (auto [role, a] : {std::pair{"router", &s.router}, std::pair{"prefill", &s.prefill}, std::pair{"decode", &s.decode}})
-      if (s.has(role) && a->handle) actors.emplace_back(role, *a);
+    for (auto [role, a] : {std::pair{node_role::router, &s.router}, std::pair{node_role::prefill, &s.prefill},
+                           std::pair{node_role::decode, &s.decode}})
+      if (s.has(role) && a->handle) actors.emplace_back(to_string(role), *a);
   }
   caf::scoped_actor self{*s.sys};
   std::string failed;

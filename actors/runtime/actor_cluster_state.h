@@ -76,7 +76,7 @@ struct actor_cluster::state {
   /// breakers see every node. `prefill`/`decode` above are then the local scheduler or the
   /// proxy over all nodes of the role that the local schedulers send to (none on a router-only node).
   std::vector<bounded_actor> route_proxies;
-  bool has(const std::string& r) const { return plan.has(r); }
+  bool has(node_role r) const { return plan.has(r); }
 
   /// The current actors, copied under the lock (the supervisor may replace them). Roles of
   /// other nodes are their local proxies; roles nobody here needs have no actor.

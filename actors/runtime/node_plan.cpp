@@ -23,14 +23,37 @@ int32_t page_count(int64_t pages) { return static_cast<int32_t>(std::clamp<int64
 
 }  // namespace
 
-bool node_plan::has(const std::string& role) const {
+const char* to_string(node_role r) {
+  switch (r) {
+    case node_role::router: return "router";
+    case node_role::prefill: return "prefill";
+    case node_role::decode: return "decode";
+    case node_role::cache: return "cache";
+    case node_role::worker: return "worker";
+  }
+  return "router";
+}
+
+std::optional<node_role> parse_node_role(std::string_view name) {
+  for (auto r : {node_role::router, node_role::prefill, node_role::decode, node_role::cache, node_role::worker})
+    if (name == to_string(r)) return r;
+  return std::nullopt;
+}
+
+std::vector<std::string> role_names(const std::vector<node_role>& roles) {
+  std::vector<std::string> out;
+  for (auto r : roles) out.emplace_back(to_string(r));
+  return out;
+}
+
+bool node_plan::has(node_role role) const {
   return spec.roles.empty() || std::find(spec.roles.begin(), spec.roles.end(), role) != spec.roles.end();
 }
 
 std::string node_plan::remote_decode_node() const {
-  if (has("decode")) return "";
+  if (has(node_role::decode)) return "";
   for (const auto& n : spec.remote_nodes)
-    if (std::find(n.roles.begin(), n.roles.end(), "decode") != n.roles.end()) return n.name;
+    if (std::find(n.roles.begin(), n.roles.end(), to_string(node_role::decode)) != n.roles.end()) return n.name;
   return "";
 }
 
@@ -50,12 +73,14 @@ node_spec spec_of(const cluster_config& cfg, const node_config& node) {
   s.lim.page_size = node.effective_page_size(cfg.lim);
   s.cache = node.cache;
   s.node_name = node.name;
+  s.ports = {node.host, node.http_port, node.rpc_port, node.admin_port, node.kv_port};
   // The config check refused an unknown policy name; round_robin is the default.
   s.policy.kind = parse_route_policy(cfg.router_policy).value_or(route_policy_kind::round_robin);
   s.policy.balance_abs_tokens = cfg.router_balance_abs_tokens;
   s.policy.balance_rel = cfg.router_balance_rel;
   if (node.all_roles()) return s;  // an embedded cluster: every role here, no links
-  s.roles = node.roles;
+  for (const auto& r : node.roles)
+    if (auto k = parse_node_role(r)) s.roles.push_back(*k);  // the config check refused other names
   s.cluster_host = node.host;
   s.cluster_port = node.cluster_port;
   for (const auto& n : cfg.nodes)
@@ -69,7 +94,7 @@ node_plan plan_node(const node_spec& spec, const model_shape& model, uint64_t ho
   p.spec = spec;
   const limits& lim = p.spec.lim;
   p.error = lim.validate();
-  p.holds_kv = p.has("worker") || p.has("cache");
+  p.holds_kv = p.has(node_role::worker) || p.has(node_role::cache);
   p.prefix_cache = lim.prefix_cache && spec.cache.enabled;
   int32_t max_context = model.n_ctx > 0 ? model.n_ctx : lim.max_context;
   if (lim.max_context > 0) max_context = std::min(max_context, lim.max_context);

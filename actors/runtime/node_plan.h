@@ -8,7 +8,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "actors/common/cache_config.h"
@@ -26,6 +28,25 @@ struct cluster_config;
 struct node_config;
 class llama_model;
 
+/// What a node runs: the roles of a [[node]] (their names, as the config and the links write
+/// them: to_string).
+enum class node_role : uint8_t { router, prefill, decode, cache, worker };
+const char* to_string(node_role r);
+/// The role named `name`, or nullopt (the config check refuses other names first).
+std::optional<node_role> parse_node_role(std::string_view name);
+/// The names of `roles`, in order (what the links and the log print).
+std::vector<std::string> role_names(const std::vector<node_role>& roles);
+
+/// Where a node listens for clients and peers (0 picks a free port): what `tandem serve` binds,
+/// from the node's [[node]] or serve's flags, in one place.
+struct node_ports {
+  std::string host = "127.0.0.1";  ///< the front ends', the admin port's and the KV listener's address
+  int32_t http = 8080;             ///< OpenAI HTTP API
+  int32_t rpc = 8081;              ///< Cap'n Proto RPC
+  int32_t admin = -1;              ///< `tandem inspect`; -1 = none
+  int32_t kv = 0;                  ///< UCX KV transfer listener (a prefill node whose decode runs elsewhere)
+};
+
 /// What is asked of one node, before the model is known.
 struct node_spec {
   /// lim.page_size is the node's tokens per KV page (a [[node]] page_size is already applied):
@@ -33,13 +54,14 @@ struct node_spec {
   limits lim;
   cache_config cache;  ///< hierarchical KV cache tiers (validated with the model's layout by plan_node)
   std::string node_name = "local";  ///< `node` label of the node health metrics; names the pool
+  node_ports ports;                  ///< where it listens (the CAF ingress: cluster_host/port below)
   std::shared_ptr<const cluster_clock> clock;  ///< default: steady_clock
   int32_t router_tick_ms = 5;                  ///< deadline check period (real time)
   route_policy_options policy;                 ///< the router's target choice ([router] policy)
 
   // --- one node of a multi-node cluster (docs/kv_transfer.md); empty `roles` = every role here
-  /// The roles of this node (router, prefill, decode, cache, worker).
-  std::vector<std::string> roles;
+  /// The roles of this node.
+  std::vector<node_role> roles;
   /// Where this node's ingress listens for the other nodes (CAF middleman).
   std::string cluster_host = "127.0.0.1";
   int32_t cluster_port = 0;
@@ -50,7 +72,7 @@ struct node_spec {
 };
 
 /// The node `node` of a checked config: its limits with its page size, its effective cache
-/// settings ([cache] with its [node.cache] over it), the router policy and, for a node without
+/// settings ([cache] with its [node.cache] over it), its ports, the router policy and, for a node without
 /// every role, its roles, ingress and the other nodes. `serve --config` and `check-config` both
 /// plan from it.
 node_spec spec_of(const cluster_config& cfg, const node_config& node);
@@ -90,8 +112,8 @@ struct node_plan {
   std::string error;
 
   bool ok() const { return error.empty(); }
-  /// Whether `role` (router, prefill, decode, cache, worker) runs here.
-  bool has(const std::string& role) const;
+  /// Whether `role` runs here.
+  bool has(node_role role) const;
   /// Names this node's KV pool in page descriptors ("node/worker0").
   std::string pool_id() const { return spec.node_name + "/worker0"; }
   /// The first other node with the decode role when this node has none ("" otherwise): a

@@ -6,7 +6,6 @@ worker_options worker_options_of(const node_plan& plan) {
   worker_options wo;
   wo.pool_id = plan.pool_id();
   wo.n_pages = plan.n_pages;
-  wo.page_size = plan.spec.lim.page_size;
   wo.pools = plan.pools;
   wo.extra_pages = plan.extra_pages;
   wo.mailbox_bound = plan.spec.lim.worker_mailbox;
@@ -21,7 +20,6 @@ cache_tier_options cache_tier_options_of(const node_plan& plan) {
   const limits& lim = plan.spec.lim;
   cache_tier_options co;
   co.n_pages = plan.n_pages;
-  co.page_size = lim.page_size;
   co.prefix_cache = plan.prefix_cache;
   co.mailbox_bound = lim.cache_tier_mailbox;
   co.cache = plan.spec.cache;
@@ -40,14 +38,14 @@ scheduler_options scheduler_options_of(const node_plan& plan) {
   scheduler_options so;
   so.lim = plan.spec.lim;
   // Nothing acquires prefixes on a decode-only node.
-  so.lim.prefix_cache = plan.prefix_cache && plan.has("prefill");
+  so.lim.prefix_cache = plan.prefix_cache && plan.has(node_role::prefill);
   so.model = plan.model;
   so.layout = plan.layout;
   so.pools = plan.pools;
   so.pool_id = plan.pool_id();
   so.node = plan.spec.node_name;
   so.transfer_failure_policy = plan.spec.transfer_failure_policy;
-  so.shares_worker = plan.has("prefill") && plan.has("decode");
+  so.shares_worker = plan.has(node_role::prefill) && plan.has(node_role::decode);
   so.remote_decode_node = plan.remote_decode_node();
   return so;
 }

@@ -261,6 +261,177 @@ wire with_hops(schema::Envelope::Reader env, int32_t hops) {
   return make_wire(mb);
 }
 
+using proxy_actor_t = caf::stateful_actor<proxy_state>;
+
+/// A target node's ingress went down: its messages are answered here from now on, the router
+/// and this node's scheduler on the other side of the handoff hear it, and redialling starts.
+void on_target_down(proxy_actor_t* self, caf::down_msg& dm) {
+  auto& s = self->state;
+  for (size_t i = 0; i < s.targets.size(); ++i) {
+    auto& t = s.targets[i];
+    if (t.node.ingress.address() != dm.source || !t.up) continue;
+    t.up = false;
+    s.log->warn("{} node {} is down ({}); its {} messages are answered here", s.role, t.node.name,
+                self->system().render(dm.reason), s.role);
+    if (s.notify_router && s.peers.router)
+      // The router routes to this node by name: it stops choosing it and ends what it held.
+      caf::anon_send(s.peers.router.handle, node_down_atom::value, s.role, t.node.name + "/" + s.role,
+                     fmt::format("{} node {} is down ({})", s.role, t.node.name, self->system().render(dm.reason)));
+    if (s.notify_local && s.local_peer())
+      caf::anon_send(s.local_peer().handle, node_down_atom::value, s.role, t.node.name + "/" + s.role,
+                     fmt::format("{} node {} is down", s.role, t.node.name));
+    // A node that went down may come back (restarted by systemd or by hand, or a link that
+    // recovers): dial it again with backoff, for as long as this proxy lives.
+    t.redial_ms = redial_first_ms;
+    self->delayed_send(self, std::chrono::milliseconds(t.redial_ms), redial_atom::value, static_cast<uint64_t>(i));
+  }
+}
+
+/// Dials target `i` again (with backoff until it answers); a new or re-answering ingress
+/// brings it back up.
+void redial(proxy_actor_t* self, uint64_t i) {
+  auto& s = self->state;
+  if (i >= s.targets.size() || s.targets[i].up) return;
+  const auto& n = s.targets[i].node;
+  auto again = [self, i] {
+    auto& t = self->state.targets[i];
+    t.redial_ms = std::min(2 * t.redial_ms, redial_max_ms);
+    self->delayed_send(self, std::chrono::milliseconds(t.redial_ms), redial_atom::value, i);
+  };
+  // The middleman dials on its own thread; this actor stays responsive meanwhile.
+  auto mm = s.dialer ? s.dialer : caf::actor_cast<caf::actor>(self->system().middleman().actor_handle());
+  self->request(mm, std::chrono::seconds(10), caf::connect_atom::value,
+                n.host, static_cast<uint16_t>(n.cluster_port))
+      .then(
+          [self, i, again](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
+            auto& s = self->state;
+            auto& t = s.targets[i];
+            if (t.up) return;
+            auto a = caf::actor_cast<caf::actor>(ptr);
+            if (!a) {
+              again();  // nothing answers yet
+              return;
+            }
+            auto up = [self, i, a] {
+              auto& s = self->state;
+              auto& t = s.targets[i];
+              if (t.up) return;
+              t.node.ingress = a;
+              t.up = true;
+              t.reconnects += 1;
+              self->monitor(a);
+              s.log->warn("{} node {} is reachable again ({}:{}); its {} messages go there", s.role,
+                          t.node.name, t.node.host, t.node.cluster_port, s.role);
+              if (s.notify_router && s.peers.router)
+                caf::anon_send(s.peers.router.handle, node_up_atom::value, s.role, t.node.name + "/" + s.role);
+              if (s.notify_local && s.local_peer())
+                caf::anon_send(s.local_peer().handle, node_up_atom::value, s.role, t.node.name + "/" + s.role);
+            };
+            if (a.address() != t.node.ingress.address()) {
+              up();  // a restarted node: a new ingress
+              return;
+            }
+            // The same ingress: a link that dropped while the node lived on (two nodes
+            // dialing each other at once can lose one of the connections), or a stale
+            // cached handle of a dead node. Only an answer tells them apart.
+            self->request(a, std::chrono::seconds(1), stats_atom::value)
+                .then([up](const wire&) { up(); }, [again](caf::error&) { again(); });
+          },
+          [again](caf::error&) { again(); });
+}
+
+/// Passes a message on to the role's nodes: an abort to every node, a handoff to the decode
+/// node it names, a submission round-robin, anything else to the first node up; a message no
+/// node can take is answered here (bounce).
+void pass_on(proxy_actor_t* self, const wire& w) {
+  auto& s = self->state;
+  s.gate->leave();
+  bool rr = false, all = false;
+  std::string named;
+  wire out = w;
+  try {
+    wire_reader rd(w);
+    auto env = rd.root();
+    rr = is_submission(env);
+    const auto ab = abort_of(env);
+    all = ab.has_value();
+    named = handoff_target(env);
+    if (all && s.targets.size() > 1 && ab->getHops() > 0 && ab->getHops() < max_fanout_abort_hops) {
+      // A chased abort (a scheduler that did not hold the request follows it) reaches every
+      // node of the role, and each that does not hold it either would chase it on to every
+      // node of the other role: (prefill x decode nodes)^4 messages over the 8 hops. From a
+      // fan-out on it may go one hop further only (the requeues that move a request back to
+      // prefill go through the router, which ends them once the request is aborted).
+      out = with_hops(env, max_fanout_abort_hops);
+      ++s.aborts_capped;
+    }
+  } catch (const std::exception&) {
+    s.log->error("proxy {}: malformed message dropped", s.role);
+    return;
+  }
+  if (all) {
+    for (auto& t : s.targets)
+      if (t.up) {
+        ++t.sent;
+        caf::anon_send(t.node.ingress, wire_atom::value, s.role, out);
+      }
+    return;
+  }
+  if (!named.empty()) {
+    // The router chose this decode node and the KV pages are on their way to it: it, or
+    // an explicit error (which also stops the KV send), never another node.
+    proxy_target* t = s.named(named);
+    if (!t || !t->up) {
+      ++s.bounced;
+      bounce(s.peers, w,
+             t ? tandem::error(error_kind::disconnected,
+                               fmt::format("{} node {} the router chose is not reachable; retry the request",
+                                           s.role, t->node.name))
+               : tandem::error(error_kind::failed,
+                               fmt::format("handoff names {} target {}, which is no {} node of this config "
+                                           "(known: {}); give every node the same config",
+                                           s.role, named, s.role, s.names())));
+      return;
+    }
+    ++t->sent;
+    caf::anon_send(t->node.ingress, wire_atom::value, s.role, w);
+    return;
+  }
+  proxy_target* t = s.pick(rr);
+  if (!t) {
+    ++s.bounced;
+    bounce(s.peers, w,
+           tandem::error(error_kind::disconnected,
+                         fmt::format("no {} node is reachable (configured: {}); retry when one is back", s.role,
+                                     s.names())));
+    return;
+  }
+  ++t->sent;
+  caf::anon_send(t->node.ingress, wire_atom::value, s.role, w);
+}
+
+wire proxy_stats(proxy_actor_t* self) {
+  auto& s = self->state;
+  std::vector<metric_sample> m;
+  for (const auto& t : s.targets) {
+    auto lbl = fmt::format("role=\"{}\",peer=\"{}\"", s.role, t.node.name);
+    m.push_back({"remote_node_up", lbl, t.up ? 1.0 : 0.0, "gauge",
+                 "1 while the node running a remote role is connected, else 0"});
+    m.push_back({"remote_sent_total", lbl, double(t.sent), "counter",
+                 "Messages sent to a remote role's node"});
+    m.push_back({"remote_reconnects_total", lbl, double(t.reconnects), "counter",
+                 "Times a remote role's node was reached again after it went down"});
+  }
+  m.push_back({"remote_bounced_total", fmt::format("role=\"{}\",proxy=\"{}\"", s.role, s.gate->actor_name()),
+               double(s.bounced), "counter",
+               "Messages for a remote role answered locally because its node was not reachable"});
+  m.push_back({"remote_aborts_chase_capped_total",
+               fmt::format("role=\"{}\",proxy=\"{}\"", s.role, s.gate->actor_name()), double(s.aborts_capped),
+               "counter", "Chased aborts sent to every node of a remote role with one hop of chase left"});
+  // Named like its mailbox gate: per-node proxies of one role are told apart.
+  return make_stats_wire(s.gate->actor_name(), m, {});
+}
+
 caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, std::string role, std::vector<remote_node> targets,
                           std::shared_ptr<mailbox_gate> gate, bool notify_router, std::shared_ptr<spdlog::logger> log,
                           bool notify_local, caf::actor dialer) {
@@ -275,166 +446,12 @@ caf::behavior proxy_actor(caf::stateful_actor<proxy_state>* self, std::string ro
     self->monitor(t.ingress);
     st.targets.push_back({std::move(t)});
   }
-  self->set_down_handler([self](caf::down_msg& dm) {
-    auto& s = self->state;
-    for (size_t i = 0; i < s.targets.size(); ++i) {
-      auto& t = s.targets[i];
-      if (t.node.ingress.address() != dm.source || !t.up) continue;
-      t.up = false;
-      s.log->warn("{} node {} is down ({}); its {} messages are answered here", s.role, t.node.name,
-                  self->system().render(dm.reason), s.role);
-      if (s.notify_router && s.peers.router)
-        // The router routes to this node by name: it stops choosing it and ends what it held.
-        caf::anon_send(s.peers.router.handle, node_down_atom::value, s.role, t.node.name + "/" + s.role,
-                       fmt::format("{} node {} is down ({})", s.role, t.node.name, self->system().render(dm.reason)));
-      if (s.notify_local && s.local_peer())
-        caf::anon_send(s.local_peer().handle, node_down_atom::value, s.role, t.node.name + "/" + s.role,
-                       fmt::format("{} node {} is down", s.role, t.node.name));
-      // A node that went down may come back (restarted by systemd or by hand, or a link that
-      // recovers): dial it again with backoff, for as long as this proxy lives.
-      t.redial_ms = redial_first_ms;
-      self->delayed_send(self, std::chrono::milliseconds(t.redial_ms), redial_atom::value, static_cast<uint64_t>(i));
-    }
-  });
+  self->set_down_handler([self](caf::down_msg& dm) { on_target_down(self, dm); });
   return {
       [self](peers_atom, const peer_set& p) { self->state.peers = p; },
-      [self](redial_atom, uint64_t i) {
-        auto& s = self->state;
-        if (i >= s.targets.size() || s.targets[i].up) return;
-        const auto& n = s.targets[i].node;
-        auto again = [self, i] {
-          auto& t = self->state.targets[i];
-          t.redial_ms = std::min(2 * t.redial_ms, redial_max_ms);
-          self->delayed_send(self, std::chrono::milliseconds(t.redial_ms), redial_atom::value, i);
-        };
-        // The middleman dials on its own thread; this actor stays responsive meanwhile.
-        auto mm = s.dialer ? s.dialer : caf::actor_cast<caf::actor>(self->system().middleman().actor_handle());
-        self->request(mm, std::chrono::seconds(10), caf::connect_atom::value,
-                      n.host, static_cast<uint16_t>(n.cluster_port))
-            .then(
-                [self, i, again](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
-                  auto& s = self->state;
-                  auto& t = s.targets[i];
-                  if (t.up) return;
-                  auto a = caf::actor_cast<caf::actor>(ptr);
-                  if (!a) {
-                    again();  // nothing answers yet
-                    return;
-                  }
-                  auto up = [self, i, a] {
-                    auto& s = self->state;
-                    auto& t = s.targets[i];
-                    if (t.up) return;
-                    t.node.ingress = a;
-                    t.up = true;
-                    t.reconnects += 1;
-                    self->monitor(a);
-                    s.log->warn("{} node {} is reachable again ({}:{}); its {} messages go there", s.role,
-                                t.node.name, t.node.host, t.node.cluster_port, s.role);
-                    if (s.notify_router && s.peers.router)
-                      caf::anon_send(s.peers.router.handle, node_up_atom::value, s.role, t.node.name + "/" + s.role);
-                    if (s.notify_local && s.local_peer())
-                      caf::anon_send(s.local_peer().handle, node_up_atom::value, s.role, t.node.name + "/" + s.role);
-                  };
-                  if (a.address() != t.node.ingress.address()) {
-                    up();  // a restarted node: a new ingress
-                    return;
-                  }
-                  // The same ingress: a link that dropped while the node lived on (two nodes
-                  // dialing each other at once can lose one of the connections), or a stale
-                  // cached handle of a dead node. Only an answer tells them apart.
-                  self->request(a, std::chrono::seconds(1), stats_atom::value)
-                      .then([up](const wire&) { up(); }, [again](caf::error&) { again(); });
-                },
-                [again](caf::error&) { again(); });
-      },
-      [self](wire_atom, const wire& w) {
-        auto& s = self->state;
-        s.gate->leave();
-        bool rr = false, all = false;
-        std::string named;
-        wire out = w;
-        try {
-          wire_reader rd(w);
-          auto env = rd.root();
-          rr = is_submission(env);
-          const auto ab = abort_of(env);
-          all = ab.has_value();
-          named = handoff_target(env);
-          if (all && s.targets.size() > 1 && ab->getHops() > 0 && ab->getHops() < max_fanout_abort_hops) {
-            // A chased abort (a scheduler that did not hold the request follows it) reaches every
-            // node of the role, and each that does not hold it either would chase it on to every
-            // node of the other role: (prefill x decode nodes)^4 messages over the 8 hops. From a
-            // fan-out on it may go one hop further only (the requeues that move a request back to
-            // prefill go through the router, which ends them once the request is aborted).
-            out = with_hops(env, max_fanout_abort_hops);
-            ++s.aborts_capped;
-          }
-        } catch (const std::exception&) {
-          s.log->error("proxy {}: malformed message dropped", s.role);
-          return;
-        }
-        if (all) {
-          for (auto& t : s.targets)
-            if (t.up) {
-              ++t.sent;
-              caf::anon_send(t.node.ingress, wire_atom::value, s.role, out);
-            }
-          return;
-        }
-        if (!named.empty()) {
-          // The router chose this decode node and the KV pages are on their way to it: it, or
-          // an explicit error (which also stops the KV send), never another node.
-          proxy_target* t = s.named(named);
-          if (!t || !t->up) {
-            ++s.bounced;
-            bounce(s.peers, w,
-                   t ? tandem::error(error_kind::disconnected,
-                                     fmt::format("{} node {} the router chose is not reachable; retry the request",
-                                                 s.role, t->node.name))
-                     : tandem::error(error_kind::failed,
-                                     fmt::format("handoff names {} target {}, which is no {} node of this config "
-                                                 "(known: {}); give every node the same config",
-                                                 s.role, named, s.role, s.names())));
-            return;
-          }
-          ++t->sent;
-          caf::anon_send(t->node.ingress, wire_atom::value, s.role, w);
-          return;
-        }
-        proxy_target* t = s.pick(rr);
-        if (!t) {
-          ++s.bounced;
-          bounce(s.peers, w,
-                 tandem::error(error_kind::disconnected,
-                               fmt::format("no {} node is reachable (configured: {}); retry when one is back", s.role,
-                                           s.names())));
-          return;
-        }
-        ++t->sent;
-        caf::anon_send(t->node.ingress, wire_atom::value, s.role, w);
-      },
-      [self](stats_atom) -> wire {
-        auto& s = self->state;
-        std::vector<metric_sample> m;
-        for (const auto& t : s.targets) {
-          auto lbl = fmt::format("role=\"{}\",peer=\"{}\"", s.role, t.node.name);
-          m.push_back({"remote_node_up", lbl, t.up ? 1.0 : 0.0, "gauge",
-                       "1 while the node running a remote role is connected, else 0"});
-          m.push_back({"remote_sent_total", lbl, double(t.sent), "counter",
-                       "Messages sent to a remote role's node"});
-          m.push_back({"remote_reconnects_total", lbl, double(t.reconnects), "counter",
-                       "Times a remote role's node was reached again after it went down"});
-        }
-        m.push_back({"remote_bounced_total", fmt::format("role=\"{}\",proxy=\"{}\"", s.role, s.gate->actor_name()),
-                     double(s.bounced), "counter",
-                     "Messages for a remote role answered locally because its node was not reachable"});
-        m.push_back({"remote_aborts_chase_capped_total",
-                     fmt::format("role=\"{}\",proxy=\"{}\"", s.role, s.gate->actor_name()), double(s.aborts_capped),
-                     "counter", "Chased aborts sent to every node of a remote role with one hop of chase left"});
-        // Named like its mailbox gate: per-node proxies of one role are told apart.
-        return make_stats_wire(s.gate->actor_name(), m, {});
-      },
+      [self](redial_atom, uint64_t i) { redial(self, i); },
+      [self](wire_atom, const wire& w) { pass_on(self, w); },
+      [self](stats_atom) -> wire { return proxy_stats(self); },
   };
 }
 

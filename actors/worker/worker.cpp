@@ -110,7 +110,7 @@ kv_handoff_outputs kv_outputs(worker_state* st) {
 wire run_forward(worker_state& st, schema::ForwardBatch::Reader fb) {
   auto seqs = fb.getSeqs();
   const int32_t n_vocab = st.model->config().n_vocab;
-  const int32_t ps = st.opt.page_size;
+  const int32_t ps = st.pools->set().page_size();
   // Copy the spans' storage out of the message and validate every index before computing.
   std::vector<std::vector<int32_t>> toks(seqs.size());
   std::vector<pool_pages> pages(seqs.size());
@@ -336,8 +336,13 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
   if (opt.fail_at_start)
     throw tandem::error(error_kind::failed,
                         fmt::format("worker of pool {} failed at start (injected: TANDEM_WORKER_FAULT=start)", opt.pool_id));
-  const kv_pools_layout set =
-      opt.pools.pools.size() > 1 ? opt.pools : kv_pools_layout::single(st.model->layout(opt.page_size));
+  if (opt.pools.pools.empty())
+    throw tandem::error(error_kind::failed, fmt::format("worker of pool {}: no KV layout set; pass worker_options::pools "
+                                                        "(the node plan's, worker_options_of)",
+                                                        opt.pool_id));
+  const kv_pools_layout set = opt.pools.pools.size() > 1
+                                  ? opt.pools
+                                  : kv_pools_layout::single(st.model->layout(opt.pools.page_size()));
   std::vector<int32_t> n_pages{opt.n_pages};
   for (size_t p = 1; p < set.pools.size(); ++p)
     n_pages.push_back(p - 1 < opt.extra_pages.size() ? opt.extra_pages[p - 1] : 0);

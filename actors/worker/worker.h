@@ -23,8 +23,8 @@ namespace tandem {
 struct worker_options {
   std::string pool_id = "local/worker0";  ///< names the pool in page descriptors
   int32_t n_pages = 0;      ///< pages of pool 0
-  int32_t page_size = 16;
-  /// The KV layout set (kernels/model/kv_pools.h); one pool or empty: the model's layout().
+  /// The KV layout set (kernels/model/kv_pools.h), required: its page size is the worker's (one
+  /// pool: the model's layout() at that page size).
   kv_pools_layout pools;
   std::vector<int32_t> extra_pages;  ///< pages of pools 1..
   /// A device backend (kernels/backend/device.h): the KV pools in its memory, the host tier's

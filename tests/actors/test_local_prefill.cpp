@@ -36,12 +36,11 @@ struct two_nodes : test_system {
     const model_facts facts{-1, 512, 64};
     worker_options wo;
     wo.n_pages = lim.device_pages;
-    wo.page_size = lim.page_size;
+    wo.pools = model->pools_layout(lim.page_size);
     wo.detached = false;  // on the test scheduler's one thread
     worker = spawn_worker(*sys, model, wo, make_actor_logger("worker", quiet_sink(), "off"));
     cache_tier_options co;
     co.n_pages = lim.device_pages;
-    co.page_size = lim.page_size;
     co.prefix_cache = lim.prefix_cache;
     co.layout = layout;
     cache = spawn_cache_tier(*sys, co, worker, make_actor_logger("cache_tier", quiet_sink(), "off"));

@@ -36,14 +36,13 @@ node_set spawn_node(caf::actor_system& sys, std::shared_ptr<llama_model> model, 
   node_set s;
   worker_options wo;
   wo.n_pages = lim.device_pages;
-  wo.page_size = lim.page_size;
+  wo.pools = model->pools_layout(lim.page_size);
   wo.mailbox_bound = lim.worker_mailbox;
   wo.pool_id = node + "/worker0";
   wo.detached = false;  // on the test scheduler's one thread
   s.worker = spawn_worker(sys, model, wo, lg("worker"));
   cache_tier_options co;
   co.n_pages = lim.device_pages;
-  co.page_size = lim.page_size;
   co.prefix_cache = lim.prefix_cache;
   co.mailbox_bound = lim.cache_tier_mailbox;
   co.layout = model->layout(lim.page_size);

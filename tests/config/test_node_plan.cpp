@@ -80,8 +80,7 @@ TEST_CASE("node_plan: one pool sized from kv_cache_mb, and the node's page size 
   const auto co = cache_tier_options_of(p);
   const auto so = scheduler_options_of(p);
   const auto ro = router_options_of(p);
-  CHECK(wo.page_size == 8);
-  CHECK(co.page_size == 8);
+  CHECK(wo.pools.page_size() == 8);
   CHECK(co.layout.page_size == 8);
   CHECK(so.lim.page_size == 8);
   CHECK(so.layout.page_size == 8);
@@ -165,7 +164,7 @@ TEST_CASE("node_plan: bad limits and KV settings are the plan's error, never an 
   CHECK(p.error.rfind("invalid KV cache settings: ", 0) == 0);
   CHECK(p.error.find("cache.host_size_gb") != std::string::npos);
   // ... not on a router-only one, which allocates no pool.
-  spec.roles = {"router"};
+  spec.roles = {node_role::router};
   p = plan_node(spec, one_pool(), uint64_t(1) << 30);
   CHECK(p.ok());
   CHECK_FALSE(p.holds_kv);
@@ -187,7 +186,7 @@ TEST_CASE("node_plan: spec_of a config node carries its page size, cache, policy
   CHECK(p.lim.page_size == 8);
   CHECK(p.cache.host_ratio == 2);
   CHECK(p.node_name == "p");
-  CHECK(p.roles == std::vector<std::string>{"prefill", "cache", "worker"});
+  CHECK(p.roles == std::vector<node_role>{node_role::prefill, node_role::cache, node_role::worker});
   CHECK(p.cluster_host == "10.0.0.2");
   CHECK(p.cluster_port == 9002);
   REQUIRE(p.remote_nodes.size() == 2);
@@ -257,4 +256,25 @@ TEST_CASE("node_plan: the pools check-config prints are the pools the actor clus
   CHECK(int64_t(run.extra_host_pages[0]) == printed.pools[1].host_pages);
   CHECK(cluster.n_pages() == run.n_pages);
   cluster.shutdown();
+}
+
+TEST_CASE("node_plan: spec_of carries the node's listen ports, embedded or not") {
+  cluster_config cfg;
+  cfg.nodes.push_back(node("p", {"prefill", "cache", "worker"}, 9002));
+  cfg.nodes.push_back(node("all", {"router", "prefill", "decode", "cache", "worker"}, 9004));
+  for (auto& n : cfg.nodes) {
+    n.http_port = 7001;
+    n.rpc_port = 7002;
+    n.admin_port = 7003;
+    n.kv_port = 7004;
+  }
+  for (const auto& n : cfg.nodes) {
+    const node_ports ports = spec_of(cfg, n).ports;
+    CHECK(ports.host == n.host);
+    CHECK(ports.http == 7001);
+    CHECK(ports.rpc == 7002);
+    CHECK(ports.admin == 7003);
+    CHECK(ports.kv == 7004);
+  }
+  CHECK(node_spec{}.ports.admin == -1);  // serve without --admin-port: none
 }

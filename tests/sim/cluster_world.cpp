@@ -5,6 +5,7 @@
 #include "actors/cache_tier/cache_tier.h"
 #include "actors/decode_scheduler/decode_scheduler.h"
 #include "actors/prefill_scheduler/prefill_scheduler.h"
+#include "actors/runtime/node_plan_views.h"
 #include "actors/worker/worker.h"
 
 namespace tandem::sim::cluster {
@@ -103,6 +104,26 @@ remote_node cworld::remote(int32_t from, int32_t to, const std::string& role) {
   return r;
 }
 
+node_spec cworld::spec_for(int32_t i) const {
+  const auto& n = nodes[size_t(i)];
+  auto role_of = [](role_kind k) {
+    return k == role_kind::router ? node_role::router : k == role_kind::prefill ? node_role::prefill : node_role::decode;
+  };
+  node_spec s;
+  s.lim = lim;
+  s.lim.device_pages = n.n_pages;  // this node's drawn pool size
+  // The sim caches prefixes on prefill nodes only (a decode node's cache tier caches nothing).
+  s.lim.prefix_cache = lim.prefix_cache && n.role == role_kind::prefill;
+  s.node_name = n.name;
+  s.roles = {role_of(n.role)};
+  if (n.role != role_kind::router) s.roles.insert(s.roles.end(), {node_role::cache, node_role::worker});
+  for (size_t j = 0; j < nodes.size(); ++j)
+    if (int32_t(j) != i)
+      s.remote_nodes.push_back({nodes[j].name, nodes[j].name, 1000 + int32_t(j), {to_string(role_of(nodes[j].role))}, {}});
+  s.transfer_failure_policy = parse_kv_failure_policy(f.failure_policy).value();
+  return s;
+}
+
 std::vector<int32_t> cworld::with(role_kind k) const {
   std::vector<int32_t> v;
   for (size_t i = 0; i < nodes.size(); ++i)
@@ -135,10 +156,7 @@ void cworld::spawn_node(int32_t i) {
       pre.push_back({nodes[size_t(j)].name + "/prefill", proxy("prefill", {j}, true, nodes[size_t(j)].name + "/prefill", false)});
     for (int32_t j : with(role_kind::decode))
       dec.push_back({nodes[size_t(j)].name + "/decode", proxy("decode", {j}, true, nodes[size_t(j)].name + "/decode", false)});
-    router_options ro;
-    ro.lim = lim;
-    ro.model = model_facts{-1, 512, 64};
-    ro.tick_ms = 5;
+    const router_options ro = router_options_of(sim_plan(spec_for(i), *model));
     n.sched = spawn_router(*sys, ro, std::move(pre), std::move(dec), clk, lg("router"));
     n.sched.gate->set_fault(shared_self());
     peer_set peers{n.sched, {}, {}, {}, {}};
@@ -147,32 +165,16 @@ void cworld::spawn_node(int32_t i) {
     cut_unreachable(i);
     return;
   }
-  worker_options wo;
-  wo.n_pages = n.n_pages;
-  wo.page_size = lim.page_size;
-  wo.mailbox_bound = lim.worker_mailbox;
+  const node_plan plan = sim_plan(spec_for(i), *model);
+  worker_options wo = worker_options_of(plan);
   wo.detached = false;
-  wo.pool_id = n.name + "/worker0";
   wo.kv_transfer = fabric->factory(n.name);
-  wo.kv_transfer_max_live = lim.kv_transfer_max_live;
   n.worker = spawn_worker(*sys, model, wo, lg("worker"));
   n.worker.gate->set_fault(shared_self());
-  cache_tier_options co;
-  co.n_pages = n.n_pages;
-  co.page_size = lim.page_size;
-  co.prefix_cache = lim.prefix_cache && n.role == role_kind::prefill;
-  co.mailbox_bound = lim.cache_tier_mailbox;
-  co.layout = layout;
+  const cache_tier_options co = cache_tier_options_of(plan);
   n.cache = spawn_cache_tier(*sys, co, n.worker, lg("cache_tier"));
   n.cache.gate->set_fault(shared_self());
-  scheduler_options so;
-  so.lim = lim;
-  so.lim.prefix_cache = co.prefix_cache;
-  so.model = model_facts{-1, 512, 64};
-  so.layout = layout;
-  so.pool_id = wo.pool_id;
-  so.node = n.name;
-  so.transfer_failure_policy = parse_kv_failure_policy(f.failure_policy).value();
+  scheduler_options so = scheduler_options_of(plan);
   auto router = proxy("router", with(role_kind::router), false, "", false);
   bounded_actor prefill, decode;
   if (n.role == role_kind::prefill) {
@@ -240,7 +242,6 @@ void cworld::flap(int32_t a, int32_t b, int64_t ms) {
 void cworld::start() {
   start_system();
   model = std::make_shared<test::fake_model>();
-  layout = model->layout(lim.page_size);
   kv_fault_menu kf;
   kf.drop = f.kv_drop;
   kf.delay = f.kv_delay;

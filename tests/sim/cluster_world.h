@@ -71,7 +71,6 @@ struct cworld : gate_fault, world_base {
   cluster_menu f;
   limits lim;
   std::shared_ptr<test::fake_model> model;
-  kv_layout layout;
   std::unique_ptr<kv_fabric> fabric;
   std::vector<cnode> nodes;
   std::map<std::pair<int32_t, int32_t>, caf::actor> links;  ///< live link actors (from, to)
@@ -104,6 +103,9 @@ struct cworld : gate_fault, world_base {
   caf::actor spawn_dialer(int32_t from);
   remote_node remote(int32_t from, int32_t to, const std::string& role);
   std::vector<int32_t> with(role_kind k) const;
+  /// What serve would be asked to run on node `i` (its roles, drawn pool size, the other
+  /// nodes); the node's actor options are views of its plan (sim_plan).
+  node_spec spec_for(int32_t i) const;
   void spawn_node(int32_t i);
   /// A (re)started node whose peer is down or cut off: its proxies hear `down` and redial (in
   /// production link_nodes would wait for the peer; the other nodes' proxies redial it).

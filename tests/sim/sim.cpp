@@ -15,6 +15,7 @@
 #include "actors/decode_scheduler/decode_scheduler.h"
 #include "actors/prefill_scheduler/prefill_scheduler.h"
 #include "actors/router/router.h"
+#include "actors/runtime/node_plan_views.h"
 #include "actors/supervisor/supervisor.h"
 #include "actors/worker/worker.h"
 #include "tests/actors/support.h"
@@ -72,7 +73,6 @@ struct world : gate_fault, world_base {
   fault_menu f;
   limits lim;
   std::shared_ptr<flaky_model> model;
-  kv_layout layout;
   int32_t n_pages = 0;
   actor_set cur;
   caf::actor supervisor;
@@ -234,37 +234,30 @@ struct world : gate_fault, world_base {
   void spawn_set() {
     cur = actor_set{};
     auto lg = [&](const char* n) { return make_actor_logger(n, sink, "off"); };
-    worker_options wo;
-    wo.n_pages = n_pages;
-    wo.page_size = lim.page_size;
-    wo.mailbox_bound = lim.worker_mailbox;
+    // The options serve would plan for one node with these limits (its sizes: the drawn
+    // limits.device_pages and page_size).
+    node_spec spec;
+    spec.lim = lim;
+    const node_plan plan = sim_plan(spec, *model);
+    worker_options wo = worker_options_of(plan);
     wo.detached = false;
     cur.worker = spawn_worker(*sys, model, wo, lg("worker"));
     cur.worker.gate->set_fault(shared_self());
 
-    cache_tier_options co;
-    co.n_pages = n_pages;
-    co.page_size = lim.page_size;
-    co.prefix_cache = lim.prefix_cache;
-    co.mailbox_bound = lim.cache_tier_mailbox;
-    co.layout = layout;
+    const cache_tier_options co = cache_tier_options_of(plan);
     cur.cache = spawn_cache_tier(*sys, co, via("cache->worker", cur.worker, false), lg("cache_tier"));
     cur.cache.gate->set_fault(shared_self());
 
-    scheduler_options so;
-    so.lim = lim;
-    so.model = model_facts{-1, 512, 64};
-    so.layout = layout;
-    so.pool_id = wo.pool_id;
+    scheduler_options so = scheduler_options_of(plan);
+    // Links stand between the schedulers as if they ran on two nodes: the prefill does not
+    // pause for a decode backlog on a shared worker.
+    so.shares_worker = false;
     cur.prefill = spawn_prefill_scheduler(*sys, so, clk, lg("prefill"));
     cur.prefill.gate->set_fault(shared_self());
     cur.decode = spawn_decode_scheduler(*sys, so, clk, lg("decode"));
     cur.decode.gate->set_fault(shared_self());
 
-    router_options ro;
-    ro.lim = lim;
-    ro.model = so.model;
-    ro.tick_ms = 5;
+    const router_options ro = router_options_of(plan);
     cur.router = spawn_router(*sys, ro, via("router->prefill", cur.prefill, true), clk, lg("router"));
     cur.router.gate->set_fault(shared_self());
 
@@ -300,7 +293,6 @@ struct world : gate_fault, world_base {
   void start() {
     start_system();
     model = std::make_shared<flaky_model>(*this);
-    layout = model->layout(lim.page_size);
     n_pages = lim.device_pages;
     spawn_set();
     supervisor_options sv;

@@ -60,6 +60,12 @@ void world_base::send_submit(const bounded_actor& router, const seq_request& r) 
                  callback_box{std::move(cb), id, static_cast<int32_t>(r.prompt.size())});
 }
 
+node_plan sim_plan(const node_spec& spec, const llama_model& model) {
+  node_plan p = plan_node(spec, shape_of(model, -1), 0);
+  if (!p.ok()) throw tandem::error(error_kind::failed, "simulated node " + spec.node_name + ": " + p.error);
+  return p;
+}
+
 void draw_limits(sim_rng& r, limits& l, int32_t timeout_min_ms) {
   l.prefill_chunk_tokens = static_cast<int32_t>(r.between(2, 12));
   l.max_running_seqs = static_cast<int32_t>(r.between(1, 4));

@@ -19,6 +19,7 @@
 #include "actors/common/limits.h"
 #include "actors/common/metrics.h"
 #include "actors/common/request.h"
+#include "actors/runtime/node_plan.h"
 #include "actors/runtime/serving_api.h"
 #include "kernels/base/clock.h"
 #include "tests/actors/test_system.h"
@@ -43,6 +44,11 @@ struct req_record {
 /// The limits both simulations draw (small bounds so every rejection path runs), in one order
 /// so a seed replays; `timeout_min_ms`: the least request timeout drawn.
 void draw_limits(sim_rng& r, limits& l, int32_t timeout_min_ms);
+
+/// The plan `tandem serve` would run a node of `spec` with on the test model (its sizes are the
+/// spec's: limits.device_pages, page_size); the actors' options are its views
+/// (actors/runtime/node_plan_views.h). Throws naming the reason if the plan refuses the node.
+node_plan sim_plan(const node_spec& spec, const llama_model& model);
 
 /// One request of a run's workload.
 struct arrival {

@@ -90,8 +90,8 @@ void configure_kv_port(const cluster_config& cfg, const node_config& node, clust
   ko.node = node.name;
   if (needs_kv) {
     if (node.has_role("prefill")) {
-      ko.listen_host = node.host;
-      ko.listen_port = static_cast<uint16_t>(node.kv_port);
+      ko.listen_host = co.ports.host;
+      ko.listen_port = static_cast<uint16_t>(co.ports.kv);
     }
     if (node.has_role("decode"))
       for (const auto* p : cfg.nodes_with_role("prefill"))
@@ -167,10 +167,6 @@ void configure_from_file(const flags& f, cluster_options& co, front_end_options&
   co.kernel_isa = c.cfg.kernel_isa;
   co.kv_cache_dtype = c.cfg.kv_cache_dtype;
   co.device = select_backend(c.cfg.backend, c.cfg.device);
-  fo.host = node->host;
-  fo.http_port = node->http_port;
-  fo.rpc_port = node->rpc_port;
-  fo.admin_port = node->admin_port;
   fo.auth_allowlist = c.cfg.auth_allowlist;
   if (!c.cfg.api_key_file.empty()) fo.keys = std::make_shared<api_keys>(api_keys::load_file(c.cfg.api_key_file));
 }
@@ -248,10 +244,8 @@ std::string read_chat_template(const std::string& path) {
   return text;
 }
 
-}  // namespace
-
-int serve(args a) {
-  flags f;
+/// Every flag of `tandem serve` but the limits' (declare_limit_flags).
+void declare_serve_flags(flags& f) {
   f.opt("model", "GGUF model file (required)")
       .opt("host", "address to bind; 0.0.0.0 exposes the node to the network", "127.0.0.1")
       .opt("port", "HTTP port (OpenAI API); 0 picks a free port", "8080")
@@ -285,6 +279,48 @@ int serve(args a) {
       .opt("chat-template-file",
            "a Jinja chat template that replaces the model's tokenizer.chat_template for /v1/chat/completions "
            "(default: the model's, else the Llama-2 format; docs/chat_templates.md)");
+}
+
+/// Fills the options from the flags (serve --model, without --config).
+void configure_from_flags(const flags& f, cluster_options& co) {
+  if (f.has("node")) throw usage_error("--node NAME needs --config FILE");
+  if (f.str("model").empty()) throw usage_error("--model FILE is required (write one with `tandem make-model`)");
+  co.model_path = f.str("model");
+  read_limit_flags(f, co.lim);
+  const auto policy = parse_route_policy(f.str("router-policy"));
+  if (!policy)
+    throw tandem::error(error_kind::failed, "router policy '" + f.str("router-policy") +
+                                                "' is not a policy; use round_robin, power_of_two or cache_aware");
+  co.policy.kind = *policy;
+  co.kernel_isa = f.str("kernels");
+  co.kv_cache_dtype = f.str("kv-cache-dtype");
+  co.device = select_backend(f.str("backend"), static_cast<int32_t>(f.num("device")));
+  if (f.str("router-migration") != "on" && f.str("router-migration") != "off")
+    throw usage_error("flag --router-migration = '" + f.str("router-migration") + "' is not a switch; use on or off");
+  co.lim.router_migration = f.str("router-migration") == "on";
+  co.ports.host = f.str("host");
+  co.ports.http = port_flag(f, "port");
+  co.ports.rpc = port_flag(f, "rpc-port");
+  co.ports.admin = f.has("admin-port") ? port_flag(f, "admin-port") : -1;
+  co.cache.host_ratio = f.real("host-ratio");
+  co.cache.host_size_gb = f.real("host-size-gb");
+  if (!parse_cache_write_policy(f.str("cache-write-policy"), co.cache.write_policy))
+    throw usage_error("flag --cache-write-policy = '" + f.str("cache-write-policy") +
+                        "' is not a policy; use write_through, write_through_selective or write_back");
+  co.cache.disk_dir = f.str("cache-disk-dir");
+  co.cache.disk_size_gb = f.real("cache-disk-size-gb");
+  const int64_t min_lb = f.num("min-load-back-tokens");
+  if (min_lb < 0 || min_lb > INT32_MAX)
+    throw usage_error("flag --min-load-back-tokens = " + std::to_string(min_lb) +
+                        " must be a token count >= 0 (0 = one page)");
+  co.cache.min_load_back_tokens = static_cast<int32_t>(min_lb);
+}
+
+}  // namespace
+
+int serve(args a) {
+  flags f;
+  declare_serve_flags(f);
   declare_limit_flags(f);
   if (!f.parse(a)) {
     std::fprintf(stderr, "usage: tandem serve --model FILE [options]\n       tandem serve --config FILE --node NAME\n%s",
@@ -302,38 +338,13 @@ int serve(args a) {
   if (f.has("config")) {
     configure_from_file(f, co, fo);
   } else {
-    if (f.has("node")) throw usage_error("--node NAME needs --config FILE");
-    if (f.str("model").empty()) throw usage_error("--model FILE is required (write one with `tandem make-model`)");
-    co.model_path = f.str("model");
-    read_limit_flags(f, co.lim);
-    const auto policy = parse_route_policy(f.str("router-policy"));
-    if (!policy)
-      throw tandem::error(error_kind::failed, "router policy '" + f.str("router-policy") +
-                                                  "' is not a policy; use round_robin, power_of_two or cache_aware");
-    co.policy.kind = *policy;
-    co.kernel_isa = f.str("kernels");
-    co.kv_cache_dtype = f.str("kv-cache-dtype");
-    co.device = select_backend(f.str("backend"), static_cast<int32_t>(f.num("device")));
-    if (f.str("router-migration") != "on" && f.str("router-migration") != "off")
-      throw usage_error("flag --router-migration = '" + f.str("router-migration") + "' is not a switch; use on or off");
-    co.lim.router_migration = f.str("router-migration") == "on";
-    fo.host = f.str("host");
-    fo.http_port = port_flag(f, "port");
-    fo.rpc_port = port_flag(f, "rpc-port");
-    fo.admin_port = f.has("admin-port") ? port_flag(f, "admin-port") : -1;
-    co.cache.host_ratio = f.real("host-ratio");
-    co.cache.host_size_gb = f.real("host-size-gb");
-    if (!parse_cache_write_policy(f.str("cache-write-policy"), co.cache.write_policy))
-      throw usage_error("flag --cache-write-policy = '" + f.str("cache-write-policy") +
-                          "' is not a policy; use write_through, write_through_selective or write_back");
-    co.cache.disk_dir = f.str("cache-disk-dir");
-    co.cache.disk_size_gb = f.real("cache-disk-size-gb");
-    const int64_t min_lb = f.num("min-load-back-tokens");
-    if (min_lb < 0 || min_lb > INT32_MAX)
-      throw usage_error("flag --min-load-back-tokens = " + std::to_string(min_lb) +
-                          " must be a token count >= 0 (0 = one page)");
-    co.cache.min_load_back_tokens = static_cast<int32_t>(min_lb);
+    configure_from_flags(f, co);
   }
+  // The front ends bind where the node's spec says (its [[node]], or the flags above).
+  fo.host = co.ports.host;
+  fo.http_port = co.ports.http;
+  fo.rpc_port = co.ports.rpc;
+  fo.admin_port = co.ports.admin;
   configure_security(f, fo);
   auto esc = std::make_shared<escalation>();
   configure_supervision(co, esc);
