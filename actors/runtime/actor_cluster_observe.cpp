@@ -230,7 +230,7 @@ health_info actor_cluster::health() const {
   }
   // A draining prefill node has drained once its worker wrote out every KV send. The worker
   // answers between forward passes, so it is asked only then; no answer means still draining.
-  if (ok && s.draining && s.has("prefill") && worker.handle)
+  if (ok && s.draining && s.has(node_role::prefill) && worker.handle)
     self->request(worker.handle, std::chrono::milliseconds(opt_.lim.query_timeout_ms), stats_atom::value)
         .receive([&](const wire& w) { snaps.push_back(read_stats(w)); }, [&](caf::error&) {});
   h.ok = ok;
