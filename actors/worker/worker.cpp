@@ -155,7 +155,7 @@ wire run_forward(worker_state& st, schema::ForwardBatch::Reader fb) {
     if (!batch[i].want_logits) continue;
     sampling_params p = read_sampling(seqs[i].getSampling());
     p.seed = token_seed(p.seed, seqs[i].getTokenIndex());
-    on_device = samples_raw(p);
+    on_device = samples_raw(p) && p.validate().empty();  // bad parameters fail on the host path
     draws.push_back(sample_row_of(p, seqs[i].getLogprobs()));
   }
   if (on_device) {
