@@ -162,11 +162,38 @@ wire run_forward(worker_state& st, schema::ForwardBatch::Reader fb) {
     n_tok += int64_t(toks[i].size());
   }
   auto t0 = std::chrono::steady_clock::now();
-  st.model->forward(batch, *st.pools, st.logits);
   std::vector<int32_t> out(seqs.size(), -1);
   std::vector<token_logprobs> lps;  // one per seq once any asked
+  // On a device backend the logits stay there when every sampled row draws from the raw
+  // logits (no logit_bias, penalties, min_p or grammar, which need the host's history and
+  // masks): the backend draws, and only tokens and the asked logprobs come back.
+  std::vector<sample_row> draws;
+  bool on_device = st.model->on_device();
+  for (unsigned i = 0; on_device && i < seqs.size(); ++i) {
+    if (!batch[i].want_logits) continue;
+    sampling_params p = read_sampling(seqs[i].getSampling());
+    p.seed = token_seed(p.seed, seqs[i].getTokenIndex());
+    on_device = samples_raw(p) && p.validate().empty();  // bad parameters fail on the host path
+    draws.push_back(sample_row_of(p, seqs[i].getLogprobs()));
+  }
+  if (on_device) {
+    std::vector<token_logprobs> drawn;
+    st.model->forward_sample(batch, *st.pools, draws, drawn);
+    size_t r = 0;
+    for (unsigned i = 0; i < seqs.size(); ++i) {
+      if (!batch[i].want_logits) continue;
+      out[i] = drawn[r].token;
+      if (seqs[i].getLogprobs() >= 0) {
+        lps.resize(seqs.size());
+        lps[i] = std::move(drawn[r]);
+      }
+      ++r;
+    }
+  } else {
+    st.model->forward(batch, *st.pools, st.logits);
+  }
   size_t row = 0;
-  for (unsigned i = 0; i < seqs.size(); ++i) {
+  for (unsigned i = 0; !on_device && i < seqs.size(); ++i) {
     if (!batch[i].want_logits) continue;
     sampling_params p = read_sampling(seqs[i].getSampling());
     p.seed = token_seed(p.seed, seqs[i].getTokenIndex());
@@ -459,6 +486,17 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
                      "Per-sequence grammar states held (bounded; least recently used out first)"});
         m.push_back({"worker_grammar_mask_seconds_total", "", double(s.grammar_us) / 1e6, "counter",
                      "Time spent computing and applying grammar masks"});
+        // CUDA graphs of decode steps (all 0 on the CPU backend).
+        const backend::graph_stats gs = s.model->graph_counters();
+        m.push_back({"worker_decode_graph_replays_total", "", double(gs.replays), "counter",
+                     "Decode steps run through a kept CUDA graph"});
+        m.push_back({"worker_decode_graph_captures_total", "", double(gs.captures), "counter",
+                     "CUDA graphs made for decode steps (first capture of a shape or re-instantiation)"});
+        m.push_back({"worker_decode_graph_failures_total", "", double(gs.failures), "counter",
+                     "Decode step shapes whose graph capture failed (they run eagerly)"});
+        m.push_back({"worker_decode_graph_evictions_total", "", double(gs.evictions), "counter",
+                     "Decode step graphs dropped for the bound"});
+        m.push_back({"worker_decode_graphs", "", double(gs.graphs), "gauge", "Decode step graphs kept (bounded)"});
         for (auto& x : s.extra_metrics) m.push_back(std::move(x));
         s.extra_metrics.clear();
         for (auto& x : s.box.metrics()) m.push_back(std::move(x));

@@ -15,9 +15,11 @@
 #include <string>
 #include <vector>
 
+#include "kernels/backend/graph_cache.h"
 #include "kernels/cpu/moe.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/model/kv_pool.h"
+#include "kernels/model/logprobs.h"
 #include "kernels/tensor.h"
 
 namespace tandem::backend {
@@ -140,6 +142,30 @@ class ops {
   /// given. expert_out is [rows][k][n].
   virtual void moe_combine(const float* expert_out, const float* weights, int64_t rows, int64_t k, int64_t n,
                            const float* shared, float* y) = 0;
+
+  // --- sampling
+  /// One token per row of `logits` ([rows.size()][n_vocab], in the backend's memory): sampler.h's
+  /// draw with the row's uniform (draw_with_uniform), and for rows with top_logprobs >= 0 the
+  /// chosen token's logprob and that many top ones (logprobs.h's distribution). Only `out`
+  /// crosses to the host. A row with top_logprobs < 0 gets its token and an empty top.
+  virtual void sample(const float* logits, int64_t n_vocab, std::span<const sample_row> rows,
+                      std::span<token_logprobs> out) = 0;
+
+  // --- graphs of decode steps (a backend without them keeps these defaults: always eager)
+  /// Before a decode step's first op: true when the backend records the step's ops to run them
+  /// as one graph at end_graph() (graph_cache.h decides per key), false to run them as called.
+  virtual bool begin_graph(const graph_key& /*k*/) { return false; }
+  /// After the step's last op (before any download): runs the recorded step. False when the
+  /// recording failed: nothing ran, so the caller runs the step again (eagerly).
+  virtual bool end_graph() { return true; }
+  /// Drops a recording an exception interrupted (nothing of it ran).
+  virtual void abort_graph() {}
+  virtual graph_stats graph_counters() const { return {}; }
 };
+
+/// sample() on host memory with the host sampler's code: the CPU backend's op, and what a
+/// device backend's rows must equal where the probabilities agree.
+void sample_on_host(const float* logits, int64_t n_vocab, std::span<const sample_row> rows,
+                    std::span<token_logprobs> out);
 
 }  // namespace tandem::backend

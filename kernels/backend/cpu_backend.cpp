@@ -171,6 +171,10 @@ class cpu_ops final : public ops {
         y[t * n + i] = shared != nullptr ? acc + shared[t * n + i] : acc;
       }
   }
+  void sample(const float* logits, int64_t n_vocab, std::span<const sample_row> rows,
+              std::span<token_logprobs> out) override {
+    sample_on_host(logits, n_vocab, rows, out);
+  }
 
  private:
   static int32_t check_threads(int32_t threads) {

@@ -1,5 +1,10 @@
 #include "kernels/model/llama.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "kernels/backend/backend.h"
 #include "kernels/base/error.h"
 #include "kernels/cpu/mla_attention.h"
 #include "kernels/model/arch/registry.h"
@@ -29,6 +34,23 @@ kv_pools_layout model_pools_layout(const model_config& c, int32_t page_size, kv_
 
 std::unique_ptr<llama_model> llama_model::load(const gguf::file& f, const cpu_options& opt) {
   return arch::load(f, opt);
+}
+
+void llama_model::check_sample_rows(std::span<const batch_seq> batch, std::span<const sample_row> rows) {
+  const auto want = size_t(std::count_if(batch.begin(), batch.end(), [](const batch_seq& b) { return b.want_logits; }));
+  if (rows.size() != want)
+    throw tandem::error(fmt::format("forward_sample: {} sampling rows for {} sequences wanting logits; give one per "
+                                    "such sequence, in batch order",
+                                    rows.size(), want));
+}
+
+void llama_model::forward_sample(std::span<const batch_seq> batch, kv_pools& pools, std::span<const sample_row> rows,
+                                 std::vector<token_logprobs>& out) {
+  check_sample_rows(batch, rows);
+  std::vector<float> logits;
+  forward(batch, pools, logits);
+  out.assign(rows.size(), token_logprobs{});
+  backend::sample_on_host(logits.data(), config().n_vocab, rows, out);
 }
 
 }  // namespace tandem

@@ -10,10 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "kernels/backend/graph_cache.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/gguf/gguf.h"
 #include "kernels/model/kv_pool.h"
 #include "kernels/model/kv_pools.h"
+#include "kernels/model/logprobs.h"
 #include "kernels/model/rope_scaling.h"
 #include "kernels/tensor.h"
 
@@ -136,6 +138,21 @@ class llama_model {
     kv_pools one(pool);
     forward(batch, one, logits);
   }
+  /// forward(), then one draw per sequence with want_logits (`rows` in batch order, one each;
+  /// sampler.h's sample_row) by the backend where the logits are: a device's logits do not
+  /// cross to the host, only the tokens and the logprobs asked. `out[i].token` is row i's token.
+  /// Here: forward() and the host sampler; the layered models draw on their backend.
+  virtual void forward_sample(std::span<const batch_seq> batch, kv_pools& pools, std::span<const sample_row> rows,
+                              std::vector<token_logprobs>& out);
+  /// True when activations and logits live in a device's memory (forward_sample saves the
+  /// logits' trip to the host there).
+  virtual bool on_device() const { return false; }
+  /// The backend's decode-step graph counters (all 0 where steps run eagerly).
+  virtual backend::graph_stats graph_counters() const { return {}; }
+
+ protected:
+  /// Throws tandem::error unless `rows` has one entry per sequence with want_logits.
+  static void check_sample_rows(std::span<const batch_seq> batch, std::span<const sample_row> rows);
 };
 
 }  // namespace tandem

@@ -82,6 +82,36 @@ uint64_t sampler::next_u64() {
   return z ^ (z >> 31);
 }
 
+double sampler::next_uniform() { return double(next_u64() >> 11) * 0x1.0p-53; }
+
+double sampler::first_uniform(uint64_t seed) {
+  sampler s{sampling_params{}};
+  s.state_ = seed;
+  return s.next_uniform();
+}
+
+bool samples_raw(const sampling_params& p) { return !p.processes_logits() && !p.grammar.active(); }
+
+sample_row sample_row_of(const sampling_params& p, int32_t top_logprobs) {
+  return sample_row{.temperature = p.temperature,
+                    .top_k = p.top_k,
+                    .top_p = p.top_p,
+                    .top_logprobs = top_logprobs,
+                    .uniform = sampler::first_uniform(p.seed)};
+}
+
+int32_t draw_with_uniform(const sample_row& r, std::span<const float> logits) {
+  if (logits.empty()) throw tandem::error("sampler: empty logits row; the model returned no vocabulary");
+  if (!(r.uniform >= 0.0 && r.uniform < 1.0))
+    throw tandem::error(fmt::format("sampler: uniform draw {} is outside [0, 1)", r.uniform));
+  sampling_params p;
+  p.temperature = r.temperature;
+  p.top_k = r.top_k;
+  p.top_p = r.top_p;
+  sampler s(p);
+  return s.draw_with(logits, r.uniform);
+}
+
 int32_t sampler::sample(std::span<const float> logits, const token_history& h) {
   if (logits.empty()) throw tandem::error("sampler: empty logits row; the model returned no vocabulary");
   if (!p_.processes_logits()) return draw(logits);
@@ -97,7 +127,14 @@ int32_t sampler::sample(std::span<const float> logits, const token_history& h) {
   return draw(work_);
 }
 
-int32_t sampler::draw(std::span<const float> logits) {  if (p_.temperature == 0.0f || p_.top_k == 1) {
+int32_t sampler::draw(std::span<const float> logits) {
+  // Greedy rows draw nothing (the generator state stays as it was).
+  if (p_.temperature == 0.0f || p_.top_k == 1) return draw_with(logits, 0.0);
+  return draw_with(logits, next_uniform());
+}
+
+int32_t sampler::draw_with(std::span<const float> logits, double u01) {
+  if (p_.temperature == 0.0f || p_.top_k == 1) {
     // The first maximum (std::max_element's): ties go to the lowest id.
     return int32_t(cpu::argmax(logits.data(), int64_t(logits.size())));
   }
@@ -112,7 +149,7 @@ int32_t sampler::draw(std::span<const float> logits) {  if (p_.temperature == 0.
       probs_[size_t(i)] = std::exp(logits[size_t(i)] * inv_t - mx);
       sum += probs_[size_t(i)];
     }
-    const double u = double(next_u64() >> 11) * 0x1.0p-53 * sum;
+    const double u = u01 * sum;
     double cum = 0.0;
     int32_t last = 0;
     for (int32_t i = 0; i < n; ++i) {
@@ -158,7 +195,7 @@ int32_t sampler::draw(std::span<const float> logits) {  if (p_.temperature == 0.
   }
   // Draw with our own uniform from the raw 64-bit output: std distributions differ across
   // standard libraries, this does not.
-  const double u = double(next_u64() >> 11) * 0x1.0p-53 * sum;
+  const double u = u01 * sum;
   double cum = 0.0;
   for (int32_t i = 0; i < keep; ++i) {
     cum += scratch_[size_t(i)].first;

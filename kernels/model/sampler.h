@@ -49,6 +49,28 @@ struct token_history {
 /// in place (ids outside the row are ignored: the front end validated them).
 void apply_logit_processing(std::span<float> logits, const sampling_params& p, const token_history& h);
 
+/// One row of a draw a backend makes where the logits are (backend::ops::sample): the sampler's
+/// draw (greedy, temperature, top-k, top-p) with the uniform number the host drew, and no logit
+/// rewriting. Rows whose parameters rewrite logits (logit_bias, penalties, min_p) or carry a
+/// grammar take the host path: they need the sequence's token history or the grammar's mask,
+/// which live on the host.
+struct sample_row {
+  float temperature = 1.0f;  ///< 0 = greedy
+  int32_t top_k = 0;         ///< 0 = off
+  float top_p = 1.0f;        ///< 1 = off
+  int32_t top_logprobs = -1;  ///< -1: none; else the chosen token's logprob and this many top ones
+  double uniform = 0.0;       ///< the draw in [0, 1): sampler::first_uniform(seed)
+};
+
+/// True when `p` can be drawn by a backend from the raw logits (sample_row): no logit_bias,
+/// penalties, min_p or grammar.
+bool samples_raw(const sampling_params& p);
+/// The row of `p` (its seed gives the uniform), with `top_logprobs` (-1: none).
+sample_row sample_row_of(const sampling_params& p, int32_t top_logprobs);
+/// The sampler's draw over one raw logits row with the uniform `u` in [0, 1): the token
+/// sampler(p).sample(logits) gives when u = sampler::first_uniform(p.seed) and samples_raw(p).
+int32_t draw_with_uniform(const sample_row& r, std::span<const float> logits);
+
 /// One sampler per sequence; the same seed and logits give the same tokens. Cheap to
 /// construct (the worker makes one per token from a per-token seed): the generator is
 /// splitmix64, O(1) to seed. Without top-k/top-p the draw walks the vocabulary in id order
@@ -57,10 +79,17 @@ class sampler {
  public:
   explicit sampler(const sampling_params& p);
   int32_t sample(std::span<const float> logits, const token_history& h = {});
+  /// The uniform number in [0, 1) a fresh sampler of `seed` draws first (the one a token's
+  /// draw uses: the worker makes one sampler per token).
+  static double first_uniform(uint64_t seed);
 
  private:
+  friend int32_t draw_with_uniform(const sample_row& r, std::span<const float> logits);
   uint64_t next_u64();
+  double next_uniform();
   int32_t draw(std::span<const float> logits);
+  /// draw() with the uniform `u` given (greedy rows ignore it).
+  int32_t draw_with(std::span<const float> logits, double u);
   sampling_params p_;
   uint64_t state_;
   std::vector<std::pair<float, int32_t>> scratch_;

@@ -30,6 +30,8 @@ std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1.0f);
 /// The op-by-op comparison (backend_ops_check.cpp) and the whole-model greedy comparison
 /// (greedy_check.cpp); `dir` holds the model files the latter writes.
 void check_backend_ops();
+/// The sample op against the CPU backend's (sampling_check.cpp).
+void check_sampling();
 void check_greedy(const std::string& dir);
 /// Paged decode attention of the CUDA backend at batch 32 x 4096 positions and device page
 /// copies as fractions of the measured device-to-device cudaMemcpy bandwidth.

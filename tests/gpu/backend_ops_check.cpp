@@ -59,6 +59,45 @@ tensor_view view(ggml_type t, const std::vector<uint8_t>& b, int64_t rows, int64
   return v;
 }
 
+/// matmul_batch as a MoE step uses it: 8 "experts" of mixed quantized types (grouped: one
+/// quantize launch per activation group, one matmul launch per type) and an f16 one, two
+/// pairs sharing an input (gate and up), rows 1 to 9: every output has matmul's bits, and
+/// the CPU's bits for the quantized ones.
+void check_grouped(pair& p, const float* dx, int64_t k) {
+  const ggml_type types[] = {ggml_type::q4_K, ggml_type::q4_K, ggml_type::q8_0, ggml_type::q6_K,
+                             ggml_type::q5_K, ggml_type::q4_0, ggml_type::q4_K, ggml_type::f16};
+  const int64_t ns[] = {64, 64, 32, 96, 64, 32, 128, 64};
+  const int64_t rows[] = {1, 1, 3, 9, 2, 5, 1, 4};
+  const int64_t x_row[] = {0, 0, 4, 10, 20, 30, 0, 40};  // tasks 0, 1 and 6 share x row 0 (1 row)
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<backend::matmul_task> gt;
+  std::vector<std::vector<float>> ref;
+  std::vector<float*> outs;
+  const std::vector<float> x = to_host(dx, size_t(70 * k));
+  for (int i = 0; i < 8; ++i) {
+    const std::vector<float> w = random_floats(size_t(ns[i] * k), 100 + uint32_t(i), 0.1f);
+    bytes.push_back(encode(types[i], w, ns[i], k));
+    const tensor_view v = view(types[i], bytes.back(), ns[i], k);
+    const backend::weight_id cw = p.cpu->prepare({&v, 1})[0], gw = p.gpu->prepare({&v, 1})[0];
+    ref.emplace_back(size_t(rows[i] * ns[i]));
+    p.cpu->matmul(cw, x.data() + x_row[i] * k, rows[i], ref.back().data());
+    outs.push_back(to_device(std::vector<float>(size_t(rows[i] * ns[i]))));
+    gt.push_back({gw, dx + x_row[i] * k, rows[i], outs.back()});
+  }
+  p.gpu->matmul_batch(gt);
+  bool cpu_bits = true, single_bits = true;
+  for (int i = 0; i < 8; ++i) {
+    const std::vector<float> got = to_host(outs[size_t(i)], size_t(rows[i] * ns[i]));
+    float* one = to_device(std::vector<float>(got.size()));
+    p.gpu->matmul(gt[size_t(i)].w, gt[size_t(i)].x, rows[i], one);
+    single_bits = single_bits && std::memcmp(to_host(one, got.size()).data(), got.data(), got.size() * 4) == 0;
+    if (types[i] != ggml_type::f16)
+      cpu_bits = cpu_bits && std::memcmp(ref[size_t(i)].data(), got.data(), got.size() * 4) == 0;
+  }
+  expect_true("matmul_batch grouped quant x7 + f16: matmul's bits", single_bits);
+  expect_true("matmul_batch grouped quant: the cpu's bits", cpu_bits);
+}
+
 void check_matmuls(pair& p) {
   const int64_t n = 96, k = 512, rows = 70;  // 70 rows: a full chunk of 64 and a partial one
   const std::vector<float> w = random_floats(size_t(n * k), 1, 0.1f);
@@ -111,6 +150,7 @@ void check_matmuls(pair& p) {
   const std::vector<float> a = to_host(y1, size_t(rows * n)), c = to_host(y2, size_t(4 * n));
   expect_true("matmul_batch (same bits)", std::memcmp(a.data() + 5 * n, c.data(), size_t(3 * n) * 4) == 0 &&
                                               std::memcmp(a.data(), c.data() + 3 * n, size_t(n) * 4) == 0);
+  check_grouped(p, dx, k);
 }
 
 /// A device-to-device copy finished before the backend's own stream (which does not wait for
@@ -298,6 +338,62 @@ void check_attention(pair& p) {
   expect_close("mla_attention 64+16", to_host(dout, out.size()), out, 1e-4f);
 }
 
+/// Split-context attention (rows past k_split_positions positions): against the CPU at 1e-4
+/// like any attention row, and a split row alone has the bits it has beside others.
+void check_split_attention(pair& p) {
+  for (kv_dtype dt : {kv_dtype::f32, kv_dtype::f16}) {
+    const int n_heads = 8, n_kv = 2, hd = 128, ps = 16, ctx = 1800;
+    const kv_layout L{.n_layers = 1, .n_kv_heads = n_kv, .head_dim = hd, .page_size = ps, .dtype = dt};
+    const int32_t n_pages = ctx / ps + 1;
+    pools P(L, n_pages, 40);
+    std::vector<int32_t> pages(static_cast<size_t>(n_pages));
+    for (int32_t i = 0; i < n_pages; ++i) pages[size_t(i)] = (i * 7) % n_pages;
+    const int64_t qd = int64_t(n_heads) * hd;
+    const std::vector<float> q = random_floats(size_t(6 * qd), 41);
+    float* dq = to_device(q);
+    std::vector<float> out(q.size());
+    float* dout = to_device(out);
+    // Decode rows at 1799 (8 splits), 256 and 257 (the edge), a 3-row prefill chunk at 900.
+    auto seqs = [&](const float* qq, float* oo) {
+      return std::vector<backend::attention_seq>{
+          {.q = qq, .n_tokens = 1, .pos0 = ctx - 1, .pages = pages, .out = oo},
+          {.q = qq + qd, .n_tokens = 1, .pos0 = 255, .pages = pages, .out = oo + qd},
+          {.q = qq + 2 * qd, .n_tokens = 1, .pos0 = 256, .pages = pages, .out = oo + 2 * qd},
+          {.q = qq + 3 * qd, .n_tokens = 3, .pos0 = 900, .pages = pages, .out = oo + 3 * qd}};
+    };
+    for (int variant = 0; variant < 2; ++variant) {
+      const backend::attention_params ap =
+          variant == 0 ? backend::attention_params{} : backend::attention_params{.scale = 0.05f, .softcap = 20.0f};
+      p.cpu->attention(seqs(q.data(), out.data()), n_heads, P.cpu, 0, ap);
+      p.gpu->attention(seqs(dq, dout), n_heads, P.gpu.pool(), 0, ap);
+      const std::vector<float> got = to_host(dout, out.size());
+      const char* vn = variant == 0 ? "" : " scale+softcap";
+      expect_close(fmt::format("split attention {} ctx {}{}", to_string(dt), ctx, vn), got, out, 1e-4f);
+      const backend::attention_seq alone[] = {{.q = dq, .n_tokens = 1, .pos0 = ctx - 1, .pages = pages, .out = dout}};
+      p.gpu->attention(alone, n_heads, P.gpu.pool(), 0, ap);
+      expect_same(fmt::format("split attention {}{} row alone", to_string(dt), vn), to_host(dout, size_t(qd)).data(),
+                  got.data(), size_t(qd) * 4);
+    }
+  }
+  // MLA latent rows split the same way: one call of 2 decode rows at 700 (3 splits).
+  const int32_t kvr = 64, rd = 16, ps = 16;
+  const int32_t n_pages = 48;
+  pools P(cpu::mla_layout(1, kvr, rd, ps), n_pages, 42);
+  std::vector<int32_t> pages(static_cast<size_t>(n_pages));
+  for (int32_t i = 0; i < n_pages; ++i) pages[size_t(i)] = n_pages - 1 - i;
+  const auto ql = random_floats(size_t(2 * kvr), 43), qp = random_floats(size_t(2 * rd), 44);
+  std::vector<float> out(size_t(2 * kvr));
+  float* dout = to_device(out);
+  auto calls = [&](const float* a, const float* b, float* o) {
+    return std::vector<backend::mla_seq>{{.q_lat = a, .q_pe = b, .n_tokens = 1, .pos0 = 700, .pages = pages, .out = o},
+                                         {.q_lat = a + kvr, .q_pe = b + rd, .n_tokens = 1, .pos0 = 700, .pages = pages,
+                                          .out = o + kvr}};
+  };
+  p.cpu->mla_attention(calls(ql.data(), qp.data(), out.data()), kvr, rd, 0.11f, P.cpu, 0);
+  p.gpu->mla_attention(calls(to_device(ql), to_device(qp), dout), kvr, rd, 0.11f, P.gpu.pool(), 0);
+  expect_close("split mla_attention 64+16 at 700", to_host(dout, out.size()), out, 1e-4f);
+}
+
 }  // namespace
 
 void check_backend_ops() {
@@ -306,6 +402,7 @@ void check_backend_ops() {
   check_matmuls(p);
   check_elementwise(p);
   check_attention(p);
+  check_split_attention(p);
 }
 
 }  // namespace tandem::gpu_test

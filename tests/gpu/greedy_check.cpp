@@ -23,9 +23,11 @@ namespace tandem::gpu_test {
 
 namespace {
 
-cpu_options gpu_options() {
+cpu_options gpu_options(int32_t max_graphs = 16) {
   cpu_options o;
-  o.make_backend = [] { return backend::make_cuda_backend(backend::cuda_options{}); };
+  o.make_backend = [max_graphs] {
+    return backend::make_cuda_backend(backend::cuda_options{.max_graphs = max_graphs});
+  };
   return o;
 }
 
@@ -83,6 +85,45 @@ void greedy_case(const std::string& dir, const char* preset, const char* arch, g
               g2[0] == gt[0] && std::memcmp(gl2.data(), gl.data(), gl.size() * 4) == 0);
 }
 
+/// Decode steps through graphs give the eager steps' logits bit for bit: 3 sequences of a
+/// 240-token prompt, 40 steps across the 256-position bucket edge (two keys), tokens fed from
+/// the eager model; then the counters say graphs ran (captures and replays, no failures).
+void check_graphs(const std::string& dir) {
+  const std::string path = dir + "/tandem-gpu-graphs.gguf";
+  write_random_llama(make_model_options{.preset = "tiny-15m", .dtype = ggml_type::f16}, path);
+  const gguf::file f = gguf::file::open(path);
+  auto eager = llama_model::load(f, gpu_options(0));
+  auto graphs = llama_model::load(f, gpu_options(16));
+  const kv_layout L = eager->layout(16);
+  backend::device_kv_pool pe(L, 60), pg(L, 60);
+  const int n = 3, prompt = 240, steps = 40;
+  const int64_t V = eager->config().n_vocab;
+  std::vector<std::vector<int32_t>> pages(n, std::vector<int32_t>(20)), feed(n);
+  for (int i = 0; i < n; ++i) {
+    std::iota(pages[size_t(i)].begin(), pages[size_t(i)].end(), 20 * i);
+    for (int t = 0; t < prompt; ++t) feed[size_t(i)].push_back((t * 31 + i * 7) % int32_t(V));
+  }
+  std::vector<float> le, lg;
+  bool same = true;
+  int32_t pos = 0;
+  for (int s = 0; s <= steps; ++s) {
+    std::vector<batch_seq> batch;
+    for (int i = 0; i < n; ++i) batch.push_back(batch_seq{.tokens = feed[size_t(i)], .pos = pos, .pages = pages[size_t(i)]});
+    eager->forward(batch, pe.pool(), le);
+    graphs->forward(batch, pg.pool(), lg);
+    same = same && le.size() == lg.size() && std::memcmp(le.data(), lg.data(), le.size() * 4) == 0;
+    pos += int32_t(feed[0].size());
+    for (int i = 0; i < n; ++i) feed[size_t(i)] = {argmax(le.data() + i * V, V)};
+  }
+  const backend::graph_stats g = graphs->graph_counters();
+  std::printf("graphs: %llu eager steps, %llu captures, %llu replays, %llu failures, %llu kept\n",
+              (unsigned long long)g.eager, (unsigned long long)g.captures, (unsigned long long)g.replays,
+              (unsigned long long)g.failures, (unsigned long long)g.graphs);
+  expect_true("decode steps through graphs = eager, 40 steps, bit for bit", same);
+  expect_true("graphs captured and replayed, none failed",
+              g.captures >= 2 && g.replays >= 30 && g.failures == 0 && eager->graph_counters().captures == 0);
+}
+
 }  // namespace
 
 void check_greedy(const std::string& dir) {
@@ -95,30 +136,36 @@ void check_greedy(const std::string& dir) {
   greedy_case(dir, "micro", "gemma2", ggml_type::f16);
   greedy_case(dir, "micro", "deepseek2", ggml_type::f32);
 
-  // Decode tokens/s of small-110m (f16) at batch 1 and 32: 32-token prompts, then 32 steps.
+  check_graphs(dir);
+
+  // Decode tokens/s of small-110m (f16) at batch 1 and 32: 32-token prompts, then 32 steps;
+  // with decode-step graphs (the default) and without.
   const std::string path = dir + "/tandem-gpu-small-110m.gguf";
   write_random_llama(make_model_options{.preset = "small-110m", .dtype = ggml_type::f16}, path);
   const gguf::file f = gguf::file::open(path);
-  auto m = llama_model::load(f, gpu_options());
-  backend::device_kv_pool gp(m->layout(16), 32 * 8);
-  for (int n : {1, 32}) {
-    std::vector<std::vector<int32_t>> pages(static_cast<size_t>(n), std::vector<int32_t>(8)), feed(static_cast<size_t>(n));
-    for (int i = 0; i < n; ++i) {
-      std::iota(pages[size_t(i)].begin(), pages[size_t(i)].end(), 8 * i);
-      feed[size_t(i)].assign(32, 7 + i);
+  for (int32_t graphs : {16, 0}) {
+    auto m = llama_model::load(f, gpu_options(graphs));
+    backend::device_kv_pool gp(m->layout(16), 32 * 8);
+    for (int n : {1, 32}) {
+      std::vector<std::vector<int32_t>> pages(static_cast<size_t>(n), std::vector<int32_t>(8)), feed(static_cast<size_t>(n));
+      for (int i = 0; i < n; ++i) {
+        std::iota(pages[size_t(i)].begin(), pages[size_t(i)].end(), 8 * i);
+        feed[size_t(i)].assign(32, 7 + i);
+      }
+      std::vector<float> logits;
+      auto step = [&](int32_t pos) {
+        std::vector<batch_seq> batch;
+        for (int i = 0; i < n; ++i) batch.push_back(batch_seq{.tokens = feed[size_t(i)], .pos = pos, .pages = pages[size_t(i)]});
+        m->forward(batch, gp.pool(), logits);
+        for (int i = 0; i < n; ++i) feed[size_t(i)] = {argmax(logits.data() + int64_t(i) * m->config().n_vocab, m->config().n_vocab)};
+      };
+      step(0);
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int s = 0; s < 32; ++s) step(32 + s);
+      const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::printf("decode small-110m f16 batch %2d, %s: %.1f tokens/s (%.2f ms/step)\n", n,
+                  graphs > 0 ? "graphs" : "eager ", 32.0 * n / sec, sec / 32 * 1e3);
     }
-    std::vector<float> logits;
-    auto step = [&](int32_t pos) {
-      std::vector<batch_seq> batch;
-      for (int i = 0; i < n; ++i) batch.push_back(batch_seq{.tokens = feed[size_t(i)], .pos = pos, .pages = pages[size_t(i)]});
-      m->forward(batch, gp.pool(), logits);
-      for (int i = 0; i < n; ++i) feed[size_t(i)] = {argmax(logits.data() + int64_t(i) * m->config().n_vocab, m->config().n_vocab)};
-    };
-    step(0);
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int s = 0; s < 32; ++s) step(32 + s);
-    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("decode small-110m f16 batch %2d: %.1f tokens/s (%.2f ms/step)\n", n, 32.0 * n / sec, sec / 32 * 1e3);
   }
 }
 
@@ -141,26 +188,29 @@ void report_bandwidth() {
   cudaFree(d);
   std::printf("bandwidth cudaMemcpy device->device (r+w)            %8.1f GB/s (the yardstick)\n", copy_gbs);
 
-  // Paged decode attention: 32 sequences x 4096 positions, 32 heads over 8 KV heads of 128.
+  // Paged decode attention: 32, 4 and 1 sequences x 4096 positions, 32 heads over 8 KV heads
+  // of 128 (a row of 4096 positions runs as 16 split-context blocks per head).
   auto ops = backend::make_cuda_backend(backend::cuda_options{});
-  const int n_seqs = 32, ctx = 4096, n_heads = 32, n_kv = 8, hd = 128, ps = 16;
-  for (kv_dtype dt : {kv_dtype::f32, kv_dtype::f16}) {
-    const kv_layout L{.n_layers = 1, .n_kv_heads = n_kv, .head_dim = hd, .page_size = ps, .dtype = dt};
-    const int32_t per_seq = ctx / ps;
-    backend::device_kv_pool P(L, n_seqs * per_seq);
-    std::vector<std::vector<int32_t>> pages(static_cast<size_t>(n_seqs), std::vector<int32_t>(static_cast<size_t>(per_seq)));
-    for (int i = 0; i < n_seqs; ++i)
-      for (int j = 0; j < per_seq; ++j) pages[size_t(i)][size_t(j)] = (j * n_seqs + i * 7) % (n_seqs * per_seq);
-    float* q = to_device(random_floats(size_t(n_seqs * n_heads * hd), 30));
-    float* out = to_device(std::vector<float>(size_t(n_seqs * n_heads * hd)));
-    std::vector<backend::attention_seq> seqs;
-    for (int i = 0; i < n_seqs; ++i)
-      seqs.push_back({.q = q + i * n_heads * hd, .n_tokens = 1, .pos0 = ctx - 1, .pages = pages[size_t(i)],
-                      .out = out + i * n_heads * hd});
-    const double sec = time(10, [&] { ops->attention(seqs, n_heads, P.pool(), 0, {}); });
-    const double bytes = double(n_seqs) * ctx * n_kv * hd * 2 * double(L.elem_bytes());
-    std::printf("bandwidth paged decode attention %s 32x4096      %8.1f GB/s  %.3f of copy  (%.3f ms)\n",
-                to_string(dt), bytes / sec / 1e9, bytes / sec / 1e9 / copy_gbs, sec * 1e3);
+  const int ctx = 4096, n_heads = 32, n_kv = 8, hd = 128, ps = 16;
+  for (int n_seqs : {32, 4, 1}) {
+    for (kv_dtype dt : {kv_dtype::f32, kv_dtype::f16}) {
+      const kv_layout L{.n_layers = 1, .n_kv_heads = n_kv, .head_dim = hd, .page_size = ps, .dtype = dt};
+      const int32_t per_seq = ctx / ps;
+      backend::device_kv_pool P(L, n_seqs * per_seq);
+      std::vector<std::vector<int32_t>> pages(static_cast<size_t>(n_seqs), std::vector<int32_t>(static_cast<size_t>(per_seq)));
+      for (int i = 0; i < n_seqs; ++i)
+        for (int j = 0; j < per_seq; ++j) pages[size_t(i)][size_t(j)] = (j * n_seqs + i * 7) % (n_seqs * per_seq);
+      float* q = to_device(random_floats(size_t(n_seqs * n_heads * hd), 30));
+      float* out = to_device(std::vector<float>(size_t(n_seqs * n_heads * hd)));
+      std::vector<backend::attention_seq> seqs;
+      for (int i = 0; i < n_seqs; ++i)
+        seqs.push_back({.q = q + i * n_heads * hd, .n_tokens = 1, .pos0 = ctx - 1, .pages = pages[size_t(i)],
+                        .out = out + i * n_heads * hd});
+      const double sec = time(10, [&] { ops->attention(seqs, n_heads, P.pool(), 0, {}); });
+      const double bytes = double(n_seqs) * ctx * n_kv * hd * 2 * double(L.elem_bytes());
+      std::printf("bandwidth paged decode attention %s %2dx4096 (split) %8.1f GB/s  %.3f of copy  (%.3f ms)\n",
+                  to_string(dt), n_seqs, bytes / sec / 1e9, bytes / sec / 1e9 / copy_gbs, sec * 1e3);
+    }
   }
   // Page copies inside a device pool (the prefix-cache and tier moves): 4096 pages of 64 KiB.
   const size_t page = size_t(64) << 10;

@@ -4,10 +4,12 @@
 #  1. test_cuda_ops: the kernels of kernels/cuda against the CPU kernels, with each kernel's
 #     bandwidth as GB/s and as a fraction of the card's peak;
 #  2. test_cuda_backend: the CUDA backend (kernels/backend/cuda) against the CPU backend op by
-#     op (stated tolerances, batch invariance bit for bit), greedy 16 tokens of make-model
-#     presets of every architecture equal to the CPU's, decode tokens/s of small-110m at batch
-#     1 and 32, and paged decode attention and page copies as fractions of the measured
-#     device-to-device copy bandwidth.
+#     op (stated tolerances, batch invariance bit for bit; split-context attention, grouped
+#     quantized matmuls, the device sample op), greedy 16 tokens of make-model presets of every
+#     architecture equal to the CPU's, decode steps through CUDA graphs equal to eager ones,
+#     decode tokens/s of small-110m at batch 1 and 32 (graphs and eager), and paged decode
+#     attention (batch 32, 4, 1) and page copies as fractions of the measured device-to-device
+#     copy bandwidth.
 # Exits non-zero on any mismatch. A few minutes on an H100 (most of it the build).
 #
 # It builds tests/gpu on its own (not the whole project): the lent GPU machines have CUDA,

@@ -111,6 +111,8 @@ int main(int argc, char** argv) {
   try {
     check_backend_ops();
     free_device();
+    check_sampling();
+    free_device();
     check_greedy(dir);
     report_bandwidth();
     free_device();

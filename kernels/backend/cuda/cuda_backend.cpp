@@ -5,10 +5,15 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
+#include "kernels/backend/cuda/cuda_graphs.h"
 #include "kernels/backend/cuda/device_memory.h"
+#include "kernels/backend/cuda/device_sampler.h"
+#include "kernels/backend/cuda/grouped_plan.h"
 #include "kernels/backend/cuda/kernels.h"
+#include "kernels/backend/cuda/split_plan.h"
 #include "kernels/base/error.h"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -33,6 +38,7 @@ class cuda_buffer final : public buffer {
   }
   float* floats(size_t n) override {
     if (n <= cap_ && p_ != nullptr) return p_;
+    cuda_detail::refuse_in_capture(stream_, "growing an activation buffer");
     if (p_ != nullptr) check(cudaFreeAsync(p_, stream_), "freeing an activation buffer");
     p_ = nullptr;
     cap_ = 0;
@@ -70,6 +76,9 @@ class cuda_ops final : public ops {
     check_blas(cublasSetStream(blas_, stream_), "setting the cuBLAS stream");
     // Tensor-core GEMMs; f32 weights stay in full f32 (the pedantic compute type below).
     check_blas(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH), "setting the cuBLAS math mode");
+    // A workspace of its own from the start: cuBLAS then never allocates inside a graph capture.
+    check(cudaMalloc(&blas_workspace_, k_blas_workspace_bytes), "allocating the cuBLAS workspace");
+    check_blas(cublasSetWorkspace(blas_, blas_workspace_, k_blas_workspace_bytes), "setting the cuBLAS workspace");
     cudaDeviceProp prop{};
     check(cudaGetDeviceProperties(&prop, device_), "reading the device properties");
     name_ = prop.name;
@@ -77,14 +86,25 @@ class cuda_ops final : public ops {
     scratch_.reserve(8);
     for (int i = 0; i < 8; ++i) scratch_.push_back(std::make_unique<device_bytes>(stream_, staging_.get()));
     vectors_ = std::make_unique<cuda_detail::host_vectors>(stream_);
+    sampler_ = std::make_unique<cuda_detail::device_sampler>(stream_, staging_.get());
+    partials_ = std::make_unique<device_bytes>(stream_, staging_.get());
+    for (auto& g : grouped_) g = std::make_unique<device_bytes>(stream_, staging_.get());
+    if (opt.max_graphs < 0 || opt.max_graphs > 4096)
+      throw tandem::error(fmt::format("cuda backend: max_graphs {} is out of range; use 0 (off) to 4096", opt.max_graphs));
+    graphs_ = std::make_unique<cuda_detail::step_graphs>(stream_, staging_.get(), size_t(opt.max_graphs));
   }
   ~cuda_ops() override {
     cudaStreamSynchronize(stream_);
+    graphs_.reset();
     scratch_.clear();
+    sampler_.reset();
+    partials_.reset();
+    for (auto& g : grouped_) g.reset();
     vectors_.reset();
     staging_.reset();
     for (device_weight& w : weights_) cudaFree(w.data);
     cublasDestroy(blas_);
+    cudaFree(blas_workspace_);
     cudaStreamDestroy(stream_);
   }
 
@@ -172,7 +192,63 @@ class cuda_ops final : public ops {
     for (size_t i = 0; i < ws.size(); ++i) matmul(ws[i], x, rows, ys[i]);
   }
   void matmul_batch(std::span<const matmul_task> tasks) override {
-    for (const matmul_task& t : tasks) matmul(t.w, t.x, t.rows, t.y);
+    // Quantized weights (a MoE step's experts): one quantize launch per activation group and
+    // one matmul launch per weight type over all of them, each output with matmul's bits.
+    // f32/f16/bf16 weights keep one cuBLAS call per 64-row chunk: a batched or grouped GEMM may
+    // pick another kernel by its batch count, and a row's bits would then depend on its batch.
+    jobs_.clear();
+    job_tasks_.clear();
+    for (const matmul_task& t : tasks) {
+      const device_weight& w = get(t.w);
+      const bool dense = w.type == ggml_type::f32 || w.type == ggml_type::f16 || w.type == ggml_type::bf16;
+      if (dense) {
+        matmul(t.w, t.x, t.rows, t.y);
+      } else if (t.rows > 0) {
+        jobs_.push_back(k::quant_job{.x = t.x, .rows = t.rows, .k = w.cols, .n = w.rows, .type = uint32_t(w.type),
+                                     .group = k::quant_group(uint32_t(w.type))});
+        job_tasks_.push_back(&t);
+      }
+    }
+    if (jobs_.empty()) return;
+    if (jobs_.size() == 1) return matmul(job_tasks_[0]->w, job_tasks_[0]->x, job_tasks_[0]->rows, job_tasks_[0]->y);
+    const k::grouped_quant_plan plan = k::plan_grouped_quant(jobs_);
+    auto* base = static_cast<uint8_t*>(scratch_[0]->get(plan.bytes + 64));
+    for (int g = 0; g < 2; ++g) {
+      if (plan.inputs[g].empty()) continue;
+      quant_inputs_.clear();
+      for (const k::planned_input& i : plan.inputs[g])
+        quant_inputs_.push_back(k::quant_input{.x = i.x,
+                                               .qs = reinterpret_cast<int8_t*>(base + i.qs_at),
+                                               .d = reinterpret_cast<float*>(base + i.d_at),
+                                               .sums = reinterpret_cast<int16_t*>(base + i.sums_at),
+                                               .k = i.k,
+                                               .batch = i.rows,
+                                               .first = i.first});
+      const auto* in = static_cast<const k::quant_input*>(
+          grouped_[0]->upload(quant_inputs_.data(), quant_inputs_.size() * sizeof(k::quant_input)));
+      check(k::quantize_acts_grouped(in, int(quant_inputs_.size()), plan.blocks[g], g == 0 ? 32 : 256, stream_),
+            "quantizing grouped matmul inputs");
+    }
+    for (size_t ti = 0; ti < plan.types.size(); ++ti) {
+      const k::planned_type& pt = plan.types[ti];
+      quant_tasks_.clear();
+      for (const k::planned_job& j : pt.jobs) {
+        const k::quant_job& q = jobs_[j.job];
+        const k::planned_input& i = plan.inputs[q.group == 256 ? 1 : 0][j.input];
+        quant_tasks_.push_back(k::quant_task{.w = get(job_tasks_[j.job]->w).data,
+                                             .qs = reinterpret_cast<const int8_t*>(base + i.qs_at),
+                                             .d = reinterpret_cast<const float*>(base + i.d_at),
+                                             .sums = reinterpret_cast<const int16_t*>(base + i.sums_at),
+                                             .y = job_tasks_[j.job]->y,
+                                             .n = q.n,
+                                             .k = q.k,
+                                             .first = j.first});
+      }
+      // The stream orders each table's upload after the launches that read the previous one.
+      const auto* tt = static_cast<const k::quant_task*>(
+          grouped_[1]->upload(quant_tasks_.data(), quant_tasks_.size() * sizeof(k::quant_task)));
+      check(k::matmul_quant_grouped(pt.type, tt, int(quant_tasks_.size()), pt.items, stream_), "grouped quantized matmul");
+    }
   }
   void get_rows(const tensor_view& table, std::span<const int32_t> ids, float* out) override {
     // The table stays in host memory (it is not a matmul weight unless tied, and then the
@@ -262,7 +338,7 @@ class cuda_ops final : public ops {
     sh.v_offset = component_offset(pool, layer, 1);
     sh.scale = params.scale != 0.0f ? params.scale : 1.0f / std::sqrt(float(L.head_dim));
     sh.softcap = params.softcap;
-    run_attention(sh);
+    run_attention(sh, int64_t(seqs.size()));
   }
   void mla_attention(std::span<const mla_seq> calls, int32_t kv_lora_rank, int32_t rope_dims, float s,
                      const kv_pool& pool, int32_t layer) override {
@@ -292,7 +368,7 @@ class cuda_ops final : public ops {
     sh.n_heads = 1;
     sh.v_offset = sh.k_offset;
     sh.scale = s;
-    run_attention(sh);
+    run_attention(sh, int64_t(calls.size()));
   }
 
   void moe_route(const float* logits, int64_t rows, const moe_routing& r, int32_t* experts, float* weights) override {
@@ -310,12 +386,23 @@ class cuda_ops final : public ops {
       w = static_cast<const float*>(scratch_[5]->upload(weights, size_t(rows * k_used) * sizeof(float)));
     check(k::moe_combine(expert_out, w, rows, k_used, n, shared, y, stream_), "moe_combine");
   }
+  void sample(const float* logits, int64_t n_vocab, std::span<const sample_row> rows,
+              std::span<token_logprobs> out) override {
+    sampler_->run(logits, n_vocab, rows, out);
+  }
+  bool begin_graph(const graph_key& k) override { return graphs_->begin(k); }
+  bool end_graph() override { return graphs_->end(); }
+  void abort_graph() override { graphs_->abort(); }
+  graph_stats graph_counters() const override { return graphs_->stats(); }
 
  private:
   /// Pinned bytes host-to-device copies go through (a prefill's rope angles and descriptors).
   static constexpr size_t k_staging_bytes = size_t(16) << 20;
   /// GEMM rows per cuBLAS call (the fixed shape that keeps rows independent of the batch).
   static constexpr int64_t k_matmul_rows = 64;
+  static constexpr size_t k_blas_workspace_bytes = size_t(32) << 20;
+  /// Split-context attention partials per launch (64 MiB).
+  static constexpr int64_t k_partial_floats = int64_t(16) << 20;
 
   const device_weight& get(weight_id w) const {
     if (w.index < 0 || size_t(w.index) >= weights_.size())
@@ -339,13 +426,34 @@ class cuda_ops final : public ops {
     sh.page_size = pool.layout().page_size;
     return sh;
   }
-  void run_attention(const k::attn_shape& sh) {
+  void run_attention(const k::attn_shape& sh, int64_t n_tables) {
     if (rows_.empty()) return;
+    // Split-context rows (more than k_split_positions positions) leave partials; pieces of the
+    // call keep them under k_partial_floats.
+    const int64_t per_partial = int64_t(sh.n_heads) * k::partial_floats(sh.dv);
+    const std::vector<k::split_piece> pieces =
+        k::plan_splits(std::span<k::attn_row>(rows_), std::max<int64_t>(1, k_partial_floats / per_partial));
+    // Page tables (padded) and partials sized for the context bucket of the longest row: a
+    // decode step's graph, captured after its key's first (eager) step, then never grows them
+    // and copies tables of one size (its copy node keeps its shape).
+    int32_t longest = 0;
+    for (const k::attn_row& r : rows_) longest = std::max(longest, r.pos + 1);
+    const int32_t bucket = context_bucket(longest);
+    tables_.resize(std::max(tables_.size(), size_t(n_tables) * size_t(bucket / sh.page_size + 1)), 0);
+    const int64_t partial_floor =
+        std::min(k_partial_floats, int64_t(rows_.size()) * k::split_count(0, bucket - 1) * per_partial);
     const auto* rows = static_cast<const k::attn_row*>(
         scratch_[6]->upload(rows_.data(), rows_.size() * sizeof(k::attn_row)));
     const auto* tables = static_cast<const int32_t*>(
         scratch_[7]->upload(tables_.data(), std::max<size_t>(tables_.size(), 1) * sizeof(int32_t)));
-    check(k::paged_attention(rows, int64_t(rows_.size()), tables, sh, stream_), "paged attention");
+    for (const k::split_piece& p : pieces) {
+      float* partials = nullptr;
+      if (p.max_splits > 1)
+        partials = static_cast<float*>(
+            partials_->get(size_t(std::max<int64_t>(p.n_partials * per_partial, partial_floor)) * sizeof(float)));
+      check(k::paged_attention(rows + p.first_row, p.n_rows, tables, sh, p.max_splits, partials, stream_),
+            "paged attention");
+    }
   }
 
   int32_t device_;
@@ -358,6 +466,16 @@ class cuda_ops final : public ops {
   /// 4 KV slots, 5 expert weights, 6 attention rows, 7 page tables.
   std::vector<std::unique_ptr<device_bytes>> scratch_;
   std::unique_ptr<cuda_detail::host_vectors> vectors_;
+  std::unique_ptr<cuda_detail::device_sampler> sampler_;
+  std::unique_ptr<device_bytes> partials_;  ///< split-context attention partials
+  std::unique_ptr<cuda_detail::step_graphs> graphs_;
+  void* blas_workspace_ = nullptr;
+  /// Grouped matmul tables: the quantize inputs, the matmul tasks.
+  std::array<std::unique_ptr<device_bytes>, 2> grouped_;
+  std::vector<k::quant_job> jobs_;
+  std::vector<const matmul_task*> job_tasks_;
+  std::vector<k::quant_input> quant_inputs_;
+  std::vector<k::quant_task> quant_tasks_;
   std::vector<float> rows_host_, route_host_;
   std::vector<k::attn_row> rows_;
   std::vector<int32_t> tables_;

@@ -25,6 +25,8 @@ namespace tandem::backend {
 /// Options for the CUDA backend.
 struct cuda_options {
   int32_t device = 0;  ///< CUDA device index
+  /// Decode-step graphs kept (CUDA graphs, cuda_graphs.h); 0 runs every step eagerly.
+  int32_t max_graphs = 16;
 };
 
 /// Devices the CUDA runtime sees (0 when there is no driver or no device).

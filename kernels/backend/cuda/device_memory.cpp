@@ -13,6 +13,12 @@ void check(cudaError_t e, const char* what) {
   throw tandem::error(fmt::format("cuda backend: {}: {} ({})", what, cudaGetErrorString(e), cudaGetErrorName(e)));
 }
 
+void refuse_in_capture(cudaStream_t s, const char* what) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s, &st) == cudaSuccess && st != cudaStreamCaptureStatusNone)
+    throw tandem::error(fmt::format("cuda backend: {} while recording a decode step's graph", what));
+}
+
 host_staging::host_staging(cudaStream_t s, size_t bytes) : stream_(s) {
   // Without pinned memory (a restricted host) every copy takes the pageable path instead.
   if (cudaMallocHost(reinterpret_cast<void**>(&ring_), bytes) == cudaSuccess) {
@@ -33,10 +39,12 @@ host_staging::~host_staging() {
 void host_staging::copy(void* dst, const void* host, size_t bytes) {
   if (bytes == 0) return;
   if (bytes > cap_) {  // larger than the ring: CUDA stages it (and waits for the stream)
+    refuse_in_capture(stream_, "a copy from pageable memory");
     check(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_), "copying to the device");
     return;
   }
   if (pos_ + bytes > cap_) {
+    refuse_in_capture(stream_, "wrapping the staging ring");
     check(cudaStreamSynchronize(stream_), "waiting for the staged copies");
     pos_ = 0;
   }
@@ -51,6 +59,7 @@ device_bytes::~device_bytes() {
 
 void* device_bytes::get(size_t bytes) {
   if (bytes <= cap_ && p_ != nullptr) return p_;
+  refuse_in_capture(stream_, "growing a scratch area");
   if (p_ != nullptr) check(cudaFreeAsync(p_, stream_), "freeing a scratch area");
   p_ = nullptr;
   cap_ = 0;
@@ -90,6 +99,7 @@ const float* host_vectors::get(const float* p, size_t n) {
   if (it != map_.end() && it->second.host.size() == n &&
       std::memcmp(it->second.host.data(), p, n * sizeof(float)) == 0)
     return it->second.device;
+  refuse_in_capture(stream_, "uploading a changed vector weight");
   if (it == map_.end() && map_.size() >= max_entries) clear();
   entry& e = map_[p];
   if (e.host.size() != n) {

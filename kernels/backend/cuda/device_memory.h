@@ -12,6 +12,9 @@ namespace tandem::backend::cuda_detail {
 
 /// Throws tandem::error "cuda backend: <what>: <CUDA's message>" unless e is cudaSuccess.
 void check(cudaError_t e, const char* what);
+/// Throws tandem::error naming `what` when `s` is capturing a graph (cuda_graphs.h): for the
+/// steps a capture must not take (allocating, waiting, copying from pageable memory).
+void refuse_in_capture(cudaStream_t s, const char* what);
 
 /// A ring of pinned host memory that host-to-device copies go through: a copy from pageable
 /// memory waits for the stream (CUDA stages it synchronously), one from pinned memory does not,
@@ -25,6 +28,8 @@ class host_staging {
   host_staging& operator=(const host_staging&) = delete;
   /// Enqueues dst <- host (bytes) on the stream; `host` may be reused once this returns.
   void copy(void* dst, const void* host, size_t bytes);
+  /// Restarts at the ring's beginning; only when the stream has finished every queued copy.
+  void rewind() { pos_ = 0; }
 
  private:
   cudaStream_t stream_;

@@ -55,6 +55,32 @@ cudaError_t matmul_quant(uint32_t type, const void* w, const int8_t* qs, const f
                          int64_t batch, float* y, int64_t n, int64_t k, cudaStream_t s);
 /// True for the ggml type ids matmul_quant computes.
 bool quant_supported(uint32_t type);
+/// One input of a grouped quantize_acts launch: x [batch][k] into qs, d, sums as quantize_acts
+/// lays them out; its blocks are [first, first + batch * k / group) of the launch.
+struct quant_input {
+  const float* x = nullptr;
+  int8_t* qs = nullptr;
+  float* d = nullptr;
+  int16_t* sums = nullptr;
+  int64_t k = 0, batch = 0, first = 0;
+};
+/// quantize_acts of every input in one launch (inputs sorted by first; one group size).
+cudaError_t quantize_acts_grouped(const quant_input* inputs, int n_inputs, int64_t total_blocks, int group,
+                                  cudaStream_t s);
+/// One matmul of a grouped launch: y [batch][n] = W x on x's quantize_acts output; its work
+/// items (one warp per weight row and activation row) are [first, first + n * batch).
+struct quant_task {
+  const void* w = nullptr;
+  const int8_t* qs = nullptr;
+  const float* d = nullptr;
+  const int16_t* sums = nullptr;
+  float* y = nullptr;
+  int64_t n = 0, k = 0, first = 0;
+};
+/// matmul_quant of every task (one weight type, sorted by first) in one launch: each output
+/// has the bits matmul_quant gives it (the same per-warp arithmetic).
+cudaError_t matmul_quant_grouped(uint32_t type, const quant_task* tasks, int n_tasks, int64_t total_items,
+                                 cudaStream_t s);
 
 // --- attention (attention.cu)
 /// One query row of a paged attention call: the query at position `pos` attends positions
@@ -66,7 +92,7 @@ struct attn_row {
   int32_t pos = 0;
   int32_t lo = 0;
   int32_t table = 0;
-  int32_t pad = 0;
+  int32_t split_base = 0;  ///< index of its first split's partial (split_softmax.h), when split
 };
 static_assert(sizeof(attn_row) == 40, "host and device agree on the row descriptor");
 /// Where K and V of (page, slot, kv head) live: pool + page * page_stride + k_offset +
@@ -82,8 +108,11 @@ struct attn_shape {
 };
 /// Attention of every (row, head): score = scale * q.k (then softcap * tanh(score / softcap)
 /// when softcap > 0), softmax over [lo, pos], out = sum softmax * v. dv <= dk <= 1024;
-/// query head h reads KV head h / (n_heads / n_kv).
+/// query head h reads KV head h / (n_heads / n_kv). Rows of more than k_split_positions
+/// positions are split (split_softmax.h): max_splits is the largest split_count of the rows,
+/// `partials` holds [sum of their split counts][n_heads][dv + 2] floats, a split row's part
+/// starting at its split_base (null when max_splits is 1).
 cudaError_t paged_attention(const attn_row* rows, int64_t n_rows, const int32_t* tables, const attn_shape& sh,
-                            cudaStream_t s);
+                            int max_splits, float* partials, cudaStream_t s);
 
 }  // namespace tandem::cuda_backend

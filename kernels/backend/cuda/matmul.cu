@@ -53,8 +53,9 @@ __device__ __forceinline__ float half_at(const uint8_t* p) {
 // One warp per (activation row, group of `G` values): d = max|x| / 127, q = round-to-even of
 // x * 127 / max|x| clamped to [-127, 127], and the sum of every 32 q.
 template <int G>
-__global__ void quantize_acts_kernel(const float* x, int64_t k, int8_t* qs, float* d, int16_t* sums) {
-  const int64_t groups = k / G, b = blockIdx.x / groups, g = blockIdx.x % groups;
+__device__ __forceinline__ void quantize_group(const float* x, int64_t k, int8_t* qs, float* d, int16_t* sums,
+                                               int64_t block) {
+  const int64_t groups = k / G, b = block / groups, g = block % groups;
   const int lane = threadIdx.x;
   const float* v = x + b * k + g * G;
   float amax = 0.0f;
@@ -73,6 +74,30 @@ __global__ void quantize_acts_kernel(const float* x, int64_t k, int8_t* qs, floa
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     if (lane == 0) sums[b * (k / 32) + g * (G / 32) + j] = int16_t(s);
   }
+}
+
+template <int G>
+__global__ void quantize_acts_kernel(const float* x, int64_t k, int8_t* qs, float* d, int16_t* sums) {
+  quantize_group<G>(x, k, qs, d, sums, blockIdx.x);
+}
+
+// The entry of a grouped launch's table holding work item `item` (entries sorted by `first`).
+template <class E>
+__device__ __forceinline__ int find_entry(const E* e, int n, int64_t item) {
+  int lo = 0, hi = n - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (e[mid].first <= item) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+// quantize_acts of every input of a grouped launch: block b is block b - first of its input.
+template <int G>
+__global__ void quantize_grouped_kernel(const quant_input* in, int n_inputs) {
+  const quant_input I = in[find_entry(in, n_inputs, blockIdx.x)];
+  quantize_group<G>(I.x, I.k, I.qs, I.d, I.sums, int64_t(blockIdx.x) - I.first);
 }
 
 __device__ __forceinline__ int warp_isum(int v) {
@@ -178,13 +203,11 @@ __host__ __device__ constexpr int block_elems(uint32_t t) { return t == t_q8_0 |
 
 constexpr int k_warps_per_block = 8;
 
-// One warp per (weight row, activation row): y[b][row].
+// One warp per (weight row, activation row): y[b][row] for work item row + n b.
 template <uint32_t T>
-__global__ void quant_matmul_kernel(const uint8_t* __restrict__ w, const int8_t* __restrict__ qs,
-                                    const float* __restrict__ d, const int16_t* __restrict__ sums, int64_t batch,
-                                    float* __restrict__ y, int64_t n, int64_t k) {
-  const int64_t item = int64_t(blockIdx.x) * k_warps_per_block + (threadIdx.x >> 5);
-  if (item >= n * batch) return;
+__device__ __forceinline__ void quant_item(const uint8_t* __restrict__ w, const int8_t* __restrict__ qs,
+                                           const float* __restrict__ d, const int16_t* __restrict__ sums,
+                                           float* __restrict__ y, int64_t n, int64_t k, int64_t item) {
   const int64_t row = item % n, b = item / n;
   const int t = threadIdx.x & 31;
   const int64_t nb = k / block_elems(T);
@@ -199,6 +222,24 @@ __global__ void quant_matmul_kernel(const uint8_t* __restrict__ w, const int8_t*
   else
     v = dot_k4<T == t_q5_K>(wr, x, dx, sums + b * (k / 32), nb, t);
   if (t == 0) y[b * n + row] = v;
+}
+
+template <uint32_t T>
+__global__ void quant_matmul_kernel(const uint8_t* __restrict__ w, const int8_t* __restrict__ qs,
+                                    const float* __restrict__ d, const int16_t* __restrict__ sums, int64_t batch,
+                                    float* __restrict__ y, int64_t n, int64_t k) {
+  const int64_t item = int64_t(blockIdx.x) * k_warps_per_block + (threadIdx.x >> 5);
+  if (item >= n * batch) return;
+  quant_item<T>(w, qs, d, sums, y, n, k, item);
+}
+
+// Every task of a grouped launch (one weight type): warp item - first of its task.
+template <uint32_t T>
+__global__ void quant_grouped_kernel(const quant_task* __restrict__ tasks, int n_tasks, int64_t total) {
+  const int64_t item = int64_t(blockIdx.x) * k_warps_per_block + (threadIdx.x >> 5);
+  if (item >= total) return;
+  const quant_task& q = tasks[find_entry(tasks, n_tasks, item)];
+  quant_item<T>(static_cast<const uint8_t*>(q.w), q.qs, q.d, q.sums, q.y, q.n, q.k, item - q.first);
 }
 
 template <uint32_t T>
@@ -258,6 +299,34 @@ cudaError_t matmul_quant(uint32_t type, const void* w, const int8_t* qs, const f
     case t_q4_K: run_quant<t_q4_K>(wb, qs, d, sums, batch, y, n, k, s); break;
     case t_q5_K: run_quant<t_q5_K>(wb, qs, d, sums, batch, y, n, k, s); break;
     case t_q6_K: run_quant<t_q6_K>(wb, qs, d, sums, batch, y, n, k, s); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t quantize_acts_grouped(const quant_input* inputs, int n_inputs, int64_t total_blocks, int group,
+                                  cudaStream_t s) {
+  if (n_inputs <= 0 || total_blocks <= 0) return cudaSuccess;
+  if ((group != 32 && group != 256) || total_blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  if (group == 32)
+    quantize_grouped_kernel<32><<<unsigned(total_blocks), 32, 0, s>>>(inputs, n_inputs);
+  else
+    quantize_grouped_kernel<256><<<unsigned(total_blocks), 32, 0, s>>>(inputs, n_inputs);
+  return cudaGetLastError();
+}
+
+cudaError_t matmul_quant_grouped(uint32_t type, const quant_task* tasks, int n_tasks, int64_t total_items,
+                                 cudaStream_t s) {
+  if (n_tasks <= 0 || total_items <= 0) return cudaSuccess;
+  const int64_t blocks = (total_items + k_warps_per_block - 1) / k_warps_per_block;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  const unsigned g = unsigned(blocks), th = 32 * k_warps_per_block;
+  switch (type) {
+    case t_q8_0: quant_grouped_kernel<t_q8_0><<<g, th, 0, s>>>(tasks, n_tasks, total_items); break;
+    case t_q4_0: quant_grouped_kernel<t_q4_0><<<g, th, 0, s>>>(tasks, n_tasks, total_items); break;
+    case t_q4_K: quant_grouped_kernel<t_q4_K><<<g, th, 0, s>>>(tasks, n_tasks, total_items); break;
+    case t_q5_K: quant_grouped_kernel<t_q5_K><<<g, th, 0, s>>>(tasks, n_tasks, total_items); break;
+    case t_q6_K: quant_grouped_kernel<t_q6_K><<<g, th, 0, s>>>(tasks, n_tasks, total_items); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();

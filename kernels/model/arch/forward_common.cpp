@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "kernels/base/error.h"
 #include "kernels/model/arch/checks.h"
 
@@ -30,18 +32,13 @@ void plan_batch(std::span<const batch_seq> batch, const model_config& c, const k
 }
 
 void output_logits(backend::ops& o, const batch_plan& plan, const float* x, float* xn, const float* norm, float eps,
-                   int64_t n_embd, backend::weight_id output, float softcap, backend::buffer& staging,
-                   std::vector<float>& logits) {
+                   int64_t n_embd, backend::weight_id output, float softcap, int64_t n_vocab, float* out) {
   if (plan.last.empty()) return;
   const int64_t r = int64_t(plan.last.size());
   o.gather_rows(x, plan.last, xn, n_embd);
   o.rms_norm(xn, norm, xn, r, n_embd, eps);
-  // Host memory serves as the output directly; a device's logits come back in one copy.
-  const bool host = o.domain() == backend::memory_domain::host;
-  float* out = host ? logits.data() : staging.floats(logits.size());
   o.matmul(output, xn, r, out);
-  if (softcap > 0.0f) o.softcap(out, logits.size(), softcap);
-  if (!host) o.download(out, logits.size(), logits.data());
+  if (softcap > 0.0f) o.softcap(out, size_t(r * n_vocab), softcap);
 }
 
 void gated_ffn(backend::ops& o, backend::weight_id gate, backend::weight_id up, backend::weight_id down, const float* x,
@@ -64,7 +61,7 @@ layered_model::layered_model(const model_config& c, kv_dtype kv, std::unique_ptr
   for (auto* buf : {&x_, &xn_, &tmp_, &logits_}) *buf = ops_->make_buffer();
 }
 
-void layered_model::forward(std::span<const batch_seq> batch, kv_pools& pools, std::vector<float>& logits) {
+float* layered_model::run(std::span<const batch_seq> batch, kv_pools& pools, std::vector<float>* host) {
   const model_config& c = config_;
   const kv_pools_layout& have = pools.set();
   const int32_t ps = have.page_size();
@@ -76,26 +73,66 @@ void layered_model::forward(std::span<const batch_seq> batch, kv_pools& pools, s
     for (size_t i = 0; i < have.pools[p].layers.size(); ++i)
       layer_pool_[size_t(have.pools[p].layers[i])] = {p, int32_t(i)};
   plan_batch(batch, c, pools, plan_);
-  logits.assign(plan_.last.size() * size_t(c.n_vocab), 0.0f);
+  const size_t n_logits = plan_.last.size() * size_t(c.n_vocab);
+  if (host != nullptr) host->assign(n_logits, 0.0f);
   const int64_t T = plan_.n_tokens();
-  if (T == 0) return;
+  if (T == 0) return nullptr;
   backend::ops& o = *ops_;
   const int64_t e = c.n_embd;
   float* x = x_->floats(size_t(T * e));
   float* xn = xn_->floats(size_t(T * e));
-  o.get_rows(token_embd_, plan_.tokens, x);
-  if (embed_scale_ > 0.0f) o.scale(x, T * e, embed_scale_);
-  build_rope(T);  // the same angles for every layer
-  for (int32_t l = 0; l < c.n_layer; ++l) {
-    o.rms_norm(x, attn_norm(l), xn, T, e, c.rms_eps);
-    const auto [p, pl] = layer_pool_[size_t(l)];
-    attention(l, layer_kv{pools[p], p, pl}, T);
-    o.add(x, tmp_->floats(0), T * e);
-    o.rms_norm(x, ffn_norm(l), xn, T, e, c.rms_eps);
-    ffn(l, T);
-    o.add(x, tmp_->floats(0), T * e);
+  // Host memory serves as the output directly; a device's logits stay in logits_.
+  float* out = n_logits == 0 ? nullptr
+               : host != nullptr && o.domain() == backend::memory_domain::host ? host->data()
+                                                                              : logits_->floats(n_logits);
+  auto step = [&] {
+    o.get_rows(token_embd_, plan_.tokens, x);
+    if (embed_scale_ > 0.0f) o.scale(x, T * e, embed_scale_);
+    build_rope(T);  // the same angles for every layer
+    for (int32_t l = 0; l < c.n_layer; ++l) {
+      o.rms_norm(x, attn_norm(l), xn, T, e, c.rms_eps);
+      const auto [p, pl] = layer_pool_[size_t(l)];
+      attention(l, layer_kv{pools[p], p, pl}, T);
+      o.add(x, tmp_->floats(0), T * e);
+      o.rms_norm(x, ffn_norm(l), xn, T, e, c.rms_eps);
+      ffn(l, T);
+      o.add(x, tmp_->floats(0), T * e);
+    }
+    if (out != nullptr)
+      output_logits(o, plan_, x, xn, output_norm_.data(), c.rms_eps, e, output_, final_softcap_, c.n_vocab, out);
+  };
+  // A decode step (one new token per sequence) may run as one recorded graph (CUDA graphs);
+  // when the recording fails nothing ran, and the step runs again as plain calls.
+  const bool decode = T == int64_t(plan_.starts.size());
+  bool recorded = false;
+  if (decode) {
+    int32_t longest = 0;
+    for (int32_t p : plan_.positions) longest = std::max(longest, p + 1);
+    if (o.begin_graph(backend::graph_key{.batch = int32_t(T), .ctx_bucket = backend::context_bucket(longest)})) {
+      try {
+        step();
+        recorded = o.end_graph();
+      } catch (const std::exception&) {
+        o.abort_graph();
+      }
+      if (recorded) return out;
+    }
   }
-  output_logits(o, plan_, x, xn, output_norm_.data(), c.rms_eps, e, output_, final_softcap_, *logits_, logits);
+  step();
+  return out;
+}
+
+void layered_model::forward(std::span<const batch_seq> batch, kv_pools& pools, std::vector<float>& logits) {
+  const float* out = run(batch, pools, &logits);
+  if (out != nullptr && out != logits.data()) ops_->download(out, logits.size(), logits.data());
+}
+
+void layered_model::forward_sample(std::span<const batch_seq> batch, kv_pools& pools, std::span<const sample_row> rows,
+                                   std::vector<token_logprobs>& out) {
+  check_sample_rows(batch, rows);
+  const float* logits = run(batch, pools, nullptr);
+  out.assign(rows.size(), token_logprobs{});
+  if (logits != nullptr) ops_->sample(logits, config_.n_vocab, rows, out);
 }
 
 }  // namespace tandem::arch

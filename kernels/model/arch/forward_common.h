@@ -35,11 +35,10 @@ struct layer_kv {
 };
 
 /// The output head: the final norm of the planned rows of `x` ([tokens][n_embd]) into `xn`,
-/// the output matmul into `logits` (one row per plan.last entry; through `staging` when the
-/// backend's memory is not the host's), then soft-capping when `softcap` > 0.
+/// the output matmul into `out` (one row of n_vocab per plan.last entry, in the backend's
+/// memory), then soft-capping when `softcap` > 0.
 void output_logits(backend::ops& o, const batch_plan& plan, const float* x, float* xn, const float* norm, float eps,
-                   int64_t n_embd, backend::weight_id output, float softcap, backend::buffer& staging,
-                   std::vector<float>& logits);
+                   int64_t n_embd, backend::weight_id output, float softcap, int64_t n_vocab, float* out);
 
 /// y = down(act(gate x) * up x) for `rows` rows of x (width the FFN's hidden size): gate and
 /// up in one matmul_many through the scratch buffers, the activation SiLU or tanh-GELU.
@@ -61,6 +60,11 @@ class layered_model : public llama_model {
   /// Takes the pools of pools_layout() or the single pool of layout(); refuses any other set
   /// naming both.
   void forward(std::span<const batch_seq> batch, kv_pools& pools, std::vector<float>& logits) final;
+  /// The logits stay in the backend's memory and its sample op draws there.
+  void forward_sample(std::span<const batch_seq> batch, kv_pools& pools, std::span<const sample_row> rows,
+                      std::vector<token_logprobs>& out) final;
+  bool on_device() const final { return ops_->domain() == backend::memory_domain::device; }
+  backend::graph_stats graph_counters() const final { return ops_->graph_counters(); }
 
  protected:
   layered_model(const model_config& c, kv_dtype kv, std::unique_ptr<backend::ops> ops);
@@ -74,6 +78,11 @@ class layered_model : public llama_model {
   virtual void attention(int32_t l, const layer_kv& kv, int64_t T) = 0;
   /// Layer l's FFN of xn_ into tmp_.
   virtual void ffn(int32_t l, int64_t T) = 0;
+
+  /// Runs the batch up to the logits: into `host` (resized) when given and the backend's memory
+  /// is the host's, else into logits_ (the backend's memory). Returns where they are (null
+  /// when no row wants logits).
+  float* run(std::span<const batch_seq> batch, kv_pools& pools, std::vector<float>* host);
 
   model_config config_;
   kv_dtype kv_;
