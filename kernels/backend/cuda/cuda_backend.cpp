@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/backend/cuda/cuda_staging.h"
 #include "kernels/backend/cuda/device_memory.h"
 #include "kernels/backend/cuda/kernels.h"
 #include "kernels/base/error.h"
@@ -419,8 +420,13 @@ device make_cuda_device(const cuda_options& opt) {
   };
   d.copy = [dev](void* dst, const void* src, size_t bytes) {
     check(cudaSetDevice(dev), "selecting the device for a KV page copy");
+    // The compute stream does not wait for the legacy stream nor it for that one: finish the
+    // queued KV writes first.
+    check(cudaDeviceSynchronize(), "waiting for the queued kernels before a KV page copy");
     check(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "copying a KV page between device and host");
   };
+  // The host tier and UCX transfers: through pinned buffers on a copy stream of its own.
+  d.staging = make_cuda_staging(dev);
   return d;
 }
 
