@@ -399,6 +399,10 @@ device_kv_pool::~device_kv_pool() {
 
 device make_cuda_device(const cuda_options& opt) {
   const int32_t n = cuda_device_count();
+  if (n == 0)
+    throw tandem::error(error_kind::failed,
+                        "cuda backend: this machine shows no CUDA device (no GPU, or no driver: libcuda.so.1 not "
+                        "found); run on a machine with an NVIDIA GPU or use backend = \"cpu\"");
   if (opt.device < 0 || opt.device >= n)
     throw tandem::error(error_kind::failed,
                         fmt::format("cuda backend: no CUDA device {} here ({} found); set [model] device (--device) to "
