@@ -12,7 +12,11 @@
 #     connection after 0..8 chunks; then the device pool must be whole (every page free or
 #     cached by no one, no request running, no staging buffer busy, the server saw clients go
 #     away: /metrics) and the same completion still equal;
-#  4. served decode tokens/s at 1 and 32 concurrent greedy requests of 64 tokens (CUDA).
+#  4. served decode tokens/s at 1 and 32 concurrent greedy requests of 64 tokens (CUDA);
+#  5. a router / prefill / decode cluster of three processes on the same model with [model]
+#     backend = the backend: its KV crosses from the prefill node's device pool to the decode
+#     node's over UCX (tcp) through both nodes' pinned staging slots; the same completion as the
+#     CPU server, and afterwards every staging slot free again (tandem_kv_staging_* on /metrics).
 # Server logs go to $OUT when set (the device tool brings them back), else a temp folder.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -98,5 +102,58 @@ echo "ok: the same completion after the storm"
 for conc in 1 32; do
   tp=$("${client[@]}" throughput "$dev_url" "$conc" 64) || fail "throughput at $conc"
   echo "served decode ($backend, $preset f16, 64 tokens each): $tp"
+done
+
+# 5. Prefill and decode in separate processes: pages staged for UCX on both ends.
+pd=$work/pd.toml
+cat >"$pd" <<EOF
+[limits]
+page_size = 16
+kv_cache_mb = 64
+max_running_seqs = 32
+[model]
+path = "$model"
+backend = "$backend"
+[transfer]
+timeout_ms = 10000
+[[node]]
+name = "router"
+host = "127.0.0.1"
+roles = ["router"]
+http_port = 18200
+rpc_port = 18201
+admin_port = 18202
+cluster_port = 18203
+[[node]]
+name = "prefill-0"
+host = "127.0.0.1"
+roles = ["prefill", "cache", "worker"]
+http_port = 18210
+rpc_port = 18211
+admin_port = 18212
+cluster_port = 18213
+kv_port = 18214
+[[node]]
+name = "decode-0"
+host = "127.0.0.1"
+roles = ["decode", "cache", "worker"]
+http_port = 18220
+rpc_port = 18221
+admin_port = 18222
+cluster_port = 18223
+EOF
+for node in prefill-0 decode-0 router; do
+  TANDEM_KV_TLS=tcp "$run" serve --config "$pd" --node "$node" >"$logs/serve-pd-$node.log" 2>&1 &
+  pids+=($!)
+done
+for port in 18210 18220 18200; do
+  "${client[@]}" wait "http://127.0.0.1:$port" 120 >/dev/null || fail "the cluster node on port $port did not become ready"
+done
+pd_got=$("${client[@]}" complete http://127.0.0.1:18200 "$prompt" 16) || fail "the completion through the cluster"
+[[ $pd_got == "$ref" ]] || fail "the prefill/decode cluster's completion differs from the CPU server's: $pd_got"
+echo "ok: prefill and decode in two processes ($backend) give the CPU server's completion"
+for port in 18210 18220; do
+  st=$("${client[@]}" staging "http://127.0.0.1:$port" 30 "$backend") || fail "staging on the node of port $port: $st"
+  echo "staging (node on port $port): $st"
 done
 echo "serve_check ($backend): all ok"

@@ -10,6 +10,9 @@ python3 but none of Debian's packages). Subcommands, each printing one line of J
                                     cached by no one (the pool is whole), with at least
                                     MIN_ABORTS requests aborted by their client; exits 1 otherwise
   throughput URL CONC TOKENS        CONC concurrent greedy completions of TOKENS tokens: tokens/s
+  staging URL SECONDS BACKEND       until a prefill/decode node's KV transfers have ended and every
+                                    staging slot is free; with BACKEND cuda, pages must have been
+                                    staged (tandem_kv_staging_copies_total > 0); exits 1 otherwise
 """
 import http.client
 import json
@@ -172,9 +175,28 @@ def cmd_throughput(url, conc, tokens):
     return 0
 
 
+def cmd_staging(url, seconds, backend):
+    until = time.time() + float(seconds)
+    keys = ["tandem_kv_transfer_live", "tandem_kv_transfer_done_total", "tandem_kv_staging_slots",
+            "tandem_kv_staging_slots_in_use", "tandem_kv_staging_copies_total", "tandem_kv_staging_waits_total"]
+    g = {}
+    while time.time() < until:
+        m = metrics(url)
+        g = {k: m.get(k) for k in keys}
+        done = (g["tandem_kv_transfer_live"] == 0 and (g["tandem_kv_transfer_done_total"] or 0) > 0
+                and g["tandem_kv_staging_slots_in_use"] == 0)
+        staged = backend == "cpu" or ((g["tandem_kv_staging_copies_total"] or 0) > 0 and g["tandem_kv_staging_slots"])
+        if done and staged:
+            print(json.dumps(g))
+            return 0
+        time.sleep(0.25)
+    print(json.dumps(g))
+    return 1
+
+
 if __name__ == "__main__":
     cmds = {"wait": cmd_wait, "complete": cmd_complete, "storm": cmd_storm, "settled": cmd_settled,
-            "throughput": cmd_throughput}
+            "throughput": cmd_throughput, "staging": cmd_staging}
     if len(sys.argv) < 3 or sys.argv[1] not in cmds:
         print(__doc__, file=sys.stderr)
         sys.exit(2)
