@@ -4,7 +4,8 @@
 # tool's run with carry ["build/gpu-deps"] and command "tests/gpu/run.sh". In one go:
 #  0. tests/gpu/serve_check.sh: the carried CUDA `tandem` (prepare-deps.sh built and packed it):
 #     `tandem serve --backend cuda` against a CPU serve of the same model over HTTP, an abort
-#     storm leaving the device pool whole, served decode tokens/s at 1 and 32 requests;
+#     storm leaving the device pool whole, served decode tokens/s at 1 and 32 requests, and a
+#     router/prefill/decode cluster of three processes whose KV crosses UCX through pinned slots;
 # then it builds tests/gpu on its own for sm_90 and runs:
 #  1. test_cuda_ops: the kernels of kernels/cuda against the CPU kernels, with each kernel's
 #     bandwidth as GB/s and as a fraction of the card's peak;
