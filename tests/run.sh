@@ -35,7 +35,11 @@ ctest --preset dev -j "$jobs" --timeout 600
 # prepare-deps.sh makes (the installed fmt is not looked for), so the script a lent GPU
 # machine runs is the one checked here.
 if [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  # The `tandem` binary with the CUDA backend (build/cuda: the dev build's flags, so ccache
+  # reuses its objects), packed with its libraries for the GPU machines, and that bundle run
+  # through its own loader in a clean environment on the CPU backend (everything but the GPU).
   tests/gpu/prepare-deps.sh >/dev/null
+  tests/gpu/check-bundle.sh
   # ccache where installed: the standalone build compiles the CPU kernels and model code again.
   launch=()
   command -v ccache >/dev/null && launch=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)

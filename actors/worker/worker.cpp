@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <caf/all.hpp>
 #include <chrono>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include "actors/common/seq_pages.h"
 #include "actors/common/wire.h"
 #include "actors/worker/worker_kv.h"
+#include "kernels/backend/page_staging.h"
 #include "kernels/model/logprobs.h"
 #include "kernels/model/sampler.h"
 
@@ -47,6 +49,8 @@ struct worker_state {
   std::unique_ptr<kv_pools> host;
   std::vector<uint64_t> layout_fp;  ///< per pool: names its disk files (pool_file_fingerprint)
   int64_t copies = 0, copy_failures = 0;
+  /// Host-tier copies of a device pool with staging (device.h): through this bounded ring.
+  std::unique_ptr<backend::page_stager> stager;
   std::shared_ptr<mailbox_gate> gate;
   std::shared_ptr<spdlog::logger> log;
   inbox box;  ///< the receive side (gate, log, unexpected-message counters)
@@ -64,6 +68,10 @@ size_t total_bytes(const kv_pools* p) {
   for (size_t i = 0; p && i < p->size(); ++i) b += (*p)[i].bytes();
   return b;
 }
+
+/// Pinned buffers of the host tier's staging ring: enough to keep a copy in flight while
+/// earlier ones leave their buffers.
+constexpr int32_t k_staging_buffers = 4;
 
 wire fail_result(const tandem::error& e) {
   return make_reply([&](schema::Reply::Builder env) {
@@ -234,6 +242,14 @@ wire run_forward(worker_state& st, schema::ForwardBatch::Reader fb) {
   });
 }
 
+/// A run of host-tier copies one way (device to host or host to device) staged together
+/// through the worker's pinned ring; a copy the other way or an op of another kind ends it.
+struct staged_run {
+  bool to_host = false;
+  std::vector<backend::page_copy> copies;
+  std::vector<uint32_t> ops;  ///< their indices in the CacheCopy
+};
+
 wire run_copy(worker_state& st, schema::CacheCopy::Reader cc) {
   auto t0 = std::chrono::steady_clock::now();
   std::vector<uint32_t> failed;
@@ -243,6 +259,22 @@ wire run_copy(worker_state& st, schema::CacheCopy::Reader cc) {
   auto fail = [&](uint32_t i, std::string why) {
     failed.push_back(i);
     if (first_error.empty()) first_error = std::move(why);
+  };
+  staged_run staged;
+  // Runs the pending staged copies; if they fail, every op of the run fails with the reason.
+  auto flush = [&] {
+    if (staged.copies.empty()) return;
+    try {
+      if (staged.to_host)
+        st.stager->to_host(staged.copies);
+      else
+        st.stager->to_device(staged.copies);
+      for (const auto& c : staged.copies) bytes += c.bytes;
+    } catch (const std::exception& e) {
+      for (uint32_t o : staged.ops) fail(o, e.what());
+    }
+    staged.copies.clear();
+    staged.ops.clear();
   };
   for (uint32_t i = 0; i < ops.size(); ++i) {
     auto op = ops[i];
@@ -259,6 +291,9 @@ wire run_copy(worker_state& st, schema::CacheCopy::Reader cc) {
     const bool d_ok = d >= 0 && d < dev.n_pages();
     const bool h_ok = host && h >= 0 && h < host->n_pages();
     auto kind = op.getKind();
+    const bool staged_kind = st.stager && (kind == schema::CacheOpKind::DEVICE_TO_HOST ||
+                                           kind == schema::CacheOpKind::HOST_TO_DEVICE);
+    if (!staged_kind || (kind == schema::CacheOpKind::DEVICE_TO_HOST) != staged.to_host) flush();
     if (kind == schema::CacheOpKind::DEVICE_TO_DEVICE) {
       // A fork's copy-on-write: the block it writes first gets its own page.
       const int32_t to = op.getDeviceTo();
@@ -283,7 +318,16 @@ wire run_copy(worker_state& st, schema::CacheCopy::Reader cc) {
             fail(i, fmt::format("device page {} outside the pool of {} pages", d, dev.n_pages()));
             continue;
           }
-          // Device memory (a GPU's pool) copies through the device; host memory directly.
+          // Device memory (a GPU's pool) copies through the device's pinned staging ring
+          // (batched: a run of copies one way shares the ring), else through the device's
+          // copy; host memory directly.
+          if (staged_kind) {
+            staged.to_host = kind == schema::CacheOpKind::DEVICE_TO_HOST;
+            staged.copies.push_back(staged.to_host ? backend::page_copy{host->page_data(h), dev.page_data(d), pb}
+                                                   : backend::page_copy{dev.page_data(d), host->page_data(h), pb});
+            staged.ops.push_back(i);
+            break;  // its bytes count once the run is done
+          }
           if (kind == schema::CacheOpKind::DEVICE_TO_HOST) {
             if (st.opt.device.copy) st.opt.device.copy(host->page_data(h), dev.page_data(d), pb);
             else std::memcpy(host->page_data(h), dev.page_data(d), pb);
@@ -322,6 +366,8 @@ wire run_copy(worker_state& st, schema::CacheCopy::Reader cc) {
       fail(i, e.what());
     }
   }
+  flush();
+  std::sort(failed.begin(), failed.end());
   auto us =
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
   st.copies += ops.size();
@@ -373,12 +419,6 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
   std::vector<int32_t> n_pages{opt.n_pages};
   for (size_t p = 1; p < set.pools.size(); ++p)
     n_pages.push_back(p - 1 < opt.extra_pages.size() ? opt.extra_pages[p - 1] : 0);
-  if (opt.kv_transfer && opt.device.make_pools)
-    throw tandem::error(error_kind::unimplemented,
-                        fmt::format("worker of pool {}: cross-node KV transfers from {} memory (staged through pinned "
-                                    "host buffers) are not built yet; run prefill and decode on one node with "
-                                    "backend = \"{}\", or use backend = \"cpu\"",
-                                    opt.pool_id, opt.device.name, opt.device.name.substr(0, opt.device.name.find(':'))));
   if (opt.kv_transfer) {
     st.kv = std::make_unique<worker_kv>(size_t(std::max(1, opt.kv_transfer_max_live)), kv_outputs(&st), st.log);
     // The port allocates and registers every pool, so peers write into them directly.
@@ -388,6 +428,13 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
     st.pools = opt.device.make_pools ? opt.device.make_pools(set, n_pages) : std::make_shared<kv_pools>(set, n_pages);
   }
   st.pool = &(*st.pools)[0];
+  if (opt.device.staging.active() && opt.host_pages > 0) {
+    // The host tier's copies of a device pool: a ring of pinned buffers of a page each (the
+    // largest pool's), allocated once; a batch of copies pipelines through it.
+    size_t page = 0;
+    for (size_t p = 0; p < st.pools->size(); ++p) page = std::max(page, (*st.pools)[p].page_bytes());
+    st.stager = std::make_unique<backend::page_stager>(opt.device.staging, k_staging_buffers, page);
+  }
   for (size_t p = 0; p < set.pools.size(); ++p) st.layout_fp.push_back(pool_file_fingerprint(set, p));
   if (opt.host_pages > 0) {
     std::vector<int32_t> slots(set.pools.size(), opt.host_pages);
@@ -473,6 +520,13 @@ caf::behavior worker_actor(caf::stateful_actor<worker_state>* self, std::shared_
             {"worker_cache_copy_failures_total", "", double(s.copy_failures), "counter",
              "Cache tier page copy ops that failed (bad checksum, missing file, I/O)"},
         };
+        const backend::page_stager* sg = s.stager.get();
+        m.push_back({"worker_staging_copies_total", "", double(sg ? sg->copies() : 0), "counter",
+                     "Host-tier page copies of a device KV pool through the pinned staging ring"});
+        m.push_back({"worker_staging_buffer_waits_total", "", double(sg ? sg->buffer_waits() : 0), "counter",
+                     "Staged copies that waited for a ring buffer still in flight (the ring never grows)"});
+        m.push_back({"worker_staging_buffers_busy", "", double(sg ? sg->busy() : 0), "gauge",
+                     "Pinned staging buffers holding a copy (0 between copy batches)"});
         const grammar::grammar_sessions::counters gc = s.grammars ? s.grammars->stats() : grammar::grammar_sessions::counters{};
         m.push_back({"worker_grammar_steps_total", "", double(gc.steps), "counter",
                      "Sampling steps masked by a response_format grammar"});

@@ -14,6 +14,7 @@
 #include "actors/common/cache_config.h"
 #include "tests/actors/cluster_rig.h"
 #include "tests/actors/support.h"
+#include "tests/fake_device.h"
 
 using namespace tandem;
 using namespace tandem::test;
@@ -548,4 +549,32 @@ TEST_CASE("cluster(fake): bad cache settings fail at start with the validator's 
   } catch (const tandem::error& e) {
     CHECK(std::string(e.what()).find("cache.host_ratio") != std::string::npos);
   }
+}
+
+TEST_CASE("cluster(fake device): host-tier copies of a device pool go through the pinned staging ring") {
+  // A device pool (host memory the fake device calls its own): every device <-> host copy of
+  // the cache tier must go through the worker's ring of pinned buffers, outputs unchanged.
+  auto dev = std::make_shared<fake_device_state>();
+  cache_config cc;
+  cc.host_ratio = 4;
+  cc.write_policy = cache_write_policy::write_back;
+  {
+    auto o = tier_opts(cc);
+    o.device = make_fake_device(dev);
+    cluster_rig c(std::make_shared<fake_model>(), o);
+    auto r = run_conversations(c, 4, 4, 4);
+    check_expected(r, 4);
+    auto* s = find_actor(r.snaps, "cache_tier");
+    auto* w = find_actor(r.snaps, "worker");
+    REQUIRE(s);
+    REQUIRE(w);
+    CHECK(tier(*s, "cache_hit_tokens_total", "host") > 0);  // pages came back from the host tier
+    CHECK(w->value("worker_staging_copies_total") > 0);
+    CHECK(w->value("worker_staging_copies_total") == double(dev->staged_copies));
+    CHECK(w->value("worker_staging_buffers_busy") == 0);
+    CHECK(w->value("worker_cache_copy_failures_total") == 0);
+    CHECK(dev->pinned_allocs == 4);  // the ring, allocated once, never grown
+    CHECK(dev->queue.empty());
+  }
+  CHECK(dev->pinned_frees == dev->pinned_allocs);  // every staging buffer returned
 }

@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
 # GPU checks, one command: tests/gpu/run.sh (needs an NVIDIA GPU + CUDA at /usr/local/cuda or
-# nvcc on PATH). Builds tests/gpu on its own for sm_90 and runs, in one go:
+# nvcc on PATH). First, here: tests/gpu/prepare-deps.sh. Then on the lent machine the device
+# tool's run with carry ["build/gpu-deps"] and command "tests/gpu/run.sh". In one go:
+#  0. tests/gpu/serve_check.sh: the carried CUDA `tandem` (prepare-deps.sh built and packed it):
+#     `tandem serve --backend cuda` against a CPU serve of the same model over HTTP, an abort
+#     storm leaving the device pool whole, served decode tokens/s at 1 and 32 requests, and a
+#     router/prefill/decode cluster of three processes whose KV crosses UCX through pinned slots;
+# then it builds tests/gpu on its own for sm_90 and runs:
 #  1. test_cuda_ops: the kernels of kernels/cuda against the CPU kernels, with each kernel's
 #     bandwidth as GB/s and as a fraction of the card's peak;
 #  2. test_cuda_backend: the CUDA backend (kernels/backend/cuda) against the CPU backend op by
@@ -19,6 +25,9 @@
 # "tests/gpu/run.sh").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# Serving first: it needs no build, so its result comes back even if the builds below run long.
+serve_status=0
+timeout 240 tests/gpu/serve_check.sh || serve_status=1
 nvcc=/usr/local/cuda/bin/nvcc
 [[ -x $nvcc ]] || nvcc=$(command -v nvcc || true)
 [[ -n $nvcc ]] || { echo "tests/gpu/run.sh: no nvcc (looked at /usr/local/cuda/bin and PATH)" >&2; exit 1; }
@@ -33,4 +42,5 @@ timeout 150 ./build/gpu/test_cuda_ops || status=1
 models=$(mktemp -d)
 trap 'rm -rf "$models"' EXIT
 timeout 300 ./build/gpu/test_cuda_backend "$models" || status=1
+((serve_status == 0)) || status=1
 exit $status

@@ -2,8 +2,10 @@
 // all on one kj event loop.
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <mutex>
@@ -120,6 +122,10 @@ void configure_kv_port(const cluster_config& cfg, const node_config& node, clust
   co.configure_node = [ko](actor_cluster_options& ao) {
     auto k = ko;
     k.model = ao.model_id;
+    // A device's pools (--backend cuda): transfers stage through pinned host slots.
+    k.engine.device = ao.device;
+    if (const char* mb = std::getenv("TANDEM_KV_STAGING_MB"); mb && *mb)
+      k.engine.staging_bytes = size_t(std::max(1L, std::strtol(mb, nullptr, 10))) << 20;
     ao.kv_transfer = ucx::make_kv_port_factory(k);
   };
 }

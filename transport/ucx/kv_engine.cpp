@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <ucp/api/ucp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -54,7 +55,11 @@ kv_engine::kv_engine(const cluster_clock& clock, kv_pool& pool, kv_identity iden
     : clock_(clock),
       identity_(std::move(identity)),
       options_(std::move(options)),
-      table_(clock, *this, options_.limits, std::move(release)) {
+      table_(clock, *this, options_.limits, staged_release(std::move(release))) {
+  if (options_.device.make_pools)
+    throw tandem::error(error_kind::unimplemented,
+                        "a KV engine over a borrowed pool keeps it in host memory; let the engine allocate "
+                        "device pools (the page-count constructor)");
   if (!(identity_.layout == pool.layout()))
     throw tandem::error(fmt::format("KV engine identity says {} but the pool is {}; pass the pool's layout",
                                     identity_.layout.describe(), pool.layout().describe()));
@@ -71,7 +76,7 @@ kv_engine::kv_engine(const cluster_clock& clock, std::span<const int32_t> n_page
     : clock_(clock),
       identity_(std::move(identity)),
       options_(std::move(options)),
-      table_(clock, *this, options_.limits, std::move(release)) {
+      table_(clock, *this, options_.limits, staged_release(std::move(release))) {
   for (int32_t n : n_pages)
     if (n <= 0) throw tandem::error(fmt::format("a KV pool needs at least one page, got {}", n));
   init(n_pages, nullptr);
@@ -87,6 +92,16 @@ void kv_engine::init(std::span<const int32_t> alloc_pages, kv_pool* borrowed) {
     throw tandem::error(fmt::format("KV engine: {} page counts for a layout set of {} pools ({})",
                                     borrowed ? 1 : alloc_pages.size(), n_pools, set.describe()));
   identity_.dtype = to_string(identity_.layout.dtype);  // what the hello carries is the layout's
+  // Pools in device memory: UCX registers staging slots instead (a bounded area per pool).
+  std::vector<int32_t> wire_pages(alloc_pages.begin(), alloc_pages.end());
+  if (options_.device.make_pools && !borrowed) {
+    device_pools_ = options_.device.make_pools(set, alloc_pages);
+    for (size_t p = 0; p < n_pools; ++p) {
+      const size_t pb = std::max<size_t>(set.pools[p].page.page_bytes(), 1);
+      wire_pages[p] = kv_staging::slots_for(
+          alloc_pages[p], int32_t(std::min<size_t>(options_.staging_bytes / pb, size_t(INT32_MAX))));
+    }
+  }
   // The listener's port can be reused right after a restart (TIME_WAIT otherwise blocks it).
   // UCX 1.13 reads the connection manager's settings only from the environment
   // (ucp_config_modify rejects TCP_CM_REUSEADDR), so set it there unless the user did; create
@@ -120,16 +135,24 @@ void kv_engine::init(std::span<const int32_t> alloc_pages, kv_pool* borrowed) {
     void* storage = nullptr;
     size_t length = 0;
     register_pool(p, alloc ? nullptr : borrowed->data(),
-                  alloc ? kv_pool::bytes_for(set.pools[p].page, alloc_pages[p]) : borrowed->bytes(), alloc, storage,
+                  alloc ? kv_pool::bytes_for(set.pools[p].page, wire_pages[p]) : borrowed->bytes(), alloc, storage,
                   length);
     if (alloc) {
-      owned_pools_.push_back(std::make_unique<kv_pool>(set.pools[p].page, alloc_pages[p], storage, length));
+      owned_pools_.push_back(std::make_unique<kv_pool>(set.pools[p].page, wire_pages[p], storage, length));
       ptrs.push_back(owned_pools_.back().get());
     } else {
       ptrs.push_back(borrowed);
     }
   }
   pools_ = std::make_unique<kv_pools>(set, std::move(ptrs));
+  if (device_pools_) {
+    staging_ = std::make_unique<kv_staging>(options_.device, *device_pools_, *pools_);
+    size_t bytes = 0;
+    for (size_t p = 0; p < n_pools; ++p) bytes += (*pools_)[p].bytes();
+    if (options_.log)
+      options_.log(false, fmt::format("KV pools in {} memory; transfers stage through {:.1f} MiB of pinned host pages",
+                                      options_.device.name, double(bytes) / 1048576.0));
+  }
   std::vector<std::string> names;
   for (const auto& p : set.pools) names.push_back(p.name);
   table_.name_pools(std::move(names));
@@ -204,6 +227,8 @@ kv_engine::~kv_engine() {
     if (!open || std::chrono::steady_clock::now() > until) break;
   }
   for (auto& [id, p] : peers_) drop_remote(p);
+  staging_.reset();  // unpins the slots before UCX unmaps them
+  device_pools_.reset();
   pools_.reset();
   owned_pools_.clear();
   for (ucp_mem_h m : memh_) ucp_mem_unmap(context_, m);
@@ -434,11 +459,7 @@ void kv_engine::connect(peer_id id) {
 void kv_engine::send_descriptors(peer_id peer, transfer_id id, const pool_pages& dst_pages) {
   auto d = fault(fault_point::descriptors, id, notify_kind::started);
   if (d.action == fault_action::drop || d.action == fault_action::fail) return;
-  std::vector<uint8_t> msg = encode_descriptors({id, dst_pages});
-  auto send = [this, peer, msg = std::move(msg)]() mutable {
-    auto it = peers_.find(peer);
-    if (it != peers_.end() && it->second.ep && !it->second.closing) send_am(it->second, am_descriptors, std::move(msg));
-  };
+  auto send = [this, peer, id, dst_pages] { send_descriptors_now(peer, id, dst_pages); };
   if (d.action == fault_action::delay)
     delayed_.emplace(clock_.now_ms() + d.delay_ms, std::move(send));
   else
@@ -514,6 +535,12 @@ void kv_engine::finish_close(peer_id id, peer& p) {
 
 bool kv_engine::progress() {
   bool any = ucp_worker_progress(worker_) > 0;
+  if (!staging_waiting_.empty()) {
+    // Steps that found the staging area full try once more (a step still short waits again).
+    auto waiting = std::move(staging_waiting_);
+    staging_waiting_.clear();
+    for (auto& f : waiting) f();
+  }
   while (!conn_requests_.empty()) {
     ucp_conn_request_h req = conn_requests_.front();
     conn_requests_.pop_front();

@@ -27,22 +27,27 @@
 ///   notify       either way: transfer id + notify_kind (done/failed only after a flush);
 ///                `done` carries the per-pool manifest (kv_manifest.h) the destination
 ///                verifies before the transfer counts as delivered
+///
+/// Pools in device memory (engine_options::device, a GPU's): UCX registers a bounded staging
+/// area of pinned host slots per pool instead (kv_staging.h); the wire names slots, and pages
+/// cross between the device and the slots on the device's copy stream.
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "kernels/backend/device.h"
 #include "kernels/base/clock.h"
-#include <span>
-
 #include "kernels/model/kv_pools.h"
 #include "transport/ucx/kv_auth.h"
 #include "transport/ucx/kv_handshake.h"
 #include "transport/ucx/kv_manifest.h"
+#include "transport/ucx/kv_staging.h"
 #include "transport/ucx/transfer_state.h"
 
 // Opaque UCX handles (ucp/api/ucp_def.h), so users need not include UCX headers.
@@ -82,6 +87,11 @@ struct engine_options {
   std::string net_devices;
   /// Where the engine says what it uses and whom it refused (warning = true); none = silent.
   std::function<void(bool warning, const std::string& message)> log;
+  /// The pools' memory: empty = host memory UCX allocates and registers; a device
+  /// (kernels/backend/device.h, with staging) = its memory, staged through pinned slots.
+  backend::device device;
+  /// Bytes of staging slots per pool with a device (at most the pool's own size).
+  size_t staging_bytes = size_t(256) << 20;
 };
 
 class kv_engine final : public transfer_transport {
@@ -114,8 +124,12 @@ class kv_engine final : public transfer_transport {
   bool peer_ready(peer_id peer) const;
 
   /// Pool 0 of the set (the only one of a one-pool layout).
-  kv_pool& pool() { return (*pools_)[0]; }
-  kv_pools& pools() { return *pools_; }
+  kv_pool& pool() { return pools()[0]; }
+  /// The pools the model uses (the device's when staged).
+  kv_pools& pools() { return device_pools_ ? *device_pools_ : *pools_; }
+  /// The staging area of device pools; null for pools in host memory.
+  kv_staging* staging() { return staging_.get(); }
+  const kv_staging* staging() const { return staging_.get(); }
   transfer_table& table() { return table_; }
   const transfer_table& table() const { return table_; }
   /// Progress UCX, deliver completions to the table, check deadlines. Returns true if
@@ -217,9 +231,19 @@ class kv_engine final : public transfer_transport {
   bool put_pool(peer& p, size_t k, const std::vector<int32_t>& src, const std::vector<int32_t>& dst,
                 const uint8_t* corrupt_first);
   void do_notify(peer_id peer, transfer_id id, notify_kind kind);
+  /// Sends the descriptors of `id`, through staging slots when staged (waits for them).
+  void send_descriptors_now(peer_id peer, transfer_id id, const pool_pages& dst_pages);
+  /// `release` that first returns the transfer's staging slots.
+  transfer_table::release_fn staged_release(transfer_table::release_fn release);
 
   const cluster_clock& clock_;
-  std::unique_ptr<kv_pools> pools_;                ///< every pool of identity_.set()
+  /// Every pool of identity_.set() in registered memory: the pools themselves, or with a
+  /// device the staging slots (what the wire reads and writes).
+  std::unique_ptr<kv_pools> pools_;
+  std::shared_ptr<kv_pools> device_pools_;  ///< with a device: the pools in its memory
+  std::unique_ptr<kv_staging> staging_;     ///< with a device
+  /// Steps waiting for staging slots, retried once per progress().
+  std::vector<std::function<void()>> staging_waiting_;
   std::vector<std::unique_ptr<kv_pool>> owned_pools_;  ///< pools in UCX-allocated memory
   kv_identity identity_;
   engine_options options_;

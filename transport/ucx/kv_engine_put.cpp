@@ -1,5 +1,6 @@
 // kv_engine: the data path of a transfer, per pool of the layout set: the source's puts and
-// the manifest it sends with `done`, the destination's check of that manifest.
+// the manifest it sends with `done`, the destination's check of that manifest; with device
+// pools, the steps through the staging slots (kv_staging.h).
 #include <fmt/format.h>
 #include <ucp/api/ucp.h>
 
@@ -9,6 +10,40 @@
 #include "transport/ucx/kv_engine.h"
 
 namespace tandem::ucx {
+
+void kv_engine::send_descriptors_now(peer_id peer, transfer_id id, const pool_pages& dst_pages) {
+  pool_pages wire_ids;
+  const pool_pages* ids = &dst_pages;
+  if (staging_) {
+    if (!table_.phase(id)) return;  // ended while it waited: nothing to lease
+    std::optional<pool_pages> slots;
+    try {
+      slots = staging_->lease(id, dst_pages);
+    } catch (const std::exception& e) {
+      // Never sent: the transfer fails at its deadline; say why now.
+      if (options_.log) options_.log(true, fmt::format("KV transfer {:#x}: {}", id, e.what()));
+      return;
+    }
+    if (!slots) {
+      staging_waiting_.push_back([this, peer, id, dst_pages] { send_descriptors_now(peer, id, dst_pages); });
+      return;
+    }
+    wire_ids = std::move(*slots);
+    ids = &wire_ids;
+  }
+  auto it = peers_.find(peer);
+  if (it != peers_.end() && it->second.ep && !it->second.closing)
+    send_am(it->second, am_descriptors, encode_descriptors({id, *ids}));
+}
+
+transfer_table::release_fn kv_engine::staged_release(transfer_table::release_fn release) {
+  return [this, release = std::move(release)](transfer_id id, transfer_role role, const pool_pages& pages,
+                                               bool delivered) {
+    // The table releases a transfer once nothing can land in its pages: nor in its slots.
+    if (staging_) staging_->release(id);
+    release(id, role, pages, delivered);
+  };
+}
 
 void kv_engine::put_pages(peer_id peer, transfer_id id, const pool_pages& src_pages, const pool_pages& dst_pages) {
   auto d = fault(fault_point::put, id, notify_kind::started);
@@ -66,7 +101,7 @@ bool kv_engine::put_pool(peer& p, size_t k, const std::vector<int32_t>& src, con
   return ok;
 }
 
-void kv_engine::do_put(peer_id peer, transfer_id id, const pool_pages& src, const pool_pages& dst,
+void kv_engine::do_put(peer_id peer, transfer_id id, const pool_pages& device_src, const pool_pages& dst,
                        fault_decision d) {
   auto it = peers_.find(peer);
   if (it == peers_.end() || !it->second.data_ep || it->second.remote.empty() || it->second.closing ||
@@ -76,6 +111,30 @@ void kv_engine::do_put(peer_id peer, transfer_id id, const pool_pages& src, cons
     return;
   }
   auto& p = it->second;
+  // Device pools: the pages go to staging slots first and the puts read the slots.
+  pool_pages slots;
+  if (staging_) {
+    if (!table_.phase(id)) {
+      // Ended while it waited (aborted: quarantined as if its puts flew): nothing was put.
+      later([this, id] { table_.on_put_complete(id, false, "ended while waiting for staging slots"); });
+      return;
+    }
+    std::optional<pool_pages> leased;
+    try {
+      leased = staging_->lease(id, device_src);
+      if (leased) staging_->stage_out(device_src, *leased);
+    } catch (const std::exception& e) {
+      std::string why = fmt::format("staging the pages for the network: {}", e.what());
+      later([this, id, why] { table_.on_put_complete(id, false, why); });
+      return;
+    }
+    if (!leased) {
+      staging_waiting_.push_back([this, peer, id, device_src, dst, d] { do_put(peer, id, device_src, dst, d); });
+      return;
+    }
+    slots = std::move(*leased);
+  }
+  const pool_pages& src = staging_ ? slots : device_src;
   const kv_pools_layout& set = pools_->set();
   if (src.size() != set.pools.size() || dst.size() != src.size() || p.remote.size() != src.size()) {
     std::string why = fmt::format("pages of {} pools for a layout set of {} pools", src.size(), set.pools.size());
@@ -142,20 +201,32 @@ std::string kv_engine::verify_received(peer_id peer, transfer_id id, const pool_
   reason = fail_reason::manifest;
   if (!arriving_done_ || arriving_done_->transfer != id)
     return "the source's `done` carried no manifest; run the same tandem version on both nodes";
+  // Device pools: the bytes arrived in the transfer's staging slots.
+  const pool_pages* slots = staging_ ? staging_->leased(id) : nullptr;
+  if (staging_ && !slots) return "no staging slots were leased for this transfer";
+  const pool_pages& ids = slots ? *slots : dst_pages;
   if (dst_pages.size() != set.pools.size())
     return fmt::format("pages of {} pools for a layout set of {} pools", dst_pages.size(), set.pools.size());
   const auto t0 = std::chrono::steady_clock::now();
-  kv_manifest here(dst_pages.size());
-  for (size_t k = 0; k < dst_pages.size(); ++k) {
-    for (int32_t page : dst_pages[k])
+  kv_manifest here(ids.size());
+  for (size_t k = 0; k < ids.size(); ++k) {
+    for (int32_t page : ids[k])
       if (page >= (*pools_)[k].n_pages())
         return fmt::format("pool {} ({}): page {} is outside the pool of {} pages", k, set.pools[k].name, page,
                            (*pools_)[k].n_pages());
-    here[k] = digest_pages((*pools_)[k], dst_pages[k]);
+    here[k] = digest_pages((*pools_)[k], ids[k]);
     manifest_bytes_ += uint64_t(here[k].pages) * (*pools_)[k].page_bytes();
   }
   manifest_us_ += std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
   std::string why = check_manifest(arriving_done_->manifest, here, set, reason);
+  if (why.empty() && slots) {
+    // Verified in the slots: now into the device pages (done before the KV counts as delivered).
+    try {
+      staging_->stage_in(*slots, dst_pages);
+    } catch (const std::exception& e) {
+      why = fmt::format("copying the received pages into {} memory: {}", options_.device.name, e.what());
+    }
+  }
   if (!why.empty() && options_.log) options_.log(true, fmt::format("KV transfer {:#x}: {}", id, why));
   return why;
 }

@@ -128,6 +128,7 @@ class ucx_kv_port final : public kv_port {
                  "KV bytes hashed for transfer manifests (source and destination)"});
     m.push_back({"kv_transfer_manifest_seconds_total", "", double(engine_->manifest_us()) / 1e6, "counter",
                  "Time the worker spent hashing KV for transfer manifests"});
+    for (auto& x : kv_staging::metrics_of(engine_->staging())) m.push_back(std::move(x));
     return m;
   }
 
@@ -145,6 +146,8 @@ class ucx_kv_port final : public kv_port {
           throw tandem::error(error_kind::failed,
                               fmt::format("KV transfer {:#x}: page {} is outside pool {} ({}) of {} pages", tid, p, k,
                                           ps.set().pools[k].name, ps[k].n_pages()));
+    // Device pools: a transfer larger than the staging area could never start.
+    if (const kv_staging* s = engine_->staging()) s->check(pages);
   }
 
   void start_send(uint64_t tid, peer_id p, const pool_pages& pages) {

@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "kernels/backend/cuda/cuda_graphs.h"
+#include "kernels/backend/cuda/cuda_staging.h"
 #include "kernels/backend/cuda/device_memory.h"
 #include "kernels/backend/cuda/device_sampler.h"
 #include "kernels/backend/cuda/grouped_plan.h"
@@ -516,6 +517,10 @@ device_kv_pool::~device_kv_pool() {
 
 device make_cuda_device(const cuda_options& opt) {
   const int32_t n = cuda_device_count();
+  if (n == 0)
+    throw tandem::error(error_kind::failed,
+                        "cuda backend: this machine shows no CUDA device (no GPU, or no driver: libcuda.so.1 not "
+                        "found); run on a machine with an NVIDIA GPU or use backend = \"cpu\"");
   if (opt.device < 0 || opt.device >= n)
     throw tandem::error(error_kind::failed,
                         fmt::format("cuda backend: no CUDA device {} here ({} found); set [model] device (--device) to "
@@ -537,8 +542,13 @@ device make_cuda_device(const cuda_options& opt) {
   };
   d.copy = [dev](void* dst, const void* src, size_t bytes) {
     check(cudaSetDevice(dev), "selecting the device for a KV page copy");
+    // The compute stream does not wait for the legacy stream nor it for that one: finish the
+    // queued KV writes first.
+    check(cudaDeviceSynchronize(), "waiting for the queued kernels before a KV page copy");
     check(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "copying a KV page between device and host");
   };
+  // The host tier and UCX transfers: through pinned buffers on a copy stream of its own.
+  d.staging = make_cuda_staging(dev);
   return d;
 }
 
