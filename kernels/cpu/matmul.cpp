@@ -203,6 +203,9 @@ TANDEM_AVX512 inline __m512 load_w16(const uint8_t* row, int64_t i) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * i)));
   } else {
     static_assert(T == ggml_type::bf16, "f32, f16 and bf16 only");
+    // Widened by a zero-extend and a shift: measured as cheap as f16's conversion (batch 1,
+    // 192 x 2048 in L2, 1 thread, Zen 5, side by side: 45-49 GB/s of weights for both), so
+    // batch-1 bf16 is as memory-bound as f16.
     const __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * i)));
     return _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
   }
