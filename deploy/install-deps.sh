@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake ninja-build pkg-config git curl ca-certificates
+  build-essential cmake ninja-build pkg-config git curl ca-certificates ccache
   libcaf-dev capnproto libcapnp-dev libucx-dev ucx-utils
   libspdlog-dev libfmt-dev doctest-dev libssl-dev libnuma-dev libhwloc-dev libpcre2-dev libtomlplusplus-dev
   libxxhash-dev

@@ -13,6 +13,14 @@ for a in "$@"; do
 done
 
 jobs=$(nproc)
+# ccache where installed (deploy/install-deps.sh installs it): the CUDA `tandem` below
+# (tests/gpu/prepare-deps.sh, build/cuda) compiles the same sources with the dev build's flags,
+# so within one run it reuses the dev build's objects instead of compiling everything twice.
+# Paths are hashed relative to the checkout, so build/dev and build/cuda share entries.
+if command -v ccache >/dev/null && [[ -z ${CMAKE_CXX_COMPILER_LAUNCHER:-} ]]; then
+  export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache
+  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
+fi
 # The openai npm client, the AI SDK and LangChain used by the end-to-end tests (lock file
 # committed; no network at test time). Reinstalled when the lock file is newer than the install.
 if [[ -f tests/e2e/openai/package-lock.json && ( ! -f tests/e2e/openai/node_modules/.package-lock.json ||
