@@ -32,7 +32,7 @@ TEST_CASE("graph cache: context buckets double from 256") {
   CHECK(context_bucket(1 << 30) == (1 << 30));
 }
 
-TEST_CASE("graph cache: first step eager, then capture; a kept graph is found and replaced") {
+TEST_CASE("graph cache: first step eager, then capture, and a kept graph is found and replaced") {
   handles hs;
   {
     graph_cache c(4, [&](void* g) { ++hs.destroyed[reinterpret_cast<intptr_t>(g)]; });
