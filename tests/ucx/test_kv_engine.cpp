@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "kernels/base/error.h"
+#include "tests/ucx/small_layout.h"
 #include "transport/ucx/kv_engine.h"
 
 using namespace tandem;
@@ -16,14 +17,7 @@ using namespace tandem::ucx;
 
 namespace {
 
-kv_layout small_layout() {
-  kv_layout l;
-  l.n_layers = 3;
-  l.n_kv_heads = 2;
-  l.head_dim = 8;
-  l.page_size = 4;
-  return l;
-}
+using test::small_layout;
 
 /// One side: a heap KV pool registered with its engine, or (ucx_memory) a pool the engine
 /// allocates in UCX memory.

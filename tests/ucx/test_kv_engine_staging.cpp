@@ -11,6 +11,7 @@
 
 #include "kernels/base/error.h"
 #include "tests/fake_device.h"
+#include "tests/ucx/small_layout.h"
 #include "transport/ucx/kv_engine.h"
 
 using namespace tandem;
@@ -18,14 +19,7 @@ using namespace tandem::ucx;
 
 namespace {
 
-kv_layout small_layout() {
-  kv_layout l;
-  l.n_layers = 3;
-  l.n_kv_heads = 2;
-  l.head_dim = 8;
-  l.page_size = 4;
-  return l;
-}
+using test::small_layout;
 
 /// One side: 16 pages per pool, on the fake device when `dev` is set (then `slots` staging
 /// slots per pool), else in UCX memory.
