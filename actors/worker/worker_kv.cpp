@@ -18,40 +18,31 @@ void worker_kv::open(const kv_port_factory& factory, const kv_pools_layout& set,
       log_);
 }
 
-void worker_kv::send(kv_order o) {
+void worker_kv::send(kv_order o) { start(kv_side::send, std::move(o)); }
+
+void worker_kv::receive(kv_order o) { start(kv_side::receive, std::move(o)); }
+
+void worker_kv::start(kv_side side, kv_order o) {
   orders_ += 1;
   try {
-    table_.start(kv_side::send, o.transfer_id, o.id);
+    table_.start(side, o.transfer_id, o.id);
   } catch (const tandem::error& e) {
-    // Refused: the decode side's receive fails by its deadline and applies its failure policy.
-    log_->warn("request {}: KV send refused: {}", o.id, e.what());
-    out_.free_pages(o.id, o.pages);
+    // Refused: a send's pages go back (the decode side's receive fails by its deadline and
+    // applies its failure policy); a receive is answered failed at once.
+    log_->warn("request {}: KV {} refused: {}", o.id, side == kv_side::send ? "send" : "receive", e.what());
+    ended(side, o.transfer_id, o.id, false, std::move(o.pages), e.what());
     return;
   }
   try {
-    port_->send(o.transfer_id, o.peer, o.pages);
+    if (side == kv_side::send)
+      port_->send(o.transfer_id, o.peer, o.pages);
+    else
+      port_->receive(o.transfer_id, o.peer, o.pages);
   } catch (const std::exception& e) {
     // Not started: the pages stayed ours.
     order_failures_ += 1;
     table_.finish(o.transfer_id, false);
-    ended(kv_side::send, o.transfer_id, o.id, false, std::move(o.pages), e.what());
-  }
-}
-
-void worker_kv::receive(kv_order o) {
-  orders_ += 1;
-  try {
-    table_.start(kv_side::receive, o.transfer_id, o.id);
-  } catch (const tandem::error& e) {
-    out_.receive_done(o.transfer_id, o.id, false, o.pages, e.what());
-    return;
-  }
-  try {
-    port_->receive(o.transfer_id, o.peer, o.pages);
-  } catch (const std::exception& e) {
-    order_failures_ += 1;
-    table_.finish(o.transfer_id, false);
-    ended(kv_side::receive, o.transfer_id, o.id, false, std::move(o.pages), e.what());
+    ended(side, o.transfer_id, o.id, false, std::move(o.pages), e.what());
   }
 }
 

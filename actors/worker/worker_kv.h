@@ -68,6 +68,8 @@ class worker_kv {
   std::vector<metric_sample> metrics() const;
 
  private:
+  /// An order of either side: into the table (or refused) and to the port (or failed).
+  void start(kv_side side, kv_order o);
   /// The port handed a transfer's pages back (kv_release_fn).
   void on_release(uint64_t tid, bool delivered, const pool_pages& pages, const std::string& why);
   /// The end of a transfer the table held (or refused: `side` and `id` from the order).
