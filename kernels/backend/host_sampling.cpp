@@ -18,11 +18,7 @@ void sample_on_host(const float* logits, int64_t n_vocab, std::span<const sample
       continue;
     }
     // The distribution compute_logprobs gives the worker's host path (no processing: samples_raw).
-    sampling_params p;
-    p.temperature = r.temperature;
-    p.top_k = r.top_k;
-    p.top_p = r.top_p;
-    out[i] = compute_logprobs(row, p, {}, token, r.top_logprobs);
+    out[i] = compute_logprobs(row, params_of(r), {}, token, r.top_logprobs);
   }
 }
 

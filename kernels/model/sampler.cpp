@@ -100,15 +100,19 @@ sample_row sample_row_of(const sampling_params& p, int32_t top_logprobs) {
                     .uniform = sampler::first_uniform(p.seed)};
 }
 
-int32_t draw_with_uniform(const sample_row& r, std::span<const float> logits) {
-  if (logits.empty()) throw tandem::error("sampler: empty logits row; the model returned no vocabulary");
-  if (!(r.uniform >= 0.0 && r.uniform < 1.0))
-    throw tandem::error(fmt::format("sampler: uniform draw {} is outside [0, 1)", r.uniform));
+sampling_params params_of(const sample_row& r) {
   sampling_params p;
   p.temperature = r.temperature;
   p.top_k = r.top_k;
   p.top_p = r.top_p;
-  sampler s(p);
+  return p;
+}
+
+int32_t draw_with_uniform(const sample_row& r, std::span<const float> logits) {
+  if (logits.empty()) throw tandem::error("sampler: empty logits row; the model returned no vocabulary");
+  if (!(r.uniform >= 0.0 && r.uniform < 1.0))
+    throw tandem::error(fmt::format("sampler: uniform draw {} is outside [0, 1)", r.uniform));
+  sampler s(params_of(r));
   return s.draw_with(logits, r.uniform);
 }
 

@@ -67,6 +67,8 @@ struct sample_row {
 bool samples_raw(const sampling_params& p);
 /// The row of `p` (its seed gives the uniform), with `top_logprobs` (-1: none).
 sample_row sample_row_of(const sampling_params& p, int32_t top_logprobs);
+/// The parameters a row draws with (temperature, top-k, top-p; nothing else applies to raw logits).
+sampling_params params_of(const sample_row& r);
 /// The sampler's draw over one raw logits row with the uniform `u` in [0, 1): the token
 /// sampler(p).sample(logits) gives when u = sampler::first_uniform(p.seed) and samples_raw(p).
 int32_t draw_with_uniform(const sample_row& r, std::span<const float> logits);
