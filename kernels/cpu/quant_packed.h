@@ -1,0 +1,69 @@
+#pragma once
+/// Low-bit weights repacked for the AVX-512 VNNI kernels (what llama.cpp's CPU "repack" buffers
+/// do): each group of 16 consecutive rows is stored interleaved, so that one 64-byte vector
+/// holds the same few elements of 16 rows (32-bit lane i = row i). A kernel then meets one
+/// broadcast group of activation bytes with 16 rows per instruction and needs no horizontal
+/// sums: on the row-major layout every (weight row, activation row) pair costs its own
+/// reduction, which is what kept the q4_0 and q4_K prefill tiles at 0.84-0.96 x llama.cpp.
+///
+/// A packed weight has the original's blocks (the same bytes per row, reordered), so a decode
+/// step reads as many bytes as from the file; rows past the last real row of the last group
+/// are zeros and their outputs are never written. Each type's layout and kernel live in
+/// quant_packed_<type>.cpp; quant_packed.cpp picks among them.
+#include <cstdint>
+
+#include "kernels/cpu/aligned_vector.h"
+#include "kernels/cpu/quant_matmul.h"
+#include "kernels/tensor.h"
+
+namespace tandem::cpu {
+
+class thread_pool;
+
+/// Rows per interleaved group.
+inline constexpr int64_t pack_rows = 16;
+
+/// A low-bit weight's packed copy: groups of pack_rows rows, group_bytes() each.
+struct quant_packed {
+  ggml_type type = ggml_type::q4_0;
+  int64_t rows = 0, cols = 0;
+  aligned_vector<uint8_t> bytes;
+  size_t group_bytes() const { return size_t(pack_rows) * row_bytes(type, cols); }
+  int64_t groups() const { return (rows + pack_rows - 1) / pack_rows; }
+  const uint8_t* group(int64_t g) const { return bytes.data() + size_t(g) * group_bytes(); }
+};
+
+namespace quant_detail {
+
+/// Writes one packed group: rows r0 .. r0 + 15 of w (rows past w.rows() as zeros) into dst
+/// (group_bytes() bytes).
+using pack_group_fn = void (*)(const tensor_view& w, int64_t r0, uint8_t* dst);
+
+/// The packed copy of w group by group on the calling thread (tests; pack_quant splits it
+/// over a pool).
+inline quant_packed pack_groups(const tensor_view& w, pack_group_fn pack_group) {
+  quant_packed p;
+  p.type = w.type;
+  p.rows = w.rows();
+  p.cols = w.cols();
+  p.bytes.resize(size_t(p.groups()) * p.group_bytes());
+  for (int64_t g = 0; g < p.groups(); ++g) pack_group(w, g * pack_rows, p.bytes.data() + size_t(g) * p.group_bytes());
+  return p;
+}
+
+/// Per type: pack_group_<type> packs one group; packed_rows_<type> writes y[b][r] ([a.batch]
+/// rows of p.rows values) for the real rows r of groups [g0, g1) and every activation row b of
+/// `a` (quantize_acts with act_group(type)), on AVX-512 VNNI (has_avx512_vnni()), with the bits
+/// rows_scalar gives the unpacked weight (quant_matmul.h's recipe), for every batch size.
+void pack_group_q4_0(const tensor_view& w, int64_t r0, uint8_t* dst);
+void packed_rows_q4_0(const quant_packed& p, const quant_acts& a, float* y, int64_t g0, int64_t g1);
+void pack_group_q4_K(const tensor_view& w, int64_t r0, uint8_t* dst);
+void packed_rows_q4_K(const quant_packed& p, const quant_acts& a, float* y, int64_t g0, int64_t g1);
+void pack_group_q5_K(const tensor_view& w, int64_t r0, uint8_t* dst);
+void packed_rows_q5_K(const quant_packed& p, const quant_acts& a, float* y, int64_t g0, int64_t g1);
+void pack_group_q6_K(const tensor_view& w, int64_t r0, uint8_t* dst);
+void packed_rows_q6_K(const quant_packed& p, const quant_acts& a, float* y, int64_t g0, int64_t g1);
+
+}  // namespace quant_detail
+
+}  // namespace tandem::cpu
