@@ -176,40 +176,73 @@ double thread_ns() {
   return double(t.tv_sec) * 1e9 + double(t.tv_nsec);
 }
 
+// Medians and quartiles of the thread CPU time of call i of f0 and f1, alternated.
+template <class F0, class F1>
+void time_pair(int reps, F0&& f0, F1&& f1, double (&q0)[3], double (&q1)[3]) {
+  std::vector<double> t0, t1;
+  for (int i = 0; i < reps; ++i) {
+    double s = thread_ns();
+    f0(i);
+    t0.push_back(thread_ns() - s);
+    s = thread_ns();
+    f1(i);
+    t1.push_back(thread_ns() - s);
+  }
+  std::sort(t0.begin(), t0.end());
+  std::sort(t1.begin(), t1.end());
+  for (int k = 0; k < 3; ++k) q0[k] = t0[t0.size() * size_t(k + 1) / 4], q1[k] = t1[t1.size() * size_t(k + 1) / 4];
+}
+
+void report(const char* what, double bytes, const double (&q0)[3], const double (&q1)[3]) {
+  std::printf("%s: rows_avx512 %10.0f ns (%5.1f GB/s, q1-q3 %.0f-%.0f)  packed %10.0f ns (%5.1f GB/s, q1-q3 %.0f-%.0f)  x%.2f\n",
+              what, q0[1], bytes / q0[1], q0[0], q0[2], q1[1], bytes / q1[1], q1[0], q1[2], q0[1] / q1[1]);
+}
+
 }  // namespace
 
 // Run by hand: test_kernels -tc='quant_packed: k4 timing*' --no-skip. Thread CPU time of one
-// call, the unpacked rows_avx512 and the packed kernel alternated, medians.
+// call, the unpacked rows_avx512 and the packed kernel alternated, medians; batch 512 and 1
+// with the weight in cache (L3 here), then batch 1 and 4 with calls rotating over copies of
+// the weight larger than the caches together (from memory).
 TEST_CASE("quant_packed: k4 timing against rows_avx512" * doctest::skip()) {
   if (!cpu::quant_detail::has_avx512_vnni()) return;
   for (const k4_kernel& kk : k_kernels)
-    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{2048, 2048}, {8192, 2048}, {2048, 8192}})
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{2048, 2048}, {8192, 2048}, {2048, 8192}}) {
+      const auto w = make_k4(kk.type, rows, cols, 3);
+      const cpu::quant_packed p = cpu::quant_detail::pack_groups(w.view, kk.pack);
+      const auto x = make_x(512, cols, 4);
+      const double bytes = double(w.bytes.size());
+      cpu::quant_acts a;
+      char what[128];
+      double q0[3], q1[3];
       for (int64_t batch : {int64_t(512), int64_t(1)}) {
-        const auto w = make_k4(kk.type, rows, cols, 3);
-        const cpu::quant_packed p = cpu::quant_detail::pack_groups(w.view, kk.pack);
-        const auto x = make_x(batch, cols, 4);
-        cpu::quant_acts a;
         cpu::quantize_acts(x.data(), batch, cols, 256, a);
         std::vector<float> y0(size_t(batch * rows)), y1(size_t(batch * rows));
-        const int reps = batch == 1 ? 301 : 7;
-        std::vector<double> t0, t1;
-        for (int i = 0; i < reps; ++i) {
-          double s = thread_ns();
-          cpu::quant_detail::rows_avx512(w.view, a, y0.data(), 0, rows);
-          t0.push_back(thread_ns() - s);
-          s = thread_ns();
-          kk.rows(p, a, y1.data(), 0, p.groups());
-          t1.push_back(thread_ns() - s);
-        }
-        std::sort(t0.begin(), t0.end());
-        std::sort(t1.begin(), t1.end());
-        const double m0 = t0[t0.size() / 2], m1 = t1[t1.size() / 2];
-        const double bytes = double(w.bytes.size());
-        std::printf("%s %5lld x %5lld batch %3lld: rows_avx512 %11.0f ns (%5.1f GB/s) packed %11.0f ns (%5.1f GB/s)"
-                    "  x%.2f  [q1-q3 %0.f-%0.f / %0.f-%0.f]\n",
-                    std::string(to_string(kk.type)).c_str(), (long long)rows, (long long)cols, (long long)batch, m0, bytes / m0, m1,
-                    bytes / m1, m0 / m1, t0[t0.size() / 4], t0[3 * t0.size() / 4], t1[t1.size() / 4],
-                    t1[3 * t1.size() / 4]);
+        time_pair(
+            batch == 1 ? 301 : 7, [&](int) { cpu::quant_detail::rows_avx512(w.view, a, y0.data(), 0, rows); },
+            [&](int) { kk.rows(p, a, y1.data(), 0, p.groups()); }, q0, q1);
+        std::snprintf(what, sizeof what, "%s %5lld x %5lld batch %3lld", std::string(to_string(kk.type)).c_str(),
+                      (long long)rows, (long long)cols, (long long)batch);
+        report(what, bytes, q0, q1);
         CHECK(std::memcmp(y0.data(), y1.data(), y0.size() * sizeof(float)) == 0);
       }
+      const size_t copies = size_t(256 << 20) / w.bytes.size() + 1;
+      std::vector<k4_weight> ws(copies, w);
+      std::vector<cpu::quant_packed> ps;
+      for (auto& c : ws) {
+        c.view.data = c.bytes.data();
+        ps.push_back(cpu::quant_detail::pack_groups(c.view, kk.pack));
+      }
+      for (int64_t batch : {int64_t(1), int64_t(4)}) {
+        cpu::quantize_acts(x.data(), batch, cols, 256, a);
+        std::vector<float> y0(size_t(batch * rows)), y1(size_t(batch * rows));
+        time_pair(
+            101, [&](int i) { cpu::quant_detail::rows_avx512(ws[size_t(i) % copies].view, a, y0.data(), 0, rows); },
+            [&](int i) { kk.rows(ps[size_t(i) % copies], a, y1.data(), 0, p.groups()); }, q0, q1);
+        std::snprintf(what, sizeof what, "%s %5lld x %5lld batch %3lld from memory", std::string(to_string(kk.type)).c_str(),
+                      (long long)rows, (long long)cols, (long long)batch);
+        report(what, bytes, q0, q1);
+        CHECK(std::memcmp(y0.data(), y1.data(), y0.size() * sizeof(float)) == 0);
+      }
+    }
 }
