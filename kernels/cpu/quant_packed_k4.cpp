@@ -22,6 +22,11 @@
 // give s_j exactly for 16 rows; isum += sc_j * s_j (vpmulld); msum is 4 vpdpwssd of the
 // (m_2k, m_2k+1) word pairs against the activation's (sum32_2k, sum32_2k+1) pairs; then the
 // two fma's for 16 rows at once. No horizontal sums.
+//
+// Measured against rows_avx512 (Zen 4, one thread, thread CPU time, medians of alternated
+// calls, tests/kernels/test_quant_packed_k4.cpp's timing case): q4_K 2048 x 2048 batch 512
+// 13.6 ms vs 40.3 (3.0x; q5_K 3.1x); batch 1 from memory 24.5 GB/s vs 13.8 (1.4-1.8x over
+// the shapes), batch 4 from memory 3-4.9x.
 #include <algorithm>
 #include <cstring>
 
