@@ -17,6 +17,8 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/quant_matmul.h"
 #include "kernels/cpu/quant_packed.h"
+#include "kernels/cpu/roofline.h"
+#include "kernels/cpu/thread_pool.h"
 
 using namespace tandem;
 
@@ -206,6 +208,9 @@ void report(const char* what, double bytes, const double (&q0)[3], const double 
 // the weight larger than the caches together (from memory).
 TEST_CASE("quant_packed: k4 timing against rows_avx512" * doctest::skip()) {
   if (!cpu::quant_detail::has_avx512_vnni()) return;
+  cpu::thread_pool one(1);
+  std::printf("one thread's streaming read bandwidth (roofline.h, 256 MB): %.1f GB/s\n",
+              cpu::measure_read_bandwidth(one, size_t(256) << 20, 3) / 1e9);
   for (const k4_kernel& kk : k_kernels)
     for (auto [rows, cols] : {std::pair<int64_t, int64_t>{2048, 2048}, {8192, 2048}, {2048, 8192}}) {
       const auto w = make_k4(kk.type, rows, cols, 3);
