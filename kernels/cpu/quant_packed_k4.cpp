@@ -41,7 +41,9 @@ namespace {
 #define TANDEM_K4P __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
 template <class Block>
-constexpr bool has_qh = requires(const Block& b) { b.qh; };
+constexpr bool has_qh = requires(const Block& b) {
+  b.qh;
+};
 
 /// Bytes of one packed super-block of 16 rows, and where its parts start.
 template <class Block>
@@ -78,7 +80,9 @@ TANDEM_K4P inline __m512i byte_to_lane(int j) {
   return _mm512_set4_epi32(lane(3), lane(2), lane(1), lane(0));
 }
 TANDEM_K4P inline __m512i bytes_to_words(int k) {
-  auto lane = [&](int d) { return int(0x80008000u | uint32_t(4 * d + 2 * k + 1) << 16 | uint32_t(4 * d + 2 * k)); };
+  auto lane = [&](int d) {
+    return int(0x80008000u | uint32_t(4 * d + 2 * k + 1) << 16 | uint32_t(4 * d + 2 * k));
+  };
   return _mm512_set4_epi32(lane(3), lane(2), lane(1), lane(0));
 }
 
@@ -94,14 +98,16 @@ TANDEM_K4P inline void scale_bytes(const uint8_t* s, __m512i (&sc)[2]) {
   const __m512i v0 = _mm512_load_si512(s), v2 = _mm512_load_si512(s + 128);
   const __m512i m6 = _mm512_set1_epi8(0x3F);
   sc[0] = _mm512_and_si512(v0, m6);
-  sc[1] = _mm512_and_si512(_mm512_ternarylogic_epi32(v2, _mm512_srli_epi32(v0, 2), _mm512_set1_epi8(0x0F), select_ca_b), m6);
+  sc[1] = _mm512_and_si512(
+      _mm512_ternarylogic_epi32(v2, _mm512_srli_epi32(v0, 2), _mm512_set1_epi8(0x0F), select_ca_b), m6);
 }
 TANDEM_K4P inline void min_bytes(const uint8_t* s, __m512i (&m)[2]) {
   const __m512i v1 = _mm512_load_si512(s + 64), v2 = _mm512_load_si512(s + 128);
   const __m512i m6 = _mm512_set1_epi8(0x3F);
   m[0] = _mm512_and_si512(v1, m6);
-  m[1] = _mm512_and_si512(
-      _mm512_ternarylogic_epi32(_mm512_srli_epi32(v2, 4), _mm512_srli_epi32(v1, 2), _mm512_set1_epi8(0x0F), select_ca_b), m6);
+  m[1] = _mm512_and_si512(_mm512_ternarylogic_epi32(_mm512_srli_epi32(v2, 4), _mm512_srli_epi32(v1, 2),
+                                                    _mm512_set1_epi8(0x0F), select_ca_b),
+                          m6);
 }
 
 // acc + the 4-byte dot products of w (unsigned) with the 4 bytes at x, broadcast: the
@@ -136,7 +142,8 @@ TANDEM_K4P void tile(const uint8_t* grp, int64_t nb, const quant_acts& a, int64_
     const uint8_t* s = grp + size_t(i) * sbb;
     if (ahead != 0) {
       const int64_t left = std::min<int64_t>(int64_t(sbb), fetch_end - s - ahead);
-      for (int64_t o = 0; o < left; o += 64) _mm_prefetch(reinterpret_cast<const char*>(s) + ahead + o, _MM_HINT_T1);
+      for (int64_t o = 0; o < left; o += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(s) + ahead + o, _MM_HINT_T1);
     }
     __m512i sc8[2];
     scale_bytes(s + off_scales, sc8);
@@ -157,7 +164,8 @@ TANDEM_K4P void tile(const uint8_t* grp, int64_t nb, const quant_acts& a, int64_
           // from the same byte for these shift counts).
           const __m512i h = _mm512_load_si512(s + off_qh + 64 * q);
           const __m512i at4 = j < 4 ? _mm512_slli_epi16(h, 4 - j) : j == 4 ? h : _mm512_srli_epi16(h, j - 4);
-          wv[q] = _mm512_ternarylogic_epi32(nib, _mm512_and_si512(at4, _mm512_set1_epi8(0x10)), m4, select_ca_b);
+          wv[q] =
+              _mm512_ternarylogic_epi32(nib, _mm512_and_si512(at4, _mm512_set1_epi8(0x10)), m4, select_ca_b);
         } else {
           wv[q] = _mm512_and_si512(nib, m4);
         }
@@ -202,18 +210,26 @@ constexpr int tile_b = 8;
 
 // One group x `count` (1 .. tile_b) activation rows from b0.
 template <class Block>
-TANDEM_K4P void run_tile(int64_t count, const uint8_t* grp, int64_t nb, const quant_acts& a, int64_t b0, float* y,
-                         int64_t n, int64_t r0, int real, const uint8_t* fetch_end, int64_t ahead) {
+TANDEM_K4P void run_tile(int64_t count, const uint8_t* grp, int64_t nb, const quant_acts& a, int64_t b0,
+                         float* y, int64_t n, int64_t r0, int real, const uint8_t* fetch_end, int64_t ahead) {
   static_assert(tile_b == 8);
   switch (count) {
-    case 8: return tile<Block, 8>(grp, nb, a, b0, y, n, r0, real, fetch_end, ahead);
-    case 7: return tile<Block, 7>(grp, nb, a, b0, y, n, r0, real, fetch_end, ahead);
-    case 6: return tile<Block, 6>(grp, nb, a, b0, y, n, r0, real, fetch_end, ahead);
-    case 5: return tile<Block, 5>(grp, nb, a, b0, y, n, r0, real, fetch_end, ahead);
-    case 4: return tile<Block, 4>(grp, nb, a, b0, y, n, r0, real, fetch_end, ahead);
-    case 3: return tile<Block, 3>(grp, nb, a, b0, y, n, r0, real, fetch_end, ahead);
-    case 2: return tile<Block, 2>(grp, nb, a, b0, y, n, r0, real, fetch_end, ahead);
-    default: return tile<Block, 1>(grp, nb, a, b0, y, n, r0, real, fetch_end, ahead);
+    case 8:
+      return tile<Block, 8>(grp, nb, a, b0, y, n, r0, real, fetch_end, ahead);
+    case 7:
+      return tile<Block, 7>(grp, nb, a, b0, y, n, r0, real, fetch_end, ahead);
+    case 6:
+      return tile<Block, 6>(grp, nb, a, b0, y, n, r0, real, fetch_end, ahead);
+    case 5:
+      return tile<Block, 5>(grp, nb, a, b0, y, n, r0, real, fetch_end, ahead);
+    case 4:
+      return tile<Block, 4>(grp, nb, a, b0, y, n, r0, real, fetch_end, ahead);
+    case 3:
+      return tile<Block, 3>(grp, nb, a, b0, y, n, r0, real, fetch_end, ahead);
+    case 2:
+      return tile<Block, 2>(grp, nb, a, b0, y, n, r0, real, fetch_end, ahead);
+    default:
+      return tile<Block, 1>(grp, nb, a, b0, y, n, r0, real, fetch_end, ahead);
   }
 }
 
@@ -231,8 +247,10 @@ TANDEM_K4P void packed_rows_k4(const quant_packed& p, const quant_acts& a, float
     constexpr int64_t ahead = 8 << 10;
     const uint8_t* end = p.group(g1 - 1) + gbytes;
     const int64_t first = std::min<int64_t>(ahead, end - p.group(g0));
-    for (int64_t o = 0; o < first; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p.group(g0)) + o, _MM_HINT_T1);
-    for (int64_t g = g0; g < g1; ++g) run_tile<Block>(a.batch, p.group(g), nb, a, 0, y, n, g * pack_rows, real(g), end, ahead);
+    for (int64_t o = 0; o < first; o += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(p.group(g0)) + o, _MM_HINT_T1);
+    for (int64_t g = g0; g < g1; ++g)
+      run_tile<Block>(a.batch, p.group(g), nb, a, 0, y, n, g * pack_rows, real(g), end, ahead);
     return;
   }
   // Prefill: blocks of groups that fit in L2; every tile of activation rows meets every group
@@ -242,14 +260,19 @@ TANDEM_K4P void packed_rows_k4(const quant_packed& p, const quant_acts& a, float
     const int64_t ge = std::min(g1, gb + block);
     for (int64_t b = 0; b < a.batch; b += tile_b)
       for (int64_t g = gb; g < ge; ++g)
-        run_tile<Block>(std::min<int64_t>(tile_b, a.batch - b), p.group(g), nb, a, b, y, n, g * pack_rows, real(g), nullptr, 0);
+        run_tile<Block>(std::min<int64_t>(tile_b, a.batch - b), p.group(g), nb, a, b, y, n, g * pack_rows,
+                        real(g), nullptr, 0);
   }
 }
 
 }  // namespace
 
-void pack_group_q4_K(const tensor_view& w, int64_t r0, uint8_t* dst) { pack_group_k4<block_q4_K>(w, r0, dst); }
-void pack_group_q5_K(const tensor_view& w, int64_t r0, uint8_t* dst) { pack_group_k4<block_q5_K>(w, r0, dst); }
+void pack_group_q4_K(const tensor_view& w, int64_t r0, uint8_t* dst) {
+  pack_group_k4<block_q4_K>(w, r0, dst);
+}
+void pack_group_q5_K(const tensor_view& w, int64_t r0, uint8_t* dst) {
+  pack_group_k4<block_q5_K>(w, r0, dst);
+}
 
 void packed_rows_q4_K(const quant_packed& p, const quant_acts& a, float* y, int64_t g0, int64_t g1) {
   packed_rows_k4<block_q4_K>(p, a, y, g0, g1);

@@ -3,7 +3,6 @@
 // group, several super-block counts and batch sizes, and a group range that is not the whole
 // weight. Plus a timing harness against rows_avx512, skipped unless asked for.
 #include <doctest/doctest.h>
-
 #include <time.h>
 
 #include <algorithm>
@@ -56,7 +55,8 @@ k4_weight make_k4(ggml_type t, int64_t rows, int64_t cols, uint32_t seed) {
     b.dmin = cpu::fp32_to_fp16(scale(rng));
     int sc[8], m[8];
     const int phase = six(rng);
-    for (int j = 0; j < 8; ++j) sc[j] = (phase + int(n) + 8 * j) % 64, m[j] = (phase + 5 * int(n) + 8 * j + 3) % 64;
+    for (int j = 0; j < 8; ++j)
+      sc[j] = (phase + int(n) + 8 * j) % 64, m[j] = (phase + 5 * int(n) + 8 * j + 3) % 64;
     for (auto& q : b.qs) q = uint8_t(byte(rng));
     if constexpr (requires { b.qh; })
       for (auto& q : b.qh) q = uint8_t(byte(rng));
@@ -77,7 +77,8 @@ k4_weight make_k4(ggml_type t, int64_t rows, int64_t cols, uint32_t seed) {
 }
 
 k4_weight make_k4(ggml_type t, int64_t rows, int64_t cols, uint32_t seed) {
-  return t == ggml_type::q4_K ? make_k4<block_q4_K>(t, rows, cols, seed) : make_k4<block_q5_K>(t, rows, cols, seed);
+  return t == ggml_type::q4_K ? make_k4<block_q4_K>(t, rows, cols, seed)
+                              : make_k4<block_q5_K>(t, rows, cols, seed);
 }
 
 // Activations: row 0 constant (every code 127, the largest sums with row 0's first block),
@@ -192,12 +193,15 @@ void time_pair(int reps, F0&& f0, F1&& f1, double (&q0)[3], double (&q1)[3]) {
   }
   std::sort(t0.begin(), t0.end());
   std::sort(t1.begin(), t1.end());
-  for (int k = 0; k < 3; ++k) q0[k] = t0[t0.size() * size_t(k + 1) / 4], q1[k] = t1[t1.size() * size_t(k + 1) / 4];
+  for (int k = 0; k < 3; ++k)
+    q0[k] = t0[t0.size() * size_t(k + 1) / 4], q1[k] = t1[t1.size() * size_t(k + 1) / 4];
 }
 
 void report(const char* what, double bytes, const double (&q0)[3], const double (&q1)[3]) {
-  std::printf("%s: rows_avx512 %10.0f ns (%5.1f GB/s, q1-q3 %.0f-%.0f)  packed %10.0f ns (%5.1f GB/s, q1-q3 %.0f-%.0f)  x%.2f\n",
-              what, q0[1], bytes / q0[1], q0[0], q0[2], q1[1], bytes / q1[1], q1[0], q1[2], q0[1] / q1[1]);
+  std::printf(
+      "%s: rows_avx512 %10.0f ns (%5.1f GB/s, q1-q3 %.0f-%.0f)  packed %10.0f ns (%5.1f GB/s, q1-q3 "
+      "%.0f-%.0f)  x%.2f\n",
+      what, q0[1], bytes / q0[1], q0[0], q0[2], q1[1], bytes / q1[1], q1[0], q1[2], q0[1] / q1[1]);
 }
 
 }  // namespace
@@ -226,8 +230,9 @@ TEST_CASE("quant_packed: k4 timing against rows_avx512" * doctest::skip()) {
         time_pair(
             batch == 1 ? 301 : 7, [&](int) { cpu::quant_detail::rows_avx512(w.view, a, y0.data(), 0, rows); },
             [&](int) { kk.rows(p, a, y1.data(), 0, p.groups()); }, q0, q1);
-        std::snprintf(what, sizeof what, "%s %5lld x %5lld batch %3lld", std::string(to_string(kk.type)).c_str(),
-                      (long long)rows, (long long)cols, (long long)batch);
+        std::snprintf(what, sizeof what, "%s %5lld x %5lld batch %3lld",
+                      std::string(to_string(kk.type)).c_str(), (long long)rows, (long long)cols,
+                      (long long)batch);
         report(what, bytes, q0, q1);
         CHECK(std::memcmp(y0.data(), y1.data(), y0.size() * sizeof(float)) == 0);
       }
@@ -242,10 +247,14 @@ TEST_CASE("quant_packed: k4 timing against rows_avx512" * doctest::skip()) {
         cpu::quantize_acts(x.data(), batch, cols, 256, a);
         std::vector<float> y0(size_t(batch * rows)), y1(size_t(batch * rows));
         time_pair(
-            101, [&](int i) { cpu::quant_detail::rows_avx512(ws[size_t(i) % copies].view, a, y0.data(), 0, rows); },
+            101,
+            [&](int i) {
+              cpu::quant_detail::rows_avx512(ws[size_t(i) % copies].view, a, y0.data(), 0, rows);
+            },
             [&](int i) { kk.rows(ps[size_t(i) % copies], a, y1.data(), 0, p.groups()); }, q0, q1);
-        std::snprintf(what, sizeof what, "%s %5lld x %5lld batch %3lld from memory", std::string(to_string(kk.type)).c_str(),
-                      (long long)rows, (long long)cols, (long long)batch);
+        std::snprintf(what, sizeof what, "%s %5lld x %5lld batch %3lld from memory",
+                      std::string(to_string(kk.type)).c_str(), (long long)rows, (long long)cols,
+                      (long long)batch);
         report(what, bytes, q0, q1);
         CHECK(std::memcmp(y0.data(), y1.data(), y0.size() * sizeof(float)) == 0);
       }
