@@ -6,9 +6,12 @@
 #include <time.h>
 
 #include <algorithm>
+#include <barrier>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "kernels/cpu/ops.h"
@@ -196,4 +199,38 @@ TEST_CASE("quant packed q6_K: timing against the row-major kernel" * doctest::sk
   const double bytes = double(ws[0].bytes.size()), m0 = median(t0), m1 = median(t1);
   std::printf("q6_K 8192 x 2048 batch 1 from memory: row-major %.0f ns (%.2f GB/s), packed %.0f ns (%.2f GB/s): %.2fx\n",
               m0, bytes / m0, m1, bytes / m1, m0 / m1);
+  // The same with 2 threads, each on half of every weight's rows (wall time of the pair,
+  // both started together): a decode step's split.
+  std::vector<double> w0, w1;
+  std::barrier sync(2);
+  auto half = [&](int t, bool packed, size_t i) {
+    if (packed) {
+      const int64_t g = ps[i].groups() / 2;
+      cpu::quant_detail::packed_rows_q6_K(ps[i], a, y.data(), t == 0 ? 0 : g, t == 0 ? g : ps[i].groups());
+    } else {
+      cpu::quant_detail::rows_avx512(ws[i].view, a, y.data(), t == 0 ? 0 : rows / 2, t == 0 ? rows / 2 : rows);
+    }
+  };
+  std::thread other([&] {
+    for (int rep = 0; rep < 60; ++rep)
+      for (size_t i = 0; i < ws.size(); ++i)
+        for (bool packed : {false, true}) {
+          sync.arrive_and_wait();
+          half(1, packed, packed ? (i + 4) % ws.size() : i);
+          sync.arrive_and_wait();
+        }
+  });
+  for (int rep = 0; rep < 60; ++rep)
+    for (size_t i = 0; i < ws.size(); ++i)
+      for (bool packed : {false, true}) {
+        sync.arrive_and_wait();
+        const auto t = std::chrono::steady_clock::now();
+        half(0, packed, packed ? (i + 4) % ws.size() : i);
+        sync.arrive_and_wait();
+        (packed ? w1 : w0).push_back(double(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t).count()));
+      }
+  other.join();
+  const double n0 = median(w0), n1 = median(w1);
+  std::printf("q6_K 8192 x 2048 batch 1 from memory, 2 threads (wall): row-major %.0f ns (%.2f GB/s), packed %.0f ns (%.2f GB/s): %.2fx\n",
+              n0, bytes / n0, n1, bytes / n1, n0 / n1);
 }
