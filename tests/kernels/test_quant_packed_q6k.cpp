@@ -170,6 +170,18 @@ TEST_CASE("quant packed q6_K: timing against the row-major kernel" * doctest::sk
       std::printf("q6_K %5lld x %5lld batch %3lld: row-major %10.0f ns, packed %10.0f ns: %.2fx\n",
                   static_cast<long long>(s.rows), static_cast<long long>(s.cols), static_cast<long long>(batch), m0, m1,
                   m0 / m1);
+      // Calls of a few groups (a pool's chunks) pay the per-call table of activation sums.
+      for (int64_t per : {int64_t(1), int64_t(4), int64_t(16)}) {
+        std::vector<double> tc;
+        for (int rep = 0; rep < (batch == 1 ? 21 : 3); ++rep) {
+          const double t = thread_ns();
+          for (int64_t g = 0; g < p.groups(); g += per)
+            cpu::quant_detail::packed_rows_q6_K(p, a, y1.data(), g, std::min(p.groups(), g + per));
+          tc.push_back(thread_ns() - t);
+        }
+        std::printf("  packed in calls of %2lld groups: %10.0f ns (%.2fx the one call)\n", static_cast<long long>(per),
+                    median(tc), median(tc) / m1);
+      }
     }
   }
   // Batch 1 from memory: 8 weights of 8192 x 2048 (110 MB) in rotation, each packed copy read
