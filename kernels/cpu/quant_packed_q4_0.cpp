@@ -137,10 +137,37 @@ void run_groups(const uint8_t* base, int64_t groups, int64_t nb, const quant_act
   }
 }
 
+// pack_group_q4_0 of 16 real rows on AVX-512: per block, A_t holds rows 4m + t's 16 code bytes
+// in its 128-bit lane m; a 4 x 4 transpose of 32-bit words within the lanes then gives vector j
+// (lane r: row r's bytes 4j .. 4j + 3). An unpacked weight is packed this way on every call.
+TANDEM_P512 void pack_full_group(const tensor_view& w, int64_t r0, uint8_t* dst) {
+  const int64_t nb = w.cols() / q4_0_block;
+  const block_q4_0* rows[pack_rows];
+  for (int64_t r = 0; r < pack_rows; ++r) rows[r] = reinterpret_cast<const block_q4_0*>(w.row(r0 + r));
+  uint8_t* scales = dst + nb * codes_bytes;
+  for (int64_t i = 0; i < nb; ++i) {
+    __m512i A[4];
+    for (int t = 0; t < 4; ++t) {
+      auto qs = [&](int m) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[4 * m + t][i].qs)); };
+      A[t] = _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(qs(0)), qs(1), 1), qs(2), 2),
+                                qs(3), 3);
+    }
+    const __m512i t0 = _mm512_unpacklo_epi32(A[0], A[1]), t1 = _mm512_unpackhi_epi32(A[0], A[1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(A[2], A[3]), t3 = _mm512_unpackhi_epi32(A[2], A[3]);
+    uint8_t* q = dst + i * codes_bytes;
+    _mm512_storeu_si512(q, _mm512_unpacklo_epi64(t0, t2));
+    _mm512_storeu_si512(q + 64, _mm512_unpackhi_epi64(t0, t2));
+    _mm512_storeu_si512(q + 128, _mm512_unpacklo_epi64(t1, t3));
+    _mm512_storeu_si512(q + 192, _mm512_unpackhi_epi64(t1, t3));
+    for (int64_t r = 0; r < pack_rows; ++r) std::memcpy(scales + i * scales_bytes + 2 * r, &rows[r][i].d, 2);
+  }
+}
+
 }  // namespace
 
 void pack_group_q4_0(const tensor_view& w, int64_t r0, uint8_t* dst) {
   const int64_t nb = w.cols() / q4_0_block;
+  if (r0 + pack_rows <= w.rows() && has_avx512_vnni()) return pack_full_group(w, r0, dst);
   std::memset(dst, 0, size_t(nb * (codes_bytes + scales_bytes)));
   uint8_t* scales = dst + nb * codes_bytes;
   for (int64_t r = 0; r < pack_rows && r0 + r < w.rows(); ++r) {
