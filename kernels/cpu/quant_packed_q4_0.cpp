@@ -144,8 +144,14 @@ TANDEM_P512 void pack_full_group(const tensor_view& w, int64_t r0, uint8_t* dst)
   const int64_t nb = w.cols() / q4_0_block;
   const block_q4_0* rows[pack_rows];
   for (int64_t r = 0; r < pack_rows; ++r) rows[r] = reinterpret_cast<const block_q4_0*>(w.row(r0 + r));
+  const int64_t ahead = pack_rows * int64_t(row_bytes(ggml_type::q4_0, w.cols()));
   uint8_t* scales = dst + nb * codes_bytes;
   for (int64_t i = 0; i < nb; ++i) {
+    // 16 rows read side by side, each too short a stream for the hardware prefetcher: the next
+    // group's same bytes (16 rows on) are requested into L2 as these are read, as tile_k does
+    // (a batch-1 call from memory streamed at 3 GB/s without, 5.6 with a request 512 bytes ahead).
+    if (i % 2 == 0)
+      for (int64_t r = 0; r < pack_rows; ++r) _mm_prefetch(reinterpret_cast<const char*>(rows[r] + i) + ahead, _MM_HINT_T1);
     __m512i A[4];
     for (int t = 0; t < 4; ++t) {
       auto qs = [&](int m) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[4 * m + t][i].qs)); };
