@@ -97,8 +97,8 @@ struct matmul_job {
   int64_t batch = 0;
   float* y = nullptr;
 };
-/// Several matmuls, each on an input of its own, in one fork-join over the 24-row groups of
-/// all of them taken as threads free up (small ones, like a decode step's experts, keep
+/// Several matmuls, each on an input of its own, in one fork-join over the 24-row groups (16
+/// for packed low-bit weights) of all of them taken as threads free up (small ones, like a decode step's experts, keep
 /// every thread busy instead of one whole matrix per thread); low-bit weights in a second
 /// one. Each output has the bits matmul gives it alone. Weights on the amx path run one
 /// matmul each.
