@@ -12,6 +12,7 @@
 #include "kernels/cpu/avx512_sum.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/quant_matmul.h"
+#include "kernels/cpu/quant_packed.h"
 #include "kernels/cpu/quant_ref.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/cpu/thread_pool.h"
@@ -393,7 +394,8 @@ packed_weight pack_weight(const tensor_view& w, cpu_isa isa, thread_pool* pool) 
   return pack_weights(std::span<const tensor_view>(&w, 1), isa, pool).front();
 }
 
-std::vector<packed_weight> pack_weights(std::span<const tensor_view> ws, cpu_isa isa, thread_pool* pool) {
+std::vector<packed_weight> pack_weights(std::span<const tensor_view> ws, cpu_isa isa, thread_pool* pool,
+                                        bool pack_low_bit) {
   isa = resolve_isa(isa);
   std::vector<packed_weight> out;
   out.reserve(ws.size());
@@ -411,6 +413,8 @@ std::vector<packed_weight> pack_weights(std::span<const tensor_view> ws, cpu_isa
       p.amx = std::make_shared<const amx_matrix>(amx_pack(w, pool, arena, offset));
       offset += amx_packed_bytes(w) / 2;
     }
+    if (pack_low_bit && vector_isa(isa) == cpu_isa::avx512 && packs(w.type) && w.cols() % block_elems(w.type) == 0)
+      p.quant = std::make_shared<const quant_packed>(pack_quant(w, pool));
     out.push_back(std::move(p));
   }
   return out;
@@ -419,6 +423,11 @@ std::vector<packed_weight> pack_weights(std::span<const tensor_view> ws, cpu_isa
 void matmul(const packed_weight& w, const float* x, int64_t batch, float* y, std::vector<float>& scratch,
             thread_pool* pool) {
   if (w.amx) return amx_matmul(*w.amx, x, batch, y, scratch, pool);
+  if (w.quant) {
+    const quant_weight ws[] = {{&w.view, w.quant.get()}};
+    float* ys[] = {y};
+    return quant_matmul_many(ws, x, batch, ys, pool, vector_isa(resolve_isa(w.isa)));
+  }
   matmul(w.view, x, batch, y, scratch, pool, w.isa);
 }
 
@@ -457,8 +466,8 @@ void matmul_many(std::span<const packed_weight* const> ws, const float* x, int64
     work += w->view.rows() * k * batch;
   }
   if (all_low_bit) {  // one input quantization and one fork-join for all (quant_matmul.h)
-    std::vector<const tensor_view*> vs;
-    for (const packed_weight* w : ws) vs.push_back(&w->view);
+    std::vector<quant_weight> vs;
+    for (const packed_weight* w : ws) vs.push_back({&w->view, w->quant.get()});
     return quant_matmul_many(vs, x, batch, ys, pool, vector_isa(resolve_isa(ws[0]->isa)));
   }
   if (all_amx) {
@@ -491,7 +500,7 @@ void matmul_jobs(std::span<const matmul_job> jobs, std::vector<float>& scratch, 
   // Float weights on one vector path share one fork-join, low-bit ones another (their inputs
   // are quantized first); the rest (amx tiles, a mix of paths) run one matmul each.
   std::vector<const matmul_job*> vec, other;
-  std::vector<const tensor_view*> qw;
+  std::vector<quant_weight> qw;
   std::vector<const float*> qx;
   std::vector<int64_t> qb;
   std::vector<float*> qy;
@@ -503,7 +512,7 @@ void matmul_jobs(std::span<const matmul_job> jobs, std::vector<float>& scratch, 
       other.push_back(&j);
     } else if (int8_matmul(w.view.type) && (qw.empty() || path == qisa)) {
       qisa = path;
-      qw.push_back(&w.view), qx.push_back(j.x), qb.push_back(j.batch), qy.push_back(j.y);
+      qw.push_back({&w.view, w.quant.get()}), qx.push_back(j.x), qb.push_back(j.batch), qy.push_back(j.y);
     } else if (!int8_matmul(w.view.type) && (vec.empty() || path == isa)) {
       check_matmul_weight(w.view);
       isa = path;

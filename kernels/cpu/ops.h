@@ -17,6 +17,7 @@
 namespace tandem::cpu {
 
 class thread_pool;
+struct quant_packed;
 
 /// IEEE half bits -> float (exact).
 float fp16_to_fp32(uint16_t h);
@@ -60,20 +61,24 @@ void matmul(const tensor_view& w, const float* x, int64_t batch, float* y, std::
 constexpr int64_t matmul_min_parallel_work = int64_t(1) << 16;
 
 /// A weight matrix prepared once for the kernel path `isa` (resolved): on the amx path an
-/// f16 or bf16 matrix is also copied into the tile layout (`amx`); otherwise only the view
-/// is kept. The view's memory must outlive it.
+/// f16 or bf16 matrix is also copied into the tile layout (`amx`); on the avx512 and amx paths
+/// a low-bit weight with a packed kernel (quant_packed.h's packs()) is also copied into 16-row
+/// interleaved groups (`quant`); otherwise only the view is kept. The view's memory must
+/// outlive it (embedding lookups and the other paths read it).
 struct packed_weight {
   tensor_view view;
   cpu_isa isa = cpu_isa::scalar;
-  std::shared_ptr<const amx_matrix> amx;  ///< null unless the amx path packed it
+  std::shared_ptr<const amx_matrix> amx;      ///< null unless the amx path packed it
+  std::shared_ptr<const quant_packed> quant;  ///< null unless the avx512 path packed it
 };
 /// Prepares `w` for `isa` (split across `pool`'s threads); throws tandem::error if this CPU
 /// lacks the path.
 packed_weight pack_weight(const tensor_view& w, cpu_isa isa = cpu_isa::best, thread_pool* pool = nullptr);
 /// pack_weight for several matrices at once; on the amx path their tile copies share one
 /// buffer (a model's worth on 2 MiB pages, instead of a page-rounded buffer each).
+/// `pack_low_bit` false keeps low-bit weights unpacked (the same bits, the row-major kernels).
 std::vector<packed_weight> pack_weights(std::span<const tensor_view> ws, cpu_isa isa = cpu_isa::best,
-                                        thread_pool* pool = nullptr);
+                                        thread_pool* pool = nullptr, bool pack_low_bit = true);
 /// matmul of a prepared weight on its path: the same bits as matmul(w.view, ..., w.isa).
 void matmul(const packed_weight& w, const float* x, int64_t batch, float* y, std::vector<float>& scratch,
             thread_pool* pool = nullptr);
@@ -92,8 +97,8 @@ struct matmul_job {
   int64_t batch = 0;
   float* y = nullptr;
 };
-/// Several matmuls, each on an input of its own, in one fork-join over the 24-row groups of
-/// all of them taken as threads free up (small ones, like a decode step's experts, keep
+/// Several matmuls, each on an input of its own, in one fork-join over the 24-row groups (16
+/// for packed low-bit weights) of all of them taken as threads free up (small ones, like a decode step's experts, keep
 /// every thread busy instead of one whole matrix per thread); low-bit weights in a second
 /// one. Each output has the bits matmul gives it alone. Weights on the amx path run one
 /// matmul each.

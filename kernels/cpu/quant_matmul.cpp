@@ -11,6 +11,7 @@
 
 #include "kernels/base/error.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/quant_packed.h"
 #include "kernels/cpu/quant_ref.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -82,20 +83,16 @@ namespace quant_detail {
 namespace {
 
 float dot_q4_0(const block_q4_0* w, const int8_t* x, const float* dx, int64_t nb) {
-  float lanes[16] = {};
+  float acc = 0.0f;
   for (int64_t i = 0; i < nb; ++i) {
-    const float dd = fp16_to_fp32(w[i].d) * dx[i];
-    for (int l = 0; l < 8; ++l) {
-      int s = 0;
-      for (int e = 4 * l; e < 4 * l + 4; ++e) {
-        const int q = e < 16 ? w[i].qs[e] & 0xF : w[i].qs[e - 16] >> 4;
-        s += (q - 8) * x[32 * i + e];
-      }
-      float& lane = lanes[8 * (i % 2) + l];
-      lane = std::fma(dd, float(s), lane);
+    int s = 0;
+    for (int e = 0; e < 32; ++e) {
+      const int q = e < 16 ? w[i].qs[e] & 0xF : w[i].qs[e - 16] >> 4;
+      s += (q - 8) * x[32 * i + e];
     }
+    acc = std::fma(fp16_to_fp32(w[i].d) * dx[i], float(s), acc);
   }
-  return tree16(lanes);
+  return acc;
 }
 
 float dot_q8_0(const block_q8_0* w, const int8_t* x, const float* dx, int64_t nb) {
@@ -191,7 +188,8 @@ bool has_avx512_vnni() {
 
 namespace {
 
-// Chunks of whole 24-row groups (tiles of 8 and 4 rows; the bits never depend on the split).
+// Chunks of whole 24-row groups (tiles of 8 and 4 rows; the bits never depend on the split);
+// a packed weight's chunks are whole 16-row groups (quant_packed.h).
 constexpr int64_t group_rows = 24;
 
 void run_rows(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, int64_t r1, cpu_isa isa) {
@@ -201,36 +199,66 @@ void run_rows(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, i
   rows_scalar(w, a, y, r0, r1);
 }
 
-void check_weight(const tensor_view& w) {
+// Whether weight w runs its packed copy on path `isa`.
+bool runs_packed(const quant_weight& w, cpu_isa isa) {
+  return w.packed != nullptr && isa == cpu_isa::avx512 && packs(w.packed->type);
+}
+
+// The rows of one split unit (group) of w on path `isa`.
+int64_t unit_rows(const quant_weight& w, cpu_isa isa) { return runs_packed(w, isa) ? pack_rows : group_rows; }
+
+// Groups [g0, g1) of w (in unit_rows) for every activation row of `a`.
+void run_groups(const quant_weight& w, const quant_acts& a, float* y, int64_t g0, int64_t g1, cpu_isa isa) {
+  if (runs_packed(w, isa)) return packed_rows(*w.packed, a, y, g0, g1);
+  run_rows(*w.view, a, y, g0 * group_rows, std::min(w.view->rows(), g1 * group_rows), isa);
+}
+
+void check_weight(const quant_weight& qw) {
+  const tensor_view& w = *qw.view;
   if (!int8_matmul(w.type))
     throw tandem::error(fmt::format("quant_matmul: {} is not a low-bit or q8_0 weight type", to_string(w.type)));
   if (w.cols() % block_elems(w.type) != 0)
     throw tandem::error(fmt::format("matmul: {} weight with {} columns is not a multiple of its block of {}",
                                     to_string(w.type), w.cols(), block_elems(w.type)));
+  if (qw.packed != nullptr && (qw.packed->type != w.type || qw.packed->rows != w.rows() || qw.packed->cols != w.cols()))
+    throw tandem::error("quant_matmul: a packed copy does not match its weight's type and shape; pack the weight again");
+}
+
+std::vector<quant_weight> unpacked(std::span<const tensor_view* const> ws) {
+  std::vector<quant_weight> out;
+  out.reserve(ws.size());
+  for (const tensor_view* w : ws) out.push_back(quant_weight{w, nullptr});
+  return out;
 }
 
 }  // namespace
 
 void quant_matmul(const tensor_view& w, const float* x, int64_t batch, float* y, thread_pool* pool, cpu_isa isa) {
-  const tensor_view* ws[] = {&w};
+  const quant_weight ws[] = {{&w, nullptr}};
   float* ys[] = {y};
   quant_matmul_many(ws, x, batch, ys, pool, isa);
 }
 
 void quant_matmul_many(std::span<const tensor_view* const> ws, const float* x, int64_t batch,
                        std::span<float* const> ys, thread_pool* pool, cpu_isa isa) {
+  quant_matmul_many(unpacked(ws), x, batch, ys, pool, isa);
+}
+
+void quant_matmul_many(std::span<const quant_weight> ws, const float* x, int64_t batch, std::span<float* const> ys,
+                       thread_pool* pool, cpu_isa isa) {
   if (ws.size() != ys.size()) throw tandem::error("quant_matmul_many: one output per weight");
   if (ws.empty() || batch <= 0) return;
-  const int64_t k = ws[0]->cols();
+  const int64_t k = ws[0].view->cols();
   int64_t work = 0;
   bool need32 = false, need256 = false;
   std::vector<int64_t> off(1, 0);  // first row group of each weight
-  for (const tensor_view* w : ws) {
-    check_weight(*w);
-    if (w->cols() != k) throw tandem::error("quant_matmul_many: the weights must have the same columns");
-    (act_group(w->type) == 32 ? need32 : need256) = true;
-    work += w->rows() * k * batch;
-    off.push_back(off.back() + (w->rows() + group_rows - 1) / group_rows);
+  for (const quant_weight& w : ws) {
+    check_weight(w);
+    if (w.view->cols() != k) throw tandem::error("quant_matmul_many: the weights must have the same columns");
+    (act_group(w.view->type) == 32 ? need32 : need256) = true;
+    work += w.view->rows() * k * batch;
+    const int64_t u = unit_rows(w, isa);
+    off.push_back(off.back() + (w.view->rows() + u - 1) / u);
   }
   // Kept between calls on the calling thread: a decode step runs several matmuls per layer.
   thread_local quant_acts acts32, acts256;
@@ -243,8 +271,7 @@ void quant_matmul_many(std::span<const tensor_view* const> ws, const float* x, i
     for (size_t i = 0; i < ws.size(); ++i) {
       const int64_t lo = std::max(g0, off[i]) - off[i], hi = std::min(g1, off[i + 1]) - off[i];
       if (lo >= hi) continue;
-      const quant_acts& a = act_group(ws[i]->type) == 32 ? a32 : a256;
-      run_rows(*ws[i], a, ys[i], lo * group_rows, std::min(ws[i]->rows(), hi * group_rows), isa);
+      run_groups(ws[i], act_group(ws[i].view->type) == 32 ? a32 : a256, ys[i], lo, hi, isa);
     }
   };
   if (pool == nullptr || pool->size() == 1 || work < matmul_min_parallel_work) return run(0, off.back());
@@ -252,6 +279,12 @@ void quant_matmul_many(std::span<const tensor_view* const> ws, const float* x, i
 }
 
 void quant_matmul_jobs(std::span<const tensor_view* const> ws, std::span<const float* const> xs,
+                       std::span<const int64_t> batches, std::span<float* const> ys, thread_pool* pool,
+                       cpu_isa isa) {
+  quant_matmul_jobs(unpacked(ws), xs, batches, ys, pool, isa);
+}
+
+void quant_matmul_jobs(std::span<const quant_weight> ws, std::span<const float* const> xs,
                        std::span<const int64_t> batches, std::span<float* const> ys, thread_pool* pool,
                        cpu_isa isa) {
   if (ws.size() != xs.size() || ws.size() != batches.size() || ws.size() != ys.size())
@@ -264,19 +297,19 @@ void quant_matmul_jobs(std::span<const tensor_view* const> ws, std::span<const f
   thread_local std::vector<quant_acts> acts;
   if (acts.size() < ws.size()) acts.resize(ws.size());
   for (size_t i = 0; i < ws.size(); ++i) {
-    const tensor_view& w = *ws[i];
-    check_weight(w);
+    const tensor_view& w = *ws[i].view;
+    check_weight(ws[i]);
     const int64_t b = std::max<int64_t>(0, batches[i]);
     if (b > 0) quantize_acts(xs[i], b, w.cols(), act_group(w.type), acts[i], isa);
     work += w.rows() * w.cols() * b;
     per.push_back(std::max<int64_t>(1, b));
-    off.push_back(off.back() + (b > 0 ? (w.rows() + group_rows - 1) / group_rows * b : 0));
+    const int64_t u = unit_rows(ws[i], isa);
+    off.push_back(off.back() + (b > 0 ? (w.rows() + u - 1) / u * b : 0));
   }
   const std::vector<quant_acts>& a = acts;  // the caller's, named here (see quant_matmul_many)
   auto run = [&](int64_t u0, int64_t u1) {
-    for_weighted_parts(off, per, u0, u1, [&](size_t i, int64_t lo, int64_t hi) {
-      run_rows(*ws[i], a[i], ys[i], lo * group_rows, std::min(ws[i]->rows(), hi * group_rows), isa);
-    });
+    for_weighted_parts(off, per, u0, u1,
+                       [&](size_t i, int64_t lo, int64_t hi) { run_groups(ws[i], a[i], ys[i], lo, hi, isa); });
   };
   if (pool == nullptr || pool->size() == 1 || work < matmul_min_parallel_work) return run(0, off.back());
   pool->parallel_for_dynamic(off.back(), 4, run);

@@ -6,10 +6,12 @@
 ///   q4_K, q5_K: acc = fma(d * dx, isum, acc); acc = fma(-(dmin * dx), msum, acc) per block,
 ///     isum = sum_j sc_j * sum_(e in j) q_e x_e, msum = sum_j m_j * sum_(e in j) x_e;
 ///   q6_K: acc = fma(d * dx, isum, acc), isum = sum_j sc_j * sum_(e in j) (q_e - 32) x_e;
-///   q4_0: 16 float lanes, lane 8 (i % 2) + l of block i gets fma(d * dx, s_l, lane) where s_l
-///     = sum of (q_e - 8) x_e over elements 4l .. 4l + 3; then lane i + 8, i + 4, i + 2, i + 1
-///     (hsum16's tree);
-///   q8_0: the same lanes with s_l = sum of q_e x_e.
+///   q4_0: acc = fma(d * dx, s, acc) per block in order, s = sum over the block of (q_e - 8) x_e
+///     (one sum per block, so that a kernel can hold 16 weight rows in the 16 lanes of a vector:
+///     kernels/cpu/quant_packed.h);
+///   q8_0: 16 float lanes, lane 8 (i % 2) + l of block i gets fma(d * dx, s_l, lane) where s_l
+///     = sum of q_e x_e over elements 4l .. 4l + 3; then lane i + 8, i + 4, i + 2, i + 1
+///     (hsum16's tree).
 /// Integer sums are exact, so the scalar, avx2 and avx512 paths, every batch size and every
 /// thread count give the same bits (kernels/cpu/ops.h's invariant, here across paths too).
 #include <algorithm>
@@ -24,6 +26,7 @@
 namespace tandem::cpu {
 
 class thread_pool;
+struct quant_packed;
 
 /// Activation rows quantized for the low-bit kernels: row b's k values in groups of `group`
 /// (32 for q4_0 and q8_0, 256 for the k-quants), each with scale d = max|x| / 127 and int8 values
@@ -67,10 +70,26 @@ void quant_matmul(const tensor_view& w, const float* x, int64_t batch, float* y,
 void quant_matmul_many(std::span<const tensor_view* const> ws, const float* x, int64_t batch,
                        std::span<float* const> ys, thread_pool* pool, cpu_isa isa);
 
+/// A low-bit weight as quant_matmul_many and quant_matmul_jobs take it: the view, and its
+/// packed copy (kernels/cpu/quant_packed.h) or null. A packed weight runs the packed kernel
+/// where the path is avx512 (the same bits as the view), split by 16-row groups.
+struct quant_weight {
+  const tensor_view* view = nullptr;
+  const quant_packed* packed = nullptr;
+};
+
+/// quant_matmul_many of weights that may be packed.
+void quant_matmul_many(std::span<const quant_weight> ws, const float* x, int64_t batch, std::span<float* const> ys,
+                       thread_pool* pool, cpu_isa isa);
+
 /// quant_matmul of several low-bit weights, each on its own input (xs[i], batches[i] rows;
 /// ys[i] is [batches[i]][rows_i]): every input quantized once, one fork-join over the row
 /// groups of all of them; each output has the bits quant_matmul gives it alone.
 void quant_matmul_jobs(std::span<const tensor_view* const> ws, std::span<const float* const> xs,
+                       std::span<const int64_t> batches, std::span<float* const> ys, thread_pool* pool,
+                       cpu_isa isa);
+/// quant_matmul_jobs of weights that may be packed.
+void quant_matmul_jobs(std::span<const quant_weight> ws, std::span<const float* const> xs,
                        std::span<const int64_t> batches, std::span<float* const> ys, thread_pool* pool,
                        cpu_isa isa);
 
@@ -107,7 +126,7 @@ void for_tiles(int64_t row_bytes, int64_t batch, int64_t r0, int64_t r1, Tile&& 
   for (; r < r1; ++r)
     for (int64_t b = 0; b < batch; ++b) tile(r, 1, b, 1);
 }
-/// q4_0's and q8_0's final lane reduction (the tree of hsum16).
+/// q8_0's final lane reduction (the tree of hsum16).
 inline float tree16(const float* a) {
   float t8[8], t4[4];
   for (int i = 0; i < 8; ++i) t8[i] = a[i] + a[i + 8];

@@ -162,7 +162,7 @@ TANDEM_Q256 void tile_k(const tensor_view& w, const quant_acts& a, float* y, int
     for (int b = 0; b < B; ++b) y[(b0 + b) * n + r0 + r] = acc[r][b];
 }
 
-// The recipe's 16-lane tree over even-block lanes `lo` (0-7) and odd-block lanes `hi` (8-15):
+// q8_0's 16-lane tree over even-block lanes `lo` (0-7) and odd-block lanes `hi` (8-15):
 // lane i + lane i + 8, then the halves of what is left.
 TANDEM_Q256 inline float tree16_pair(__m256 lo, __m256 hi) {
   const __m256 v = _mm256_add_ps(lo, hi);
@@ -172,31 +172,9 @@ TANDEM_Q256 inline float tree16_pair(__m256 lo, __m256 hi) {
   return _mm_cvtss_f32(h);
 }
 
-// The two 32-element block types as policies of the shared tile below: what an activation
-// register needs besides its bytes, how a block's weights load, and the exact int32 dot
-// products of 4-element groups.
+// q8_0 as a policy of the tile below: what an activation register needs besides its bytes,
+// how a block's weights load, and the exact int32 dot products of 4-element groups.
 //
-// q4_0: nibbles w in 0..15 stand for w - 8; maddubs(w, x) - maddubs(8, x) is the signed product.
-struct q4_0_blocks {
-  using block = block_q4_0;
-  static constexpr int64_t elems = q4_0_block;
-  static constexpr int64_t prefetch_every = 2;  // two 18-byte blocks per line
-  struct x_reg {
-    __m256i v, offset;
-  };
-  TANDEM_Q256 static x_reg prep(__m256i xv) { return {xv, _mm256_maddubs_epi16(_mm256_set1_epi8(8), xv)}; }
-  struct w_reg {
-    __m256i v;
-  };
-  TANDEM_Q256 static w_reg load(const block& p) {
-    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p.qs));
-    return {_mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F))};
-  }
-  TANDEM_Q256 static __m256i dot(const w_reg& w, const x_reg& x) {
-    return _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(w.v, x.v), x.offset), _mm256_set1_epi16(1));
-  }
-};
-
 // q8_0: |w| times x with w's sign (maddubs takes an unsigned and a signed operand; |w| <= 128
 // and |x| <= 127 keep each pair sum inside int16).
 struct q8_0_blocks {
@@ -219,7 +197,7 @@ struct q8_0_blocks {
   }
 };
 
-// R weight rows x B activation rows of a 32-element block type, one block a step; even blocks
+// R weight rows x B activation rows of q8_0, one block a step; even blocks
 // in acc[..][0] (lanes 0-7 of the recipe), odd in [1].
 template <class P, int R, int B>
 TANDEM_Q256 void tile_blocks(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, int64_t b0) {
@@ -254,9 +232,60 @@ TANDEM_Q256 void tile_blocks(const tensor_view& w, const quant_acts& a, float* y
     for (int b = 0; b < B; ++b) y[(b0 + b) * n + r0 + r] = tree16_pair(acc[r][b][0], acc[r][b][1]);
 }
 
+// Lane j: the sum of the 8 lanes of v[j] (exact, in any order).
+TANDEM_Q256 inline __m256i hsum_epi32_x8(const __m256i* v) {
+  const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+  const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
+}
+
+// q4_0 (R x B <= 8): per block, the exact int sum s of (q - 8) x for every (weight row,
+// activation row), the 8 sums reduced together, then acc = fma(d * dx, s, acc) as the recipe.
+// Nibbles w in 0..15 stand for w - 8: maddubs(w, x) - maddubs(8, x) is the signed product.
+template <int R, int B>
+TANDEM_Q256 void tile_q4_0(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, int64_t b0) {
+  static_assert(R * B <= 8);
+  const int64_t nb = w.cols() / q4_0_block, n = w.rows();
+  const block_q4_0* rows[R];
+  for (int r = 0; r < R; ++r) rows[r] = reinterpret_cast<const block_q4_0*>(w.row(r0 + r));
+  float acc[R][B] = {};
+  const int64_t ahead = B == 1 && R > 1 ? (reinterpret_cast<const char*>(rows[1]) - reinterpret_cast<const char*>(rows[0])) * R : 0;
+  const __m256i ones = _mm256_set1_epi16(1), mask = _mm256_set1_epi8(0x0F);
+  for (int64_t i = 0; i < nb; ++i) {
+    __m256i xv[B], xo[B];
+#pragma GCC unroll 4
+    for (int b = 0; b < B; ++b) {
+      xv[b] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q(b0 + b) + q4_0_block * i));
+      xo[b] = _mm256_maddubs_epi16(_mm256_set1_epi8(8), xv[b]);
+    }
+    __m256i v[8];
+#pragma GCC unroll 8
+    for (int j = R * B; j < 8; ++j) v[j] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      if (ahead != 0 && i % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(rows[r] + i) + ahead, _MM_HINT_T0);
+      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[r][i].qs));
+      const __m256i wv = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), mask);
+#pragma GCC unroll 4
+      for (int b = 0; b < B; ++b)
+        v[b * R + r] = _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(wv, xv[b]), xo[b]), ones);
+    }
+    alignas(32) int32_t s[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(s), hsum_epi32_x8(v));
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const float dw = _cvtsh_ss(rows[r][i].d);
+#pragma GCC unroll 4
+      for (int b = 0; b < B; ++b) acc[r][b] = std::fma(dw * a.scale(b0 + b)[i], float(s[b * R + r]), acc[r][b]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) y[(b0 + b) * n + r0 + r] = acc[r][b];
+}
+
 template <ggml_type T, int R, int B>
 TANDEM_Q256 void tile(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, int64_t b0) {
-  if constexpr (T == ggml_type::q4_0) tile_blocks<q4_0_blocks, R, B>(w, a, y, r0, b0);
+  if constexpr (T == ggml_type::q4_0) tile_q4_0<R, B>(w, a, y, r0, b0);
   else if constexpr (T == ggml_type::q8_0) tile_blocks<q8_0_blocks, R, B>(w, a, y, r0, b0);
   else tile_k<T, R, B>(w, a, y, r0, b0);
 }

@@ -5,6 +5,7 @@
 
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/quant_matmul.h"
+#include "kernels/cpu/quant_packed.h"
 #include "kernels/cpu/simd.h"
 
 namespace tandem::cpu::quant_detail {
@@ -245,26 +246,12 @@ TANDEM_Q512 inline float hsum16(__m512 s) {
   return _mm_cvtss_f32(h);
 }
 
-// The two 32-element block types, each as a policy of the shared tile below: a pair of
-// blocks' weights as 64 unsigned bytes u = w + c, whose VNNI dot product (vpdpbusd, u8 x s8,
-// each 4 summed in int32) with x, started from -c times each 4 x's sum (quant_acts' offsets),
-// is the exact sum of w x: one instruction per (weight row, activation row) and 64 elements.
+// q8_0 as a policy of the tile below: a pair of blocks' weights as 64 unsigned bytes u = w + c,
+// whose VNNI dot product (vpdpbusd, u8 x s8, each 4 summed in int32) with x, started from -c
+// times each 4 x's sum (quant_acts' offsets), is the exact sum of w x: one instruction per
+// (weight row, activation row) and 64 elements. (q4_0 runs the packed kernel instead,
+// kernels/cpu/quant_packed_q4_0.cpp: its recipe has one integer sum per block.)
 //
-// q4_0: nibbles 0..15 stand for w = nibble - 8 (c = 8), in element order:
-// [lo(0) lo(1) hi(0) hi(1)] -> [lo(0) hi(0) lo(1) hi(1)].
-struct q4_0_blocks {
-  using block = block_q4_0;
-  static constexpr int64_t elems = q4_0_block;
-  static const int32_t* offsets(const quant_acts& a, int64_t b) { return a.offset8(b); }
-  TANDEM_Q512 static __m512i load(const block* p, bool pair) {
-    const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[0].qs));
-    const __m128i q1 = pair ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[1].qs)) : _mm_setzero_si128();
-    const __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(q0), q1, 1);
-    const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1);
-    return _mm512_and_si512(_mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0)), _mm512_set1_epi8(0x0F));
-  }
-};
-
 // q8_0: codes -128..127 flipped in their top bit are w + 128 (c = 128).
 struct q8_0_blocks {
   using block = block_q8_0;
@@ -352,8 +339,7 @@ TANDEM_Q512 void tile_blocks(const tensor_view& w, const quant_acts& a, float* y
 
 template <ggml_type T, int R, int B, bool Fetch = true>
 TANDEM_Q512 void tile(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, int64_t b0) {
-  if constexpr (T == ggml_type::q4_0) tile_blocks<q4_0_blocks, R, B, Fetch>(w, a, y, r0, b0);
-  else if constexpr (T == ggml_type::q8_0) tile_blocks<q8_0_blocks, R, B, Fetch>(w, a, y, r0, b0);
+  if constexpr (T == ggml_type::q8_0) tile_blocks<q8_0_blocks, R, B, Fetch>(w, a, y, r0, b0);
   else tile_k<T, R, B, Fetch>(w, a, y, r0, b0);
 }
 
@@ -382,7 +368,8 @@ void rows_typed(const tensor_view& w, const quant_acts& a, float* y, int64_t r0,
 
 void rows_avx512(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, int64_t r1) {
   switch (w.type) {
-    case ggml_type::q4_0: return rows_typed<ggml_type::q4_0>(w, a, y, r0, r1);
+    // An unpacked q4_0 weight is packed a few groups at a time as it goes (the same bits).
+    case ggml_type::q4_0: return rows_q4_0_repacked(w, a, y, r0, r1);
     case ggml_type::q8_0: return rows_typed<ggml_type::q8_0>(w, a, y, r0, r1);
     case ggml_type::q4_K: return rows_typed<ggml_type::q4_K>(w, a, y, r0, r1);
     case ggml_type::q5_K: return rows_typed<ggml_type::q5_K>(w, a, y, r0, r1);

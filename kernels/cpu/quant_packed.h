@@ -33,6 +33,19 @@ struct quant_packed {
   const uint8_t* group(int64_t g) const { return bytes.data() + size_t(g) * group_bytes(); }
 };
 
+/// Whether this CPU runs a packed kernel for weights of type `t` (AVX-512 VNNI and a kernel
+/// for the type): pack_weights then makes a packed copy of such a weight on the avx512 path.
+bool packs(ggml_type t);
+
+/// The packed copy of `w` (a type packs() is true for), its groups split over `pool`'s
+/// threads. Throws tandem::error for a type without a packed layout.
+quant_packed pack_quant(const tensor_view& w, thread_pool* pool = nullptr);
+
+/// y[b][r] ([a.batch] rows of p.rows values) for the real rows of groups [g0, g1) and every
+/// activation row of `a`, by p's type's kernel (needs packs(p.type)): the bits rows_scalar
+/// gives the unpacked weight.
+void packed_rows(const quant_packed& p, const quant_acts& a, float* y, int64_t g0, int64_t g1);
+
 namespace quant_detail {
 
 /// Writes one packed group: rows r0 .. r0 + 15 of w (rows past w.rows() as zeros) into dst
@@ -57,6 +70,9 @@ inline quant_packed pack_groups(const tensor_view& w, pack_group_fn pack_group) 
 /// rows_scalar gives the unpacked weight (quant_matmul.h's recipe), for every batch size.
 void pack_group_q4_0(const tensor_view& w, int64_t r0, uint8_t* dst);
 void packed_rows_q4_0(const quant_packed& p, const quant_acts& a, float* y, int64_t g0, int64_t g1);
+/// rows_avx512 of an unpacked q4_0 weight: rows [r0, r1) packed a few groups at a time into a
+/// per-thread buffer, then packed_rows_q4_0's kernel (the same bits).
+void rows_q4_0_repacked(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, int64_t r1);
 void pack_group_q4_K(const tensor_view& w, int64_t r0, uint8_t* dst);
 void packed_rows_q4_K(const quant_packed& p, const quant_acts& a, float* y, int64_t g0, int64_t g1);
 void pack_group_q5_K(const tensor_view& w, int64_t r0, uint8_t* dst);

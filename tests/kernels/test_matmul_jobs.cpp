@@ -41,7 +41,7 @@ TEST_CASE("matmul_jobs: each job gets the bits matmul gives it alone, on every p
   const int64_t k = 256;
   const std::vector<int64_t> rows = {96, 200, 48, 13};
   const std::vector<std::vector<ggml_type>> type_sets = {
-      {ggml_type::f32}, {ggml_type::f16}, {ggml_type::bf16}, {ggml_type::q8_0}, {ggml_type::q4_K},
+      {ggml_type::f32}, {ggml_type::f16}, {ggml_type::bf16}, {ggml_type::q8_0}, {ggml_type::q4_K}, {ggml_type::q4_0},
       {ggml_type::f16, ggml_type::q8_0, ggml_type::q6_K, ggml_type::bf16}};
   cpu::thread_pool tp(2);
   std::vector<cpu_isa> isas;

@@ -105,7 +105,20 @@ __device__ __forceinline__ int warp_isum(int v) {
   return v;
 }
 
-// q4_0 / q8_0: 16 float lanes (threads 0-15), lane 8 (i % 2) + l of block i gets
+// q4_0: per block acc = fma(d dx, s, acc), s = sum of (q - 8) x over the block (thread t holds
+// element t; the warp's sum is exact in any order); every lane keeps the same acc.
+__device__ float dot_q4_0(const uint8_t* w, const int8_t* x, const float* dx, int64_t nb, int t) {
+  float acc = 0.0f;
+  for (int64_t i = 0; i < nb; ++i) {
+    const uint8_t* b = w + i * 18;
+    const int q = (t < 16 ? b[2 + t] & 0xF : b[2 + t - 16] >> 4) - 8;
+    const int s = warp_isum(q * int(x[32 * i + t]));
+    acc = fmaf(__fmul_rn(half_at(b), dx[i]), float(s), acc);
+  }
+  return acc;
+}
+
+// q8_0: 16 float lanes (threads 0-15), lane 8 (i % 2) + l of block i gets
 // fma(d * dx, s_l, lane), s_l the integer dot of elements 4l .. 4l + 3; then tree16.
 template <bool Q8>
 __device__ float dot_32(const uint8_t* w, const int8_t* x, const float* dx, int64_t nb, int t) {
@@ -215,8 +228,10 @@ __device__ __forceinline__ void quant_item(const uint8_t* __restrict__ w, const 
   const int8_t* x = qs + b * k;
   const float* dx = d + b * (k / block_elems(T));
   float v;
-  if constexpr (T == t_q8_0 || T == t_q4_0)
-    v = dot_32<T == t_q8_0>(wr, x, dx, nb, t);
+  if constexpr (T == t_q8_0)
+    v = dot_32<true>(wr, x, dx, nb, t);
+  else if constexpr (T == t_q4_0)
+    v = dot_q4_0(wr, x, dx, nb, t);
   else if constexpr (T == t_q6_K)
     v = dot_q6_K(wr, x, dx, nb, t);
   else
