@@ -21,6 +21,9 @@ struct packed_kernel {
 packed_kernel kernel_of(ggml_type t) {
   switch (t) {
     case ggml_type::q4_0: return {quant_detail::pack_group_q4_0, quant_detail::packed_rows_q4_0};
+    case ggml_type::q4_K: return {quant_detail::pack_group_q4_K, quant_detail::packed_rows_q4_K};
+    case ggml_type::q5_K: return {quant_detail::pack_group_q5_K, quant_detail::packed_rows_q5_K};
+    case ggml_type::q6_K: return {quant_detail::pack_group_q6_K, quant_detail::packed_rows_q6_K};
     default: return {};
   }
 }

@@ -28,13 +28,20 @@ struct qweight {
   tensor_view view;
 };
 
-qweight make_q4_0(int64_t rows, int64_t cols, uint64_t seed) {
+qweight make_q(ggml_type t, int64_t rows, int64_t cols, uint64_t seed) {
   qweight w;
   const auto x = random_floats(size_t(rows * cols), seed, 0.1f);
-  w.bytes = cpu::quantize_rows(ggml_type::q4_0, x.data(), rows, cols);
-  w.view = view_of(ggml_type::q4_0, w.bytes, rows, cols);
+  w.bytes = cpu::quantize_rows(t, x.data(), rows, cols);
+  w.view = view_of(t, w.bytes, rows, cols);
   return w;
 }
+
+qweight make_q4_0(int64_t rows, int64_t cols, uint64_t seed) {
+  return make_q(ggml_type::q4_0, rows, cols, seed);
+}
+
+/// The types with a packed kernel (quant_packed.cpp's kernel_of).
+constexpr ggml_type k_packed_types[] = {ggml_type::q4_0, ggml_type::q4_K, ggml_type::q5_K, ggml_type::q6_K};
 
 constexpr int64_t k_rows[] = {40, 17, 16, 1};
 constexpr int64_t k_cols[] = {64, 96, 2048};
@@ -42,7 +49,8 @@ constexpr int64_t k_batches[] = {1, 3, 4, 5, 17};
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   // (memcmp may not see an empty vector's null data)
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 }  // namespace
@@ -52,9 +60,13 @@ TEST_CASE("quant_packed: packs() names only the types with a packed kernel") {
     CAPTURE(to_string(t));
     CHECK_FALSE(cpu::packs(t));
   }
-  CHECK(cpu::packs(ggml_type::q4_0) == cpu::quant_detail::has_avx512_vnni());
+  for (ggml_type t : k_packed_types) {
+    CAPTURE(to_string(t));
+    CHECK(cpu::packs(t) == cpu::quant_detail::has_avx512_vnni());
+  }
   const std::vector<uint8_t> f16(2 * 64 * 2);
-  CHECK_THROWS_WITH_AS(cpu::pack_quant(view_of(ggml_type::f16, f16, 2, 64)), doctest::Contains("f16"), tandem::error);
+  CHECK_THROWS_WITH_AS(cpu::pack_quant(view_of(ggml_type::f16, f16, 2, 64)), doctest::Contains("f16"),
+                       tandem::error);
 }
 
 TEST_CASE("quant_packed: q4_0 packed rows give the scalar recipe's bits") {
@@ -100,52 +112,63 @@ TEST_CASE("quant_packed: q4_0 packed rows give the scalar recipe's bits") {
         for (int64_t b = 0; b < batch; ++b)
           for (int64_t r = 0; r < rows; ++r) {
             const size_t i = size_t(b * rows + r);
-            if (r >= r0 && r < r1) REQUIRE(std::memcmp(&y2[i], &ref[i], 4) == 0);
-            else REQUIRE(std::isnan(y2[i]));
+            if (r >= r0 && r < r1)
+              REQUIRE(std::memcmp(&y2[i], &ref[i], 4) == 0);
+            else
+              REQUIRE(std::isnan(y2[i]));
           }
         CHECK(same_bits(y3, ref));
       }
     }
 }
 
-TEST_CASE("quant_packed: packed q4_0 weights through matmul, matmul_many and matmul_jobs give the scalar bits") {
+TEST_CASE(
+    "quant_packed: packed weights of every packed type through matmul, matmul_many and matmul_jobs give the "
+    "scalar bits") {
   cpu::thread_pool pool(2);
   std::vector<float> scratch;
-  for (int64_t cols : k_cols) {
-    const auto a = make_q4_0(40, cols, 1), b = make_q4_0(17, cols, 2);
-    const tensor_view views[] = {a.view, b.view};
-    const auto packed = cpu::pack_weights(views, cpu_isa::best, &pool);
-    for (const auto& p : packed) CHECK((p.quant != nullptr) == cpu::packs(ggml_type::q4_0));
-    // Off: no packed copy; and none on a path without the packed kernel.
-    CHECK(cpu::pack_weights(views, cpu_isa::best, &pool, false)[0].quant == nullptr);
-    if (cpu::isa_supported(cpu_isa::avx2)) CHECK(cpu::pack_weights(views, cpu_isa::avx2, &pool)[0].quant == nullptr);
-    for (int64_t batch : k_batches)
-      for (cpu::thread_pool* tp : {static_cast<cpu::thread_pool*>(nullptr), &pool}) {
-        CAPTURE(cols);
-        CAPTURE(batch);
-        CAPTURE(tp != nullptr);
-        const auto x = random_floats(size_t(batch * cols), uint64_t(cols + batch), 1.5f);
-        const auto x2 = random_floats(size_t(3 * cols), uint64_t(cols + batch + 1), 1.5f);
-        std::vector<float> ra(size_t(batch * 40)), rb(size_t(batch * 17)), rb2(size_t(3 * 17));
-        cpu::matmul(a.view, x.data(), batch, ra.data(), scratch, nullptr, cpu_isa::scalar);
-        cpu::matmul(b.view, x.data(), batch, rb.data(), scratch, nullptr, cpu_isa::scalar);
-        cpu::matmul(b.view, x2.data(), 3, rb2.data(), scratch, nullptr, cpu_isa::scalar);
-        std::vector<float> ya(ra.size(), -1.0f), yb(rb.size(), -1.0f), yb2(rb2.size(), -1.0f);
-        cpu::matmul(packed[0], x.data(), batch, ya.data(), scratch, tp);
-        CHECK(same_bits(ya, ra));
-        std::fill(ya.begin(), ya.end(), -1.0f);
-        const cpu::packed_weight* ws[] = {&packed[0], &packed[1]};
-        float* ys[] = {ya.data(), yb.data()};
-        cpu::matmul_many(ws, x.data(), batch, ys, scratch, tp);
-        CHECK(same_bits(ya, ra));
-        CHECK(same_bits(yb, rb));
-        std::fill(ya.begin(), ya.end(), -1.0f);
-        const cpu::matmul_job jobs[] = {{&packed[0], x.data(), batch, ya.data()}, {&packed[1], x2.data(), 3, yb2.data()}};
-        cpu::matmul_jobs(jobs, scratch, tp);
-        CHECK(same_bits(ya, ra));
-        CHECK(same_bits(yb2, rb2));
-      }
-  }
+  // Each type beside a q6_K weight (a q4_K_M file's mix; q4_0 also meets the other activation
+  // group in one matmul_many).
+  for (ggml_type t : k_packed_types)
+    for (int64_t cols :
+         t == ggml_type::q4_0 ? std::vector<int64_t>{64, 96, 2048} : std::vector<int64_t>{256, 768}) {
+      CAPTURE(to_string(t));
+      const auto a = make_q(t, 40, cols, 1), b = make_q(cols % 256 == 0 ? ggml_type::q6_K : t, 17, cols, 2);
+      const tensor_view views[] = {a.view, b.view};
+      const auto packed = cpu::pack_weights(views, cpu_isa::best, &pool);
+      for (const auto& p : packed) CHECK((p.quant != nullptr) == cpu::packs(p.view.type));
+      // Off: no packed copy; and none on a path without the packed kernel.
+      CHECK(cpu::pack_weights(views, cpu_isa::best, &pool, false)[0].quant == nullptr);
+      if (cpu::isa_supported(cpu_isa::avx2))
+        CHECK(cpu::pack_weights(views, cpu_isa::avx2, &pool)[0].quant == nullptr);
+      for (int64_t batch : k_batches)
+        for (cpu::thread_pool* tp : {static_cast<cpu::thread_pool*>(nullptr), &pool}) {
+          CAPTURE(cols);
+          CAPTURE(batch);
+          CAPTURE(tp != nullptr);
+          const auto x = random_floats(size_t(batch * cols), uint64_t(cols + batch), 1.5f);
+          const auto x2 = random_floats(size_t(3 * cols), uint64_t(cols + batch + 1), 1.5f);
+          std::vector<float> ra(size_t(batch * 40)), rb(size_t(batch * 17)), rb2(size_t(3 * 17));
+          cpu::matmul(a.view, x.data(), batch, ra.data(), scratch, nullptr, cpu_isa::scalar);
+          cpu::matmul(b.view, x.data(), batch, rb.data(), scratch, nullptr, cpu_isa::scalar);
+          cpu::matmul(b.view, x2.data(), 3, rb2.data(), scratch, nullptr, cpu_isa::scalar);
+          std::vector<float> ya(ra.size(), -1.0f), yb(rb.size(), -1.0f), yb2(rb2.size(), -1.0f);
+          cpu::matmul(packed[0], x.data(), batch, ya.data(), scratch, tp);
+          CHECK(same_bits(ya, ra));
+          std::fill(ya.begin(), ya.end(), -1.0f);
+          const cpu::packed_weight* ws[] = {&packed[0], &packed[1]};
+          float* ys[] = {ya.data(), yb.data()};
+          cpu::matmul_many(ws, x.data(), batch, ys, scratch, tp);
+          CHECK(same_bits(ya, ra));
+          CHECK(same_bits(yb, rb));
+          std::fill(ya.begin(), ya.end(), -1.0f);
+          const cpu::matmul_job jobs[] = {{&packed[0], x.data(), batch, ya.data()},
+                                          {&packed[1], x2.data(), 3, yb2.data()}};
+          cpu::matmul_jobs(jobs, scratch, tp);
+          CHECK(same_bits(ya, ra));
+          CHECK(same_bits(yb2, rb2));
+        }
+    }
 }
 
 TEST_CASE("quant_packed: packed q4_0 expert slices of a stacked tensor give each expert's scalar bits") {
@@ -171,10 +194,13 @@ TEST_CASE("quant_packed: packed q4_0 expert slices of a stacked tensor give each
     xs.push_back(random_floats(size_t(std::max<int64_t>(1, b) * cols), uint64_t(e + 9)));
     ys.emplace_back(size_t(b * rows), -1.0f);
     refs.emplace_back(size_t(b * rows));
-    if (b > 0) cpu::matmul(slices[size_t(e)], xs.back().data(), b, refs.back().data(), scratch, nullptr, cpu_isa::scalar);
+    if (b > 0)
+      cpu::matmul(slices[size_t(e)], xs.back().data(), b, refs.back().data(), scratch, nullptr,
+                  cpu_isa::scalar);
   }
   for (int64_t e = 0; e < n_expert; ++e)
-    jobs.push_back(cpu::matmul_job{&packed[size_t(e)], xs[size_t(e)].data(), batches[e], ys[size_t(e)].data()});
+    jobs.push_back(
+        cpu::matmul_job{&packed[size_t(e)], xs[size_t(e)].data(), batches[e], ys[size_t(e)].data()});
   for (cpu::thread_pool* tp : {static_cast<cpu::thread_pool*>(nullptr), &pool}) {
     cpu::matmul_jobs(jobs, scratch, tp);
     for (int64_t e = 0; e < n_expert; ++e) {
