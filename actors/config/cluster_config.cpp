@@ -25,6 +25,7 @@
 #include "actors/config/toml.h"
 #include "kernels/cpu/amx.h"
 #include "kernels/cpu/isa.h"
+#include "kernels/cpu/quant_packed.h"
 #include "kernels/gguf/gguf.h"
 #include "kernels/model/arch/registry.h"
 #include "kernels/model/kv_pool.h"
@@ -86,6 +87,8 @@ struct model_kv {
   /// Bytes of the copy `kernels = "amx"` makes of the f16/bf16 matmul weights (padded to
   /// whole 16 x 32 tiles, as amx_pack does).
   uint64_t amx_copy_bytes = 0;
+  /// Bytes of the packed copy of the low-bit matmul weights (kernels/cpu/quant_packed.h).
+  uint64_t packed_copy_bytes = 0;
   kv_dtype dtype = kv_dtype::f32;  ///< [model] kv_cache_dtype
   kv_layout layout(int32_t page_size) const { return model_kv_layout(config, page_size, dtype); }
   kv_pools_layout pools(int32_t page_size) const { return model_pools_layout(config, page_size, dtype); }
@@ -102,8 +105,11 @@ model_kv read_model_kv(const std::string& path) {
   // the tied output (no output.weight).
   const bool tied = f.find_tensor("output.weight") == nullptr;
   for (const auto& t : f.tensors()) {
-    if (t.dims.size() != 2 || (t.type != ggml_type::f16 && t.type != ggml_type::bf16)) continue;
     if (t.name == "token_embd.weight" && !tied) continue;
+    // Low-bit weights pack per 2-D slice, so a MoE layer's 3-D expert tensors count too.
+    if ((t.dims.size() == 2 || t.dims.size() == 3) && cpu::has_packed_layout(t.type))
+      m.packed_copy_bytes += cpu::packed_copy_bytes(t.view());
+    if (t.dims.size() != 2 || (t.type != ggml_type::f16 && t.type != ggml_type::bf16)) continue;
     m.amx_copy_bytes += cpu::amx_packed_bytes(t.view());
   }
   m.known = true;
@@ -273,6 +279,8 @@ void check_model_and_memory(const std::string& source_name, const machine_info& 
     mem.model.pools = [kv](int32_t ps) { return kv.pools(ps); };
     mem.model.n_ctx = kv.n_ctx;
     if (cfg.kernel_isa == "amx") mem.amx_copy_bytes = kv.amx_copy_bytes;
+    if (m.packs_low_bit && cfg.kernel_isa != "scalar" && cfg.kernel_isa != "avx2")
+      mem.packed_copy_bytes = kv.packed_copy_bytes;
   }
   mem.on_this_machine = on_this_machine;
   config_detail::check_node_memory(mem, m, out);

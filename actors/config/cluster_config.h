@@ -84,6 +84,10 @@ struct machine_info {
   /// CUDA devices this build sees: -1 = a build without the CUDA backend (`tandem` fills it;
   /// backend = "cuda" is refused then, and for a device index beyond the count).
   int32_t cuda_devices = -1;
+  /// Whether a worker here copies its low-bit matmul weights into the packed layout
+  /// (kernels/cpu/quant_packed.h: AVX-512 VNNI, and TANDEM_PACK is not 0) on the avx512 and
+  /// amx paths; the RAM check then counts the copy.
+  bool packs_low_bit = false;
 
   /// The node that runs on this machine (`check-config --node`, `serve --node`; "" = unknown):
   /// its model file must be readable here, whatever its host says.

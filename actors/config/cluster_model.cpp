@@ -11,6 +11,7 @@
 
 #include "actors/config/cluster_config.h"
 #include "kernels/cpu/isa.h"
+#include "kernels/cpu/quant_packed.h"
 
 namespace tandem {
 
@@ -92,6 +93,7 @@ machine_info machine_info::probe(const std::string& node) {
   m.cpus = int32_t(std::thread::hardware_concurrency());
   for (cpu_isa i : cpu::all_isas)
     if (cpu::isa_supported(i)) m.kernel_paths.emplace_back(cpu::to_string(i));
+  m.packs_low_bit = cpu::packs(ggml_type::q4_0) && cpu::packing_enabled();
   // NUMA nodes as the kernel reports them (what libnuma reads too); ids are dense in practice.
   for (int32_t n = 0;; ++n) {
     std::string p = fmt::format("/sys/devices/system/node/node{}/meminfo", n);

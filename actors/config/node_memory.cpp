@@ -109,6 +109,16 @@ void check_node_memory(const node_memory_inputs& in, const machine_info& m, conf
       local_users.push_back(fmt::format("'{}' amx weight copy {}", n.name, fmt_gib(double(in.amx_copy_bytes))));
       if (n.numa_node >= 0) numa_bytes[n.numa_node] += in.amx_copy_bytes;
     }
+  // Low-bit weights on AVX-512 VNNI: each worker here also holds their packed copy.
+  const bool packed_copies = in.packed_copy_bytes > 0;
+  if (packed_copies)
+    for (const auto& n : out.cfg.nodes) {
+      if (!n.has_role("worker") || !in.on_this_machine(n)) continue;
+      local_bytes += in.packed_copy_bytes;
+      local_users.push_back(
+          fmt::format("'{}' packed low-bit weight copy {}", n.name, fmt_gib(double(in.packed_copy_bytes))));
+      if (n.numa_node >= 0) numa_bytes[n.numa_node] += in.packed_copy_bytes;
+    }
   if (m.mem_total_bytes > 0 && local_bytes > m.mem_total_bytes) {
     std::string list;
     for (const auto& s : local_users) list += (list.empty() ? "" : ", ") + s;
@@ -116,7 +126,9 @@ void check_node_memory(const node_memory_inputs& in, const machine_info& m, conf
         "{}:{}:{}: cache: the KV pools of the nodes on this machine need {} ({}) but it has {} of RAM; lower "
         "cache.host_size_gb / cache.host_ratio or limits.kv_cache_mb{}",
         in.source_name, in.cache_pos.line, in.cache_pos.column, fmt_gib(double(local_bytes)), list, fmt_gib(double(m.mem_total_bytes)),
-        amx_copies ? ", or drop model.kernels = \"amx\" (it copies the weights)" : ""));
+        std::string(amx_copies ? ", or drop model.kernels = \"amx\" (it copies the weights)" : "") +
+            (packed_copies ? ", or run with TANDEM_PACK=0 (no packed copy of the low-bit weights, slower prefill)"
+                           : "")));
   }
   for (auto [id, bytes] : numa_bytes) {
     if (size_t(id) >= m.numa_node_bytes.size() || m.numa_node_bytes[size_t(id)] == 0) continue;

@@ -26,6 +26,8 @@ struct node_memory_inputs {
   model_shape model;
   /// Bytes of the weight copy each worker makes with kernels = "amx"; 0 = none.
   uint64_t amx_copy_bytes = 0;
+  /// Bytes of the packed low-bit weight copy each worker makes (machine_info::packs_low_bit).
+  uint64_t packed_copy_bytes = 0;
   std::function<bool(const node_config&)> on_this_machine;
 };
 

@@ -3,13 +3,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
-#include <string_view>
 
 #include "kernels/base/error.h"
 #include "kernels/cpu/aligned_vector.h"
 #include "kernels/cpu/mla_attention.h"
+#include "kernels/cpu/quant_packed.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace tandem::backend {
@@ -42,7 +41,7 @@ class cpu_ops final : public ops {
   }
 
   std::vector<weight_id> prepare(std::span<const tensor_view> ws) override {
-    std::vector<cpu::packed_weight> p = cpu::pack_weights(ws, isa_, &pool_, pack_low_bit());
+    std::vector<cpu::packed_weight> p = cpu::pack_weights(ws, isa_, &pool_, cpu::packing_enabled());
     std::vector<weight_id> ids;
     for (auto& w : p) {
       ids.push_back(weight_id{int32_t(weights_.size())});
@@ -179,15 +178,6 @@ class cpu_ops final : public ops {
   }
 
  private:
-  /// TANDEM_PACK=0 keeps low-bit weights in the file's layout (no packed copy beside the
-  /// mapped file; the same bits, the row-major kernels): to compare the two in one bench.
-  static bool pack_low_bit() {
-    static const bool on = [] {
-      const char* v = std::getenv("TANDEM_PACK");
-      return v == nullptr || std::string_view(v) != "0";
-    }();
-    return on;
-  }
   static int32_t check_threads(int32_t threads) {
     if (threads < 1 || threads > 1024)
       throw tandem::error(fmt::format("cpu threads {} is out of range; use 1 to 1024", threads));

@@ -4,6 +4,9 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
+#include <string_view>
+
 #include "kernels/base/error.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -30,7 +33,22 @@ packed_kernel kernel_of(ggml_type t) {
 
 }  // namespace
 
-bool packs(ggml_type t) { return quant_detail::has_avx512_vnni() && kernel_of(t).pack != nullptr; }
+bool packs(ggml_type t) { return quant_detail::has_avx512_vnni() && has_packed_layout(t); }
+
+bool has_packed_layout(ggml_type t) { return kernel_of(t).pack != nullptr; }
+
+uint64_t packed_copy_bytes(const tensor_view& w) {
+  const int64_t rows = w.ne[1], slices = w.ne[2] * w.ne[3];
+  return uint64_t((rows + pack_rows - 1) / pack_rows * pack_rows) * row_bytes(w.type, w.cols()) * uint64_t(slices);
+}
+
+bool packing_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("TANDEM_PACK");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  return on;
+}
 
 quant_packed pack_quant(const tensor_view& w, thread_pool* pool) {
   const quant_detail::pack_group_fn pack_group = kernel_of(w.type).pack;

@@ -36,6 +36,14 @@ struct quant_packed {
 /// Whether this CPU runs a packed kernel for weights of type `t` (AVX-512 VNNI and a kernel
 /// for the type): pack_weights then makes a packed copy of such a weight on the avx512 path.
 bool packs(ggml_type t);
+/// Whether weights of type `t` have a packed layout (on any CPU; packs() also needs the ISA).
+bool has_packed_layout(ggml_type t);
+/// Bytes of the packed copy of `w`: each 2-D slice (an expert of a 3-D tensor) padded to
+/// whole groups. What the RAM check counts per worker.
+uint64_t packed_copy_bytes(const tensor_view& w);
+/// False when the environment has TANDEM_PACK=0 (low-bit weights then stay in the file's
+/// layout: the same bits, the row-major kernels); read once.
+bool packing_enabled();
 
 /// The packed copy of `w` (a type packs() is true for), its groups split over `pool`'s
 /// threads. Throws tandem::error for a type without a packed layout.

@@ -387,6 +387,34 @@ TEST_CASE("check: kernels = amx counts its copy of the weights against the machi
   CHECK(joined(c).find("or drop model.kernels = \"amx\" (it copies the weights)") != std::string::npos);
 }
 
+TEST_CASE("check: a worker's packed copy of the low-bit weights counts against the machine's memory") {
+  e2e::temp_dir dir;
+  make_model_options o;
+  o.preset = "micro";
+  o.dtype = ggml_type::q4_0;
+  o.seed = 7;
+  const std::string model = (dir.path / "micro-q4_0.gguf").string();
+  write_random_llama(o, model);
+  machine_info m = test_machine();
+  // Room for the 64 MiB KV pool and 1 KiB more: not for the packed copy of the micro model's
+  // q4_0 matrices (each padded to whole 16-row groups, more than 1 KiB).
+  m.mem_total_bytes = (64ull << 20) + 1024;
+  const std::string model_table = "[model]\npath = \"" + model + "\"\n";
+  auto fits = check_cluster_config(one_node(model_table), "t.toml", m);
+  INFO(joined(fits));
+  CHECK(fits.ok());
+  m.packs_low_bit = true;
+  auto c = check_cluster_config(one_node(model_table), "t.toml", m);
+  INFO(joined(c));
+  CHECK(!c.ok());
+  CHECK(joined(c).find("'n0' packed low-bit weight copy") != std::string::npos);
+  CHECK(joined(c).find("or run with TANDEM_PACK=0") != std::string::npos);
+  // The avx2 path runs the row-major kernels: no copy.
+  auto avx2 = check_cluster_config(one_node(model_table + "kernels = \"avx2\"\n"), "t.toml", m);
+  INFO(joined(avx2));
+  CHECK(avx2.ok());
+}
+
 TEST_CASE("check: the machine probe reads this host's memory") {
   auto m = machine_info::probe();
   CHECK(m.mem_total_bytes > 0);
