@@ -10,8 +10,9 @@ namespace tandem::cpu {
 class thread_pool;
 
 /// Streaming read bandwidth in bytes/s over `bytes` (make it well above the last-level
-/// cache), all of `pool`'s threads reading disjoint parts with wide loads, with and without
-/// software prefetch (as the batch-1 matmuls read); best of `reps` of each.
+/// cache; on 2 MiB pages where the kernel grants them), all of `pool`'s threads reading
+/// disjoint parts: plain wide loads with and without software prefetch, and the batch-1 f16
+/// matmul's own pattern; the best of `reps` of each.
 double measure_read_bandwidth(thread_pool& pool, size_t bytes, int reps);
 
 /// Peak fused multiply-add rate in FLOP/s (an FMA = 2 FLOP) of the `isa` path on all of
