@@ -79,8 +79,9 @@ TEST_CASE("metrics: a request ended by a stop string is counted as stop, not abo
   // The router counts the finish when the front end's end reaches it (asynchronously).
   const std::regex stop_series(R"re(tandem_requests_finished_total\{[^}]*reason="stop"[^}]*\} ([0-9.]+))re");
   const std::regex abort_series(R"re(tandem_requests_finished_total\{[^}]*reason="abort"[^}]*\} ([0-9.]+))re");
+  // Polled for up to 30 s: under a loaded 2-core CI machine 5 s was once not enough.
   std::string body;
-  for (int i = 0; i < 50; ++i) {
+  for (int i = 0; i < 300; ++i) {
     body = test::get(srv.http_port, "/metrics").body;
     if (std::regex_search(body, m, stop_series) && std::stod(m[1]) >= 1) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
