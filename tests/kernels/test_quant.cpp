@@ -17,6 +17,7 @@
 #include "kernels/cpu/quant_ref.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/gguf/gguf.h"
+#include "tests/kernels/matmul_fixtures.h"
 
 using namespace tandem;
 
@@ -38,17 +39,6 @@ std::vector<uint8_t> as_bytes(const Block& b) {
   std::vector<uint8_t> v(sizeof b);
   std::memcpy(v.data(), &b, sizeof b);
   return v;
-}
-
-// Packs 6-bit scales and mins as ggml-common.h documents block_q4_K.scales: bytes 0-3 hold
-// sc0-3 (bits 0-5) and the top bits of sc4-7 (bits 6-7), bytes 4-7 the same for the mins,
-// bytes 8-11 the low 4 bits of sc4-7 (low nibble) and m4-7 (high nibble).
-void pack_scales(const int* sc, const int* m, uint8_t* out) {
-  for (int j = 0; j < 4; ++j) {
-    out[j] = uint8_t(sc[j] | (sc[j + 4] >> 4) << 6);
-    out[j + 4] = uint8_t(m[j] | (m[j + 4] >> 4) << 6);
-    out[j + 8] = uint8_t((sc[j + 4] & 0xF) | (m[j + 4] & 0xF) << 4);
-  }
 }
 
 std::vector<float> gaussian(size_t n, uint32_t seed, float scale = 1.0f) {
@@ -82,7 +72,7 @@ TEST_CASE("quant: q4_K and q5_K blocks decode as the format says") {
     std::vector<int> code(256);
     for (int e = 0; e < 256; ++e) code[size_t(e)] = five ? (e * 11) % 32 : (e * 7) % 16;
     uint8_t scales[12];
-    pack_scales(sc, m, scales);
+    test::pack_k4_scales(sc, m, scales);
     uint8_t qs[128] = {}, qh[32] = {};
     for (int e = 0; e < 256; ++e) {
       // element 64 g + l: low nibble of qs[32 g + l]; 64 g + 32 + l: its high nibble
@@ -267,12 +257,7 @@ qweight make_weight(ggml_type t, int64_t rows, int64_t cols, uint32_t seed) {
   qweight w;
   const auto x = gaussian(size_t(rows * cols), seed, 0.05f);
   w.bytes = cpu::quantize_rows(t, x.data(), rows, cols);
-  w.view.type = t;
-  w.view.n_dims = 2;
-  w.view.ne[0] = cols;
-  w.view.ne[1] = rows;
-  w.view.data = w.bytes.data();
-  w.view.nbytes = w.bytes.size();
+  w.view = test::view_of(t, w.bytes, rows, cols);
   return w;
 }
 

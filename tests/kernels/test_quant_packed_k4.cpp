@@ -18,6 +18,7 @@
 #include "kernels/cpu/quant_packed.h"
 #include "kernels/cpu/roofline.h"
 #include "kernels/cpu/thread_pool.h"
+#include "tests/kernels/matmul_fixtures.h"
 
 using namespace tandem;
 
@@ -27,15 +28,6 @@ struct k4_weight {
   std::vector<uint8_t> bytes;
   tensor_view view;
 };
-
-// Packs 6-bit scales and mins as ggml's block_q4_K.scales (see test_quant.cpp's pack_scales).
-void pack_scales(const int* sc, const int* m, uint8_t* out) {
-  for (int j = 0; j < 4; ++j) {
-    out[j] = uint8_t(sc[j] | (sc[j + 4] >> 4) << 6);
-    out[j + 4] = uint8_t(m[j] | (m[j + 4] >> 4) << 6);
-    out[j + 8] = uint8_t((sc[j + 4] & 0xF) | (m[j + 4] & 0xF) << 4);
-  }
-}
 
 // Random q4_K / q5_K blocks: random nibbles and fifth bits; scales and mins walk through all
 // 64 six-bit values (every block a different phase, so each value meets every sub-block);
@@ -65,14 +57,9 @@ k4_weight make_k4(ggml_type t, int64_t rows, int64_t cols, uint32_t seed) {
       std::memset(b.qs, 0xFF, sizeof b.qs);
       if constexpr (requires { b.qh; }) std::memset(b.qh, 0xFF, sizeof b.qh);
     }
-    pack_scales(sc, m, b.scales);
+    test::pack_k4_scales(sc, m, b.scales);
   }
-  w.view.type = t;
-  w.view.n_dims = 2;
-  w.view.ne[0] = cols;
-  w.view.ne[1] = rows;
-  w.view.data = w.bytes.data();
-  w.view.nbytes = w.bytes.size();
+  w.view = test::view_of(t, w.bytes, rows, cols);
   return w;
 }
 

@@ -18,6 +18,7 @@
 #include "kernels/cpu/quant_matmul.h"
 #include "kernels/cpu/quant_packed.h"
 #include "kernels/cpu/quant_ref.h"
+#include "tests/kernels/matmul_fixtures.h"
 
 using namespace tandem;
 
@@ -48,12 +49,7 @@ q6_weight random_q6_K(int64_t rows, int64_t cols, uint32_t seed) {
     }
     b.d = cpu::fp32_to_fp16(scale(rng));
   }
-  w.view.type = ggml_type::q6_K;
-  w.view.n_dims = 2;
-  w.view.ne[0] = cols;
-  w.view.ne[1] = rows;
-  w.view.data = w.bytes.data();
-  w.view.nbytes = w.bytes.size();
+  w.view = test::view_of(ggml_type::q6_K, w.bytes, rows, cols);
   return w;
 }
 
