@@ -56,7 +56,6 @@ TANDEM_QA512 void quantize_acts_avx512(const float* x, int64_t batch, int64_t k,
         const __m256i s4 = _mm256_permute4x64_epi64(_mm256_hadd_epi32(s2_0, s2_1), _MM_SHUFFLE(3, 1, 2, 0));
         const int64_t base = b * lanes + g / 2 * 16 + 8 * (g % 2);
         _mm256_store_si256(reinterpret_cast<__m256i*>(a.off128.data() + base), _mm256_mullo_epi32(s4, _mm256_set1_epi32(-128)));
-        _mm256_store_si256(reinterpret_cast<__m256i*>(a.off8.data() + base), _mm256_mullo_epi32(s4, _mm256_set1_epi32(-8)));
         _mm256_store_ps(a.d16.data() + base, _mm256_set1_ps(a.d[size_t(b * (k / 32) + g)]));
       }
     }

@@ -31,13 +31,12 @@ void quantize_acts(const float* x, int64_t batch, int64_t k, int group, quant_ac
   const int64_t lanes = a.pair_lanes();
   if (group == 32) {
     a.off128.resize(size_t(batch * lanes));
-    a.off8.resize(size_t(batch * lanes));
     a.d16.resize(size_t(batch * lanes));
     // Zeros in the high half of an odd last pair; every other lane is written below.
     if ((k / 32) % 2 != 0)
       for (int64_t b = 0; b < batch; ++b)
         for (int64_t l = (b + 1) * lanes - 8; l < (b + 1) * lanes; ++l) {
-          a.off128[size_t(l)] = a.off8[size_t(l)] = 0;
+          a.off128[size_t(l)] = 0;
           a.d16[size_t(l)] = 0.0f;
         }
   }
@@ -72,7 +71,6 @@ void quantize_acts(const float* x, int64_t batch, int64_t k, int group, quant_ac
       for (int l = 0; l < 8; ++l) {
         const int s4 = q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3];
         a.off128[size_t(base + l)] = -128 * s4;
-        a.off8[size_t(base + l)] = -8 * s4;
         a.d16[size_t(base + l)] = a.d[size_t(b * (k / 32) + g)];
       }
     }
@@ -224,24 +222,12 @@ void check_weight(const quant_weight& qw) {
     throw tandem::error("quant_matmul: a packed copy does not match its weight's type and shape; pack the weight again");
 }
 
-std::vector<quant_weight> unpacked(std::span<const tensor_view* const> ws) {
-  std::vector<quant_weight> out;
-  out.reserve(ws.size());
-  for (const tensor_view* w : ws) out.push_back(quant_weight{w, nullptr});
-  return out;
-}
-
 }  // namespace
 
 void quant_matmul(const tensor_view& w, const float* x, int64_t batch, float* y, thread_pool* pool, cpu_isa isa) {
   const quant_weight ws[] = {{&w, nullptr}};
   float* ys[] = {y};
   quant_matmul_many(ws, x, batch, ys, pool, isa);
-}
-
-void quant_matmul_many(std::span<const tensor_view* const> ws, const float* x, int64_t batch,
-                       std::span<float* const> ys, thread_pool* pool, cpu_isa isa) {
-  quant_matmul_many(unpacked(ws), x, batch, ys, pool, isa);
 }
 
 void quant_matmul_many(std::span<const quant_weight> ws, const float* x, int64_t batch, std::span<float* const> ys,
@@ -276,12 +262,6 @@ void quant_matmul_many(std::span<const quant_weight> ws, const float* x, int64_t
   };
   if (pool == nullptr || pool->size() == 1 || work < matmul_min_parallel_work) return run(0, off.back());
   pool->parallel_for_dynamic(off.back(), 4, run);
-}
-
-void quant_matmul_jobs(std::span<const tensor_view* const> ws, std::span<const float* const> xs,
-                       std::span<const int64_t> batches, std::span<float* const> ys, thread_pool* pool,
-                       cpu_isa isa) {
-  quant_matmul_jobs(unpacked(ws), xs, batches, ys, pool, isa);
 }
 
 void quant_matmul_jobs(std::span<const quant_weight> ws, std::span<const float* const> xs,

@@ -37,14 +37,13 @@ struct quant_acts {
   aligned_vector<int8_t> qs;  ///< [batch][k]; rows start on a cache line when 64 divides k
   std::vector<float> d;       ///< [batch][k / group]
   std::vector<int16_t> sums;  ///< [batch][k / 32]
-  /// Group 32 only, for the avx512 kernels' unsigned-weight dot products: per pair of groups
-  /// (64 values, the last one padded with zeros when k / 32 is odd), 16 lanes of -128 and -8
+  /// Group 32 only, for the avx512 q8_0 kernel's unsigned-weight dot products: per pair of
+  /// groups (64 values, the last one padded with zeros when k / 32 is odd), 16 lanes of -128
   /// times the sum of each 4 values, and the two scales, each repeated 8 times.
-  aligned_vector<int32_t> off128, off8;  ///< [batch][pairs * 16]
+  aligned_vector<int32_t> off128;  ///< [batch][pairs * 16]
   aligned_vector<float> d16;             ///< [batch][pairs * 16]
   int64_t pair_lanes() const { return (k / 32 + 1) / 2 * 16; }
   const int32_t* offset128(int64_t b) const { return off128.data() + b * pair_lanes(); }
-  const int32_t* offset8(int64_t b) const { return off8.data() + b * pair_lanes(); }
   const float* scale16(int64_t b) const { return d16.data() + b * pair_lanes(); }
   const int8_t* q(int64_t b) const { return qs.data() + b * k; }
   const float* scale(int64_t b) const { return d.data() + b * (k / group); }
@@ -64,12 +63,6 @@ constexpr int act_group(ggml_type t) { return t == ggml_type::q4_0 || t == ggml_
 /// tandem::error for another type or a row length that is not a multiple of the block.
 void quant_matmul(const tensor_view& w, const float* x, int64_t batch, float* y, thread_pool* pool, cpu_isa isa);
 
-/// quant_matmul of several low-bit weights with the same columns on one input (ys[i] is
-/// [batch][rows_i]): the input quantized once per activation group, one fork-join over the
-/// row groups of all of them; each output has the bits quant_matmul gives it alone.
-void quant_matmul_many(std::span<const tensor_view* const> ws, const float* x, int64_t batch,
-                       std::span<float* const> ys, thread_pool* pool, cpu_isa isa);
-
 /// A low-bit weight as quant_matmul_many and quant_matmul_jobs take it: the view, and its
 /// packed copy (kernels/cpu/quant_packed.h) or null. A packed weight runs the packed kernel
 /// where the path is avx512 (the same bits as the view), split by 16-row groups.
@@ -78,17 +71,15 @@ struct quant_weight {
   const quant_packed* packed = nullptr;
 };
 
-/// quant_matmul_many of weights that may be packed.
+/// quant_matmul of several low-bit weights with the same columns on one input (ys[i] is
+/// [batch][rows_i]): the input quantized once per activation group, one fork-join over the
+/// row groups of all of them; each output has the bits quant_matmul gives it alone.
 void quant_matmul_many(std::span<const quant_weight> ws, const float* x, int64_t batch, std::span<float* const> ys,
                        thread_pool* pool, cpu_isa isa);
 
 /// quant_matmul of several low-bit weights, each on its own input (xs[i], batches[i] rows;
 /// ys[i] is [batches[i]][rows_i]): every input quantized once, one fork-join over the row
 /// groups of all of them; each output has the bits quant_matmul gives it alone.
-void quant_matmul_jobs(std::span<const tensor_view* const> ws, std::span<const float* const> xs,
-                       std::span<const int64_t> batches, std::span<float* const> ys, thread_pool* pool,
-                       cpu_isa isa);
-/// quant_matmul_jobs of weights that may be packed.
 void quant_matmul_jobs(std::span<const quant_weight> ws, std::span<const float* const> xs,
                        std::span<const int64_t> batches, std::span<float* const> ys, thread_pool* pool,
                        cpu_isa isa);
