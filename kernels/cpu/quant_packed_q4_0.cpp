@@ -28,11 +28,10 @@ constexpr int64_t codes_bytes = 256;  // per block of a group
 constexpr int64_t scales_bytes = 32;  // per block of a group
 
 // One group (16 rows) x B activation rows from b0: y[b][r] for the rows whose bit is set in
-// `valid` (y points at the group's first row of activation row 0; n is its stride). `off` is
-// [batch][nb] of -8 times each block's activation sum. Fetch (batch 1): the next group's
-// bytes, `ahead` further on, requested into L2 block by block.
+// `valid` (y points at the group's first row of activation row 0; n is its stride). Fetch
+// (batch 1): the next group's bytes, `ahead` further on, requested into L2 block by block.
 template <int B, bool Fetch>
-TANDEM_P512 void group_tile(const uint8_t* g, int64_t nb, const quant_acts& a, const int32_t* off, int64_t b0,
+TANDEM_P512 void group_tile(const uint8_t* g, int64_t nb, const quant_acts& a, int64_t b0,
                             float* y, int64_t n, __mmask16 valid, int64_t ahead) {
   const uint8_t* scales = g + nb * codes_bytes;
   __m512 acc[B];
@@ -58,7 +57,7 @@ TANDEM_P512 void group_tile(const uint8_t* g, int64_t nb, const quant_acts& a, c
       const int8_t* x = a.q(b0 + b) + q4_0_block * i;
       // Batch 1: two chains (low and high nibbles) for latency, summed; with several activation
       // rows the rows' chains overlap and one chain saves the add. An exact integer either way.
-      __m512i s0 = _mm512_set1_epi32(off[(b0 + b) * nb + i]);
+      __m512i s0 = _mm512_set1_epi32(-8 * int32_t(a.sum32(b0 + b)[i]));
       [[maybe_unused]] __m512i s1 = _mm512_setzero_si512();
 #pragma GCC unroll 4
       for (int j = 0; j < 4; ++j) {
@@ -80,11 +79,11 @@ TANDEM_P512 void group_tile(const uint8_t* g, int64_t nb, const quant_acts& a, c
 
 // group_tile for `count` (< C) activation rows.
 template <int C>
-void group_tile_rest(int count, const uint8_t* g, int64_t nb, const quant_acts& a, const int32_t* off, int64_t b0,
-                     float* y, int64_t n, __mmask16 valid) {
+void group_tile_rest(int count, const uint8_t* g, int64_t nb, const quant_acts& a, int64_t b0, float* y, int64_t n,
+                     __mmask16 valid) {
   if constexpr (C > 1) {
-    if (count == C - 1) return group_tile<C - 1, false>(g, nb, a, off, b0, y, n, valid, 0);
-    return group_tile_rest<C - 1>(count, g, nb, a, off, b0, y, n, valid);
+    if (count == C - 1) return group_tile<C - 1, false>(g, nb, a, b0, y, n, valid, 0);
+    return group_tile_rest<C - 1>(count, g, nb, a, b0, y, n, valid);
   }
 }
 
@@ -99,10 +98,6 @@ constexpr int tile_batch = 8;
 void run_groups(const uint8_t* base, int64_t groups, int64_t nb, const quant_acts& a, float* y, int64_t n,
                 int64_t real) {
   const int64_t gbytes = nb * (codes_bytes + scales_bytes);
-  thread_local std::vector<int32_t> off;  // kept: a decode step runs several matmuls a layer
-  off.resize(size_t(a.batch * nb));
-  for (int64_t b = 0; b < a.batch; ++b)
-    for (int64_t i = 0; i < nb; ++i) off[size_t(b * nb + i)] = -8 * int32_t(a.sum32(b)[i]);
   auto valid = [&](int64_t g) {
     const int64_t left = real - g * pack_rows;
     return __mmask16(left >= 16 ? 0xFFFF : (1u << left) - 1);
@@ -114,9 +109,9 @@ void run_groups(const uint8_t* base, int64_t groups, int64_t nb, const quant_act
       const uint8_t* p = base + g * gbytes;
       float* yg = y + g * pack_rows;
       if (g + 1 < groups)
-        group_tile<1, true>(p, nb, a, off.data(), 0, yg, n, valid(g), gbytes);
+        group_tile<1, true>(p, nb, a, 0, yg, n, valid(g), gbytes);
       else
-        group_tile<1, false>(p, nb, a, off.data(), 0, yg, n, valid(g), 0);
+        group_tile<1, false>(p, nb, a, 0, yg, n, valid(g), 0);
     }
     return;
   }
@@ -129,9 +124,9 @@ void run_groups(const uint8_t* base, int64_t groups, int64_t nb, const quant_act
         const uint8_t* p = base + g * gbytes;
         float* yg = y + g * pack_rows;
         if (count == tile_batch)
-          group_tile<tile_batch, false>(p, nb, a, off.data(), b, yg, n, valid(g), 0);
+          group_tile<tile_batch, false>(p, nb, a, b, yg, n, valid(g), 0);
         else
-          group_tile_rest<tile_batch>(count, p, nb, a, off.data(), b, yg, n, valid(g));
+          group_tile_rest<tile_batch>(count, p, nb, a, b, yg, n, valid(g));
       }
     }
   }
