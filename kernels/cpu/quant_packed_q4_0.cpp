@@ -1,11 +1,18 @@
 // q4_0 in 16-row interleaved groups (kernels/cpu/quant_packed.h) and its AVX-512 VNNI kernel.
 //
-// A group of nb blocks per row is nb * 256 bytes of codes, then nb * 32 bytes of scales:
+// A group of nb blocks per row is nb * 288 bytes, its blocks in pairs: a pair's two code runs
+// (2 x 256 bytes), then their two scale runs (2 x 32 bytes); an unpaired last block's scales
+// follow its codes.
 //   codes of block i: 4 vectors of 64 bytes; 32-bit lane r of vector j is row r's qs[4j .. 4j + 3]
 //     (low nibbles: elements 4j .. 4j + 3, high nibbles: 16 + 4j .. 16 + 4j + 3);
 //   scales of block i: the 16 rows' d (IEEE half), row r at 2r.
-// The codes of a block start on a 64-byte boundary of the group, so its four loads never split
-// a line (where the group itself starts on one: always when nb is even).
+// A pair is 576 bytes, 9 lines, so every code vector starts on a 64-byte boundary of the group
+// (its loads never split a line where the group starts on one: always when nb is even). A
+// batch-1 step reads a group range as one sequential stream, which the hardware prefetcher
+// runs at memory speed. Measured against the previous layout (all codes, then all scales:
+// two streams, the next group requested into L2 block by block), 2 threads, 48 weights of
+// 8192 x 2048 in rotation, side by side (Zen 5): 34 -> 41-47 GB/s; software prefetch on the
+// pairs measured within the noise of none, so there is none.
 //
 // Per block and activation row: 8 vpdpbusd, each the 16 rows' 4 nibbles (u8) against one
 // broadcast group of 4 activation bytes (s8), started from -8 times the block's activation sum,
@@ -26,24 +33,25 @@ namespace {
 
 constexpr int64_t codes_bytes = 256;  // per block of a group
 constexpr int64_t scales_bytes = 32;  // per block of a group
+constexpr int64_t pair_bytes = 2 * (codes_bytes + scales_bytes);
+
+/// Offsets in a group of nb blocks of block i's codes and scales.
+constexpr int64_t codes_at(int64_t i) { return i / 2 * pair_bytes + i % 2 * codes_bytes; }
+constexpr int64_t scales_at(int64_t i, int64_t nb) {
+  return i / 2 * pair_bytes + (i / 2 * 2 + 1 < nb ? 2 : 1) * codes_bytes + i % 2 * scales_bytes;
+}
 
 // One group (16 rows) x B activation rows from b0: y[b][r] for the rows whose bit is set in
-// `valid` (y points at the group's first row of activation row 0; n is its stride). Fetch
-// (batch 1): the next group's bytes, `ahead` further on, requested into L2 block by block.
-template <int B, bool Fetch>
+// `valid` (y points at the group's first row of activation row 0; n is its stride).
+template <int B>
 TANDEM_P512 void group_tile(const uint8_t* g, int64_t nb, const quant_acts& a, int64_t b0,
-                            float* y, int64_t n, __mmask16 valid, int64_t ahead) {
-  const uint8_t* scales = g + nb * codes_bytes;
+                            float* y, int64_t n, __mmask16 valid) {
   __m512 acc[B];
 #pragma GCC unroll 8
   for (int b = 0; b < B; ++b) acc[b] = _mm512_setzero_ps();
   const __m512i mask = _mm512_set1_epi8(0x0F);
   for (int64_t i = 0; i < nb; ++i) {
-    const uint8_t* q = g + i * codes_bytes;
-    if constexpr (Fetch) {
-      for (int64_t o = 0; o < codes_bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(q + ahead + o), _MM_HINT_T1);
-      if (i % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(scales + ahead + i * scales_bytes), _MM_HINT_T1);
-    }
+    const uint8_t* q = g + codes_at(i);
     __m512i lo[4], hi[4];
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) {
@@ -51,7 +59,7 @@ TANDEM_P512 void group_tile(const uint8_t* g, int64_t nb, const quant_acts& a, i
       lo[j] = _mm512_and_si512(raw, mask);
       hi[j] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), mask);
     }
-    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + i * scales_bytes)));
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + scales_at(i, nb))));
 #pragma GCC unroll 8
     for (int b = 0; b < B; ++b) {
       const int8_t* x = a.q(b0 + b) + q4_0_block * i;
@@ -82,7 +90,7 @@ template <int C>
 void group_tile_rest(int count, const uint8_t* g, int64_t nb, const quant_acts& a, int64_t b0, float* y, int64_t n,
                      __mmask16 valid) {
   if constexpr (C > 1) {
-    if (count == C - 1) return group_tile<C - 1, false>(g, nb, a, b0, y, n, valid, 0);
+    if (count == C - 1) return group_tile<C - 1>(g, nb, a, b0, y, n, valid);
     return group_tile_rest<C - 1>(count, g, nb, a, b0, y, n, valid);
   }
 }
@@ -92,7 +100,7 @@ constexpr int tile_batch = 8;
 
 // `groups` consecutive packed groups at `base` against every activation row of `a`: y points
 // at the first group's first row (stride n), and only the first `real` rows are written.
-// Batch 1 streams the groups, each fetching the next; a batch runs blocks of groups that fit
+// Batch 1 streams the groups; a batch runs blocks of groups that fit
 // in L2, and in each block every tile of activation rows meets every group (each group comes
 // from memory once per call).
 void run_groups(const uint8_t* base, int64_t groups, int64_t nb, const quant_acts& a, float* y, int64_t n,
@@ -103,16 +111,7 @@ void run_groups(const uint8_t* base, int64_t groups, int64_t nb, const quant_act
     return __mmask16(left >= 16 ? 0xFFFF : (1u << left) - 1);
   };
   if (a.batch == 1) {
-    for (const uint8_t* p = base; p < base + std::min<int64_t>(groups, 1) * gbytes; p += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1);
-    for (int64_t g = 0; g < groups; ++g) {
-      const uint8_t* p = base + g * gbytes;
-      float* yg = y + g * pack_rows;
-      if (g + 1 < groups)
-        group_tile<1, true>(p, nb, a, 0, yg, n, valid(g), gbytes);
-      else
-        group_tile<1, false>(p, nb, a, 0, yg, n, valid(g), 0);
-    }
+    for (int64_t g = 0; g < groups; ++g) group_tile<1>(base + g * gbytes, nb, a, 0, y + g * pack_rows, n, valid(g));
     return;
   }
   const int64_t block = std::max<int64_t>(1, (int64_t(256) << 10) / gbytes);
@@ -124,7 +123,7 @@ void run_groups(const uint8_t* base, int64_t groups, int64_t nb, const quant_act
         const uint8_t* p = base + g * gbytes;
         float* yg = y + g * pack_rows;
         if (count == tile_batch)
-          group_tile<tile_batch, false>(p, nb, a, b, yg, n, valid(g), 0);
+          group_tile<tile_batch>(p, nb, a, b, yg, n, valid(g));
         else
           group_tile_rest<tile_batch>(count, p, nb, a, b, yg, n, valid(g));
       }
@@ -140,7 +139,6 @@ TANDEM_P512 void pack_full_group(const tensor_view& w, int64_t r0, uint8_t* dst)
   const block_q4_0* rows[pack_rows];
   for (int64_t r = 0; r < pack_rows; ++r) rows[r] = reinterpret_cast<const block_q4_0*>(w.row(r0 + r));
   const int64_t ahead = pack_rows * int64_t(row_bytes(ggml_type::q4_0, w.cols()));
-  uint8_t* scales = dst + nb * codes_bytes;
   for (int64_t i = 0; i < nb; ++i) {
     // 16 rows read side by side, each too short a stream for the hardware prefetcher: the next
     // group's same bytes (16 rows on) are requested into L2 as these are read, as tile_k does
@@ -155,12 +153,12 @@ TANDEM_P512 void pack_full_group(const tensor_view& w, int64_t r0, uint8_t* dst)
     }
     const __m512i t0 = _mm512_unpacklo_epi32(A[0], A[1]), t1 = _mm512_unpackhi_epi32(A[0], A[1]);
     const __m512i t2 = _mm512_unpacklo_epi32(A[2], A[3]), t3 = _mm512_unpackhi_epi32(A[2], A[3]);
-    uint8_t* q = dst + i * codes_bytes;
+    uint8_t* q = dst + codes_at(i);
     _mm512_storeu_si512(q, _mm512_unpacklo_epi64(t0, t2));
     _mm512_storeu_si512(q + 64, _mm512_unpackhi_epi64(t0, t2));
     _mm512_storeu_si512(q + 128, _mm512_unpacklo_epi64(t1, t3));
     _mm512_storeu_si512(q + 192, _mm512_unpackhi_epi64(t1, t3));
-    for (int64_t r = 0; r < pack_rows; ++r) std::memcpy(scales + i * scales_bytes + 2 * r, &rows[r][i].d, 2);
+    for (int64_t r = 0; r < pack_rows; ++r) std::memcpy(dst + scales_at(i, nb) + 2 * r, &rows[r][i].d, 2);
   }
 }
 
@@ -170,12 +168,11 @@ void pack_group_q4_0(const tensor_view& w, int64_t r0, uint8_t* dst) {
   const int64_t nb = w.cols() / q4_0_block;
   if (r0 + pack_rows <= w.rows() && has_avx512_vnni()) return pack_full_group(w, r0, dst);
   std::memset(dst, 0, size_t(nb * (codes_bytes + scales_bytes)));
-  uint8_t* scales = dst + nb * codes_bytes;
   for (int64_t r = 0; r < pack_rows && r0 + r < w.rows(); ++r) {
     const auto* blocks = reinterpret_cast<const block_q4_0*>(w.row(r0 + r));
     for (int64_t i = 0; i < nb; ++i) {
-      std::memcpy(scales + i * scales_bytes + 2 * r, &blocks[i].d, 2);
-      for (int j = 0; j < 4; ++j) std::memcpy(dst + i * codes_bytes + 64 * j + 4 * r, blocks[i].qs + 4 * j, 4);
+      std::memcpy(dst + scales_at(i, nb) + 2 * r, &blocks[i].d, 2);
+      for (int j = 0; j < 4; ++j) std::memcpy(dst + codes_at(i) + 64 * j + 4 * r, blocks[i].qs + 4 * j, 4);
     }
   }
 }
