@@ -89,6 +89,10 @@ struct model_kv {
   uint64_t amx_copy_bytes = 0;
   /// Bytes of the packed copy of the low-bit matmul weights (kernels/cpu/quant_packed.h).
   uint64_t packed_copy_bytes = 0;
+  /// Bytes in the file of every matmul weight, of those that would be packed, and of the
+  /// f16/bf16 ones the amx copy takes: what is left is copied into memory as it is
+  /// (kernels/cpu/weight_copy.h).
+  uint64_t matmul_bytes = 0, packable_bytes = 0, amx_taken_bytes = 0;
   kv_dtype dtype = kv_dtype::f32;  ///< [model] kv_cache_dtype
   kv_layout layout(int32_t page_size) const { return model_kv_layout(config, page_size, dtype); }
   kv_pools_layout pools(int32_t page_size) const { return model_pools_layout(config, page_size, dtype); }
@@ -107,10 +111,15 @@ model_kv read_model_kv(const std::string& path) {
   for (const auto& t : f.tensors()) {
     if (t.name == "token_embd.weight" && !tied) continue;
     // Low-bit weights pack per 2-D slice, so a MoE layer's 3-D expert tensors count too.
-    if ((t.dims.size() == 2 || t.dims.size() == 3) && cpu::has_packed_layout(t.type))
+    if (t.dims.size() != 2 && t.dims.size() != 3) continue;
+    m.matmul_bytes += t.nbytes;
+    if (cpu::has_packed_layout(t.type)) {
       m.packed_copy_bytes += cpu::packed_copy_bytes(t.view());
+      m.packable_bytes += t.nbytes;
+    }
     if (t.dims.size() != 2 || (t.type != ggml_type::f16 && t.type != ggml_type::bf16)) continue;
     m.amx_copy_bytes += cpu::amx_packed_bytes(t.view());
+    m.amx_taken_bytes += t.nbytes;
   }
   m.known = true;
   return m;
@@ -279,8 +288,11 @@ void check_model_and_memory(const std::string& source_name, const machine_info& 
     mem.model.pools = [kv](int32_t ps) { return kv.pools(ps); };
     mem.model.n_ctx = kv.n_ctx;
     if (cfg.kernel_isa == "amx") mem.amx_copy_bytes = kv.amx_copy_bytes;
-    if (m.packs_low_bit && cfg.kernel_isa != "scalar" && cfg.kernel_isa != "avx2")
-      mem.packed_copy_bytes = kv.packed_copy_bytes;
+    const bool packs = m.packs_low_bit && cfg.kernel_isa != "scalar" && cfg.kernel_isa != "avx2";
+    if (packs) mem.packed_copy_bytes = kv.packed_copy_bytes;
+    if (m.copies_weights && cfg.backend == "cpu")
+      mem.weight_copy_bytes = kv.matmul_bytes - (packs ? kv.packable_bytes : 0) -
+                              (cfg.kernel_isa == "amx" ? kv.amx_taken_bytes : 0);
   }
   mem.on_this_machine = on_this_machine;
   config_detail::check_node_memory(mem, m, out);

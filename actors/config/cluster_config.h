@@ -88,6 +88,10 @@ struct machine_info {
   /// (kernels/cpu/quant_packed.h: AVX-512 VNNI, and TANDEM_PACK is not 0) on the avx512 and
   /// amx paths; the RAM check then counts the copy.
   bool packs_low_bit = false;
+  /// Whether a CPU worker here copies the matmul weights it reads unpacked out of the file's
+  /// mapping into memory (kernels/cpu/weight_copy.h: TANDEM_COPY_WEIGHTS is not 0); the RAM
+  /// check then counts the copy.
+  bool copies_weights = false;
 
   /// The node that runs on this machine (`check-config --node`, `serve --node`; "" = unknown):
   /// its model file must be readable here, whatever its host says.

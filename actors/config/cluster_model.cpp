@@ -12,6 +12,7 @@
 #include "actors/config/cluster_config.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/quant_packed.h"
+#include "kernels/cpu/weight_copy.h"
 
 namespace tandem {
 
@@ -94,6 +95,7 @@ machine_info machine_info::probe(const std::string& node) {
   for (cpu_isa i : cpu::all_isas)
     if (cpu::isa_supported(i)) m.kernel_paths.emplace_back(cpu::to_string(i));
   m.packs_low_bit = cpu::packs(ggml_type::q4_0) && cpu::packing_enabled();
+  m.copies_weights = cpu::weight_copy_enabled();
   // NUMA nodes as the kernel reports them (what libnuma reads too); ids are dense in practice.
   for (int32_t n = 0;; ++n) {
     std::string p = fmt::format("/sys/devices/system/node/node{}/meminfo", n);

@@ -100,25 +100,23 @@ void check_node_memory(const node_memory_inputs& in, const machine_info& m, conf
             in.source_name, in.cache_pos.line, in.cache_pos.column, c.disk_size_gb, c.disk_dir, fmt_gib(capacity)));
     }
   }
-  // kernels = "amx": each worker on this machine holds a copy of the f16/bf16 weights.
-  const bool amx_copies = in.amx_copy_bytes > 0;
-  if (amx_copies)
+  // Each worker on this machine also holds the copies its kernels make of the weights: the
+  // amx tile layout of the f16/bf16 ones (kernels = "amx"), the packed low-bit ones (AVX-512
+  // VNNI), and on the CPU backend the rest copied out of the file's mapping.
+  auto per_worker = [&](uint64_t bytes, const char* what) {
+    if (bytes == 0) return;
     for (const auto& n : out.cfg.nodes) {
       if (!n.has_role("worker") || !in.on_this_machine(n)) continue;
-      local_bytes += in.amx_copy_bytes;
-      local_users.push_back(fmt::format("'{}' amx weight copy {}", n.name, fmt_gib(double(in.amx_copy_bytes))));
-      if (n.numa_node >= 0) numa_bytes[n.numa_node] += in.amx_copy_bytes;
+      local_bytes += bytes;
+      local_users.push_back(fmt::format("'{}' {} {}", n.name, what, fmt_gib(double(bytes))));
+      if (n.numa_node >= 0) numa_bytes[n.numa_node] += bytes;
     }
-  // Low-bit weights on AVX-512 VNNI: each worker here also holds their packed copy.
-  const bool packed_copies = in.packed_copy_bytes > 0;
-  if (packed_copies)
-    for (const auto& n : out.cfg.nodes) {
-      if (!n.has_role("worker") || !in.on_this_machine(n)) continue;
-      local_bytes += in.packed_copy_bytes;
-      local_users.push_back(
-          fmt::format("'{}' packed low-bit weight copy {}", n.name, fmt_gib(double(in.packed_copy_bytes))));
-      if (n.numa_node >= 0) numa_bytes[n.numa_node] += in.packed_copy_bytes;
-    }
+  };
+  per_worker(in.amx_copy_bytes, "amx weight copy");
+  per_worker(in.packed_copy_bytes, "packed low-bit weight copy");
+  per_worker(in.weight_copy_bytes, "in-memory weight copy");
+  const bool amx_copies = in.amx_copy_bytes > 0, packed_copies = in.packed_copy_bytes > 0,
+             weight_copies = in.weight_copy_bytes > 0;
   if (m.mem_total_bytes > 0 && local_bytes > m.mem_total_bytes) {
     std::string list;
     for (const auto& s : local_users) list += (list.empty() ? "" : ", ") + s;
@@ -128,6 +126,9 @@ void check_node_memory(const node_memory_inputs& in, const machine_info& m, conf
         in.source_name, in.cache_pos.line, in.cache_pos.column, fmt_gib(double(local_bytes)), list, fmt_gib(double(m.mem_total_bytes)),
         std::string(amx_copies ? ", or drop model.kernels = \"amx\" (it copies the weights)" : "") +
             (packed_copies ? ", or run with TANDEM_PACK=0 (no packed copy of the low-bit weights, slower prefill)"
+                           : "") +
+            (weight_copies ? ", or run with TANDEM_COPY_WEIGHTS=0 (the kernels read the mmapped file: no copy, "
+                             "slower decode)"
                            : "")));
   }
   for (auto [id, bytes] : numa_bytes) {

@@ -28,6 +28,9 @@ struct node_memory_inputs {
   uint64_t amx_copy_bytes = 0;
   /// Bytes of the packed low-bit weight copy each worker makes (machine_info::packs_low_bit).
   uint64_t packed_copy_bytes = 0;
+  /// Bytes of the in-memory copy each worker makes of the weights it reads unpacked
+  /// (machine_info::copies_weights).
+  uint64_t weight_copy_bytes = 0;
   std::function<bool(const node_config&)> on_this_machine;
 };
 

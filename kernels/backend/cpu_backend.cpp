@@ -9,6 +9,7 @@
 #include "kernels/cpu/aligned_vector.h"
 #include "kernels/cpu/mla_attention.h"
 #include "kernels/cpu/quant_packed.h"
+#include "kernels/cpu/weight_copy.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace tandem::backend {
@@ -41,7 +42,8 @@ class cpu_ops final : public ops {
   }
 
   std::vector<weight_id> prepare(std::span<const tensor_view> ws) override {
-    std::vector<cpu::packed_weight> p = cpu::pack_weights(ws, isa_, &pool_, cpu::packing_enabled());
+    std::vector<cpu::packed_weight> p = cpu::pack_weights(
+        ws, isa_, &pool_, {.pack_low_bit = cpu::packing_enabled(), .copy_rest = cpu::weight_copy_enabled()});
     std::vector<weight_id> ids;
     for (auto& w : p) {
       ids.push_back(weight_id{int32_t(weights_.size())});

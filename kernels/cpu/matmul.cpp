@@ -16,6 +16,7 @@
 #include "kernels/cpu/quant_ref.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/cpu/weight_copy.h"
 
 namespace tandem::cpu {
 
@@ -235,27 +236,21 @@ TANDEM_AVX512 void tile_avx512(const uint8_t* const* rows, int64_t k, const floa
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
     for (int b = 0; b < B; ++b) acc[r][b] = _mm512_setzero_ps();
-  if constexpr (R > 1 && Fetch && (B == 1 || R <= 4)) {
+  if constexpr (R > 1 && R <= 4 && Fetch) {
     // The tile's rows are consecutive and the next tile takes the next R rows, which start
     // `R * row bytes` further on; fetch them one tile ahead, one 64-byte line per row per
-    // step (a 16-wide step reads at most 64 bytes of a row). Only where they come from
-    // memory: at batch 1, and in the first activation tile of each gemm_blocks block (the
-    // later ones find the block in L2). Measured on f16, side by side: at batch 32 (6 tiles
-    // a block) dropping it cost 14%; at batch 480 fetching in every tile cost 2-5% at k = 768
-    // (10% at k = 2048 with activations not cache-line aligned).
-    //
-    // Into L2 (T1), not L1: at batch 1 the rows stream from memory and a T0 prefetch holds
-    // one of L1's few miss buffers until its line arrives, so fewer lines were in flight.
-    // Measured on f16, k = 768, batch 1, side by side (Zen 4, noisy shared machine): T0
-    // 11-12 GB/s on one thread, T1 17-22 GB/s (the read probe 20-25).
+    // step (a 16-wide step reads at most 64 bytes of a row). Only in the first activation
+    // tile of each gemm_blocks block, where they come from memory (the later ones find the
+    // block in L2). Measured on f16, side by side: at batch 32 (6 tiles a block) dropping it
+    // cost 14%; at batch 480 fetching in every tile cost 2-5% at k = 768 (10% at k = 2048
+    // with activations not cache-line aligned).
     const int64_t ahead = (rows[1] - rows[0]) * R;
     constexpr int64_t elem = T == ggml_type::f32 ? 4 : 2;
     for (int64_t i = 0; i < k16; i += 16) {
       __m512 wv[R];
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(rows[r] + ahead + elem * i),
-                     B == 1 ? _MM_HINT_T1 : _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(rows[r] + ahead + elem * i), _MM_HINT_T0);
         wv[r] = load_w16<T>(rows[r], i);
       }
       fma_step16<R, B>(acc, wv, xs, i);
@@ -303,11 +298,6 @@ TANDEM_AVX512 void tile_avx512(const uint8_t* const* rows, int64_t k, const floa
     }
 }
 
-/// Requests the bytes [p0, p1) into L2, a line at a time.
-inline void prefetch_l2(const uint8_t* p0, const uint8_t* p1) {
-  for (const uint8_t* p = p0; p < p1; p += 64) _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1);
-}
-
 // Weight rows x `count` (< C) activation rows.
 template <ggml_type T, int R, int C, bool Fetch>
 TANDEM_AVX512 void tile_avx512_rest(const uint8_t* const* rows, int64_t k, const float* x, float* y, int64_t n,
@@ -318,8 +308,27 @@ TANDEM_AVX512 void tile_avx512_rest(const uint8_t* const* rows, int64_t k, const
   }
 }
 
-// Rows [r0, r1). Batch 1 runs tiles of 8 weight rows side by side (enough loads in flight
-// to stream at memory speed). A larger batch runs tiles of 4 weight rows x up to 6
+/// y_a and y_b of two weight rows anywhere (batch 1): tile_avx512<T, 2, 1>'s sums, bit for bit.
+template <ggml_type T>
+TANDEM_AVX512 void dot2_avx512(const uint8_t* const (&rows)[2], int64_t k, const float* x, float* ya, float* yb) {
+  const int64_t k16 = k & ~int64_t(15);
+  __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
+#pragma GCC unroll 4
+  for (int64_t i = 0; i < k16; i += 16) {
+    const __m512 xv = _mm512_loadu_ps(x + i);
+    a = _mm512_fmadd_ps(load_w16<T>(rows[0], i), xv, a);
+    b = _mm512_fmadd_ps(load_w16<T>(rows[1], i), xv, b);
+  }
+  float ta = 0.0f, tb = 0.0f;
+  for (int64_t i = k16; i < k; ++i) {
+    ta = std::fma(load_w1<T>(rows[0], i), x[i], ta);
+    tb = std::fma(load_w1<T>(rows[1], i), x[i], tb);
+  }
+  *ya = hsum16(a) + ta;
+  *yb = hsum16(b) + tb;
+}
+
+// Rows [r0, r1). Batch 1 runs rows one after another (dot2_avx512). A larger batch runs tiles of 4 weight rows x up to 6
 // activation rows (24 accumulators) in gemm_blocks' order at every k. Measured on f16,
 // batch 256-512, one thread, side by side: 4 x 6 beats 6 x 4 by 8% at k = 2048 and
 // 0-6% at 3072 to 11008 (6 x 4 was taken above k = 1280 on the idea that 6 activation rows
@@ -331,21 +340,18 @@ void rows_avx512(const tensor_view& w, const float* x, int64_t batch, float* y, 
   const int64_t k = w.cols(), n = w.rows();
   int64_t r = r0;
   if (batch == 1) {
-    // Each tile fetches the next one's rows as it goes, so only the range's first tile would
-    // wait on memory line by line: request it all at once up front. The last tile fetches
-    // nothing: the rows after the range are another thread's chunk or another matrix, often
-    // one this step never reads (an expert not routed to). Measured on 768 x 512 f16 experts
-    // in random order, 2 threads, side by side: 14.0 -> 16.0 GB/s split across both, 15.3 ->
-    // 18.4 GB/s one expert per thread.
-    prefetch_l2(w.row(r0), w.row(std::min(r1, r0 + 8)));
-    for (; r + 8 <= r1; r += 8) {
-      const uint8_t* rows[8];
-      for (int i = 0; i < 8; ++i) rows[i] = w.row(r + i);
-      if (r + 16 <= r1)
-        tile_avx512<T, 8, 1>(rows, k, x, y, n, r, 0);
-      else
-        tile_avx512<T, 8, 1, false>(rows, k, x, y, n, r, 0);
+    // Rows one after another, two at a time from the two halves of the range: each thread
+    // reads two long sequential streams, which the hardware prefetcher runs at memory speed.
+    // Measured on f16, 2048 columns, 1 GiB of rows, 2 threads, side by side (Zen 5): 8 rows
+    // side by side with software prefetch 41 GB/s; one row at a time 47; two rows from the
+    // two halves 48-50; the plain read probe 55-57. Same bits: each output is still one
+    // 16-lane accumulator over k, hsum16, then the tail.
+    const int64_t half = (r1 - r0) / 2;
+    for (int64_t i = 0; i < half; ++i) {
+      const uint8_t* rows[2] = {w.row(r0 + i), w.row(r0 + half + i)};
+      dot2_avx512<T>(rows, k, x, y + r0 + i, y + r0 + half + i);
     }
+    r = r0 + 2 * half;
   } else {
     auto tile = [&](const uint8_t* const* rows, int64_t rr, int64_t b, int64_t cnt) {
       // b == 0: the block's first activation tile, which reads the weights from memory.
@@ -395,7 +401,7 @@ packed_weight pack_weight(const tensor_view& w, cpu_isa isa, thread_pool* pool) 
 }
 
 std::vector<packed_weight> pack_weights(std::span<const tensor_view> ws, cpu_isa isa, thread_pool* pool,
-                                        bool pack_low_bit) {
+                                        weight_prep prep) {
   isa = resolve_isa(isa);
   std::vector<packed_weight> out;
   out.reserve(ws.size());
@@ -413,9 +419,18 @@ std::vector<packed_weight> pack_weights(std::span<const tensor_view> ws, cpu_isa
       p.amx = std::make_shared<const amx_matrix>(amx_pack(w, pool, arena, offset));
       offset += amx_packed_bytes(w) / 2;
     }
-    if (pack_low_bit && vector_isa(isa) == cpu_isa::avx512 && packs(w.type) && w.cols() % block_elems(w.type) == 0)
+    if (prep.pack_low_bit && vector_isa(isa) == cpu_isa::avx512 && packs(w.type) &&
+        w.cols() % block_elems(w.type) == 0)
       p.quant = std::make_shared<const quant_packed>(pack_quant(w, pool));
     out.push_back(std::move(p));
+  }
+  if (prep.copy_rest) {
+    std::vector<tensor_view*> rest;
+    for (packed_weight& p : out)
+      if (!p.amx && !p.quant) rest.push_back(&p.view);
+    const std::shared_ptr<const uint8_t> copy = copy_weights(rest, pool);
+    for (packed_weight& p : out)
+      if (!p.amx && !p.quant) p.copy = copy;
   }
   return out;
 }

@@ -70,15 +70,25 @@ struct packed_weight {
   cpu_isa isa = cpu_isa::scalar;
   std::shared_ptr<const amx_matrix> amx;      ///< null unless the amx path packed it
   std::shared_ptr<const quant_packed> quant;  ///< null unless the avx512 path packed it
+  /// The in-memory copy `view` points into (weight_copy.h); null when it points at the caller's bytes.
+  std::shared_ptr<const uint8_t> copy;
+};
+/// What pack_weights copies besides keeping the view (the RAM check counts each copy).
+struct weight_prep {
+  /// Low-bit weights into 16-row groups on the avx512 path (false: the same bits, the
+  /// row-major kernels).
+  bool pack_low_bit = true;
+  /// Every weight neither copy above takes into memory on 2 MiB pages (weight_copy.h): the
+  /// same bits, faster to stream than the file's mapping.
+  bool copy_rest = false;
 };
 /// Prepares `w` for `isa` (split across `pool`'s threads); throws tandem::error if this CPU
 /// lacks the path.
 packed_weight pack_weight(const tensor_view& w, cpu_isa isa = cpu_isa::best, thread_pool* pool = nullptr);
 /// pack_weight for several matrices at once; on the amx path their tile copies share one
 /// buffer (a model's worth on 2 MiB pages, instead of a page-rounded buffer each).
-/// `pack_low_bit` false keeps low-bit weights unpacked (the same bits, the row-major kernels).
 std::vector<packed_weight> pack_weights(std::span<const tensor_view> ws, cpu_isa isa = cpu_isa::best,
-                                        thread_pool* pool = nullptr, bool pack_low_bit = true);
+                                        thread_pool* pool = nullptr, weight_prep prep = {});
 /// matmul of a prepared weight on its path: the same bits as matmul(w.view, ..., w.isa).
 void matmul(const packed_weight& w, const float* x, int64_t batch, float* y, std::vector<float>& scratch,
             thread_pool* pool = nullptr);

@@ -337,6 +337,23 @@ TANDEM_Q512 void tile_blocks(const tensor_view& w, const quant_acts& a, float* y
     for (int b = 0; b < B; ++b) y[(b0 + b) * n + r0 + r] = hsum16(acc[r][b]);
 }
 
+// Batch 1 of q8_0: weight rows ra and rb (anywhere) as tile_blocks<P, 2, 1> would give them,
+// bit for bit, with no software prefetch: each is one sequential stream.
+template <class P>
+TANDEM_Q512 void dot2_blocks(const tensor_view& w, const quant_acts& a, float* y, int64_t ra, int64_t rb) {
+  using block = typename P::block;
+  const int64_t nb = w.cols() / P::elems;
+  const block* rows[2] = {reinterpret_cast<const block*>(w.row(ra)), reinterpret_cast<const block*>(w.row(rb))};
+  const int8_t* xs[1] = {a.q(0)};
+  const int32_t* offs[1] = {P::offsets(a, 0)};
+  const float* dxs[1] = {a.scale16(0)};
+  __m512 acc[2][1] = {{_mm512_setzero_ps()}, {_mm512_setzero_ps()}};
+  for (int64_t i = 0; i + 1 < nb; i += 2) blocks_step<P, 2, 1, true>(rows, xs, offs, dxs, i, 0, acc);
+  if (nb % 2 != 0) blocks_step<P, 2, 1, false>(rows, xs, offs, dxs, nb - 1, 0, acc);
+  y[ra] = hsum16(acc[0][0]);
+  y[rb] = hsum16(acc[1][0]);
+}
+
 template <ggml_type T, int R, int B, bool Fetch = true>
 TANDEM_Q512 void tile(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, int64_t b0) {
   if constexpr (T == ggml_type::q8_0) tile_blocks<q8_0_blocks, R, B, Fetch>(w, a, y, r0, b0);
@@ -345,6 +362,18 @@ TANDEM_Q512 void tile(const tensor_view& w, const quant_acts& a, float* y, int64
 
 template <ggml_type T>
 void rows_typed(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, int64_t r1) {
+  if constexpr (T == ggml_type::q8_0) {
+    // Batch 1: rows one after another, two at a time from the two halves of the range, as the
+    // f16 kernel does (kernels/cpu/matmul.cpp): two long sequential streams per thread.
+    // Measured against 8 rows side by side with software prefetch, 2 threads, 48 weights of
+    // 8192 x 2048 in rotation, side by side (Zen 5): 39-44 -> 45-52 GB/s.
+    if (a.batch == 1) {
+      const int64_t half = (r1 - r0) / 2;
+      for (int64_t i = 0; i < half; ++i) dot2_blocks<q8_0_blocks>(w, a, y, r0 + i, r0 + half + i);
+      if ((r1 - r0) % 2 != 0) tile<T, 1, 1>(w, a, y, r1 - 1, 0);
+      return;
+    }
+  }
   // Batch 1: the range's first tile requested at once up front (each tile fetches the
   // next), as the f16 kernel does (kernels/cpu/matmul.cpp).
   if (a.batch == 1)

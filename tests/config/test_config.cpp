@@ -413,6 +413,18 @@ TEST_CASE("check: a worker's packed copy of the low-bit weights counts against t
   auto avx2 = check_cluster_config(one_node(model_table + "kernels = \"avx2\"\n"), "t.toml", m);
   INFO(joined(avx2));
   CHECK(avx2.ok());
+  // Unpacked, the weights are copied out of the file's mapping instead (as big again, less
+  // the groups' padding): counted, and TANDEM_COPY_WEIGHTS=0 named.
+  m.copies_weights = true;
+  auto copied = check_cluster_config(one_node(model_table + "kernels = \"avx2\"\n"), "t.toml", m);
+  INFO(joined(copied));
+  CHECK(!copied.ok());
+  CHECK(joined(copied).find("'n0' in-memory weight copy") != std::string::npos);
+  CHECK(joined(copied).find("or run with TANDEM_COPY_WEIGHTS=0") != std::string::npos);
+  CHECK(joined(copied).find("TANDEM_PACK=0") == std::string::npos);
+  // Packed, nothing is left to copy as it is (every matrix of the micro model is q4_0).
+  auto packed = check_cluster_config(one_node(model_table), "t.toml", m);
+  CHECK(joined(packed).find("in-memory weight copy") == std::string::npos);
 }
 
 TEST_CASE("check: the machine probe reads this host's memory") {

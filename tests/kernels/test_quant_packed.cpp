@@ -138,7 +138,7 @@ TEST_CASE(
       const auto packed = cpu::pack_weights(views, cpu_isa::best, &pool);
       for (const auto& p : packed) CHECK((p.quant != nullptr) == cpu::packs(p.view.type));
       // Off: no packed copy; and none on a path without the packed kernel.
-      CHECK(cpu::pack_weights(views, cpu_isa::best, &pool, false)[0].quant == nullptr);
+      CHECK(cpu::pack_weights(views, cpu_isa::best, &pool, {.pack_low_bit = false})[0].quant == nullptr);
       if (cpu::isa_supported(cpu_isa::avx2))
         CHECK(cpu::pack_weights(views, cpu_isa::avx2, &pool)[0].quant == nullptr);
       for (int64_t batch : k_batches)
