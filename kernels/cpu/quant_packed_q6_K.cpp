@@ -1,17 +1,19 @@
 // q6_K in 16-row interleaved groups (kernels/cpu/quant_packed.h) and its AVX-512 VNNI kernel.
 //
-// Layout of a group of nb super-blocks per row (16 x 210 bytes per super-block, as the file):
-//   codes, nb x 3072 bytes: super-block i, sub-block j (16 elements) is 3 vectors of 64 bytes,
-//     P, Q, R, at 3072 i + 192 j; byte t of 32-bit lane r is row r's element 16 j + t (P),
-//     16 j + 4 + t (Q), 16 j + 8 + t (R) in bits 0-5 (the unsigned 6-bit code, 0..63), and bits
-//     6-7 of P, Q, R hold bits 0-1, 2-3, 4-5 of element 16 j + 12 + t's code;
-//   meta, nb x 288 bytes: the scales (super-block i: 256 bytes at 256 i, row r's scale j at
-//     16 j + r), then the d's (super-block i: 32 bytes at 256 nb + 32 i, row r's at 2 r).
-//   The codes start on a 64-byte boundary so that no load splits a line: where the group's
-//   address is 32 past one (an odd nb puts every other group there), the meta's last 32 bytes
-//   come first, the codes after them and the rest of the meta last. Which of the two is
-//   decided by the address, so a group must be read where it was packed, or at an address
-//   equal to it mod 64 (a quant_packed's bytes always are).
+// Layout of a group of nb super-blocks per row (16 x 210 bytes per super-block, as the file),
+// super-block after super-block (3360 bytes each, so a batch-1 step reads one sequential stream;
+// measured against all codes then all scales and d's, 2 threads, 48 weights of 8192 x 2048 in
+// rotation, side by side (Zen 5): 38-45 -> 43-52 GB/s):
+//   codes, 3072 bytes: sub-block j (16 elements) is 3 vectors of 64 bytes, P, Q, R, at 192 j;
+//     byte t of 32-bit lane r is row r's element 16 j + t (P), 16 j + 4 + t (Q), 16 j + 8 + t
+//     (R) in bits 0-5 (the unsigned 6-bit code, 0..63), and bits 6-7 of P, Q, R hold bits 0-1,
+//     2-3, 4-5 of element 16 j + 12 + t's code;
+//   scales, 256 bytes: row r's scale j at 16 j + r; d, 32 bytes: row r's at 2 r.
+//   A super-block starting on a 64-byte boundary holds scales, codes, d; one starting 32 past
+//   one (every other, as 3360 = 52.5 lines) holds d, scales, codes: the codes start on a
+//   64-byte boundary so that no load splits a line. Which is decided by the address, so a
+//   group must be read where it was packed, or at an address equal to it mod 64 (a
+//   quant_packed's bytes always are).
 //
 // Per sub-block j and activation row: u = -32 sum(x) (a table made per call) plus 4 vpdpbusd,
 // each the 16 rows' 4 codes (u8) against one broadcast group of 4 activation bytes (s8), is
@@ -40,6 +42,7 @@ constexpr int64_t sub_bytes = 192;     // per sub-block of a group
 constexpr int64_t scale_bytes = 256;   // per super-block of a group
 constexpr int64_t d_bytes = 32;        // per super-block of a group
 constexpr int64_t meta_bytes = scale_bytes + d_bytes;
+constexpr int64_t super_bytes = codes_bytes + meta_bytes;  // per super-block of a group
 // Batch 1's software prefetch distance. A group is one stream, which the hardware prefetcher
 // alone kept about 10% behind the row-major kernel from memory; measured (1 thread, 8 weights
 // of 8192 x 2048 in rotation, side by side): 32 to 256 KB ahead into L2 alike, 16 KB 5-10%
@@ -48,19 +51,17 @@ constexpr int64_t meta_bytes = scale_bytes + d_bytes;
 // 20%, from L3.
 constexpr int64_t fetch_ahead = int64_t(64) << 10;
 
-// Byte offsets inside one group at address `base`.
+// Byte offsets inside one group at address `base` (a multiple of 32: a quant_packed's groups
+// are). Super-block i is 3360 bytes at 3360 i: scales, codes, d where it starts on a 64-byte
+// boundary, else d, scales, codes, so that its codes always do.
 struct q6_layout {
-  int64_t nb = 0, head = 0;
-  q6_layout(const uint8_t* base, int64_t cols)
-      : nb(cols / qk_k), head((-reinterpret_cast<uintptr_t>(base) & 63) >= 32 ? 32 : 0) {}
-  int64_t codes(int64_t i) const { return head + i * codes_bytes; }
-  // Offset o of the meta: its last `head` bytes sit at the group's start.
-  int64_t meta(int64_t o) const {
-    const int64_t tail = nb * meta_bytes - head;
-    return o >= tail ? o - tail : head + nb * codes_bytes + o;
-  }
-  int64_t scales(int64_t i) const { return meta(i * scale_bytes); }
-  int64_t d(int64_t i) const { return meta(nb * scale_bytes + i * d_bytes); }
+  int64_t nb = 0;
+  uintptr_t base_odd = 0;  // 1 where base is 32 past a 64-byte boundary
+  q6_layout(const uint8_t* base, int64_t cols) : nb(cols / qk_k), base_odd((reinterpret_cast<uintptr_t>(base) >> 5) & 1) {}
+  bool shifted(int64_t i) const { return ((base_odd + uintptr_t(i)) & 1) != 0; }
+  int64_t codes(int64_t i) const { return i * super_bytes + (shifted(i) ? d_bytes + scale_bytes : scale_bytes); }
+  int64_t scales(int64_t i) const { return i * super_bytes + (shifted(i) ? d_bytes : 0); }
+  int64_t d(int64_t i) const { return i * super_bytes + (shifted(i) ? 0 : scale_bytes + codes_bytes); }
 };
 
 // The unsigned 6-bit code of element e of a q6_K block (dequantize_row_q6_K's bits).
@@ -102,9 +103,9 @@ TANDEM_Q6P void group_tile(const uint8_t* g, int64_t cols, const quant_acts& a, 
     if constexpr (Fetch) {
       // Each super-block requests its share (3360 bytes, whatever they hold) of the bytes
       // fetch_ahead further on.
-      const char* next = reinterpret_cast<const char*>(g + i * (codes_bytes + meta_bytes)) + fetch_ahead;
+      const char* next = reinterpret_cast<const char*>(g + i * super_bytes) + fetch_ahead;
       if (next < end)
-        for (int64_t o = 0; o < codes_bytes + meta_bytes; o += 64) _mm_prefetch(next + o, _MM_HINT_T1);
+        for (int64_t o = 0; o < super_bytes; o += 64) _mm_prefetch(next + o, _MM_HINT_T1);
     }
     __m512i isum[B];
 #pragma GCC unroll 8
@@ -179,7 +180,7 @@ void group_tile_rest(int count, const uint8_t* g, int64_t cols, const quant_acts
 void pack_group_q6_K(const tensor_view& w, int64_t r0, uint8_t* dst) {
   const q6_layout lay(dst, w.cols());
   const int64_t nb = lay.nb;
-  std::memset(dst, 0, size_t(nb * (codes_bytes + meta_bytes)));
+  std::memset(dst, 0, size_t(nb * super_bytes));
   for (int64_t r = 0; r < pack_rows && r0 + r < w.rows(); ++r) {
     const auto* blocks = reinterpret_cast<const block_q6_K*>(w.row(r0 + r));
     for (int64_t i = 0; i < nb; ++i) {
