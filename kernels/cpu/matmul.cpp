@@ -16,7 +16,6 @@
 #include "kernels/cpu/quant_ref.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/cpu/thread_pool.h"
-#include "kernels/cpu/weight_copy.h"
 
 namespace tandem::cpu {
 
@@ -167,7 +166,29 @@ __attribute__((target("avx2,fma,f16c"))) void tile_avx2_rest(const uint8_t* cons
   }
 }
 
-// Rows [r0, r1). Batch 1 decodes the weights in registers, 8 rows side by side. A larger
+/// y_a and y_b of two weight rows anywhere (batch 1): tile_avx2<T, 2, 1>'s sums, bit for bit.
+template <ggml_type T>
+__attribute__((target("avx2,fma,f16c"))) void dot2_avx2(const uint8_t* const (&rows)[2], int64_t k, const float* x,
+                                                        float* ya, float* yb) {
+  const int64_t k8 = k & ~int64_t(7);
+  __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+#pragma GCC unroll 4
+  for (int64_t i = 0; i < k8; i += 8) {
+    const __m256 xv = _mm256_loadu_ps(x + i);
+    a = _mm256_fmadd_ps(load_w8<T>(rows[0], i), xv, a);
+    b = _mm256_fmadd_ps(load_w8<T>(rows[1], i), xv, b);
+  }
+  float ta = 0.0f, tb = 0.0f;
+  for (int64_t i = k8; i < k; ++i) {
+    ta = std::fma(load_w1<T>(rows[0], i), x[i], ta);
+    tb = std::fma(load_w1<T>(rows[1], i), x[i], tb);
+  }
+  *ya = hsum8(a) + ta;
+  *yb = hsum8(b) + tb;
+}
+
+// Rows [r0, r1). Batch 1 reads rows one after another, two at a time from the two halves of
+// the range, as rows_avx512 does (two long sequential streams per thread). A larger
 // batch runs tiles of 3 weight rows x up to 4 activation rows (12 accumulators, all 16
 // registers in use) in gemm_blocks' order, also decoding the weights in registers.
 template <ggml_type T>
@@ -175,11 +196,12 @@ void rows_avx2(const tensor_view& w, const float* x, int64_t batch, float* y, in
   const int64_t k = w.cols(), n = w.rows();
   int64_t r = r0;
   if (batch == 1) {
-    for (; r + 8 <= r1; r += 8) {
-      const uint8_t* rows[8];
-      for (int i = 0; i < 8; ++i) rows[i] = w.row(r + i);
-      tile_avx2<T, 8, 1>(rows, k, x, y, n, r, 0);
+    const int64_t half = (r1 - r0) / 2;
+    for (int64_t i = 0; i < half; ++i) {
+      const uint8_t* rows[2] = {w.row(r0 + i), w.row(r0 + half + i)};
+      dot2_avx2<T>(rows, k, x, y + r0 + i, y + r0 + half + i);
     }
+    r = r0 + 2 * half;
   } else {
     auto tile = [&](const uint8_t* const* rows, int64_t rr, int64_t b, int64_t cnt) {
       if (cnt == 4)
@@ -395,45 +417,6 @@ void matmul_rows(const tensor_view& w, const float* x, int64_t batch, float* y, 
 }
 
 }  // namespace
-
-packed_weight pack_weight(const tensor_view& w, cpu_isa isa, thread_pool* pool) {
-  return pack_weights(std::span<const tensor_view>(&w, 1), isa, pool).front();
-}
-
-std::vector<packed_weight> pack_weights(std::span<const tensor_view> ws, cpu_isa isa, thread_pool* pool,
-                                        weight_prep prep) {
-  isa = resolve_isa(isa);
-  std::vector<packed_weight> out;
-  out.reserve(ws.size());
-  size_t total = 0;
-  if (isa == cpu_isa::amx)
-    for (const tensor_view& w : ws)
-      if (amx_handles(w.type)) total += amx_packed_bytes(w);
-  std::shared_ptr<uint16_t> arena = total > 0 ? amx_arena(total) : nullptr;
-  size_t offset = 0;  // in values
-  for (const tensor_view& w : ws) {
-    packed_weight p;
-    p.view = w;
-    p.isa = isa;
-    if (arena && amx_handles(w.type)) {
-      p.amx = std::make_shared<const amx_matrix>(amx_pack(w, pool, arena, offset));
-      offset += amx_packed_bytes(w) / 2;
-    }
-    if (prep.pack_low_bit && vector_isa(isa) == cpu_isa::avx512 && packs(w.type) &&
-        w.cols() % block_elems(w.type) == 0)
-      p.quant = std::make_shared<const quant_packed>(pack_quant(w, pool));
-    out.push_back(std::move(p));
-  }
-  if (prep.copy_rest) {
-    std::vector<tensor_view*> rest;
-    for (packed_weight& p : out)
-      if (!p.amx && !p.quant) rest.push_back(&p.view);
-    const std::shared_ptr<const uint8_t> copy = copy_weights(rest, pool);
-    for (packed_weight& p : out)
-      if (!p.amx && !p.quant) p.copy = copy;
-  }
-  return out;
-}
 
 void matmul(const packed_weight& w, const float* x, int64_t batch, float* y, std::vector<float>& scratch,
             thread_pool* pool) {
