@@ -187,8 +187,7 @@ __attribute__((target("avx2,fma,f16c"))) void dot2_avx2(const uint8_t* const (&r
   *yb = hsum8(b) + tb;
 }
 
-// Rows [r0, r1). Batch 1 reads rows one after another, two at a time from the two halves of
-// the range, as rows_avx512 does (two long sequential streams per thread). A larger
+// Rows [r0, r1). Batch 1 reads rows in for_row_pairs' order (ops.h). A larger
 // batch runs tiles of 3 weight rows x up to 4 activation rows (12 accumulators, all 16
 // registers in use) in gemm_blocks' order, also decoding the weights in registers.
 template <ggml_type T>
@@ -196,12 +195,10 @@ void rows_avx2(const tensor_view& w, const float* x, int64_t batch, float* y, in
   const int64_t k = w.cols(), n = w.rows();
   int64_t r = r0;
   if (batch == 1) {
-    const int64_t half = (r1 - r0) / 2;
-    for (int64_t i = 0; i < half; ++i) {
-      const uint8_t* rows[2] = {w.row(r0 + i), w.row(r0 + half + i)};
-      dot2_avx2<T>(rows, k, x, y + r0 + i, y + r0 + half + i);
-    }
-    r = r0 + 2 * half;
+    r = for_row_pairs(r0, r1, [&](int64_t ra, int64_t rb) {
+      const uint8_t* rows[2] = {w.row(ra), w.row(rb)};
+      dot2_avx2<T>(rows, k, x, y + ra, y + rb);
+    });
   } else {
     auto tile = [&](const uint8_t* const* rows, int64_t rr, int64_t b, int64_t cnt) {
       if (cnt == 4)
@@ -350,8 +347,8 @@ TANDEM_AVX512 void dot2_avx512(const uint8_t* const (&rows)[2], int64_t k, const
   *yb = hsum16(b) + tb;
 }
 
-// Rows [r0, r1). Batch 1 runs rows one after another (dot2_avx512). A larger batch runs tiles of 4 weight rows x up to 6
-// activation rows (24 accumulators) in gemm_blocks' order at every k. Measured on f16,
+// Rows [r0, r1). Batch 1 reads rows in for_row_pairs' order (ops.h). A larger batch runs
+// tiles of 4 weight rows x up to 6 activation rows (24 accumulators) in gemm_blocks' order at every k. Measured on f16,
 // batch 256-512, one thread, side by side: 4 x 6 beats 6 x 4 by 8% at k = 2048 and
 // 0-6% at 3072 to 11008 (6 x 4 was taken above k = 1280 on the idea that 6 activation rows
 // must stay in L1; they need not), and 3 x 8 is 3-7% slower at 768. Weights are decoded in
@@ -362,18 +359,10 @@ void rows_avx512(const tensor_view& w, const float* x, int64_t batch, float* y, 
   const int64_t k = w.cols(), n = w.rows();
   int64_t r = r0;
   if (batch == 1) {
-    // Rows one after another, two at a time from the two halves of the range: each thread
-    // reads two long sequential streams, which the hardware prefetcher runs at memory speed.
-    // Measured on f16, 2048 columns, 1 GiB of rows, 2 threads, side by side (Zen 5): 8 rows
-    // side by side with software prefetch 41 GB/s; one row at a time 47; two rows from the
-    // two halves 48-50; the plain read probe 55-57. Same bits: each output is still one
-    // 16-lane accumulator over k, hsum16, then the tail.
-    const int64_t half = (r1 - r0) / 2;
-    for (int64_t i = 0; i < half; ++i) {
-      const uint8_t* rows[2] = {w.row(r0 + i), w.row(r0 + half + i)};
-      dot2_avx512<T>(rows, k, x, y + r0 + i, y + r0 + half + i);
-    }
-    r = r0 + 2 * half;
+    r = for_row_pairs(r0, r1, [&](int64_t ra, int64_t rb) {
+      const uint8_t* rows[2] = {w.row(ra), w.row(rb)};
+      dot2_avx512<T>(rows, k, x, y + ra, y + rb);
+    });
   } else {
     auto tile = [&](const uint8_t* const* rows, int64_t rr, int64_t b, int64_t cnt) {
       // b == 0: the block's first activation tile, which reads the weights from memory.

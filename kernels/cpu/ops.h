@@ -60,6 +60,21 @@ void matmul(const tensor_view& w, const float* x, int64_t batch, float* y, std::
 /// little to be worth waking the workers. Every kernel path uses the same bound.
 constexpr int64_t matmul_min_parallel_work = int64_t(1) << 16;
 
+/// The order in which the batch-1 row kernels (f16/bf16/f32 on avx2 and avx512, q8_0 on
+/// avx512) read weight rows [r0, r1): pair(ra, rb) for ra = r0 + i, rb = r0 + half + i, two
+/// rows at a time from the two halves of the range, so a thread reads two long sequential
+/// streams, which the hardware prefetcher runs at memory speed. Returns the first row not
+/// covered (r1 - 1 when the count is odd: the caller runs it alone). Measured on f16, 2048
+/// columns, 1 GiB of rows, 2 threads, side by side (Zen 5): 8 rows side by side with software
+/// prefetch 41 GB/s; one row at a time 47; two rows from the two halves 48-54; the plain read
+/// 55-66. Each output keeps its accumulation order, so the bits do not depend on it.
+template <class Pair>
+inline int64_t for_row_pairs(int64_t r0, int64_t r1, Pair&& pair) {
+  const int64_t half = (r1 - r0) / 2;
+  for (int64_t i = 0; i < half; ++i) pair(r0 + i, r0 + half + i);
+  return r0 + 2 * half;
+}
+
 /// A weight matrix prepared once for the kernel path `isa` (resolved): on the amx path an
 /// f16 or bf16 matrix is also copied into the tile layout (`amx`); on the avx512 and amx paths
 /// a low-bit weight with a packed kernel (quant_packed.h's packs()) is also copied into 16-row

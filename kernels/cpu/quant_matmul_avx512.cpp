@@ -363,19 +363,17 @@ TANDEM_Q512 void tile(const tensor_view& w, const quant_acts& a, float* y, int64
 template <ggml_type T>
 void rows_typed(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, int64_t r1) {
   if constexpr (T == ggml_type::q8_0) {
-    // Batch 1: rows one after another, two at a time from the two halves of the range, as the
-    // f16 kernel does (kernels/cpu/matmul.cpp): two long sequential streams per thread.
-    // Measured against 8 rows side by side with software prefetch, 2 threads, 48 weights of
-    // 8192 x 2048 in rotation, side by side (Zen 5): 39-44 -> 45-52 GB/s.
+    // Batch 1 in for_row_pairs' order (ops.h). Measured against 8 rows side by side with
+    // software prefetch, 2 threads, 48 weights of 8192 x 2048 in rotation, side by side
+    // (Zen 5): 39-44 -> 45-52 GB/s.
     if (a.batch == 1) {
-      const int64_t half = (r1 - r0) / 2;
-      for (int64_t i = 0; i < half; ++i) dot2_blocks<q8_0_blocks>(w, a, y, r0 + i, r0 + half + i);
-      if ((r1 - r0) % 2 != 0) tile<T, 1, 1>(w, a, y, r1 - 1, 0);
+      const int64_t r = for_row_pairs(r0, r1, [&](int64_t ra, int64_t rb) { dot2_blocks<q8_0_blocks>(w, a, y, ra, rb); });
+      if (r < r1) tile<T, 1, 1>(w, a, y, r, 0);
       return;
     }
   }
-  // Batch 1: the range's first tile requested at once up front (each tile fetches the
-  // next), as the f16 kernel does (kernels/cpu/matmul.cpp).
+  // Batch 1 (the k-quants left unpacked): the range's first tile requested at once up front
+  // (each tile fetches the next).
   if (a.batch == 1)
     for (const uint8_t* p = w.row(r0); p < w.row(std::min(r1, r0 + 8)); p += 64)
       _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1);

@@ -25,8 +25,9 @@ bool weight_copy_enabled();
 /// split across `pool`'s threads. Throws tandem::error when the memory is not there.
 std::shared_ptr<const uint8_t> copy_weights(std::span<tensor_view* const> views, thread_pool* pool);
 
-/// The bytes copy_weights takes for `views` (what the RAM check counts): each distinct view's
-/// size rounded up to 64 bytes.
+/// The bytes copy_weights allocates for `views`: each distinct view's size rounded up to 64
+/// bytes. (The RAM check counts the same tensors by their file sizes, from the GGUF metadata
+/// alone: within 64 bytes a tensor of this.)
 uint64_t weight_copy_bytes(std::span<const tensor_view> views);
 
 }  // namespace tandem::cpu
