@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "kernels/base/error.h"
 #include "kernels/cpu/amx.h"
@@ -166,28 +167,42 @@ __attribute__((target("avx2,fma,f16c"))) void tile_avx2_rest(const uint8_t* cons
   }
 }
 
-/// y_a and y_b of two weight rows anywhere (batch 1): tile_avx2<T, 2, 1>'s sums, bit for bit.
-template <ggml_type T>
-__attribute__((target("avx2,fma,f16c"))) void dot2_avx2(const uint8_t* const (&rows)[2], int64_t k, const float* x,
-                                                        float* ya, float* yb) {
+/// y[j] of N weight rows anywhere (batch 1): tile_avx2<T, N, 1>'s sums, bit for bit.
+template <ggml_type T, int N>
+__attribute__((target("avx2,fma,f16c"))) void dotn_avx2(const uint8_t* const (&rows)[N], int64_t k, const float* x,
+                                                        float* const (&y)[N]) {
   const int64_t k8 = k & ~int64_t(7);
-  __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
-#pragma GCC unroll 4
+  __m256 acc[N];
+  for (int j = 0; j < N; ++j) acc[j] = _mm256_setzero_ps();
+#pragma GCC unroll 2
   for (int64_t i = 0; i < k8; i += 8) {
     const __m256 xv = _mm256_loadu_ps(x + i);
-    a = _mm256_fmadd_ps(load_w8<T>(rows[0], i), xv, a);
-    b = _mm256_fmadd_ps(load_w8<T>(rows[1], i), xv, b);
+#pragma GCC unroll 4
+    for (int j = 0; j < N; ++j) acc[j] = _mm256_fmadd_ps(load_w8<T>(rows[j], i), xv, acc[j]);
   }
-  float ta = 0.0f, tb = 0.0f;
-  for (int64_t i = k8; i < k; ++i) {
-    ta = std::fma(load_w1<T>(rows[0], i), x[i], ta);
-    tb = std::fma(load_w1<T>(rows[1], i), x[i], tb);
+  for (int j = 0; j < N; ++j) {
+    float t = 0.0f;
+    for (int64_t i = k8; i < k; ++i) t = std::fma(load_w1<T>(rows[j], i), x[i], t);
+    *y[j] = hsum8(acc[j]) + t;
   }
-  *ya = hsum8(a) + ta;
-  *yb = hsum8(b) + tb;
 }
 
-// Rows [r0, r1). Batch 1 reads rows in for_row_pairs' order (ops.h). A larger
+/// Rows kept in flight by the batch-1 row kernels (for_row_streams, ops.h).
+constexpr int batch1_streams = 4;
+
+/// Batch 1 over rows [r0, r1) in for_row_streams' order: dot(rows, out) with the rows' bytes
+/// and their outputs in y. Returns the first row not covered.
+template <class Dot>
+int64_t batch1_rows(const tensor_view& w, float* y, int64_t r0, int64_t r1, Dot&& dot) {
+  return for_row_streams<batch1_streams>(r0, r1, [&](const int64_t (&rr)[batch1_streams]) {
+    const uint8_t* rows[batch1_streams];
+    float* out[batch1_streams];
+    for (int j = 0; j < batch1_streams; ++j) rows[j] = w.row(rr[j]), out[j] = y + rr[j];
+    dot(std::as_const(rows), std::as_const(out));
+  });
+}
+
+// Rows [r0, r1). Batch 1 reads rows in for_row_streams' order (ops.h). A larger
 // batch runs tiles of 3 weight rows x up to 4 activation rows (12 accumulators, all 16
 // registers in use) in gemm_blocks' order, also decoding the weights in registers.
 template <ggml_type T>
@@ -195,10 +210,8 @@ void rows_avx2(const tensor_view& w, const float* x, int64_t batch, float* y, in
   const int64_t k = w.cols(), n = w.rows();
   int64_t r = r0;
   if (batch == 1) {
-    r = for_row_pairs(r0, r1, [&](int64_t ra, int64_t rb) {
-      const uint8_t* rows[2] = {w.row(ra), w.row(rb)};
-      dot2_avx2<T>(rows, k, x, y + ra, y + rb);
-    });
+    r = batch1_rows(w, y, r0, r1,
+                    [&](const auto& rows, const auto& out) { dotn_avx2<T, batch1_streams>(rows, k, x, out); });
   } else {
     auto tile = [&](const uint8_t* const* rows, int64_t rr, int64_t b, int64_t cnt) {
       if (cnt == 4)
@@ -327,27 +340,26 @@ TANDEM_AVX512 void tile_avx512_rest(const uint8_t* const* rows, int64_t k, const
   }
 }
 
-/// y_a and y_b of two weight rows anywhere (batch 1): tile_avx512<T, 2, 1>'s sums, bit for bit.
-template <ggml_type T>
-TANDEM_AVX512 void dot2_avx512(const uint8_t* const (&rows)[2], int64_t k, const float* x, float* ya, float* yb) {
+/// y[j] of N weight rows anywhere (batch 1): tile_avx512<T, N, 1>'s sums, bit for bit.
+template <ggml_type T, int N>
+TANDEM_AVX512 void dotn_avx512(const uint8_t* const (&rows)[N], int64_t k, const float* x, float* const (&y)[N]) {
   const int64_t k16 = k & ~int64_t(15);
-  __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
-#pragma GCC unroll 4
+  __m512 acc[N];
+  for (int j = 0; j < N; ++j) acc[j] = _mm512_setzero_ps();
+#pragma GCC unroll 2
   for (int64_t i = 0; i < k16; i += 16) {
     const __m512 xv = _mm512_loadu_ps(x + i);
-    a = _mm512_fmadd_ps(load_w16<T>(rows[0], i), xv, a);
-    b = _mm512_fmadd_ps(load_w16<T>(rows[1], i), xv, b);
+#pragma GCC unroll 4
+    for (int j = 0; j < N; ++j) acc[j] = _mm512_fmadd_ps(load_w16<T>(rows[j], i), xv, acc[j]);
   }
-  float ta = 0.0f, tb = 0.0f;
-  for (int64_t i = k16; i < k; ++i) {
-    ta = std::fma(load_w1<T>(rows[0], i), x[i], ta);
-    tb = std::fma(load_w1<T>(rows[1], i), x[i], tb);
+  for (int j = 0; j < N; ++j) {
+    float t = 0.0f;
+    for (int64_t i = k16; i < k; ++i) t = std::fma(load_w1<T>(rows[j], i), x[i], t);
+    *y[j] = hsum16(acc[j]) + t;
   }
-  *ya = hsum16(a) + ta;
-  *yb = hsum16(b) + tb;
 }
 
-// Rows [r0, r1). Batch 1 reads rows in for_row_pairs' order (ops.h). A larger batch runs
+// Rows [r0, r1). Batch 1 reads rows in for_row_streams' order (ops.h). A larger batch runs
 // tiles of 4 weight rows x up to 6 activation rows (24 accumulators) in gemm_blocks' order at every k. Measured on f16,
 // batch 256-512, one thread, side by side: 4 x 6 beats 6 x 4 by 8% at k = 2048 and
 // 0-6% at 3072 to 11008 (6 x 4 was taken above k = 1280 on the idea that 6 activation rows
@@ -359,10 +371,8 @@ void rows_avx512(const tensor_view& w, const float* x, int64_t batch, float* y, 
   const int64_t k = w.cols(), n = w.rows();
   int64_t r = r0;
   if (batch == 1) {
-    r = for_row_pairs(r0, r1, [&](int64_t ra, int64_t rb) {
-      const uint8_t* rows[2] = {w.row(ra), w.row(rb)};
-      dot2_avx512<T>(rows, k, x, y + ra, y + rb);
-    });
+    r = batch1_rows(w, y, r0, r1,
+                    [&](const auto& rows, const auto& out) { dotn_avx512<T, batch1_streams>(rows, k, x, out); });
   } else {
     auto tile = [&](const uint8_t* const* rows, int64_t rr, int64_t b, int64_t cnt) {
       // b == 0: the block's first activation tile, which reads the weights from memory.

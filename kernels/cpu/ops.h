@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/amx.h"
@@ -61,18 +62,26 @@ void matmul(const tensor_view& w, const float* x, int64_t batch, float* y, std::
 constexpr int64_t matmul_min_parallel_work = int64_t(1) << 16;
 
 /// The order in which the batch-1 row kernels (f16/bf16/f32 on avx2 and avx512, q8_0 on
-/// avx512) read weight rows [r0, r1): pair(ra, rb) for ra = r0 + i, rb = r0 + half + i, two
-/// rows at a time from the two halves of the range, so a thread reads two long sequential
-/// streams, which the hardware prefetcher runs at memory speed. Returns the first row not
-/// covered (r1 - 1 when the count is odd: the caller runs it alone). Measured on f16, 2048
-/// columns, 1 GiB of rows, 2 threads, side by side (Zen 5): 8 rows side by side with software
-/// prefetch 41 GB/s; one row at a time 47; two rows from the two halves 48-54; the plain read
-/// 55-66. Each output keeps its accumulation order, so the bits do not depend on it.
-template <class Pair>
-inline int64_t for_row_pairs(int64_t r0, int64_t r1, Pair&& pair) {
-  const int64_t half = (r1 - r0) / 2;
-  for (int64_t i = 0; i < half; ++i) pair(r0 + i, r0 + half + i);
-  return r0 + 2 * half;
+/// avx512) read weight rows [r0, r1): rows(r) with r[j] = r0 + j * part + i for j < N, N rows
+/// at a time, one from each of N equal parts of the range, so that a thread reads N long
+/// sequential streams (which the hardware prefetcher runs at memory speed) and keeps N
+/// independent accumulator chains going (one chain per output, as in the batched tiles, so the
+/// bits do not depend on N). Returns the first row not covered: the caller runs the last
+/// (r1 - r0) % N rows alone. Measured on f16, 2048 columns, 1 GiB of rows, 2 threads (Zen 5):
+/// 8 rows side by side with software prefetch 41 GB/s, one row at a time 47, two rows from two
+/// halves 48-54, the plain read 55-66. Two chains were FMA-latency bound once the weights sit
+/// in cache (f16 512 x 2048, one thread: 52 GB/s for two rows, 74-80 for four; q8_0 50 -> 63),
+/// which also showed from memory whenever the machine's bandwidth ran high (16 llama-1b layers,
+/// 2 threads, side by side: f16 50 -> 53-58 GB/s, q8_0 42-52 -> 46-56).
+template <int N, class Rows>
+inline int64_t for_row_streams(int64_t r0, int64_t r1, Rows&& rows) {
+  const int64_t part = (r1 - r0) / N;
+  for (int64_t i = 0; i < part; ++i) {
+    int64_t r[N];
+    for (int j = 0; j < N; ++j) r[j] = r0 + j * part + i;
+    rows(std::as_const(r));
+  }
+  return r0 + N * part;
 }
 
 /// A weight matrix prepared once for the kernel path `isa` (resolved): on the amx path an
