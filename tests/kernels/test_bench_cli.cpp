@@ -50,6 +50,12 @@ TEST_CASE("bench cli: model mode reports prefill and every decode batch with the
   CHECK(out.find("{\"batch\":1,") != std::string::npos);
   CHECK(out.find("{\"batch\":3,") != std::string::npos);
   CHECK(out.find("\"roofline_fraction\":") != std::string::npos);
+  // Each decode row carries the bandwidth probed next to it (its own roofline), and it is real.
+  for (const char* row : {"{\"batch\":1,", "{\"batch\":3,"}) {
+    const size_t at = out.find(row), end = out.find('}', at), bw = out.find("\"read_bandwidth_gbs\":", at);
+    REQUIRE(bw < end);
+    CHECK(std::stod(out.substr(bw + 21)) > 0.1);
+  }
   CHECK(out.find("\"kv_pools\":[{\"name\":\"full\"") != std::string::npos);  // a llama: one full pool
   std::tie(rc, out) = run("bench model --model " + model + " --batches 0");
   CHECK(rc == 1);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <cstdio>
@@ -101,6 +102,9 @@ struct decode_result {
   int64_t batch = 0;
   double tokens_per_s = 0, ms_per_step = 0, roofline = 0, of_peak = 0;
   double attn_flops = 0;  ///< attention FLOP of the fastest repetition
+  /// Read bandwidth (bytes/s) probed right before and after the fastest repetition, the higher
+  /// of the two (0: not probed); its roofline.
+  double bandwidth = 0;
 };
 
 /// Batched decode on one model: `batch` sequences with `context` random tokens cached; each
@@ -188,22 +192,31 @@ decode_result to_result(int64_t bsz, int64_t steps, double sec, double attn) {
 /// runs seconds apart carried that drift.
 std::vector<decode_result> run_decode(llama_model& model, const std::vector<int64_t>& batches, int64_t steps,
                                       int64_t context, int64_t prompt, int64_t decode_ctx, std::mt19937& rng,
-                                      llama_model* other = nullptr, std::vector<decode_result>* other_out = nullptr) {
+                                      llama_model* other = nullptr, std::vector<decode_result>* other_out = nullptr,
+                                      const std::function<double()>& probe = nullptr) {
   const int models = other ? 2 : 1;
   std::vector<std::unique_ptr<decode_runner>> runners;  // [batch index][model]
   for (int64_t bsz : batches)
     for (int m = 0; m < models; ++m)
       runners.push_back(std::make_unique<decode_runner>(m == 0 ? model : *other, bsz, context, prompt, decode_ctx, rng));
-  std::vector<double> best(runners.size(), 1e30), attn(runners.size(), 0.0);
+  std::vector<double> best(runners.size(), 1e30), attn(runners.size(), 0.0), bw(runners.size(), 0.0);
+  double last_probe = 0;
   for (int64_t rep = 0; rep < decode_reps; ++rep)
     for (size_t r = 0; r < runners.size(); ++r) {
+      // The first model's repetitions sit between two bandwidth probes (one probe serves the
+      // repetitions on either side of it), so that each speed meets the bandwidth of its own
+      // seconds: on a shared machine the bandwidth moved by a third from one minute to the next.
+      const bool probed = probe && r % size_t(models) == 0;
+      const double before = probed ? (last_probe > 0 ? last_probe : probe()) : 0.0;
       double at = 0;
       const double sec = runners[r]->rep(steps, rep == 0 ? decode_warm : 0, at);
-      if (sec < best[r]) best[r] = sec, attn[r] = at;
+      last_probe = probed ? probe() : 0.0;  // only a probe right after a repetition serves the next
+      if (sec < best[r]) best[r] = sec, attn[r] = at, bw[r] = std::max(before, last_probe);
     }
   std::vector<decode_result> dec;
   for (size_t i = 0; i < batches.size(); ++i) {
     dec.push_back(to_result(batches[i], steps, best[i * size_t(models)], attn[i * size_t(models)]));
+    dec.back().bandwidth = bw[i * size_t(models)];
     if (other) other_out->push_back(to_result(batches[i], steps, best[i * 2 + 1], attn[i * 2 + 1]));
   }
   return dec;
@@ -415,8 +428,9 @@ int bench_model(args a) {
   double prefill_of_peak = prefill_flops / prefill_s / peak;
 
   // Decode: each batch size b runs b sequences of its own, from `context` tokens each.
+  auto probe = [&] { return cpu::measure_read_bandwidth(probe_pool, size_t(bw_mb) << 20, 1); };
   std::vector<decode_result> dec =
-      run_decode(*model, batches, steps, context, prompt, decode_ctx, rng, other_model, &cmp_dec);
+      run_decode(*model, batches, steps, context, prompt, decode_ctx, rng, other_model, &cmp_dec, probe);
   for (auto& r : dec) r.of_peak = (2.0 * (cost.layer_params + cost.output_params) * double(r.batch * steps) + r.attn_flops) /
                                   (r.ms_per_step * double(steps) / 1e3) / peak;
   if (vs_llama_cpp) run_llama_cpp();
@@ -437,7 +451,13 @@ int bench_model(args a) {
   const int tile_products = cost.weight_type == "f16" ? 5 : cost.weight_type == "bf16" ? 3 : 0;
   const double prefill_of_amx =
       peak_amx > 0 && tile_products > 0 ? prefill_flops * tile_products / prefill_s / peak_amx : 0.0;
-  for (auto& r : dec) r.roofline = roofline_step_s / (r.ms_per_step / 1e3);
+  // Each row against the bandwidth probed next to its fastest repetition (run_decode); the
+  // run's highest probe stands for the machine in the header.
+  for (auto& r : dec) {
+    bw = std::max(bw, r.bandwidth);
+    r.roofline = double(cost.step_bytes) / (r.bandwidth > 0 ? r.bandwidth : bw) / (r.ms_per_step / 1e3);
+  }
+  roofline_step_s = double(cost.step_bytes) / bw;
   const decode_result* b1 = nullptr;
   const decode_result* b32 = nullptr;
   for (const auto& r : dec) {
@@ -487,8 +507,9 @@ int bench_model(args a) {
     std::string d;
     for (const auto& r : dec)
       d += fmt::format("{}{{\"batch\":{},\"tokens_per_s\":{:.2f},\"ms_per_step\":{:.3f},\"roofline_fraction\":{:.4f},"
-                       "\"peak_fma_fraction\":{:.4f}}}",
-                       d.empty() ? "" : ",", r.batch, r.tokens_per_s, r.ms_per_step, r.roofline, r.of_peak);
+                       "\"peak_fma_fraction\":{:.4f},\"read_bandwidth_gbs\":{:.3f}}}",
+                       d.empty() ? "" : ",", r.batch, r.tokens_per_s, r.ms_per_step, r.roofline, r.of_peak,
+                       (r.bandwidth > 0 ? r.bandwidth : bw) / 1e9);
     std::printf(
         "{\"model\":\"%s\",\"weight_type\":\"%s\",\"threads\":%lld,\"isa\":\"%s\",\"kv_cache_dtype\":\"%s\","
         "\"step_bytes\":%zu,"
@@ -511,17 +532,19 @@ int bench_model(args a) {
     std::printf("experts: %d routed of %d (+%d shared) per MoE layer after %d dense; a step's weight bytes count the "
                 "routed ones\n",
                 c.n_expert_used, c.n_expert, c.n_expert_shared, c.n_dense_lead);
-  std::printf("threads %lld, kernels %s, kv cache %s; measured in this run (higher of before/after): read bandwidth "
+  std::printf("threads %lld, kernels %s, kv cache %s; measured in this run (the highest probe): read bandwidth "
               "%.2f GB/s, peak FMA %.1f GFLOP/s\n",
               (long long)threads, isa_name.c_str(), to_string(kv), bw / 1e9, peak / 1e9);
   std::printf("roofline of one decode step (weight bytes / bandwidth): %.2f ms\n\n", roofline_step_s * 1e3);
-  std::printf("%-22s %12s %10s %12s %12s\n", "", "tokens/s", "ms/step", "of roofline", "of peak FMA");
+  // A decode row's roofline is its own: the bandwidth probed right before and after its
+  // fastest repetition ("GB/s then").
+  std::printf("%-22s %12s %10s %12s %12s %10s\n", "", "tokens/s", "ms/step", "of roofline", "of peak FMA", "GB/s then");
   std::printf("%-22s %12.1f %10.2f %12s %12.3f\n", fmt::format("prefill {} tokens", prompt).c_str(), prefill_tps,
               prefill_s * 1e3, "-", prefill_of_peak);
   for (const auto& r : dec)
-    std::printf("%-22s %12.1f %10.2f %12.3f %12.3f\n",
+    std::printf("%-22s %12.1f %10.2f %12.3f %12.3f %10.2f\n",
                 fmt::format("decode batch {} (ctx {})", r.batch, context).c_str(), r.tokens_per_s, r.ms_per_step,
-                r.roofline, r.of_peak);
+                r.roofline, r.of_peak, (r.bandwidth > 0 ? r.bandwidth : bw) / 1e9);
   std::printf("\ngoals: decode batch 1 >= 0.70 of roofline: %s", b1 ? fmt::format("{:.3f}", b1->roofline).c_str() : "n/a");
   std::printf("; batch 32 >= 10x batch 1: %s",
               b1 && b32 ? fmt::format("{:.2f}x", b32->tokens_per_s / b1->tokens_per_s).c_str() : "n/a");
