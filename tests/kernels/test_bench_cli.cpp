@@ -51,10 +51,11 @@ TEST_CASE("bench cli: model mode reports prefill and every decode batch with the
   CHECK(out.find("{\"batch\":3,") != std::string::npos);
   CHECK(out.find("\"roofline_fraction\":") != std::string::npos);
   // Each decode row carries the bandwidth probed next to it (its own roofline), and it is real.
+  const std::string bw_key = "\"read_bandwidth_gbs\":";
   for (const char* row : {"{\"batch\":1,", "{\"batch\":3,"}) {
-    const size_t at = out.find(row), end = out.find('}', at), bw = out.find("\"read_bandwidth_gbs\":", at);
+    const size_t at = out.find(row), end = out.find('}', at), bw = out.find(bw_key, at);
     REQUIRE(bw < end);
-    CHECK(std::stod(out.substr(bw + 21)) > 0.1);
+    CHECK(std::stod(out.substr(bw + bw_key.size())) > 0.1);
   }
   CHECK(out.find("\"kv_pools\":[{\"name\":\"full\"") != std::string::npos);  // a llama: one full pool
   std::tie(rc, out) = run("bench model --model " + model + " --batches 0");

@@ -443,7 +443,6 @@ int bench_model(args a) {
     prefill_of_peak *= peak / peak2;
     peak = peak2;
   }
-  roofline_step_s = double(cost.step_bytes) / bw;
   // On the amx path the matmuls run on the tile unit, whose rate the FMA peak does not
   // bound: its own peak, and the share of it prefill uses, counting the tile products each
   // f32 multiply-add takes there (kernels/cpu/amx.h: 5 for f16 weights, 3 for bf16).
@@ -454,8 +453,9 @@ int bench_model(args a) {
   // Each row against the bandwidth probed next to its fastest repetition (run_decode); the
   // run's highest probe stands for the machine in the header.
   for (auto& r : dec) {
+    if (r.bandwidth <= 0) r.bandwidth = bw;  // not probed: the run's
     bw = std::max(bw, r.bandwidth);
-    r.roofline = double(cost.step_bytes) / (r.bandwidth > 0 ? r.bandwidth : bw) / (r.ms_per_step / 1e3);
+    r.roofline = double(cost.step_bytes) / r.bandwidth / (r.ms_per_step / 1e3);
   }
   roofline_step_s = double(cost.step_bytes) / bw;
   const decode_result* b1 = nullptr;
@@ -509,7 +509,7 @@ int bench_model(args a) {
       d += fmt::format("{}{{\"batch\":{},\"tokens_per_s\":{:.2f},\"ms_per_step\":{:.3f},\"roofline_fraction\":{:.4f},"
                        "\"peak_fma_fraction\":{:.4f},\"read_bandwidth_gbs\":{:.3f}}}",
                        d.empty() ? "" : ",", r.batch, r.tokens_per_s, r.ms_per_step, r.roofline, r.of_peak,
-                       (r.bandwidth > 0 ? r.bandwidth : bw) / 1e9);
+                       r.bandwidth / 1e9);
     std::printf(
         "{\"model\":\"%s\",\"weight_type\":\"%s\",\"threads\":%lld,\"isa\":\"%s\",\"kv_cache_dtype\":\"%s\","
         "\"step_bytes\":%zu,"
@@ -544,7 +544,7 @@ int bench_model(args a) {
   for (const auto& r : dec)
     std::printf("%-22s %12.1f %10.2f %12.3f %12.3f %10.2f\n",
                 fmt::format("decode batch {} (ctx {})", r.batch, context).c_str(), r.tokens_per_s, r.ms_per_step,
-                r.roofline, r.of_peak, (r.bandwidth > 0 ? r.bandwidth : bw) / 1e9);
+                r.roofline, r.of_peak, r.bandwidth / 1e9);
   std::printf("\ngoals: decode batch 1 >= 0.70 of roofline: %s", b1 ? fmt::format("{:.3f}", b1->roofline).c_str() : "n/a");
   std::printf("; batch 32 >= 10x batch 1: %s",
               b1 && b32 ? fmt::format("{:.2f}x", b32->tokens_per_s / b1->tokens_per_s).c_str() : "n/a");
