@@ -187,9 +187,6 @@ __attribute__((target("avx2,fma,f16c"))) void dotn_avx2(const uint8_t* const (&r
   }
 }
 
-/// Rows kept in flight by the batch-1 row kernels (for_row_streams, ops.h).
-constexpr int batch1_streams = 4;
-
 /// Batch 1 over rows [r0, r1) in for_row_streams' order: dot(rows, out) with the rows' bytes
 /// and their outputs in y. Returns the first row not covered.
 template <class Dot>

@@ -84,6 +84,9 @@ inline int64_t for_row_streams(int64_t r0, int64_t r1, Rows&& rows) {
   return r0 + N * part;
 }
 
+/// The N every batch-1 row kernel passes to for_row_streams.
+constexpr int batch1_streams = 4;
+
 /// A weight matrix prepared once for the kernel path `isa` (resolved): on the amx path an
 /// f16 or bf16 matrix is also copied into the tile layout (`amx`); on the avx512 and amx paths
 /// a low-bit weight with a packed kernel (quant_packed.h's packs()) is also copied into 16-row

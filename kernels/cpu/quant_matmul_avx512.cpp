@@ -368,9 +368,8 @@ void rows_typed(const tensor_view& w, const quant_acts& a, float* y, int64_t r0,
     // (Zen 5): 39-44 -> 45-52 GB/s with two rows at a time; four keep twice the chains going
     // (512 x 2048 in cache, one thread: 50 -> 63 GB/s).
     if (a.batch == 1) {
-      constexpr int streams = 4;
-      int64_t r = for_row_streams<streams>(r0, r1, [&](const int64_t (&rr)[streams]) {
-        dotn_blocks<q8_0_blocks, streams>(w, a, y, rr);
+      int64_t r = for_row_streams<batch1_streams>(r0, r1, [&](const int64_t (&rr)[batch1_streams]) {
+        dotn_blocks<q8_0_blocks, batch1_streams>(w, a, y, rr);
       });
       for (; r < r1; ++r) tile<T, 1, 1>(w, a, y, r, 0);
       return;
