@@ -15,11 +15,21 @@
 
 #include "kernels/cpu/huge_pages.h"
 #include "kernels/cpu/quant_matmul.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/tensor.h"
 
 namespace tandem::cpu {
 
 class thread_pool;
+
+/// Requests the 64-byte lines of [p, min(p + bytes, end)) into L2: a batch-1 kernel's
+/// software prefetch ahead of its stream, never past the range it was given (what follows is
+/// not its to read).
+inline void prefetch_l2(const void* p, int64_t bytes, const void* end) {
+  const char* b = static_cast<const char*>(p);
+  const char* e = static_cast<const char*>(end);
+  for (int64_t o = 0; o < bytes && b + o < e; o += 64) _mm_prefetch(b + o, _MM_HINT_T1);
+}
 
 /// Rows per interleaved group.
 inline constexpr int64_t pack_rows = 16;

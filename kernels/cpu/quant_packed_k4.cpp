@@ -140,11 +140,7 @@ TANDEM_K4P void tile(const uint8_t* grp, int64_t nb, const quant_acts& a, int64_
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   for (int64_t i = 0; i < nb; ++i) {
     const uint8_t* s = grp + size_t(i) * sbb;
-    if (ahead != 0) {
-      const int64_t left = std::min<int64_t>(int64_t(sbb), fetch_end - s - ahead);
-      for (int64_t o = 0; o < left; o += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(s) + ahead + o, _MM_HINT_T1);
-    }
+    if (ahead != 0) prefetch_l2(s + ahead, int64_t(sbb), fetch_end);
     __m512i sc8[2];
     scale_bytes(s + off_scales, sc8);
     __m512i isum[B];
@@ -246,9 +242,7 @@ TANDEM_K4P void packed_rows_k4(const quant_packed& p, const quant_acts& a, float
     // measured best of 0, 2, 8, 16 and 32 KB at batch 1 (noisy: a shared machine).
     constexpr int64_t ahead = 8 << 10;
     const uint8_t* end = p.group(g1 - 1) + gbytes;
-    const int64_t first = std::min<int64_t>(ahead, end - p.group(g0));
-    for (int64_t o = 0; o < first; o += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(p.group(g0)) + o, _MM_HINT_T1);
+    prefetch_l2(p.group(g0), ahead, end);
     for (int64_t g = g0; g < g1; ++g)
       run_tile<Block>(a.batch, p.group(g), nb, a, 0, y, n, g * pack_rows, real(g), end, ahead);
     return;

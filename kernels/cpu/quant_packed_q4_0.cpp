@@ -52,17 +52,14 @@ constexpr int64_t fetch_ahead = int64_t(8) << 10;
 // (batch 1), each block pair requests its 9 lines fetch_ahead further on, never at or past `end`.
 template <int B>
 TANDEM_P512 void group_tile(const uint8_t* g, int64_t nb, const quant_acts& a, int64_t b0,
-                            float* y, int64_t n, __mmask16 valid, const char* end = nullptr) {
+                            float* y, int64_t n, __mmask16 valid, const uint8_t* end = nullptr) {
   __m512 acc[B];
 #pragma GCC unroll 8
   for (int b = 0; b < B; ++b) acc[b] = _mm512_setzero_ps();
   const __m512i mask = _mm512_set1_epi8(0x0F);
   for (int64_t i = 0; i < nb; ++i) {
     const uint8_t* q = g + codes_at(i);
-    if (end != nullptr && i % 2 == 0) {
-      const char* next = reinterpret_cast<const char*>(q) + fetch_ahead;
-      for (int64_t o = 0; o < pair_bytes && next + o < end; o += 64) _mm_prefetch(next + o, _MM_HINT_T1);
-    }
+    if (end != nullptr && i % 2 == 0) prefetch_l2(q + fetch_ahead, pair_bytes, end);
     __m512i lo[4], hi[4];
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) {
@@ -124,9 +121,8 @@ void run_groups(const uint8_t* base, int64_t groups, int64_t nb, const quant_act
   if (a.batch == 1) {
     // The range's first fetch_ahead bytes requested up front; each pair then asks for its share
     // further on (never past the range: what follows is not ours).
-    const char* begin = reinterpret_cast<const char*>(base);
-    const char* end = begin + groups * gbytes;
-    for (const char* p = begin; p < end && p < begin + fetch_ahead; p += 64) _mm_prefetch(p, _MM_HINT_T1);
+    const uint8_t* end = base + groups * gbytes;
+    prefetch_l2(base, fetch_ahead, end);
     for (int64_t g = 0; g < groups; ++g)
       group_tile<1>(base + g * gbytes, nb, a, 0, y + g * pack_rows, n, valid(g), end);
     return;
