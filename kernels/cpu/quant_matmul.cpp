@@ -25,6 +25,7 @@ void quantize_acts(const float* x, int64_t batch, int64_t k, int group, quant_ac
   a.k = k;
   a.batch = batch;
   a.group = group;
+  a.groups = k / group;
   a.qs.resize(size_t(batch * k));
   a.d.resize(size_t(batch * (k / group)));
   a.sums.resize(size_t(batch * (k / 32)));

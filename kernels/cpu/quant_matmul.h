@@ -34,6 +34,10 @@ struct quant_packed;
 struct quant_acts {
   int64_t k = 0, batch = 0;
   int group = 0;
+  /// k / group, set with them by quantize_acts: the kernels call scale() in their block loops,
+  /// and there a division was an idiv per block (GCC keeps a division, which may trap, inside
+  /// its loop), the batch-1 q4_0 loop's costliest instruction.
+  int64_t groups = 0;
   aligned_vector<int8_t> qs;  ///< [batch][k]; rows start on a cache line when 64 divides k
   std::vector<float> d;       ///< [batch][k / group]
   std::vector<int16_t> sums;  ///< [batch][k / 32]
@@ -46,7 +50,7 @@ struct quant_acts {
   const int32_t* offset128(int64_t b) const { return off128.data() + b * pair_lanes(); }
   const float* scale16(int64_t b) const { return d16.data() + b * pair_lanes(); }
   const int8_t* q(int64_t b) const { return qs.data() + b * k; }
-  const float* scale(int64_t b) const { return d.data() + b * (k / group); }
+  const float* scale(int64_t b) const { return d.data() + b * groups; }
   const int16_t* sum32(int64_t b) const { return sums.data() + b * (k / 32); }
 };
 

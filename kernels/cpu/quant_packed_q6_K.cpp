@@ -95,8 +95,15 @@ TANDEM_Q6P void group_tile(const uint8_t* g, int64_t cols, const quant_acts& a, 
   const q6_layout lay(g, cols);
   const int64_t nb = lay.nb, k16 = cols / 16;
   __m512 acc[B];
+  // Each activation row's values, scales and sub-block sums found once (as the q4_0 kernel).
+  const int8_t* xs[B];
+  const float* ds[B];
+  const int32_t* os[B];
 #pragma GCC unroll 8
-  for (int b = 0; b < B; ++b) acc[b] = _mm512_setzero_ps();
+  for (int b = 0; b < B; ++b) {
+    acc[b] = _mm512_setzero_ps();
+    xs[b] = a.q(b0 + b), ds[b] = a.scale(b0 + b), os[b] = off + (b0 + b) * k16;
+  }
   for (int64_t i = 0; i < nb; ++i) {
     const uint8_t* q = g + lay.codes(i);
     const int8_t* sc = reinterpret_cast<const int8_t*>(g + lay.scales(i));
@@ -116,8 +123,8 @@ TANDEM_Q6P void group_tile(const uint8_t* g, int64_t cols, const quant_acts& a, 
       const __m512i s = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + 16 * j)));
 #pragma GCC unroll 8
       for (int b = 0; b < B; ++b) {
-        const int8_t* x = a.q(b0 + b) + qk_k * i + 16 * j;
-        __m512i u = _mm512_set1_epi32(off[(b0 + b) * k16 + 16 * i + j]);
+        const int8_t* x = xs[b] + qk_k * i + 16 * j;
+        __m512i u = _mm512_set1_epi32(os[b][16 * i + j]);
 #pragma GCC unroll 4
         for (int v = 0; v < 4; ++v) {
           int32_t x4;
@@ -130,7 +137,7 @@ TANDEM_Q6P void group_tile(const uint8_t* g, int64_t cols, const quant_acts& a, 
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + lay.d(i))));
 #pragma GCC unroll 8
     for (int b = 0; b < B; ++b) {
-      const __m512 dd = _mm512_mul_ps(dw, _mm512_set1_ps(a.scale(b0 + b)[i]));
+      const __m512 dd = _mm512_mul_ps(dw, _mm512_set1_ps(ds[b][i]));
       acc[b] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(isum[b]), acc[b]);
     }
   }
