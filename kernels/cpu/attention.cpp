@@ -343,9 +343,12 @@ TANDEM_AVX512 void attention_heads_avx512(const float* q, int64_t len, int h0, i
   // The row `ahead` positions after position j of the page at p0 (the K pass's last
   // positions request V's first), the part these heads read, requested before its use. It
   // mattered while the head loops ran from memory (batch 32, context 80, f16 cache, 12 layers:
-  // 11.1-11.5 ms for a step's attention on one thread without, 8.1-8.4 with); with the queries
-  // and accumulators in registers it is worth ~3% on two threads and nothing on one.
-  constexpr int64_t ahead = 2;
+  // 11.1-11.5 ms for a step's attention on one thread without, 8.1-8.4 with). Since then the
+  // requests had been compiled away (see prefetch_t0); issued again, 16 layers of llama-1b
+  // shapes, 2 threads, caches flushed (Zen 5): batch 32 context 80 f16 6.3 -> 4.9 ms, f32 7.1
+  // -> 6.4-6.6 (2 and 8 rows ahead alike); batch 1 context 1024 4.2 -> 3.8 ms 2 ahead, 3.0 8
+  // ahead, context 256 0.93 -> 0.73 ms 8 ahead.
+  constexpr int64_t ahead = 8;
   const size_t lo = size_t(h0 / group) * hd * sizeof(T), hi = size_t((h1 - 1) / group + 1) * hd * sizeof(T);
   const T* const v_first = k_base<T>(pool, pages[0], layer) + L.layer_elems();
   auto prefetch = [&](const T* page, int64_t p0, int64_t pg, int64_t j, bool v) TANDEM_AVX512 {
@@ -364,7 +367,7 @@ TANDEM_AVX512 void attention_heads_avx512(const float* q, int64_t len, int h0, i
       r = v_first + size_t(at) * stride;
     }
     const char* c = reinterpret_cast<const char*>(r);
-    for (size_t b = lo; b < hi; b += 64) _mm_prefetch(c + b, _MM_HINT_T0);
+    for (size_t b = lo; b < hi; b += 64) prefetch_t0(c + b);
   };
   for (int64_t p0 = 0, pg = 0; p0 < len; p0 += ps, ++pg) {
     const T* page = k_base<T>(pool, pages[size_t(pg)], layer);

@@ -11,11 +11,9 @@
 // batch-1 step reads a group range as one sequential stream, which the hardware prefetcher
 // runs at memory speed. Measured against the previous layout (all codes, then all scales:
 // two streams, the next group requested into L2 block by block), 2 threads, 48 weights of
-// 8192 x 2048 in rotation, side by side (Zen 5): 34 -> 41-47 GB/s. Batch 1 also requests the
-// bytes 8 KB further on into L2 pair by pair (as the q4_K kernel does): within the noise of none
-// in that rotation, but over a whole llama-1b decode step (2 threads, alternating runs of one
-// binary) 6 of 6 pairs ran faster with it, 0.54-0.63 -> 0.60-0.72 of the roofline, while q4_K
-// at the same bytes ran 0.70-0.77.
+// 8192 x 2048 in rotation, side by side (Zen 5): 34 -> 41-47 GB/s. Batch 1 also requests, 8 KB
+// further on, the first lines of each 4 KiB page the stream reaches (kick_page): every line
+// requested instead ran no faster than no requests at all (see kick_page's numbers).
 //
 // Per block and activation row: 8 vpdpbusd, each the 16 rows' 4 nibbles (u8) against one
 // broadcast group of 4 activation bytes (s8), started from -8 times the block's activation sum,
@@ -49,7 +47,7 @@ constexpr int64_t fetch_ahead = int64_t(8) << 10;
 
 // One group (16 rows) x B activation rows from b0: y[b][r] for the rows whose bit is set in
 // `valid` (y points at the group's first row of activation row 0; n is its stride). With `end`
-// (batch 1), each block pair requests its 9 lines fetch_ahead further on, never at or past `end`.
+// (batch 1), each block pair kicks the page its bytes fetch_ahead further on reach (kick_page).
 template <int B>
 TANDEM_P512 void group_tile(const uint8_t* g, int64_t nb, const quant_acts& a, int64_t b0,
                             float* y, int64_t n, __mmask16 valid, const uint8_t* end = nullptr) {
@@ -68,7 +66,7 @@ TANDEM_P512 void group_tile(const uint8_t* g, int64_t nb, const quant_acts& a, i
   const __m512i mask = _mm512_set1_epi8(0x0F);
   for (int64_t i = 0; i < nb; ++i) {
     const uint8_t* q = g + codes_at(i);
-    if (end != nullptr && i % 2 == 0) prefetch_l2(q + fetch_ahead, pair_bytes, end);
+    if (end != nullptr && i % 2 == 0) kick_page(q + fetch_ahead, pair_bytes, end);
     __m512i lo[4], hi[4];
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) {
@@ -128,10 +126,10 @@ void run_groups(const uint8_t* base, int64_t groups, int64_t nb, const quant_act
     return __mmask16(left >= 16 ? 0xFFFF : (1u << left) - 1);
   };
   if (a.batch == 1) {
-    // The range's first fetch_ahead bytes requested up front; each pair then asks for its share
-    // further on (never past the range: what follows is not ours).
+    // The pages of the range's first fetch_ahead bytes kicked up front; each pair then kicks
+    // those further on (never past the range: what follows is not ours).
     const uint8_t* end = base + groups * gbytes;
-    prefetch_l2(base, fetch_ahead, end);
+    kick_pages(base, fetch_ahead, end);
     for (int64_t g = 0; g < groups; ++g)
       group_tile<1>(base + g * gbytes, nb, a, 0, y + g * pack_rows, n, valid(g), end);
     return;
