@@ -27,7 +27,7 @@ void quantize_acts(const float* x, int64_t batch, int64_t k, int group, quant_ac
   a.group = group;
   a.groups = k / group;
   a.qs.resize(size_t(batch * k));
-  a.d.resize(size_t(batch * (k / group)));
+  a.d.resize(size_t(batch * a.groups));
   a.sums.resize(size_t(batch * (k / 32)));
   const int64_t lanes = a.pair_lanes();
   if (group == 32) {

@@ -35,6 +35,12 @@ inline void prefetch_l2(const void* p, int64_t bytes, const void* end) {
 /// Bytes a batch-1 kernel requests at the start of each 4 KiB page of its stream (kick_page).
 inline constexpr int64_t page_kick_bytes = 256;
 
+/// The page_kick_bytes at `at` into L2, those below `end` only.
+inline void kick_lines(uintptr_t at, uintptr_t end) {
+  for (uintptr_t o = 0; o < uintptr_t(page_kick_bytes) && at + o < end; o += 64)
+    prefetch_t1(reinterpret_cast<const void*>(at + o));
+}
+
 /// A batch-1 kernel's software prefetch, called once per step of its sequential stream with
 /// the step's bytes some distance further on: when [p, p + bytes] reaches into a new 4 KiB
 /// page below `end`, requests that page's first page_kick_bytes into L2 (never at or past
@@ -47,10 +53,7 @@ inline constexpr int64_t page_kick_bytes = 256;
 /// starts 31-34 (plain loads 33-36); 2 threads 48-52, 49-54, 57-61 (plain loads 64-68).
 inline void kick_page(const void* p, int64_t bytes, const void* end) {
   const uintptr_t b = reinterpret_cast<uintptr_t>(p), page = (b + uintptr_t(bytes)) & ~uintptr_t(4095);
-  if (page <= b) return;
-  const uintptr_t e = reinterpret_cast<uintptr_t>(end);
-  for (uintptr_t o = 0; o < uintptr_t(page_kick_bytes) && page + o < e; o += 64)
-    prefetch_t1(reinterpret_cast<const void*>(page + o));
+  if (page > b) kick_lines(page, reinterpret_cast<uintptr_t>(end));
 }
 
 /// The start of a batch-1 stream at p: its first page_kick_bytes, and those of every 4 KiB
@@ -58,10 +61,9 @@ inline void kick_page(const void* p, int64_t bytes, const void* end) {
 /// begun `bytes` earlier.
 inline void kick_pages(const void* p, int64_t bytes, const void* end) {
   const uintptr_t b = reinterpret_cast<uintptr_t>(p), e = reinterpret_cast<uintptr_t>(end);
-  for (uintptr_t o = 0; o < uintptr_t(page_kick_bytes) && b + o < e; o += 64)
-    prefetch_t1(reinterpret_cast<const void*>(b + o));
+  kick_lines(b, e);
   for (uintptr_t page = (b & ~uintptr_t(4095)) + 4096; page < b + uintptr_t(bytes); page += 4096)
-    kick_page(reinterpret_cast<const void*>(page - 1), 1, end);
+    kick_lines(page, e);
 }
 
 /// Rows per interleaved group.
