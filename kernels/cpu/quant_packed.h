@@ -23,8 +23,9 @@ namespace tandem::cpu {
 class thread_pool;
 
 /// Requests the 64-byte lines of [p, min(p + bytes, end)) into L2: a batch-1 kernel's
-/// software prefetch ahead of its stream, never past the range it was given (what follows is
-/// not its to read). The packed q4_K / q5_K kernel's: with kick_page instead, a llama-1b
+/// software prefetch ahead of its stream, never past `end`, the end of the packed weight (a
+/// thread walks its share of a weight in pieces, one stream across them; what follows the
+/// weight is no stream of this call's). The packed q4_K / q5_K kernel's: with kick_page instead, a llama-1b
 /// Q4_K_M decode step fell from 79-82 to 52-57 tokens/s (2 threads, alternating runs).
 inline void prefetch_l2(const void* p, int64_t bytes, const void* end) {
   const char* b = static_cast<const char*>(p);
@@ -44,7 +45,7 @@ inline void kick_lines(uintptr_t at, uintptr_t end) {
 /// A batch-1 kernel's software prefetch, called once per step of its sequential stream with
 /// the step's bytes some distance further on: when [p, p + bytes] reaches into a new 4 KiB
 /// page below `end`, requests that page's first page_kick_bytes into L2 (never at or past
-/// `end`: what follows is not the kernel's to read). The hardware prefetcher follows a stream
+/// `end`, as prefetch_l2). The hardware prefetcher follows a stream
 /// within a 4 KiB page and must find it again on each new one, which a kernel that computes
 /// between its loads lets it do late; a request for every line instead (what the kernels did)
 /// holds the core's few miss buffers, and the stream ran no faster than with none. Measured

@@ -119,7 +119,7 @@ constexpr int tile_batch = 8;
 // in L2, and in each block every tile of activation rows meets every group (each group comes
 // from memory once per call).
 void run_groups(const uint8_t* base, int64_t groups, int64_t nb, const quant_acts& a, float* y, int64_t n,
-                int64_t real) {
+                int64_t real, const uint8_t* stream_end) {
   const int64_t gbytes = nb * (codes_bytes + scales_bytes);
   auto valid = [&](int64_t g) {
     const int64_t left = real - g * pack_rows;
@@ -127,8 +127,9 @@ void run_groups(const uint8_t* base, int64_t groups, int64_t nb, const quant_act
   };
   if (a.batch == 1) {
     // The pages of the range's first fetch_ahead bytes kicked up front; each pair then kicks
-    // those further on (never past the range: what follows is not ours).
-    const uint8_t* end = base + groups * gbytes;
+    // those further on, up to the end of the weight: a thread walks its share of it in pieces
+    // (thread_pool::parallel_for_steal), one stream across them.
+    const uint8_t* end = stream_end;
     kick_pages(base, fetch_ahead, end);
     for (int64_t g = 0; g < groups; ++g)
       group_tile<1>(base + g * gbytes, nb, a, 0, y + g * pack_rows, n, valid(g), end);
@@ -199,7 +200,8 @@ void pack_group_q4_0(const tensor_view& w, int64_t r0, uint8_t* dst) {
 
 void packed_rows_q4_0(const quant_packed& p, const quant_acts& a, float* y, int64_t g0, int64_t g1) {
   if (g0 >= g1 || a.batch <= 0) return;
-  run_groups(p.group(g0), g1 - g0, p.cols / q4_0_block, a, y + g0 * pack_rows, p.rows, p.rows - g0 * pack_rows);
+  run_groups(p.group(g0), g1 - g0, p.cols / q4_0_block, a, y + g0 * pack_rows, p.rows,
+             p.rows - g0 * pack_rows, p.bytes.data() + p.bytes.size());
 }
 
 void rows_q4_0_repacked(const tensor_view& w, const quant_acts& a, float* y, int64_t r0, int64_t r1) {
@@ -211,7 +213,7 @@ void rows_q4_0_repacked(const tensor_view& w, const quant_acts& a, float* y, int
     const int64_t groups = std::min(block, (r1 - r + pack_rows - 1) / pack_rows);
     if (buf.size() < size_t(groups * gbytes)) buf.resize(size_t(groups * gbytes));
     for (int64_t g = 0; g < groups; ++g) pack_group_q4_0(w, r + g * pack_rows, buf.data() + g * gbytes);
-    run_groups(buf.data(), groups, nb, a, y + r, w.rows(), r1 - r);
+    run_groups(buf.data(), groups, nb, a, y + r, w.rows(), r1 - r, buf.data() + groups * gbytes);
   }
 }
 

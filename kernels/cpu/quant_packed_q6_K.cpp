@@ -88,7 +88,7 @@ TANDEM_Q6P __attribute__((always_inline)) inline void decode(const uint8_t* q, _
 // One group (16 rows) x B activation rows from b0: y[b][r] for the rows whose bit is set in
 // `valid` (y points at the group's first row of activation row 0; n is its stride). `off` is
 // [batch][k / 16] of -32 times each sub-block's activation sum. Fetch (batch 1): the bytes
-// fetch_ahead further on, up to `end` (the range's), requested into L2 as they are reached.
+// fetch_ahead further on, up to `end` (the weight's), requested into L2 as they are reached.
 template <int B, bool Fetch>
 TANDEM_Q6P void group_tile(const uint8_t* g, int64_t cols, const quant_acts& a, const int32_t* off, int64_t b0,
                            float* y, int64_t n, __mmask16 valid, const char* end) {
@@ -223,7 +223,7 @@ void packed_rows_q6_K(const quant_packed& p, const quant_acts& a, float* y, int6
     return __mmask16(left >= 16 ? 0xFFFF : (1u << left) - 1);
   };
   if (a.batch == 1) {
-    const char* end = reinterpret_cast<const char*>(p.group(g1));
+    const char* end = reinterpret_cast<const char*>(p.bytes.data() + p.bytes.size());
     for (int64_t g = g0; g < g1; ++g)
       group_tile<1, true>(p.group(g), p.cols, a, off.data(), 0, y + g * pack_rows, n, valid(g), end);
     return;

@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -33,14 +34,29 @@ class thread_pool {
   /// that the threads take in order as they become free, so a thread that runs slower (a
   /// busy core on a shared machine) takes fewer chunks instead of holding up the others.
   void parallel_for_dynamic(int64_t n, int32_t chunks_per_thread, const std::function<void(int64_t, int64_t)>& fn);
+  /// Like parallel_for, but each thread walks its contiguous share front to back in pieces of
+  /// `grain` (one fn call each), and a thread whose share is done takes the back half of the
+  /// largest share left while more than `grain` is left of it. A memory-bound kernel keeps one
+  /// sequential stream per thread (dynamic chunks taken in turn restart each thread's stream at
+  /// every chunk), and the threads still end within about a piece of each other: a static split
+  /// ends as far apart as the threads' speeds differ, dynamic chunks as far as a chunk lasts.
+  void parallel_for_steal(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
  private:
+  /// How a job's range is dealt out (see the parallel_for variants).
+  enum class split : uint8_t { fixed, dynamic, steal };
+  /// A thread's share under split::steal: [lo, hi) as lo << 32 | hi, on a line of its own.
+  struct alignas(64) share {
+    std::atomic<uint64_t> range{0};
+  };
   void worker(int32_t index);
-  void run(int64_t n, int64_t chunks, bool dynamic, const std::function<void(int64_t, int64_t)>& fn);
-  /// Runs this thread's share of the current job: chunk `index` (static) or chunks taken from
-  /// next_chunk_ until none is left (dynamic).
+  /// `chunks`: the number of chunks (fixed, dynamic) or the grain (steal).
+  void run(int64_t n, int64_t chunks, split mode, const std::function<void(int64_t, int64_t)>& fn);
+  /// Runs this thread's share of the current job: chunk `index` (fixed), chunks taken from
+  /// next_chunk_ until none is left (dynamic), or its share then stolen ones (steal).
   void run_share(int32_t index, const std::function<void(int64_t, int64_t)>& fn, int64_t n, int64_t chunks,
-                 bool dynamic);
+                 split mode);
+  void run_steal(int32_t index, const std::function<void(int64_t, int64_t)>& fn, int64_t grain);
   std::vector<std::thread> workers_;
   const int32_t spin_us_;
   std::mutex mu_;
@@ -48,8 +64,9 @@ class thread_pool {
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
   int64_t n_ = 0;
   int64_t chunks_ = 0;
-  bool dynamic_ = false;
+  split mode_ = split::fixed;
   std::atomic<int64_t> next_chunk_{0};
+  std::unique_ptr<share[]> shares_;  ///< one per thread, the caller's first
   std::atomic<uint64_t> generation_{0};
   std::atomic<int32_t> pending_{0};
   std::atomic<bool> stop_{false};
