@@ -257,6 +257,8 @@ void quant_matmul_many(std::span<const quant_weight> ws, const float* x, int64_t
   int64_t work = 0;
   bool need32 = false, need256 = false;
   std::vector<int64_t> off(1, 0);  // first row group of each weight
+  bool packed = true;              // every weight on a packed kernel
+  int64_t unit_bytes = 1;          // the largest row group's
   for (const quant_weight& w : ws) {
     check_weight(w);
     if (w.view->cols() != k) throw tandem::error("quant_matmul_many: the weights must have the same columns");
@@ -264,6 +266,8 @@ void quant_matmul_many(std::span<const quant_weight> ws, const float* x, int64_t
     work += w.view->rows() * k * batch;
     const int64_t u = unit_rows(w, isa);
     off.push_back(off.back() + (w.view->rows() + u - 1) / u);
+    packed = packed && runs_packed(w, isa);
+    unit_bytes = std::max<int64_t>(unit_bytes, u * int64_t(row_bytes(w.view->type, k)));
   }
   // Kept between calls on the calling thread: a decode step runs several matmuls per layer.
   thread_local quant_acts acts32, acts256;
@@ -280,12 +284,6 @@ void quant_matmul_many(std::span<const quant_weight> ws, const float* x, int64_t
     }
   };
   if (pool == nullptr || pool->size() == 1 || work < matmul_min_parallel_work) return run(0, off.back());
-  bool packed = true;
-  int64_t unit_bytes = 1;  // the largest group's
-  for (const quant_weight& w : ws) {
-    packed = packed && runs_packed(w, isa);
-    unit_bytes = std::max<int64_t>(unit_bytes, unit_rows(w, isa) * int64_t(row_bytes(w.view->type, k)));
-  }
   if (packed && batch <= steal_max_batch)
     return pool->parallel_for_steal(off.back(), std::max<int64_t>(1, steal_piece_bytes / unit_bytes), run);
   pool->parallel_for_dynamic(off.back(), 4, run);

@@ -25,8 +25,9 @@ class thread_pool;
 /// Requests the 64-byte lines of [p, min(p + bytes, end)) into L2: a batch-1 kernel's
 /// software prefetch ahead of its stream, never past `end`, the end of the packed weight (a
 /// thread walks its share of a weight in pieces, one stream across them; what follows the
-/// weight is no stream of this call's). The packed q4_K / q5_K kernel's: with kick_page instead, a llama-1b
-/// Q4_K_M decode step fell from 79-82 to 52-57 tokens/s (2 threads, alternating runs).
+/// weight is no stream of this call's). The packed q4_K / q5_K kernel's: with kick_page
+/// instead, a llama-1b Q4_K_M decode step fell from 79-82 to 52-57 tokens/s (2 threads,
+/// alternating runs).
 inline void prefetch_l2(const void* p, int64_t bytes, const void* end) {
   const char* b = static_cast<const char*>(p);
   const char* e = static_cast<const char*>(end);

@@ -239,8 +239,7 @@ TANDEM_K4P void packed_rows_k4(const quant_packed& p, const quant_acts& a, float
     // Decode (one tile of activation rows): the range is one sequential stream, each weight
     // byte used once. Each super-block requests the bytes `ahead` further on into L2 (up to
     // the weight's end: the thread's next piece follows this one), the first `ahead` bytes up
-    // front. 8 KB
-    // measured best of 0, 2, 8, 16 and 32 KB at batch 1 (noisy: a shared machine).
+    // front. 8 KB measured best of 0, 2, 8, 16 and 32 KB at batch 1 (noisy: a shared machine).
     constexpr int64_t ahead = 8 << 10;
     const uint8_t* end = p.bytes.data() + p.bytes.size();
     prefetch_l2(p.group(g0), ahead, end);

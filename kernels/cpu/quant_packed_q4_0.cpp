@@ -125,32 +125,23 @@ void run_groups(const uint8_t* base, int64_t groups, int64_t nb, const quant_act
     const int64_t left = real - g * pack_rows;
     return __mmask16(left >= 16 ? 0xFFFF : (1u << left) - 1);
   };
-  if (a.batch == 1) {
-    // The pages of the range's first fetch_ahead bytes kicked up front; each pair then kicks
-    // those further on, up to the end of the weight: a thread walks its share of it in pieces
-    // (thread_pool::parallel_for_steal), one stream across them.
-    const uint8_t* end = stream_end;
-    kick_pages(base, fetch_ahead, end);
-    for (int64_t g = 0; g < groups; ++g)
-      group_tile<1>(base + g * gbytes, nb, a, 0, y + g * pack_rows, n, valid(g), end);
-    return;
-  }
   if (a.batch <= tile_batch) {
-    // One tile of activation rows (decode batches): the groups in order, one stream, each page
-    // kicked ahead as at batch 1. Without the kicks the loads stalled at every 4 KiB page
-    // (a batch-8 step ran its weights at 12-14 GB/s, compute-bound in name only): llama-1b
-    // q4_0 batch 8, with and without alternated every 10 steps, 2 threads (Zen 5): -8 to -10% a
-    // step; batch 4 unchanged.
-    const uint8_t* end = stream_end;
-    kick_pages(base, fetch_ahead, end);
+    // One tile of activation rows (decode, batch 1 included): the groups in order, one stream.
+    // The pages of the range's first fetch_ahead bytes are kicked up front; each block pair then
+    // kicks those further on, up to the end of the weight: a thread walks its share of it in
+    // pieces (thread_pool::parallel_for_steal), one stream across them. Batches of 2-8 rows
+    // ran prefill's blocks below with no kicks, and their loads stalled at every 4 KiB page (a
+    // batch-8 step read its weights at 12-14 GB/s): llama-1b q4_0 batch 8, with and without
+    // alternated every 10 steps, 2 threads (Zen 5): -8 to -10% a step; batch 4 unchanged.
+    kick_pages(base, fetch_ahead, stream_end);
     const int count = int(a.batch);
     for (int64_t g = 0; g < groups; ++g) {
       const uint8_t* p = base + g * gbytes;
       float* yg = y + g * pack_rows;
       if (count == tile_batch)
-        group_tile<tile_batch>(p, nb, a, 0, yg, n, valid(g), end);
+        group_tile<tile_batch>(p, nb, a, 0, yg, n, valid(g), stream_end);
       else
-        group_tile_rest<tile_batch>(count, p, nb, a, 0, yg, n, valid(g), end);
+        group_tile_rest<tile_batch>(count, p, nb, a, 0, yg, n, valid(g), stream_end);
     }
     return;
   }
